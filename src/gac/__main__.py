@@ -1,0 +1,3 @@
+from gac.cli import main
+
+main()
