@@ -32,3 +32,8 @@ def main():
 from gac.cli.select import select_cmd  # noqa: E402
 
 main.add_command(select_cmd)
+from gac.cli.profile import command as profile_cmd  # noqa: E402
+main.add_command(profile_cmd)
+from gac.cli.compress import command as compress_cmd  # noqa: E402
+
+main.add_command(compress_cmd)

@@ -1,0 +1,21 @@
+"""gac: GPU-Aligned Compression. Compress, then pick hardware-aligned dims under the same parameter budget.
+
+Public verbs (imported lazily so `import gac` stays light): compress, select, load, save, profile, bench.
+"""
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "select": "gac.align.plan",
+    "compress": "gac.api",
+    "load": "gac.models.io",
+    "save": "gac.models.io",
+}
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'gac' has no attribute {name!r}")

@@ -1,0 +1,194 @@
+"""Public pipeline: `compress` = load -> calibrate -> compress -> select aligned dims -> evaluate -> save."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gac.data import TextConfig
+from gac.errors import GacError
+from gac.evaluate.latency import LatencyConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    """Every default of `gac compress` lives here; the CLI passes only what the user gave."""
+
+    model: str = "smollm2-135m"
+    compressor: str = "asvd"
+    ratio: float = 0.15
+    out: str | None = None
+    alignment: int = 8
+    align: bool = True  # False (--no-align): save the compressor's own dims
+    window: int = 4  # aligned candidates each side of d* (static rule)
+    profile: str | None = None  # hardware profile JSON driving the candidates
+    dtype: str = "float32"
+    device: str = "cpu"
+    compressor_options: dict = field(default_factory=dict)
+    text: TextConfig = TextConfig()
+    latency: LatencyConfig = LatencyConfig()
+    evaluate: bool = True
+    force: bool = False
+    progress: bool = True
+
+    def __post_init__(self):
+        if not (isinstance(self.ratio, (int, float)) and 0.0 < self.ratio < 1.0):
+            raise GacError(f"ratio {self.ratio} is outside (0, 1): pass the share of parameters to remove, e.g. --ratio 0.15")
+        if self.alignment < 1:
+            raise GacError(f"alignment {self.alignment} must be a positive integer, e.g. --align 8")
+
+
+@dataclass
+class CompressResult:
+    report: dict
+    out: Path | None
+    models: dict  # variant name -> model (kept for callers that go on using them)
+
+
+def build_plan(analyses, ranks: dict, budget: int, cfg: CompressConfig, candidates_for=None) -> dict:
+    """The selection plan (DESIGN.md contract) for the weights the compressor factorized."""
+    dense = sum(a.numel for a in analyses if ranks[a.name] is None)
+    weights = []
+    for a in analyses:
+        if ranks[a.name] is None:
+            continue
+        w = {"name": a.name, "dim": float(ranks[a.name]), "score": a.score, "params_per_dim": a.params_per_dim,
+             "min_dim": min(cfg.alignment, a.max_rank), "max_dim": a.max_rank}
+        if candidates_for is not None:
+            w["candidates"] = candidates_for(a, ranks[a.name])
+        weights.append(w)
+    return {"budget": budget - dense, "alignment": cfg.alignment, "window": cfg.window, "weights": weights}
+
+
+def compress(cfg: CompressConfig) -> CompressResult:
+    import torch
+
+    from gac.align.plan import select
+    from gac.calibrate import calibrate
+    from gac.compressors import make_compressor
+    from gac.data import load_windows
+    from gac.models.adapters import adapter_for
+    from gac.models.io import check_out_dir
+    from gac.models.loading import load_model
+
+    compressor = make_compressor(cfg.compressor, **cfg.compressor_options)
+    if cfg.out is not None:
+        check_out_dir(cfg.out, cfg.force)  # fail before the long work, not after
+    if cfg.profile and cfg.profile != "auto":
+        from gac.hw.profile import load_profile
+
+        load_profile(cfg.profile)  # a bad profile fails now, not after calibration
+
+    loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    names = adapter_for(model.config).linear_names(model.config)
+    calib, held_out = load_windows(tokenizer, cfg.text)
+
+    stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
+    probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
+    analyses = compressor.analyze(model, names, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress)
+    del stats
+    compressible = sum(a.numel for a in analyses)
+    budget = math.floor((1.0 - cfg.ratio) * compressible)
+    unaligned_ranks = compressor.allocate(analyses, budget)
+
+    candidates_for, profile = None, None
+    if cfg.profile:
+        from gac.align.profiled import candidates_from_profile, profile_for_model
+
+        profile = profile_for_model(cfg.profile, analyses, unaligned_ranks, device=cfg.device, dtype=cfg.dtype,
+                                    m=cfg.latency.prefill_tokens, alignment=cfg.alignment, window=cfg.window,
+                                    progress=cfg.progress)
+        candidates_for = candidates_from_profile(profile, m=cfg.latency.prefill_tokens, alignment=cfg.alignment,
+                                                 window=cfg.window)
+    plan = build_plan(analyses, unaligned_ranks, budget, cfg, candidates_for)
+    selection = select(plan)
+    gac_ranks = {**unaligned_ranks, **selection.dims}
+
+    models = {"baseline": model}
+    structures = {}
+    for variant, ranks in (("unaligned", unaligned_ranks), ("gac", gac_ranks)):
+        m = copy.deepcopy(model)
+        structures[variant] = compressor.materialize(m, analyses, ranks)
+        models[variant] = m.eval()
+    del analyses
+
+    report = _report_header(cfg, loaded.source, compressible, budget, torch)
+    report["variants"] = _evaluate(models, names, held_out, cfg)
+    report["dims"] = {v: structures[v]["lowrank"] for v in ("unaligned", "gac")}
+    report["selection"] = {k: v for k, v in selection.to_dict().items() if k != "dims"}
+    saved = "gac" if cfg.align else "unaligned"
+    report["saved_variant"] = saved
+    if candidates_for is not None:
+        report["profile_excluded_dims"] = sum(candidates_for.excluded)
+
+    out = None
+    if cfg.out is not None:
+        out = _save(models[saved], tokenizer, cfg, structures[saved], report, compressor)
+    return CompressResult(report, out, models)
+
+
+def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig) -> dict:
+    from gac.evaluate.latency import measure_latency
+    from gac.evaluate.perplexity import perplexity
+    from gac.models.dims import params_and_alignment
+
+    variants = {}
+    for name, m in models.items():
+        params, aligned = params_and_alignment(m, names, cfg.alignment)
+        variants[name] = {"params": params, "aligned_fraction": aligned}
+    if not cfg.evaluate:
+        return variants
+    for name, m in models.items():
+        variants[name]["ppl"] = perplexity(m, held_out, desc=f"perplexity {name}", progress=cfg.progress)
+    log.info("timing %s side by side", ", ".join(models))
+    for name, lat in measure_latency(models, cfg.latency).items():
+        variants[name].update(lat)
+    return variants
+
+
+def _report_header(cfg: CompressConfig, source: str, compressible: int, budget: int, torch) -> dict:
+    import transformers
+
+    device_name = torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else platform.processor() or platform.machine()
+    return {
+        "model": source, "compressor": cfg.compressor, "ratio": cfg.ratio, "alignment": cfg.alignment,
+        "device": cfg.device, "device_name": device_name, "dtype": cfg.dtype,
+        "compressible_params": compressible, "budget_params": budget,
+        "compressor_options": dict(cfg.compressor_options), "profile": cfg.profile,
+        "latency": dataclasses.asdict(cfg.latency), "eval_tokens": cfg.text.eval_windows * cfg.text.seq_len,
+        "versions": {"gac": _gac_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _gac_version() -> str:
+    from gac import __version__
+
+    return __version__
+
+
+def _save(model, tokenizer, cfg: CompressConfig, structure: dict, report: dict, compressor) -> Path:
+    from gac.evaluate.report import report_json, report_markdown
+    from gac.models.io import save
+
+    plan = {
+        "gac_plan": 1,
+        "variant": report["saved_variant"],
+        "source_model": report["model"],
+        "compressor": {"name": cfg.compressor, **dataclasses.asdict(compressor.config)},
+        "ratio": cfg.ratio, "alignment": cfg.alignment,
+        "compressible_params": report["compressible_params"], "budget_params": report["budget_params"],
+        "dims": structure["lowrank"],
+        "versions": report["versions"],
+    }
+    files = {"report.json": report_json(report), "report.md": report_markdown(report)}
+    return save(model, tokenizer, cfg.out, structure=structure, plan=plan, extra_files=files, force=cfg.force)
+

@@ -1,0 +1,69 @@
+"""Forward hooks that collect per-linear input statistics on calibration windows (fp32/fp64, streaming)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+
+@dataclass
+class LinearStats:
+    """Running statistics of one linear's input x [tokens, in]."""
+
+    abs_sum: torch.Tensor  # [in] fp32: sum of |x| per input channel
+    tokens: int = 0
+    xtx: torch.Tensor | None = None  # [in, in] fp64: sum of x^T x, when asked for
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def mean_abs(self) -> torch.Tensor:
+        return self.abs_sum / max(self.tokens, 1)
+
+
+@contextmanager
+def collect_stats(model, names: list[str], *, xtx: bool = False):
+    """Yield {name: LinearStats} filled by forward hooks while the block runs; hooks are removed on exit."""
+    stats: dict[str, LinearStats] = {}
+    handles = []
+
+    def make_hook(name, in_features):
+        def hook(_module, inputs, _output):
+            x = inputs[0].detach().reshape(-1, in_features)  # [tokens, in]
+            s = stats.get(name)
+            if s is None:
+                s = stats[name] = LinearStats(torch.zeros(in_features, dtype=torch.float32, device=x.device))
+                if xtx:
+                    s.xtx = torch.zeros(in_features, in_features, dtype=torch.float64, device=x.device)
+            s.abs_sum += x.abs().float().sum(0)
+            s.tokens += x.shape[0]
+            if xtx:
+                xd = x.double()
+                s.xtx += xd.T @ xd
+
+        return hook
+
+    try:
+        for name in names:
+            module = model.get_submodule(name)
+            handles.append(module.register_forward_hook(make_hook(name, module.in_features)))
+        yield stats
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [n for n in names if n not in stats]
+    if missing:
+        raise RuntimeError(f"calibration saw no input for {len(missing)} layers, e.g. {missing[0]}")
+
+
+def calibrate(model, windows: torch.Tensor, names: list[str], *, batch_size: int = 4, xtx: bool = False,
+              progress: bool = True) -> dict[str, LinearStats]:
+    """Run the calibration windows [n, seq] through the model and return per-linear input statistics."""
+    device = next(model.parameters()).device
+    batches = windows.split(batch_size)
+    with collect_stats(model, names, xtx=xtx) as stats, torch.inference_mode():
+        for batch in tqdm(batches, desc="calibrating", unit="batch", disable=not progress):
+            model(batch.to(device), use_cache=False)
+    return stats

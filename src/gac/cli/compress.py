@@ -1,0 +1,59 @@
+"""`gac compress`: the main job. Parses options and calls gac.api.compress; defaults live in CompressConfig."""
+
+from __future__ import annotations
+
+import click
+
+COMPRESSORS = ("svd", "asvd")  # mirrors gac.compressors.REGISTRY without importing torch
+
+
+def _given(**kwargs) -> dict:
+    """Only the options the user actually passed, so the dataclass defaults stay the single source."""
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+@click.command("compress")
+@click.option("--model", help="smollm2-135m (default, embedded), a HF model dir, a .gguf file, or a hub id.")
+@click.option("--compressor", type=click.Choice(COMPRESSORS), help="Dimension-reducing compressor [default: asvd].")
+@click.option("--ratio", type=float, help="Share of compressible parameters to remove, in (0, 1) [default: 0.15].")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output model directory.")
+@click.option("--align", "alignment", type=int, help="Alignment multiple for candidate dims [default: 8].")
+@click.option("--no-align", is_flag=True, help="Save the compressor's own (unaligned) dims instead of GAC's.")
+@click.option("--profile", type=click.Path(dir_okay=False), help="Hardware profile JSON driving the candidates.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="[default: float32]")
+@click.option("--device", help="cpu or cuda[:N] [default: cpu].")
+@click.option("--alpha", type=float, help="asvd: activation scaling exponent [default: 0.5].")
+@click.option("--calib-file", type=click.Path(dir_okay=False), help="Calibration text [default: Python docs].")
+@click.option("--eval-file", type=click.Path(dir_okay=False), help="Held-out evaluation text [default: Python docs].")
+@click.option("--seq-len", type=int, help="Tokens per window [default: 512].")
+@click.option("--calib-windows", type=int, help="Calibration windows [default: 16].")
+@click.option("--eval-windows", type=int, help="Evaluation windows [default: 24].")
+@click.option("--prefill-tokens", type=int, help="Prefill length for latency [default: 512].")
+@click.option("--no-eval", is_flag=True, help="Skip perplexity and latency (parameters and alignment only).")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def command(model, compressor, ratio, out, alignment, no_align, profile, dtype, device, alpha, calib_file,
+            eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force, quiet):
+    """Compress a model, select aligned dims under the same budget, evaluate, and save."""
+    from gac.cli.output import print_report, setup_logging
+
+    setup_logging(quiet)
+    from gac.api import CompressConfig, compress
+    from gac.data import TextConfig
+    from gac.evaluate.latency import LatencyConfig
+
+    cfg = CompressConfig(
+        **_given(model=model, compressor=compressor, ratio=ratio, out=out, alignment=alignment, profile=profile,
+                 dtype=dtype, device=device),
+        align=not no_align,
+        compressor_options=_given(alpha=alpha),
+        text=TextConfig(**_given(calib_file=calib_file, eval_file=eval_file, seq_len=seq_len,
+                                 calib_windows=calib_windows, eval_windows=eval_windows)),
+        latency=LatencyConfig(**_given(prefill_tokens=prefill_tokens)),
+        evaluate=not no_eval,
+        force=force,
+        progress=not quiet,
+    )
+    result = compress(cfg)
+    print_report(result.report)
+    click.echo(f"saved {result.report['saved_variant']} model, report.json and report.md to {result.out}")

@@ -1,0 +1,43 @@
+"""ASVD: activation-aware SVD. Input channels are scaled by (mean |x|)^alpha before the SVD so directions
+that carry large activations are kept; importance per parameter comes from the activations too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gac.compressors.base import LowRankCompressor
+from gac.compressors.sensitivity import loss_per_energy
+from gac.errors import GacError
+
+
+@dataclass(frozen=True)
+class ASVDConfig:
+    alpha: float = 0.5  # ASVD's scaling exponent; 0 is plain SVD
+
+    def __post_init__(self):
+        if not 0.0 <= self.alpha <= 2.0:
+            raise GacError(f"asvd alpha {self.alpha} is outside [0, 2]: use e.g. --alpha 0.5")
+
+
+class ASVDCompressor(LowRankCompressor):
+    name = "asvd"
+
+    def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor:
+        mean_abs = stats.mean_abs.to(weight.device)  # [in]
+        floor = mean_abs.max().clamp_min(1e-12) * 1e-6  # channels never seen active still keep a tiny scale
+        return mean_abs.clamp_min(floor).pow(self.config.alpha)
+
+    def importance(self, model, analyses, stats, probe, keep, progress):
+        # ASVD's sensitivity: the calibration-loss rise when a weight alone is truncated, per unit of lost
+        # (activation-scaled) energy, spread over the weight's parameters. Falls back to activation-weighted
+        # magnitude ||W diag(mean|x|)||^2 / numel when no probe text is given.
+        if probe is None:
+            return [float((model.get_submodule(a.name).weight.detach().float() * stats[a.name].mean_abs).pow(2).mean())
+                    for a in analyses]
+        per_energy = loss_per_energy(model, analyses, probe, keep, progress)
+        return [p / a.numel for p, a in zip(per_energy, analyses)]
+
+
+CONFIG, COMPRESSOR = ASVDConfig, ASVDCompressor

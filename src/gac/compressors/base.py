@@ -1,0 +1,99 @@
+"""The compressor interface, and the shared low-rank family (svd, asvd): analyze, allocate, materialize."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gac.compressors.allocation import DENSE, allocate_ranks
+from gac.linalg import ScaledSVD, factorize_from_svd, lowrank_params, max_useful_rank, scaled_svd
+
+
+@dataclass
+class WeightAnalysis:
+    """What a compressor learned about one weight: its spectrum and importance."""
+
+    name: str
+    out_features: int
+    in_features: int
+    svd: ScaledSVD
+    score: float  # importance per parameter, normalized to mean 1 over the weights of a model
+
+    @property
+    def numel(self) -> int:
+        return self.out_features * self.in_features
+
+    @property
+    def params_per_dim(self) -> int:
+        return self.in_features + self.out_features
+
+    @property
+    def max_rank(self) -> int:
+        return max_useful_rank(self.in_features, self.out_features)
+
+    def params(self, rank: int | None) -> int:
+        return self.numel if rank is DENSE else lowrank_params(self.in_features, self.out_features, rank)
+
+
+class LowRankCompressor:
+    """Factorize every compressible linear as b(a(x)). Subclasses define the input scaling and the importance."""
+
+    name = "lowrank"
+    needs_xtx = False
+
+    def __init__(self, config):
+        self.config = config
+
+    # --- what subclasses change -------------------------------------------------------------
+    def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor | None:
+        """Per-input-channel scale applied before the SVD (None: plain SVD)."""
+        return None
+
+    def importance(self, model, analyses: list[WeightAnalysis], stats: dict, probe, keep: float,
+                   progress: bool) -> list[float]:
+        """Importance per parameter of each weight, before normalization. Default: weight magnitude."""
+        return [float(model.get_submodule(a.name).weight.detach().float().pow(2).mean()) for a in analyses]
+
+    # --- shared -------------------------------------------------------------------------------
+    def analyze(self, model, names: list[str], stats: dict, *, probe=None, keep: float = 0.85,
+                progress: bool = True) -> list[WeightAnalysis]:
+        """Scaled SVD of every weight and its importance (probe: calibration token windows; keep: 1 - ratio)."""
+        from tqdm.auto import tqdm
+
+        out = []
+        for name in tqdm(names, desc=f"{self.name}: factorizing", unit="weight", disable=not progress):
+            w = model.get_submodule(name).weight.detach()  # [out, in]
+            svd = scaled_svd(w, self.input_scale(w, stats.get(name)))
+            out.append(WeightAnalysis(name, w.shape[0], w.shape[1], svd, 0.0))
+        scores = self.importance(model, out, stats, probe, keep, progress)
+        mean = float(np.mean(scores)) or 1.0
+        for a, s in zip(out, scores):
+            a.score = s / mean
+        return out
+
+    def allocate(self, analyses: list[WeightAnalysis], budget: int) -> dict[str, int | None]:
+        """The compressor's own (unconstrained) ranks under the budget; None keeps a weight dense."""
+        ranks = allocate_ranks(
+            [a.svd.energy_fraction.cpu().numpy() for a in analyses],
+            [a.score for a in analyses],
+            [(a.out_features, a.in_features) for a in analyses],
+            budget,
+        )
+        return {a.name: r for a, r in zip(analyses, ranks)}
+
+    def materialize(self, model, analyses: list[WeightAnalysis], ranks: dict[str, int | None]) -> dict:
+        """Replace each weight by its rank-r factorization in place; returns the structure to save."""
+        from gac.models.surgery import replace_with_lowrank
+
+        lowrank = {}
+        for a in analyses:
+            r = ranks[a.name]
+            if r is DENSE:
+                continue
+            A, B = factorize_from_svd(a.svd, r)
+            replace_with_lowrank(model, a.name, A, B)
+            lowrank[a.name] = int(r)
+        return {"lowrank": lowrank}
+

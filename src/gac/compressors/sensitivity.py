@@ -1,0 +1,37 @@
+"""Measured importance (ASVD's sensitivity idea): how much the calibration loss rises when one weight alone is
+truncated. One probe per weight calibrates its singular-value energy into loss units."""
+
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+
+from gac.linalg import factorize_from_svd
+
+
+@torch.inference_mode()
+def _loss(model, ids: torch.Tensor) -> float:
+    return float(model(ids, labels=ids, use_cache=False).loss)
+
+
+@torch.inference_mode()
+def loss_per_energy(model, analyses, probe: torch.Tensor, keep: float, progress: bool = True) -> list[float]:
+    """For each weight: (loss rise when truncated to the rank holding `keep` of its parameters) / (energy lost).
+
+    probe: token ids [n, seq] from the calibration text. The weight is restored after each probe.
+    """
+    device = next(model.parameters()).device
+    ids = probe.to(device)
+    base = _loss(model, ids)
+    out = []
+    for a in tqdm(analyses, desc="sensitivity", unit="weight", disable=not progress):
+        linear = model.get_submodule(a.name)
+        rank = max(1, min(a.max_rank, int(keep * a.numel / a.params_per_dim)))
+        A, B = factorize_from_svd(a.svd, rank)
+        saved = linear.weight.data.clone()
+        linear.weight.data.copy_(B @ A)  # [out, in]: the truncated weight, dense
+        rise = _loss(model, ids) - base
+        linear.weight.data.copy_(saved)
+        lost = float(1.0 - a.svd.energy_fraction[:rank].sum())
+        out.append(max(rise, 1e-6) / max(lost, 1e-9))
+    return out

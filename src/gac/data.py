@@ -1,0 +1,64 @@
+"""Calibration and evaluation text: Python's own documentation by default (disjoint parts), or user files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gac.errors import GacError
+
+EVAL_EVERY = 5  # every 5th pydoc topic (sorted by name) is held out for evaluation
+
+
+def pydoc_split() -> tuple[str, str]:
+    """(calibration text, held-out evaluation text) from `pydoc_data.topics`, deterministic and disjoint."""
+    from pydoc_data.topics import topics
+
+    keys = sorted(topics)
+    calib = [topics[k] for i, k in enumerate(keys) if i % EVAL_EVERY != 0]
+    held_out = [topics[k] for i, k in enumerate(keys) if i % EVAL_EVERY == 0]
+    return "\n\n".join(calib), "\n\n".join(held_out)
+
+
+def read_text(path) -> str:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise GacError(f"cannot read text file {p}: {e.strerror}; pass an existing UTF-8 text file") from e
+    if not text.strip():
+        raise GacError(f"text file {p} is empty: pass a file with text to calibrate or evaluate on")
+    return text
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    calib_file: str | None = None
+    eval_file: str | None = None
+    seq_len: int = 512
+    calib_windows: int = 16
+    eval_windows: int = 24
+
+
+def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what: str):
+    """Non-overlapping [n, seq_len] token windows from the start of `text` (n <= max_windows)."""
+    import torch
+
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    n = min(len(ids) // seq_len, max_windows)
+    if n == 0:
+        raise GacError(
+            f"{what} text has {len(ids)} tokens, fewer than one window of {seq_len}: pass a longer file or a smaller --seq-len"
+        )
+    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # [n, seq_len]
+
+
+def load_windows(tokenizer, cfg: TextConfig):
+    """(calibration windows, evaluation windows) as LongTensors [n, seq_len]."""
+    default_calib, default_eval = pydoc_split()
+    calib = read_text(cfg.calib_file) if cfg.calib_file else default_calib
+    held_out = read_text(cfg.eval_file) if cfg.eval_file else default_eval
+    return (
+        token_windows(tokenizer, calib, cfg.seq_len, cfg.calib_windows, what="calibration"),
+        token_windows(tokenizer, held_out, cfg.seq_len, cfg.eval_windows, what="evaluation"),
+    )

@@ -1,0 +1,25 @@
+"""Perplexity on held-out token windows (the same windows for every variant)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from tqdm.auto import tqdm
+
+
+@torch.inference_mode()
+def perplexity(model, windows: torch.Tensor, *, batch_size: int = 4, desc: str = "perplexity",
+               progress: bool = True) -> float:
+    """exp(mean next-token NLL) over all predicted tokens of windows [n, seq]."""
+    device = next(model.parameters()).device
+    nll, count = 0.0, 0
+    for batch in tqdm(windows.split(batch_size), desc=desc, unit="batch", disable=not progress):
+        batch = batch.to(device)
+        logits = model(batch, use_cache=False).logits[:, :-1].float()  # [B, S-1, V]
+        target = batch[:, 1:]  # [B, S-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                                 reduction="sum")
+        nll += float(loss)
+        count += target.numel()
+    return math.exp(nll / count)

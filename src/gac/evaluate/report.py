@@ -1,0 +1,52 @@
+"""report.json (the contract in DESIGN.md) and a readable report.md table."""
+
+from __future__ import annotations
+
+import json
+
+VARIANTS = ("baseline", "unaligned", "gac")
+CONTRACT_KEYS = ("params", "aligned_fraction", "ppl", "prefill_ms", "decode_ms_per_token")
+
+
+def report_json(report: dict) -> str:
+    return json.dumps(report, indent=2)
+
+
+def _fmt(x, spec):
+    return "n/a" if x is None else format(x, spec)
+
+
+def report_markdown(r: dict) -> str:
+    v = r["variants"]
+    unaligned = v.get("unaligned", {})
+    lines = [
+        f"# gac compress: {r['model']}, {r['compressor']}, ratio {r['ratio']}",
+        "",
+        f"device {r['device']} ({r.get('device_name', '')}), dtype {r['dtype']}, alignment {r['alignment']}; "
+        f"budget {r['budget_params']:,} of {r['compressible_params']:,} compressible parameters.",
+        "",
+        "| variant | params | vs budget | aligned | ppl | prefill ms | decode ms/token | prefill vs unaligned |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in VARIANTS:
+        if name not in v:
+            continue
+        x = v[name]
+        speed = None
+        if unaligned.get("prefill_ms") and x.get("prefill_ms"):
+            speed = unaligned["prefill_ms"] / x["prefill_ms"]
+        lines.append(
+            f"| {name} | {x['params']:,} | {x['params'] / r['budget_params']:.3f} | {x['aligned_fraction']:.2f} | "
+            f"{_fmt(x.get('ppl'), '.2f')} | {_fmt(x.get('prefill_ms'), '.1f')} "
+            f"(±{_fmt(x.get('prefill_spread_pct'), '.0f')}%) | {_fmt(x.get('decode_ms_per_token'), '.2f')} | "
+            f"{_fmt(speed, '.3f')}x |"
+        )
+    lines += [
+        "",
+        f"Latency: median of {r.get('latency', {}).get('prefill_rounds', '?')} interleaved prefill runs "
+        f"(batch {r.get('latency', {}).get('batch', '?')}, {r.get('latency', {}).get('prefill_tokens', '?')} tokens) "
+        f"and {r.get('latency', {}).get('decode_rounds', '?')} decode steps; ± is the 10-90 percentile spread.",
+        f"Perplexity: {r.get('eval_tokens', '?')} held-out tokens, the same windows for every variant.",
+        f"Saved variant: {r.get('saved_variant', '?')}.",
+    ]
+    return "\n".join(lines) + "\n"

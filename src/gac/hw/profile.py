@@ -1,0 +1,439 @@
+"""Hardware profile: kernel latency swept over dims on this device (GEMM N/K, SDPA head dim, low-rank pair).
+
+Writes/reads the profile JSON ({"gac_profile": 1, ...}) and caches it per device name, dtype and torch version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import platform
+import re
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from gac.errors import GacError
+from gac.evaluate.timing import cpu_threads, time_callable, time_interleaved
+
+logger = logging.getLogger(__name__)
+
+PROFILE_VERSION = 1
+OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")  # tried in this order
+
+
+@dataclass(frozen=True)
+class FixedSizes:
+    """The sizes held fixed while one dim is swept."""
+
+    hidden: int = 1024  # K of gemm_n, N of gemm_k
+    lowrank_in: int = 1024
+    lowrank_out: int = 1024
+    batch: int = 1  # sdpa
+    heads: int = 8
+    context: int = 512  # sdpa key/value length for decode (m=1); prefill attends over its own m tokens
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What to sweep: ops, dims (head dims for sdpa), token counts M, fixed sizes and timing effort."""
+
+    ops: tuple[str, ...] = OPS
+    dims: tuple[int, ...] = tuple(range(64, 513))
+    head_dims: tuple[int, ...] = tuple(range(64, 129))
+    m_values: tuple[int, ...] = (512, 1)  # prefill tokens, then decode (GEMV)
+    sizes: FixedSizes = field(default_factory=FixedSizes)
+    warmup: int = 3
+    repeats: int = 15
+    threads: int | None = None  # None: torch's current count, recorded in the profile
+    buffers: int = 4  # input copies rotated on GPU so caches do not flatter small shapes
+    chunk: int = 64  # dims timed round-robin together (bounded so memory stays small)
+
+    def __post_init__(self):
+        unknown = set(self.ops) - set(OPS)
+        if unknown or not self.ops:
+            raise GacError(f"unknown op(s) {sorted(unknown)}; choose from {', '.join(OPS)}")
+        for name in ("dims", "head_dims", "m_values"):
+            values = getattr(self, name)
+            if not values or any(int(v) != v or v < 1 for v in values):
+                raise GacError(f"{name} must be a non-empty list of positive integers, got {list(values)[:8]}")
+        if self.repeats < 1 or self.warmup < 0 or self.buffers < 1 or self.chunk < 1:
+            raise GacError("repeats, buffers and chunk must be >= 1 and warmup >= 0")
+
+    @classmethod
+    def quick(cls, m: int = 1024) -> SweepSpec:
+        """About 10 s on an idle 2-core CPU: dims 96..128 at M=m and M=1, K=N=1024, head dims 64..128 step 8."""
+        return cls(dims=tuple(range(96, 129)), head_dims=tuple(range(64, 129, 8)), m_values=(m, 1), repeats=15)
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self)))  # tuples -> lists, as stored in a profile
+
+
+def dims_around(centers, *, alignment: int = 8, window: int = 4) -> tuple[int, ...]:
+    """Every d* (rounded) plus the aligned dims the candidate rule may consider around it, one multiple wider."""
+    from gac.align.candidates import aligned_candidates
+
+    dims = set()
+    for c in centers:
+        dims.add(max(1, round(c)))
+        dims.update(aligned_candidates(c, alignment, window=window + 1))
+    return tuple(sorted(dims))
+
+
+def spec_from_plan(plan, base: SweepSpec | None = None) -> SweepSpec:
+    """`base` with dims swept around each weight's "dim" (and its explicit candidates) in a selection plan.
+
+    `plan` is a gac.align.plan.Plan, its JSON object or a JSON path; its alignment and window set the windows.
+    """
+    from gac.align.plan import Plan
+
+    if not isinstance(plan, Plan):
+        plan = Plan.from_dict(plan) if isinstance(plan, Mapping) else Plan.from_json(plan)
+    dims = set(dims_around([w.dim for w in plan.weights], alignment=plan.alignment, window=plan.window))
+    for w in plan.weights:
+        dims.update(d for d in (w.candidates or ()) if d >= 1)
+    return dataclasses.replace(base or SweepSpec(), dims=tuple(sorted(dims)))
+
+
+# ---- device and dtype --------------------------------------------------------------------------------------
+
+
+def check_device(device: str) -> torch.device:
+    """The torch device for `device`, or GacError when it is unknown or absent here."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise GacError(f"unknown device {device!r}; use cpu or cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise GacError(f"CUDA is not available here (torch {torch.__version__}); use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise GacError(f"device {device!r} is not supported; use cpu or cuda")
+    return dev
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise GacError(f"unsupported dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    return name
+
+
+def device_name(device: str | torch.device) -> str:
+    """GPU name from torch, CPU model from /proc/cpuinfo (or platform)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+# ---- sweeps ------------------------------------------------------------------------------------------------
+
+
+def _entry_shape(op: str, m: int, sizes: FixedSizes) -> dict[str, int]:
+    if op == "gemm_n":
+        return {"k": sizes.hidden}
+    if op == "gemm_k":
+        return {"n": sizes.hidden}
+    if op == "lowrank":
+        return {"in": sizes.lowrank_in, "out": sizes.lowrank_out}
+    return {"batch": sizes.batch, "heads": sizes.heads, "seq": m if m > 1 else sizes.context}
+
+
+def _tensor_shapes(op: str, m: int, dim: int, shape: Mapping[str, int]) -> list[tuple[int, ...]]:
+    if op == "gemm_n":
+        return [(m, shape["k"]), (dim, shape["k"])]  # X [M, K], W [N=dim, K]
+    if op == "gemm_k":
+        return [(m, dim), (shape["n"], dim)]  # X [M, K=dim], W [N, K=dim]
+    if op == "lowrank":
+        return [(m, shape["in"]), (dim, shape["in"]), (shape["out"], dim)]  # X [M, in], A [r, in], B [out, r]
+    b, h, s = shape["batch"], shape["heads"], shape["seq"]
+    return [(b, h, m, dim), (b, h, s, dim), (b, h, s, dim)]  # q [B, H, M, D], k and v [B, H, S, D]
+
+
+def _kernel(op: str, causal: bool) -> Callable:
+    if op in ("gemm_n", "gemm_k"):
+        return F.linear  # Y [M, N] = X [M, K] @ W[N, K]^T
+    if op == "lowrank":
+        return lambda x, a, b: F.linear(F.linear(x, a), b)  # [M, in] -> [M, r] -> [M, out]
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # [B, H, M, D]
+
+
+def _sdpa_context(backend: str | None):
+    """Pin an SDPA backend by name for the calls inside; no-op for None and 'cpu'."""
+    if backend in (None, "cpu"):
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, backend))
+
+
+def _first_sdpa_backend(fn: Callable, args: tuple, device: torch.device) -> str:
+    """On CUDA, the first SDPA backend that runs these inputs (flash, efficient, cuDNN, math); on CPU, 'cpu'."""
+    if device.type != "cuda":
+        return "cpu"
+    from torch.nn.attention import SDPBackend
+
+    for name in SDPA_BACKENDS:
+        if not hasattr(SDPBackend, name):
+            continue
+        try:
+            with warnings.catch_warnings(), _sdpa_context(name), torch.inference_mode():
+                warnings.simplefilter("ignore")  # each refusing backend warns why
+                fn(*args)
+            torch.cuda.synchronize(device)
+            return name
+        except (RuntimeError, NotImplementedError):
+            continue
+    raise GacError(f"no SDPA backend runs head dim {args[0].shape[-1]} on this GPU")
+
+
+@dataclass(frozen=True)
+class _Point:
+    """One swept dim of one op entry: a callable that rotates through its input buffers."""
+
+    fn: Callable[[], object]
+    backend: str | None
+
+
+def _build_point(op: str, m: int, dim: int, shape, *, device, dtype, buffers: int, gen) -> _Point:
+    copies = buffers if device.type == "cuda" else 1
+    inputs = [
+        tuple(torch.randn(s, generator=gen, device=device, dtype=dtype) for s in _tensor_shapes(op, m, dim, shape))
+        for _ in range(copies)
+    ]
+    kernel = _kernel(op, causal=op == "sdpa" and m == shape.get("seq") and m > 1)
+    backend = _first_sdpa_backend(kernel, inputs[0], device) if op == "sdpa" else None
+    state = {"i": 0}
+
+    def call():
+        state["i"] = (state["i"] + 1) % copies
+        return kernel(*inputs[state["i"]])
+
+    return _Point(call, backend)
+
+
+def _entries(spec: SweepSpec) -> list[tuple[str, int, tuple[int, ...]]]:
+    return [(op, m, spec.head_dims if op == "sdpa" else spec.dims) for op in spec.ops for m in spec.m_values]
+
+
+def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
+    shape = _entry_shape(op, m, spec.sizes)
+    ms, p10, p90, backends = [], [], [], []
+    for start in range(0, len(dims), spec.chunk):
+        chunk = dims[start : start + spec.chunk]
+        points = {d: _build_point(op, m, d, shape, device=device, dtype=dtype, buffers=spec.buffers, gen=gen)
+                  for d in chunk}
+        by_backend: dict[str | None, dict[str, Callable]] = {}
+        for d, p in points.items():
+            by_backend.setdefault(p.backend, {})[str(d)] = p.fn
+        timings = {}
+        for backend, fns in by_backend.items():  # pinned once per group, outside the timed calls
+            with _sdpa_context(backend):
+                timings.update(time_interleaved(fns, device=device, warmup=spec.warmup, rounds=spec.repeats))
+        for d in chunk:
+            t = timings[str(d)]
+            ms.append(round(t.median_ms, 6))
+            p10.append(round(t.p10_ms, 6))
+            p90.append(round(t.p90_ms, 6))
+            backends.append(points[d].backend)
+        bar.update(len(chunk))
+    entry = {"op": op, "shape": shape, "m": m, "backend": max(set(backends), key=backends.count),
+             "dims": list(dims), "ms": ms, "p10_ms": p10, "p90_ms": p90}
+    if len(set(backends)) > 1:
+        entry["backends"] = backends  # per dim, when the SDPA backend changes along the sweep
+    return entry
+
+
+def _estimate_s(spec: SweepSpec, *, device, dtype, gen) -> float:
+    """Seconds the sweep should take, from timing the middle point of each op entry once."""
+    total = 0.0
+    for op, m, dims in _entries(spec):
+        point = _build_point(op, m, dims[len(dims) // 2], _entry_shape(op, m, spec.sizes),
+                             device=device, dtype=dtype, buffers=1, gen=gen)
+        per_call = time_callable(point.fn, device=device, warmup=1, repeats=2).median_ms
+        total += per_call / 1e3 * len(dims) * (spec.warmup + spec.repeats)
+    return total
+
+
+def _busy_cores(interval_s: float = 0.25) -> float | None:
+    """Cores kept busy by other processes right now (from /proc/stat over a short interval); None off Linux."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]  # user nice system idle iowait irq ...
+        return sum(values), values[3] + values[4]
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(interval_s)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (1 - (idle1 - idle0) / max(total1 - total0, 1)) * (os.cpu_count() or 1)
+
+
+def _warn_if_busy(device: torch.device, threads: int) -> None:
+    """CPU timings with several threads fall apart when other processes hold the cores: say so up front."""
+    cores = os.cpu_count() or 1
+    busy = _busy_cores() if device.type == "cpu" else None
+    if busy is not None and busy + threads > cores + 0.3:
+        logger.warning("other processes keep %.1f of %d cores busy and %d threads were asked: CPU timings will "
+                       "be noisy; profile on an idle machine or pass fewer threads", busy, cores, threads)
+
+
+def resolve_spec(spec: SweepSpec | None) -> SweepSpec:
+    """`spec` (default SweepSpec()) with the thread count made explicit."""
+    spec = spec or SweepSpec()
+    return spec if spec.threads is not None else dataclasses.replace(spec, threads=torch.get_num_threads())
+
+
+def run_profile(spec: SweepSpec | None, *, device: str = "cpu", dtype: str = "float32", progress: bool = True) -> dict:
+    """Sweep every op entry of `spec` on `device` and return the profile dict (not saved)."""
+    from tqdm.auto import tqdm
+
+    dev, name = check_device(device), dtype_name(dtype)
+    spec = resolve_spec(spec)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    entries = _entries(spec)
+    n_points = sum(len(dims) for _, _, dims in entries)
+    _warn_if_busy(dev, spec.threads)
+    t0 = time.perf_counter()
+    with cpu_threads(spec.threads) as threads:
+        estimate = _estimate_s(spec, device=dev, dtype=DTYPES[name], gen=gen)
+        logger.info("profiling %d points on %s (%s), about %.0f s", n_points, device_name(dev), name, estimate)
+        with tqdm(total=n_points, desc=f"profile (~{estimate:.0f}s)", unit="pt", disable=not progress) as bar:
+            ops = [_sweep_entry(op, m, dims, spec, device=dev, dtype=DTYPES[name], gen=gen, bar=bar)
+                   for op, m, dims in entries]
+    return {
+        "gac_profile": PROFILE_VERSION,
+        "device": dev.type,
+        "device_name": device_name(dev),
+        "torch": torch.__version__,
+        "dtype": name,
+        "threads": threads,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "elapsed_s": round(time.perf_counter() - t0, 2),
+        "spec": spec.to_json(),
+        "ops": ops,
+    }
+
+
+# ---- files and cache ---------------------------------------------------------------------------------------
+
+
+def save_profile(profile: Mapping, path: str | os.PathLike) -> Path:
+    """Write atomically (temp file + os.replace); one line per key and per op entry so the file stays readable."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in profile.items() if k != "ops"]
+    ops = ",\n".join("    " + json.dumps(e) for e in profile.get("ops", []))
+    lines.append(f'  "ops": [\n{ops}\n  ]')
+    text = "{\n" + ",\n".join(lines) + "\n}\n"
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a profile is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_profile(path: str | os.PathLike) -> dict:
+    """Read and check a profile file; GacError with a one-line message when it is missing or invalid."""
+    path = Path(path)
+    if not path.is_file():
+        raise GacError(f"profile {path} not found; create it with `gac profile --out {path}`")
+    try:
+        profile = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise GacError(f"cannot read profile {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise GacError(f"profile {path} is not valid JSON ({e.msg}, line {e.lineno}); re-run `gac profile`") from None
+    if not isinstance(profile, dict) or "gac_profile" not in profile:
+        raise GacError(f"{path} is not a gac profile (no \"gac_profile\" key)")
+    if profile["gac_profile"] != PROFILE_VERSION:
+        raise GacError(f"profile {path} has format {profile['gac_profile']!r}; this gac reads {PROFILE_VERSION}")
+    for i, e in enumerate(profile.get("ops") or []):
+        if not isinstance(e, dict) or not {"op", "m", "dims", "ms"} <= e.keys() or len(e["dims"]) != len(e["ms"]):
+            raise GacError(f"profile {path}: op entry {i} is malformed (needs op, m, dims, ms of equal length)")
+    if not profile.get("ops"):
+        raise GacError(f"profile {path} has no measurements (empty \"ops\")")
+    return profile
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def cache_dir() -> Path:
+    """$GAC_CACHE_DIR/profiles, else ~/.cache/gac/profiles."""
+    root = os.environ.get("GAC_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "gac") / "profiles"
+
+
+def cached_profile_path(device: str = "cpu", dtype: str = "float32") -> Path:
+    """Cache file for this device's name, the dtype and the torch version."""
+    dev = check_device(device)
+    name = f"{dev.type}-{_slug(device_name(dev))}-{dtype_name(dtype)}-torch{_slug(torch.__version__)}.json"
+    return cache_dir() / name
+
+
+def load_cached_profile(spec: SweepSpec | None = None, *, device: str = "cpu", dtype: str = "float32") -> dict | None:
+    """The cached profile when one exists (and, given `spec`, was swept with the same spec); else None."""
+    path = cached_profile_path(device, dtype)
+    if not path.is_file():
+        return None
+    try:
+        cached = load_profile(path)
+    except GacError as e:
+        logger.warning("ignoring the cached profile: %s", e)
+        return None
+    if spec is not None and cached.get("spec") != resolve_spec(spec).to_json():
+        return None
+    return cached
+
+
+def profile(
+    spec: SweepSpec | None = None,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    out: str | os.PathLike | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Measure this device (or reuse the cached profile swept with the same spec unless `force`), save it."""
+    spec = resolve_spec(spec)
+    result = None if force else load_cached_profile(spec, device=device, dtype=dtype)
+    if result is not None:
+        logger.info("reusing the cached profile %s", cached_profile_path(device, dtype))
+    else:
+        result = run_profile(spec, device=device, dtype=dtype, progress=progress)
+        try:
+            save_profile(result, cached_profile_path(device, dtype))
+        except OSError as e:
+            logger.warning("could not cache the profile: %s", e)
+    if out is not None:
+        save_profile(result, out)
+    return result

@@ -1,0 +1,79 @@
+"""Modeling code that gac copies into every model directory it writes, so that
+`AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)` rebuilds the compressed shapes.
+
+Self-contained on purpose: it imports torch and transformers only, never gac. The structure comes from
+`config.gac_structure` (written by gac): {"lowrank": {module_name: rank}}.
+"""
+
+import torch
+import transformers
+from torch import nn
+
+
+class LowRankLinear(nn.Module):
+    """y = b(a(x)): an [out, in] linear factorized at rank r into a [r, in] and a [out, r] linear."""
+
+    def __init__(self, in_features, out_features, rank, bias=False, device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        self.a = nn.Linear(in_features, rank, bias=False, device=device, dtype=dtype)
+        self.b = nn.Linear(rank, out_features, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
+
+
+def apply_gac_structure(model: nn.Module, structure: dict) -> None:
+    """Replace the named linears by empty modules of the compressed shapes (weights are loaded afterwards)."""
+    for name, rank in (structure or {}).get("lowrank", {}).items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        old = getattr(parent, child)
+        if isinstance(old, LowRankLinear) or type(old).__name__ == "LowRankLinear":
+            continue
+        w = old.weight
+        new = LowRankLinear(old.in_features, old.out_features, int(rank), old.bias is not None, w.device, w.dtype)
+        setattr(parent, child, new)
+
+
+class _GacStructureMixin:
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        apply_gac_structure(self, getattr(config, "gac_structure", None))
+
+
+class GacLlamaForCausalLM(_GacStructureMixin, transformers.LlamaForCausalLM):
+    pass
+
+
+class GacMistralForCausalLM(_GacStructureMixin, transformers.MistralForCausalLM):
+    pass
+
+
+class GacQwen2ForCausalLM(_GacStructureMixin, transformers.Qwen2ForCausalLM):
+    pass
+
+
+class GacQwen3ForCausalLM(_GacStructureMixin, transformers.Qwen3ForCausalLM):
+    pass
+
+
+class GacGraniteForCausalLM(_GacStructureMixin, transformers.GraniteForCausalLM):
+    pass
+
+
+class GacOlmo2ForCausalLM(_GacStructureMixin, transformers.Olmo2ForCausalLM):
+    pass
+
+
+GAC_CLASSES = {
+    "llama": GacLlamaForCausalLM,
+    "mistral": GacMistralForCausalLM,
+    "qwen2": GacQwen2ForCausalLM,
+    "qwen3": GacQwen3ForCausalLM,
+    "granite": GacGraniteForCausalLM,
+    "olmo2": GacOlmo2ForCausalLM,
+}

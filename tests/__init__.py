@@ -1,0 +1,1 @@
+"""Tiny random models and helpers shared by tests."""

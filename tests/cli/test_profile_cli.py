@@ -1,0 +1,96 @@
+"""`gac profile`: a tiny --dims sweep writes the profile and plots; bad input fails in one line (exit 2)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from gac.cli import main
+from gac.cli.profile import parse_dims
+from gac.errors import GacError
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {"GAC_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def run(args, env):
+    return CliRunner().invoke(main, ["profile", *args], env=env)
+
+
+def test_tiny_dims_sweep_writes_profile_and_plots(tmp_path, env):
+    out = tmp_path / "prof" / "cpu.json"
+    result = run(["--dims", "8:10", "--m", "4", "--threads", "1", "--out", str(out)], env)
+    assert result.exit_code == 0, result.output
+    profile = json.loads(out.read_text())
+    assert {e["op"] for e in profile["ops"]} == {"gemm_n", "gemm_k", "sdpa", "lowrank"}
+    assert all(e["dims"] == [8, 9, 10] and e["m"] in (4, 1) for e in profile["ops"])
+    assert profile["threads"] == 1
+    assert sorted(p.name for p in out.parent.glob("*.png")) == [
+        "cpu_gemm_k.png", "cpu_gemm_n.png", "cpu_lowrank.png", "cpu_sdpa.png"]
+    assert f"profile: {out}" in result.output and "measured in" in result.output and "cliffs" in result.output
+
+    again = run(["--dims", "8:10", "--m", "4", "--threads", "1", "--out", str(out), "--no-plot"], env)
+    assert again.exit_code == 0 and "reused the cached profile" in again.output and "plot:" not in again.output
+
+
+def test_plan_sweep_windows(tmp_path, env):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"budget": 10**6, "weights": [
+        {"name": "a", "dim": 13.2, "score": 1.0, "params_per_dim": 10}]}))
+    out = tmp_path / "p.json"
+    result = run(["--plan", str(plan), "--m", "1", "--threads", "1", "--out", str(out), "--no-plot"], env)
+    assert result.exit_code == 0, result.output
+    gemm = next(e for e in json.loads(out.read_text())["ops"] if e["op"] == "gemm_n")
+    assert {8, 13, 16, 40} <= set(gemm["dims"]) and gemm["m"] == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dims", "8:x"], "bad --dims"),
+        (["--dims", "16:8"], "bad --dims"),
+        (["--dims", "0:8"], "bad --dims"),
+        (["--dims", "8:16", "--plan", "p.json"], "either --dims or --plan"),
+        (["--plan", "/no/such/plan.json"], "cannot read plan"),
+    ],
+)
+def test_bad_input_fails_in_one_line(args, message, env):
+    result = run(args, env)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present here")
+def test_cuda_without_cuda_suggests_cpu(env):
+    result = run(["--device", "cuda", "--dims", "8:9"], env)
+    assert result.exit_code == 2 and "--device cpu" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_parse_dims():
+    assert parse_dims("64:72") == tuple(range(64, 73))
+    assert parse_dims("64:128:32") == (64, 96, 128)
+    assert parse_dims("111, 96:104:8 ,111") == (96, 104, 111)
+    for bad in ("", "a", "1:2:3:4", "8:4", "8:16:0", "-4:8"):
+        with pytest.raises(GacError):
+            parse_dims(bad)
+
+
+def test_cli_module_does_not_import_torch():
+    code = "import sys, gac.cli.profile; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tiny_cuda_cli_sweep(tmp_path, env):
+    out = tmp_path / "cuda.json"
+    result = run(["--device", "cuda", "--dtype", "float16", "--dims", "8:10", "--m", "4", "--out", str(out)], env)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["device"] == "cuda"

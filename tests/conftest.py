@@ -1,0 +1,51 @@
+"""Shared fixtures: a tiny random Llama-family model with a real (tiny, trained-here) tokenizer, saved as an
+HF directory, so every test runs offline in seconds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=320, max_position_embeddings=256, tie_word_embeddings=True)
+
+
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer trained on Python's docs, wrapped for transformers."""
+    from pydoc_data.topics import topics
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TINY["vocab_size"], special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    texts = [topics[k] for k in sorted(topics)[:60]]
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+def tiny_model(model_type: str = "llama", seed: int = 0):
+    import transformers
+
+    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "mistral": transformers.MistralConfig}[model_type]
+    torch.manual_seed(seed)
+    config = config_cls(**TINY)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """An HF model directory (config, safetensors, tokenizer) of a tiny random Llama."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model().save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    return d
+
+
+@pytest.fixture()
+def tiny():
+    """A fresh tiny random Llama model (eval mode)."""
+    return tiny_model()

@@ -1,0 +1,152 @@
+"""Tiny real CPU sweeps: a valid profile, save/load round trip, cache keyed and reused, errors, plots."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from gac.errors import GacError
+from gac.hw import profile as hp
+from gac.hw.plots import plot_profile
+
+TINY = hp.SweepSpec(
+    dims=(8, 9, 16),
+    head_dims=(8, 16),
+    m_values=(4, 1),
+    sizes=hp.FixedSizes(hidden=32, lowrank_in=32, lowrank_out=24, heads=2, context=16),
+    warmup=1,
+    repeats=3,
+    threads=1,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_profile():
+    return hp.run_profile(TINY, device="cpu", dtype="float32", progress=False)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "profiles"
+
+
+def test_tiny_sweep_is_a_valid_profile(tiny_profile):
+    p = tiny_profile
+    assert p["gac_profile"] == 1 and p["device"] == "cpu" and p["dtype"] == "float32"
+    assert p["threads"] == 1 and p["torch"] == torch.__version__ and p["device_name"]
+    assert [(e["op"], e["m"]) for e in p["ops"]] == [(op, m) for op in hp.OPS for m in (4, 1)]
+    for e in p["ops"]:
+        n = len(e["dims"])
+        assert len(e["ms"]) == len(e["p10_ms"]) == len(e["p90_ms"]) == n
+        assert all(lo <= mid <= hi for lo, mid, hi in zip(e["p10_ms"], e["ms"], e["p90_ms"]))
+        assert all(ms > 0 for ms in e["ms"])
+        assert e["backend"] == ("cpu" if e["op"] == "sdpa" else None)
+    sdpa = {e["m"]: e["shape"] for e in p["ops"] if e["op"] == "sdpa"}
+    assert sdpa == {4: {"batch": 1, "heads": 2, "seq": 4}, 1: {"batch": 1, "heads": 2, "seq": 16}}
+    assert json.loads(json.dumps(p)) == p
+
+
+def test_thread_count_restored_after_sweep():
+    before = torch.get_num_threads()
+    hp.run_profile(dataclasses.replace(TINY, ops=("gemm_n",), m_values=(1,)), progress=False)
+    assert torch.get_num_threads() == before
+
+
+def test_bfloat16_sweep_records_dtype():
+    spec = dataclasses.replace(TINY, ops=("gemm_k",), m_values=(2,))
+    assert hp.run_profile(spec, dtype="bfloat16", progress=False)["dtype"] == "bfloat16"
+
+
+def test_save_load_round_trip(tiny_profile, tmp_path):
+    path = hp.save_profile(tiny_profile, tmp_path / "sub" / "p.json")
+    assert hp.load_profile(path) == tiny_profile
+    assert [f.name for f in path.parent.iterdir()] == ["p.json"]  # no temp file left behind
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (None, "not found"),
+        ("{not json", "not valid JSON"),
+        ('{"ops": []}', "not a gac profile"),
+        ('{"gac_profile": 99, "ops": []}', "format 99"),
+        ('{"gac_profile": 1, "ops": [{"op": "gemm_n", "m": 1, "dims": [8], "ms": []}]}', "malformed"),
+        ('{"gac_profile": 1, "ops": []}', "no measurements"),
+    ],
+)
+def test_invalid_profile_files(tmp_path, text, message):
+    path = tmp_path / "p.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(GacError, match=message) as err:
+        hp.load_profile(path)
+    assert "\n" not in str(err.value)
+
+
+def test_cache_path_keyed_by_device_dtype_torch(cache):
+    f32, bf16 = hp.cached_profile_path("cpu", "float32"), hp.cached_profile_path("cpu", torch.bfloat16)
+    assert f32.parent == cache and f32 != bf16
+    assert "float32" in f32.name and "bfloat16" in bf16.name and f32.name.startswith("cpu-")
+    assert torch.__version__.split("+")[0] in f32.name
+
+
+def test_profile_caches_and_reuses(cache, tmp_path, monkeypatch):
+    first = hp.profile(TINY, out=tmp_path / "out.json", progress=False)
+    assert hp.cached_profile_path().is_file() and hp.load_profile(tmp_path / "out.json") == first
+
+    def no_sweep(*args, **kwargs):
+        raise AssertionError("the cache should have been reused")
+
+    monkeypatch.setattr(hp, "run_profile", no_sweep)
+    assert hp.profile(TINY, progress=False) == first
+    with pytest.raises(AssertionError):  # another spec or --force measures again
+        hp.profile(dataclasses.replace(TINY, repeats=2), progress=False)
+    with pytest.raises(AssertionError):
+        hp.profile(TINY, force=True, progress=False)
+
+
+def test_spec_validation():
+    with pytest.raises(GacError, match="unknown op"):
+        hp.SweepSpec(ops=("conv",))
+    with pytest.raises(GacError, match="dims"):
+        hp.SweepSpec(dims=())
+    with pytest.raises(GacError, match="unsupported dtype"):
+        hp.run_profile(TINY, dtype="int8", progress=False)
+
+
+def test_spec_from_plan_windows():
+    plan = {"budget": 10**6, "weights": [{"name": "a", "dim": 107.4, "score": 1.0, "params_per_dim": 10,
+                                          "candidates": [100]}]}
+    dims = hp.spec_from_plan(plan, TINY).dims
+    assert {107, 100} <= set(dims)
+    assert {72, 80, 104, 112, 136, 144} <= set(dims)  # the candidate window, one multiple wider
+    assert all(d == 107 or d == 100 or d % 8 == 0 for d in dims)
+    with pytest.raises(GacError):
+        hp.spec_from_plan({"budget": 1, "weights": []})
+
+
+def test_quick_spec_covers_the_111_cliff():
+    spec = hp.SweepSpec.quick()
+    assert {96, 111, 112, 128} <= set(spec.dims) and spec.m_values == (1024, 1)
+    assert spec.sizes.hidden == 1024
+
+
+def test_plots_written_as_png(tiny_profile, tmp_path):
+    paths = plot_profile(tiny_profile, tmp_path, prefix="p")
+    assert sorted(p.name for p in paths) == sorted(f"p_{op}.png" for op in hp.OPS)
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tiny_cuda_sweep():
+    spec = dataclasses.replace(TINY, threads=None, buffers=2)
+    p = hp.run_profile(spec, device="cuda", dtype="float16", progress=False)
+    assert p["device"] == "cuda" and p["device_name"] == torch.cuda.get_device_name()
+    for e in p["ops"]:
+        assert all(ms > 0 for ms in e["ms"])
+        if e["op"] == "sdpa":
+            assert e["backend"] in hp.SDPA_BACKENDS

@@ -1,0 +1,183 @@
+"""Saving compressed models: round trip through gac and through plain transformers, atomic, --force."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gac.calibrate import calibrate
+from gac.compressors import make_compressor
+from gac.errors import GacError
+from gac.models import io
+from gac.models.adapters import adapter_for
+from gac.models.io import MODELING_FILE, PLAN_FILE, save
+from gac.models.loading import load_model
+from gac.models.modeling_gac import LowRankLinear
+from tests.conftest import tiny_model, tiny_tokenizer
+
+
+def _irregular_ranks(analyses):
+    """Deliberately unaligned ranks (odd, varied), one weight left dense."""
+    ranks = {a.name: 1 + (7 * k + 3) % (min(a.in_features, a.out_features) - 1) for k, a in enumerate(analyses)}
+    ranks[analyses[2].name] = None
+    return ranks
+
+
+@pytest.fixture(scope="module")
+def compressed():
+    """(model, tokenizer, structure, plan, ids, expected logits) of the tiny model compressed by svd."""
+    model = tiny_model(seed=3)
+    names = adapter_for(model.config).linear_names(model.config)
+    g = torch.Generator().manual_seed(0)
+    windows = torch.randint(0, model.config.vocab_size, (2, 16), generator=g)  # [n, seq]
+    comp = make_compressor("svd")
+    analyses = comp.analyze(model, names, calibrate(model, windows, names, progress=False), progress=False)
+    ranks = _irregular_ranks(analyses)
+    structure = comp.materialize(model, analyses, ranks)
+    assert len(set(structure["lowrank"].values())) > 3  # irregular
+    plan = {"compressor": "svd", "ranks": ranks}
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=g)  # [B, S]
+    with torch.inference_mode():
+        logits = model(ids, use_cache=False).logits
+    return model, tiny_tokenizer(), structure, plan, ids, logits
+
+
+@pytest.fixture(scope="module")
+def saved(compressed, tmp_path_factory):
+    model, tok, structure, plan, _, _ = compressed
+    out = tmp_path_factory.mktemp("saved") / "model"
+    returned = save(model, tok, out, structure=structure, plan=plan, extra_files={"report.json": "{}"})
+    assert returned == out.resolve()
+    return out
+
+
+def _logits(model, ids):
+    with torch.inference_mode():
+        return model(ids, use_cache=False).logits
+
+
+def test_saved_dir_contents(saved, compressed):
+    _, _, structure, plan, _, _ = compressed
+    assert json.loads((saved / PLAN_FILE).read_text()) == json.loads(json.dumps(plan))
+    assert (saved / "report.json").read_text() == "{}"
+    assert (saved / MODELING_FILE).is_file()
+    assert (saved / "model.safetensors").is_file()
+    config = json.loads((saved / "config.json").read_text())
+    assert config["gac_structure"] == structure
+    assert config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_gac.")
+
+
+def test_gac_load_gives_same_logits(saved, compressed):
+    _, _, structure, _, ids, expected = compressed
+    loaded = io.load(saved)
+    for name, rank in structure["lowrank"].items():
+        module = loaded.model.get_submodule(name)
+        assert isinstance(module, LowRankLinear) and module.rank == rank
+    torch.testing.assert_close(_logits(loaded.model, ids), expected, atol=1e-6, rtol=0)
+    assert loaded.tokenizer is not None
+    assert loaded.tokenizer("hello")["input_ids"] == tiny_tokenizer()("hello")["input_ids"]
+
+
+def test_load_model_detects_gac_dir(saved, compressed):
+    _, _, _, _, ids, expected = compressed
+    loaded = load_model(str(saved))
+    assert any(isinstance(m, LowRankLinear) for m in loaded.model.modules())
+    torch.testing.assert_close(_logits(loaded.model, ids), expected, atol=1e-6, rtol=0)
+
+
+def test_plain_transformers_loads_in_fresh_process(saved, compressed, tmp_path):
+    _, _, structure, _, ids, expected = compressed
+    ref = tmp_path / "ref.pt"
+    torch.save({"ids": ids, "logits": expected, "lowrank": structure["lowrank"]}, ref)
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from transformers import AutoModelForCausalLM
+        assert "gac" not in sys.modules
+        ref = torch.load({str(ref)!r})
+        model = AutoModelForCausalLM.from_pretrained({str(saved)!r}, trust_remote_code=True).eval()
+        for name, rank in ref["lowrank"].items():
+            m = model.get_submodule(name)
+            if type(m).__name__ != "LowRankLinear" or m.rank != rank:
+                sys.exit(f"{{name}}: {{type(m).__name__}} rank {{getattr(m, 'rank', None)}}, expected {{rank}}")
+        with torch.inference_mode():
+            got = model(ref["ids"], use_cache=False).logits
+        diff = (got - ref["logits"]).abs().max().item()
+        if diff > 1e-6:
+            sys.exit(f"logits differ by {{diff}}")
+        if any(n.split(".")[0] == "gac" for n in sys.modules):
+            sys.exit("the saved modeling code imported gac")
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "hf-modules"),
+           "PYTHONPATH": ""}
+    # run outside the repository so that neither src/ nor tests/ can be imported by accident
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_modeling_file_imports_no_gac(saved):
+    text = (saved / MODELING_FILE).read_text()
+    assert "import gac" not in text
+    assert "from gac" not in text
+    assert "class LowRankLinear" in text
+
+
+def test_existing_dir_refused_unless_force(compressed, tmp_path):
+    model, tok, structure, plan, ids, expected = compressed
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    with pytest.raises(GacError, match="already exists") as info:
+        save(model, tok, out, structure=structure, plan=plan)
+    assert "--force" in str(info.value)
+    assert sorted(p.name for p in out.iterdir()) == ["stale.txt"]  # untouched
+    save(model, tok, out, structure=structure, plan=plan, force=True)
+    assert not (out / "stale.txt").exists()  # replaced, not merged
+    assert (out / PLAN_FILE).is_file()
+    torch.testing.assert_close(_logits(io.load(out).model, ids), expected, atol=1e-6, rtol=0)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temp or old dirs left beside it
+
+
+def test_existing_file_refused_even_with_force(compressed, tmp_path):
+    model, tok, structure, plan, _, _ = compressed
+    out = tmp_path / "file"
+    out.write_text("x")
+    with pytest.raises(GacError, match="not a directory"):
+        save(model, tok, out, structure=structure, plan=plan, force=True)
+    assert out.read_text() == "x"
+
+
+def _failing_write(model, tokenizer, d, structure, plan, extra_files):
+    (d / "config.json").write_text("{}")
+    raise RuntimeError("disk full")
+
+
+def test_failed_save_leaves_nothing(compressed, tmp_path, monkeypatch):
+    model, tok, structure, plan, _, _ = compressed
+    monkeypatch.setattr(io, "_write", _failing_write)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="disk full"):
+        save(model, tok, out, structure=structure, plan=plan)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []  # no .partial temp dir either
+
+
+def test_failed_forced_save_keeps_the_old_dir(compressed, tmp_path, monkeypatch):
+    model, tok, structure, plan, _, _ = compressed
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("previous model")
+    monkeypatch.setattr(io, "_write", _failing_write)
+    with pytest.raises(RuntimeError, match="disk full"):
+        save(model, tok, out, structure=structure, plan=plan, force=True)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_load_refuses_non_gac_dir(tiny_model_dir):
+    with pytest.raises(GacError, match=PLAN_FILE):
+        io.load(tiny_model_dir)

@@ -1,0 +1,169 @@
+"""load_model: HF directories load; every user mistake is a one-line GacError that names a fix."""
+
+import json
+import shutil
+import time
+
+import pytest
+import torch
+
+from gac.errors import GacError
+from gac.models.loading import DTYPES, embedded_gguf, load_model
+from tests.conftest import tiny_model
+
+FIX_WORDS = ("pass ", "use ", "run ", "put ", "choose ", "download ")
+
+
+def _assert_one_line_with_fix(err: GacError):
+    msg = str(err)
+    assert msg and "\n" not in msg
+    assert any(w in msg for w in FIX_WORDS), msg
+
+
+def test_hf_dir_loads_with_working_tokenizer(tiny_model_dir):
+    loaded = load_model(str(tiny_model_dir))
+    assert loaded.model.config.model_type == "llama"
+    assert loaded.source == str(tiny_model_dir)
+    assert not loaded.model.training
+    assert next(loaded.model.parameters()).dtype == torch.float32
+    text = "def f(x): return x"
+    ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids and all(0 <= i < loaded.model.config.vocab_size for i in ids)
+    assert loaded.tokenizer.decode(ids) == text
+    ref = tiny_model()  # the same seed wrote the directory: same weights, same logits
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded.model(x).logits, ref(x).logits)
+
+
+def test_hf_dir_loads_in_bfloat16(tiny_model_dir):
+    loaded = load_model(str(tiny_model_dir), dtype="bfloat16")
+    assert next(loaded.model.parameters()).dtype == torch.bfloat16
+
+
+def _dir_without_config(tmp_path):
+    d = tmp_path / "empty-model"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"")
+    return str(d)
+
+
+def _dir_without_tokenizer(tmp_path):
+    d = tmp_path / "no-tokenizer"
+    tiny_model().save_pretrained(d)
+    return str(d)
+
+
+def _gpt2_dir(tmp_path):
+    import transformers
+
+    d = tmp_path / "gpt2"
+    transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100).save_pretrained(d)
+    return str(d)
+
+
+def _not_a_model_file(tmp_path):
+    p = tmp_path / "weights.bin"
+    p.write_bytes(b"\0" * 16)
+    return str(p)
+
+
+def _broken_gguf(tmp_path):
+    p = tmp_path / "broken.gguf"
+    p.write_bytes(b"not a gguf file at all")
+    return str(p)
+
+
+@pytest.mark.parametrize("make_spec,match", [
+    (lambda tmp: "nope", "unknown model 'nope'"),
+    (lambda tmp: "./no/such/dir", "unknown model './no/such/dir'"),
+    (_dir_without_config, "has no config.json"),
+    (_dir_without_tokenizer, "no usable tokenizer"),
+    (_gpt2_dir, "unsupported architecture 'gpt2'"),
+], ids=["alias", "missing-path", "no-config", "no-tokenizer", "gpt2"])
+def test_user_errors_are_one_line_gac_errors(tmp_path, make_spec, match):
+    spec = make_spec(tmp_path)
+    with pytest.raises(GacError, match=match) as info:
+        load_model(spec)
+    _assert_one_line_with_fix(info.value)
+
+
+@pytest.mark.parametrize("make_spec,match", [
+    (_broken_gguf, "could not read the model config"),
+    (_not_a_model_file, "not a model directory"),
+], ids=["broken-gguf", "not-a-model-file"])
+def test_unreadable_files_are_one_line_gac_errors(tmp_path, make_spec, match):
+    # these two messages name the problem and the path (the parser's reason, or the kind of path expected)
+    spec = make_spec(tmp_path)
+    with pytest.raises(GacError, match=match) as info:
+        load_model(spec)
+    assert "\n" not in str(info.value) and spec in str(info.value)
+
+
+def test_gpt2_rejected_before_tokenizer(tmp_path):
+    """The architecture check comes first: a GPT-2 dir without tokenizer files names the architecture."""
+    d = _gpt2_dir(tmp_path)
+    assert not any(p.name.startswith("tokenizer") for p in (tmp_path / "gpt2").iterdir())
+    with pytest.raises(GacError, match="gpt2"):
+        load_model(d)
+
+
+def test_hub_id_offline_fails_quickly(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads the variable at import time, which already happened in this process
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    t0 = time.perf_counter()
+    with pytest.raises(GacError, match="someone/some-model") as info:
+        load_model("someone/some-model")
+    assert time.perf_counter() - t0 < 10
+    _assert_one_line_with_fix(info.value)
+    assert "hub" in str(info.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when CUDA is absent")
+def test_cuda_without_cuda_raises(tiny_model_dir):
+    with pytest.raises(GacError, match="CUDA is not available") as info:
+        load_model(str(tiny_model_dir), device="cuda")
+    _assert_one_line_with_fix(info.value)
+
+
+@pytest.mark.parametrize("device", ["tpu", "mps:0", ""])
+def test_unknown_device_raises(tiny_model_dir, device):
+    with pytest.raises(GacError, match="unknown device") as info:
+        load_model(str(tiny_model_dir), device=device)
+    _assert_one_line_with_fix(info.value)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "fp16", "int8"])
+def test_unknown_dtype_raises(tiny_model_dir, dtype):
+    with pytest.raises(GacError, match=f"unknown dtype '{dtype}'") as info:
+        load_model(str(tiny_model_dir), dtype=dtype)
+    _assert_one_line_with_fix(info.value)
+    assert all(d in str(info.value) for d in DTYPES)
+
+
+def test_embedded_alias_ships_a_gguf():
+    path = embedded_gguf("smollm2-135m")
+    assert path.is_file()
+    assert path.suffix == ".gguf"
+    with open(path, "rb") as f:
+        assert f.read(4) == b"GGUF"  # the real file, not a Git LFS pointer
+    assert path.stat().st_size > 10_000_000
+
+
+def test_gac_dir_without_tokenizer_is_still_detected(tmp_path, tiny_model_dir):
+    """A directory with gac_plan.json is loaded by gac's own loader (not refused for lacking a tokenizer)."""
+    from gac.models.io import PLAN_FILE
+
+    d = tmp_path / "gacdir"
+    shutil.copytree(tiny_model_dir, d)
+    for p in d.glob("tokenizer*"):
+        p.unlink()
+    (d / PLAN_FILE).write_text(json.dumps({}))
+    loaded = load_model(str(d))
+    assert loaded.model.config.model_type == "llama"
+    assert loaded.tokenizer is None

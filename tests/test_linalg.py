@@ -1,0 +1,119 @@
+"""Scaled SVD and factorization on small random matrices: error falls with rank, scaled optimality, shapes."""
+
+import itertools
+
+import pytest
+import torch
+
+from gac.linalg import factorize, factorize_from_svd, lowrank_params, max_useful_rank, scaled_svd
+
+SHAPES = [(8, 6), (6, 8), (24, 16)]  # [out, in]: tall, wide, and the one used with a scale
+
+
+def _matrix(out_f, in_f, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out_f, in_f, generator=g, dtype=torch.float64).float()  # [out, in]
+
+
+def _scale(in_f, seed=1):
+    """Positive, strongly uneven per-input-channel factors (like ASVD's activation scales)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(in_f, generator=g).mul(9.0).add(0.1)  # [in] in [0.1, 9.1)
+
+
+def _err(weight, A, B, scale=None):
+    """||(W - B A) diag(scale)||_F in float64."""
+    diff = weight.double() - B.double() @ A.double()  # [out, in]
+    if scale is not None:
+        diff = diff * scale.double()
+    return float(torch.linalg.matrix_norm(diff))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("scaled", [False, True])
+def test_error_strictly_decreases_with_rank_and_vanishes_at_full_rank(shape, scaled):
+    out_f, in_f = shape
+    W = _matrix(out_f, in_f)
+    s = _scale(in_f) if scaled else None
+    full = min(out_f, in_f)
+    errs = [_err(W, *factorize(W, r, s), s) for r in range(1, full + 1)]
+    assert all(a > b for a, b in zip(errs, errs[1:])), errs
+    ref = float(torch.linalg.matrix_norm(W.double() * (s.double() if scaled else 1.0)))
+    assert errs[-1] <= 1e-5 * ref
+    assert errs[0] > 1e-2 * ref  # rank 1 of a random matrix is far from exact
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_factor_shapes(shape):
+    out_f, in_f = shape
+    W = _matrix(out_f, in_f)
+    for r in (1, min(shape) // 2, min(shape)):
+        for s in (None, _scale(in_f)):
+            A, B = factorize(W, r, s)
+            assert A.shape == (r, in_f)
+            assert B.shape == (out_f, r)
+            assert A.dtype == B.dtype == torch.float32
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_scaled_factorization_minimizes_scaled_error(shape):
+    """Eckart-Young in the scaled norm: no other rank-r factorization (here: plain SVD's) does better."""
+    out_f, in_f = shape
+    W = _matrix(out_f, in_f, seed=3)
+    s = _scale(in_f, seed=4)
+    strictly_better = 0
+    for r in range(1, min(shape)):
+        scaled_err = _err(W, *factorize(W, r, s), s)
+        plain_err = _err(W, *factorize(W, r), s)
+        assert scaled_err <= plain_err * (1 + 1e-5) + 1e-6
+        strictly_better += scaled_err < plain_err * (1 - 1e-3)
+    assert strictly_better > 0  # the scale actually changed the solution
+
+
+def test_scaled_error_equals_discarded_singular_values():
+    """The scaled residual at rank r is the root of the discarded squared singular values of W diag(s)."""
+    W, s = _matrix(24, 16, seed=5), _scale(16, seed=6)
+    svd = scaled_svd(W, s)
+    for r in range(1, 16):
+        expected = float(svd.S[r:].double().pow(2).sum().sqrt())
+        assert _err(W, *factorize_from_svd(svd, r), s) == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("scaled", [False, True])
+def test_energy_fractions_descend_sum_to_one_and_match_residual(shape, scaled):
+    out_f, in_f = shape
+    W = _matrix(out_f, in_f, seed=7)
+    s = _scale(in_f) if scaled else None
+    svd = scaled_svd(W, s)
+    e = svd.energy_fraction
+    assert e.numel() == min(shape)
+    assert bool((e > 0).all())
+    assert bool((e[:-1] >= e[1:]).all())
+    assert float(e.sum()) == pytest.approx(1.0, abs=1e-12)
+    total = float(torch.linalg.matrix_norm(W.double() * (s.double() if scaled else 1.0))) ** 2
+    for r in range(1, min(shape)):  # lost energy share == relative squared residual
+        lost = 1.0 - float(e[:r].sum())
+        assert _err(W, *factorize_from_svd(svd, r), s) ** 2 / total == pytest.approx(lost, rel=1e-3, abs=1e-6)
+
+
+def test_max_useful_rank_brute_force():
+    for in_f, out_f in itertools.product(range(1, 25), range(1, 25)):
+        saving = [r for r in range(0, min(in_f, out_f) + 1) if lowrank_params(in_f, out_f, r) < in_f * out_f]
+        assert max_useful_rank(in_f, out_f) == max(saving), (in_f, out_f)
+
+
+def test_lowrank_params_counts_both_factors():
+    W = _matrix(24, 16)
+    for r in (1, 5, 16):
+        A, B = factorize(W, r)
+        assert lowrank_params(16, 24, r) == A.numel() + B.numel()
+
+
+@pytest.mark.parametrize("rank", [0, -1, 7, 100])
+def test_invalid_rank_raises(rank):
+    W = _matrix(8, 6)
+    with pytest.raises(ValueError, match="rank"):
+        factorize(W, rank)
+    with pytest.raises(ValueError, match="rank"):
+        factorize_from_svd(scaled_svd(W, _scale(6)), rank)
