@@ -52,19 +52,20 @@ class CompressResult:
     models: dict  # variant name -> model (kept for callers that go on using them)
 
 
-def build_plan(analyses, ranks: dict, budget: int, cfg: CompressConfig, candidates_for=None) -> dict:
-    """The selection plan (DESIGN.md contract) for the weights the compressor factorized."""
-    dense = sum(a.numel for a in analyses if ranks[a.name] is None)
+def build_plan(units, dims: dict, budget: int, cfg: CompressConfig, candidates_for=None) -> dict:
+    """The selection plan (DESIGN.md contract) for the units the compressor reduced (None: left whole)."""
+    untouched = sum(u.numel for u in units if dims[u.name] is None)
     weights = []
-    for a in analyses:
-        if ranks[a.name] is None:
+    for u in units:
+        if dims[u.name] is None:
             continue
-        w = {"name": a.name, "dim": float(ranks[a.name]), "score": a.score, "params_per_dim": a.params_per_dim,
-             "min_dim": min(cfg.alignment, a.max_rank), "max_dim": a.max_rank}
+        w = {"name": u.name, "dim": float(dims[u.name]), "score": u.score, "params_per_dim": u.params_per_dim,
+             "fixed_params": u.fixed_params, "min_dim": max(u.min_dim, min(cfg.alignment, u.max_dim)),
+             "max_dim": u.max_dim}
         if candidates_for is not None:
-            w["candidates"] = candidates_for(a, ranks[a.name])
+            w["candidates"] = candidates_for(u, dims[u.name])
         weights.append(w)
-    return {"budget": budget - dense, "alignment": cfg.alignment, "window": cfg.window, "weights": weights}
+    return {"budget": budget - untouched, "alignment": cfg.alignment, "window": cfg.window, "weights": weights}
 
 
 def compress(cfg: CompressConfig) -> CompressResult:

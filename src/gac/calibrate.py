@@ -28,10 +28,18 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
     """Yield {name: LinearStats} filled by forward hooks while the block runs; hooks are removed on exit."""
     stats: dict[str, LinearStats] = {}
     handles = []
+    last = {}  # q/k/v (and gate/up) see the same input tensor: compute its X^T X once, add it to each
+
+    def input_xtx(raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if last.get("input") is not raw:
+            xd = x.double()
+            last["input"], last["xtx"] = raw, xd.T @ xd  # [in, in]
+        return last["xtx"]
 
     def make_hook(name, in_features):
         def hook(_module, inputs, _output):
-            x = inputs[0].detach().reshape(-1, in_features)  # [tokens, in]
+            raw = inputs[0]  # the same object for every linear fed by this activation
+            x = raw.detach().reshape(-1, in_features)  # [tokens, in]
             s = stats.get(name)
             if s is None:
                 s = stats[name] = LinearStats(torch.zeros(in_features, dtype=torch.float32, device=x.device))
@@ -40,8 +48,7 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
             s.abs_sum += x.abs().float().sum(0)
             s.tokens += x.shape[0]
             if xtx:
-                xd = x.double()
-                s.xtx += xd.T @ xd
+                s.xtx += input_xtx(raw, x)
 
         return hook
 
@@ -53,6 +60,7 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
     finally:
         for h in handles:
             h.remove()
+        last.clear()
     missing = [n for n in names if n not in stats]
     if missing:
         raise RuntimeError(f"calibration saw no input for {len(missing)} layers, e.g. {missing[0]}")

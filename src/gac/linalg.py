@@ -9,27 +9,35 @@ import torch
 
 @dataclass(frozen=True)
 class ScaledSVD:
-    """SVD of W @ diag(scale): W [out, in] = U diag(S) Vh diag(scale)^-1."""
+    """SVD of W @ S for an input transform S: W [out, in] = U diag(sigma) Vh S^-1.
+
+    S is diag(scale) for a per-channel scale [in] (ASVD), or a lower-triangular whitening matrix [in, in]
+    (SVD-LLM), or None (plain SVD)."""
 
     U: torch.Tensor  # [out, k]
     S: torch.Tensor  # [k], descending
     Vh: torch.Tensor  # [k, in]
-    scale: torch.Tensor | None  # [in] or None
+    scale: torch.Tensor | None  # [in] (diagonal), [in, in] (lower-triangular) or None
 
     @property
     def energy_fraction(self) -> torch.Tensor:
-        """Share of ||W diag(scale)||_F^2 carried by each singular direction, descending, sums to 1."""
+        """Share of ||W S||_F^2 carried by each singular direction, descending, sums to 1."""
         e = self.S.double() ** 2
         return e / e.sum().clamp_min(torch.finfo(torch.float64).tiny)
 
 
 def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None) -> ScaledSVD:
-    """SVD of weight @ diag(scale) in float32 (scale: positive per-input-channel factors, e.g. ASVD's)."""
+    """SVD of weight @ S in float32: S = diag(scale) for a positive per-input-channel scale [in] (ASVD), or a
+    lower-triangular whitening matrix [in, in] (SVD-LLM, from `whiten`)."""
     w = weight.detach().float()  # [out, in]
     s = None
-    if scale is not None:
+    if scale is not None and scale.dim() == 1:
         s = scale.detach().float().clamp_min(1e-8)  # [in]
         w = w * s  # broadcast over columns
+    elif scale is not None:
+        # Whitening matrices can be ill-conditioned: keep this path in float64 (the factors are cast on copy).
+        s = scale.detach().double()  # [in, in]
+        w = w.double() @ s
     U, S, Vh = torch.linalg.svd(w, full_matrices=False)
     return ScaledSVD(U, S, Vh, s)
 
@@ -41,14 +49,33 @@ def factorize_from_svd(svd: ScaledSVD, rank: int) -> tuple[torch.Tensor, torch.T
     root = svd.S[:rank].sqrt()  # [r]
     B = svd.U[:, :rank] * root  # [out, r]
     A = root[:, None] * svd.Vh[:rank]  # [r, in]
-    if svd.scale is not None:
+    if svd.scale is not None and svd.scale.dim() == 1:
         A = A / svd.scale  # undo the input scaling: W S = B A'  =>  W = B (A' S^-1)
+    elif svd.scale is not None:
+        A = torch.linalg.solve_triangular(svd.scale, A, upper=False, left=False)  # A' S^-1, S lower-triangular
     return A, B
 
 
 def factorize(weight: torch.Tensor, rank: int, scale: torch.Tensor | None = None):
     """Best rank-r approximation of weight in the (optionally input-scaled) Frobenius norm, as (A, B)."""
     return factorize_from_svd(scaled_svd(weight, scale), rank)
+
+
+def whiten(xtx: torch.Tensor, *, max_tries: int = 8) -> torch.Tensor:
+    """Lower-triangular S with S S^T = X^T X (Cholesky, float64), so ||W X^T||_F = ||W S||_F.
+
+    X^T X from few tokens or dead channels is only semi-definite: add a growing ridge (relative to its mean
+    diagonal) until the factorization succeeds."""
+    xtx = xtx.double()
+    ridge = 0.0
+    eye = torch.eye(xtx.shape[0], dtype=xtx.dtype, device=xtx.device)
+    mean_diag = float(xtx.diagonal().mean().clamp_min(1e-12))
+    for attempt in range(max_tries):
+        S, info = torch.linalg.cholesky_ex(xtx + ridge * eye)
+        if int(info) == 0:
+            return S
+        ridge = mean_diag * (1e-6 * 10**attempt)
+    raise ValueError("X^T X is not positive definite even with a ridge; calibrate on more tokens")
 
 
 def lowrank_params(in_features: int, out_features: int, rank: int) -> int:

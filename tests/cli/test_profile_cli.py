@@ -55,7 +55,7 @@ def test_plan_sweep_windows(tmp_path, env):
         (["--dims", "8:x"], "bad --dims"),
         (["--dims", "16:8"], "bad --dims"),
         (["--dims", "0:8"], "bad --dims"),
-        (["--dims", "8:16", "--plan", "p.json"], "either --dims or --plan"),
+        (["--dims", "8:16", "--plan", "p.json"], "one of --dims, --plan or --model"),
         (["--plan", "/no/such/plan.json"], "cannot read plan"),
     ],
 )
@@ -94,3 +94,20 @@ def test_tiny_cuda_cli_sweep(tmp_path, env):
     result = run(["--device", "cuda", "--dtype", "float16", "--dims", "8:10", "--m", "4", "--out", str(out)], env)
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["device"] == "cuda"
+
+
+def test_profile_model_sweeps_around_its_dims(tiny_model_dir, tmp_path):
+    """--model: windows around every dim of the model (tiny: hidden 64, intermediate 160, kv 32, head_dim 16)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from gac.cli import main
+
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, ["profile", "--device", "cpu", "--model", str(tiny_model_dir), "--m", "8",
+                                  "--out", str(out), "--no-plot", "--force"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(out.read_text())
+    gemm = next(e for e in p["ops"] if e["op"] == "gemm_n")
+    assert {64, 160, 32}.issubset(gemm["dims"]) and gemm["shape"]["k"] == 64

@@ -19,9 +19,9 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
     if profile_arg != "auto":
         return load_profile(profile_arg)
     by_shape = defaultdict(list)
-    for a in analyses:
-        if ranks[a.name] is not None:
-            by_shape[(a.in_features, a.out_features)].append(ranks[a.name])
+    for u in analyses:
+        if ranks[u.name] is not None and u.profile_op == "lowrank":
+            by_shape[(u.profile_shape["in"], u.profile_shape["out"])].append(ranks[u.name])
     merged = None
     for (fan_in, fan_out), dims in sorted(by_shape.items()):
         log.info("profiling low-rank %d -> r -> %d on %s at M=%d", fan_in, fan_out, device, m)
@@ -45,13 +45,13 @@ def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: in
         raise GacError("the profile has no lowrank or gemm_n sweep: measure one with `gac profile` (default ops)")
     excluded_total = []
 
-    def candidates_for(a, dim):
-        if "lowrank" in ops:
-            table = latency_table(profile, "lowrank", m=m, shape={"in": a.in_features, "out": a.out_features})
-        else:
-            table = latency_table(profile, "gemm_n", m=m, shape={"k": a.in_features})
+    def candidates_for(u, dim):
+        if u.profile_op in ops:
+            table = latency_table(profile, u.profile_op, m=m, shape=u.profile_shape)
+        else:  # e.g. a profile without the low-rank sweep: the N sweep of a GEMM over the unit's input size
+            table = latency_table(profile, "gemm_n", m=m, shape={"k": u.profile_shape.get("in", 0)})
         cs = profile_candidates(table, dim, alignment=alignment, window=window,
-                                min_dim=min(alignment, a.max_rank), max_dim=a.max_rank)
+                                min_dim=max(u.min_dim, min(alignment, u.max_dim)), max_dim=u.max_dim)
         excluded_total.append(len(cs.excluded))
         return cs.candidates
 

@@ -37,3 +37,9 @@ main.add_command(profile_cmd)
 from gac.cli.compress import command as compress_cmd  # noqa: E402
 
 main.add_command(compress_cmd)
+from gac.cli.bench import command as bench_cmd  # noqa: E402
+main.add_command(bench_cmd)
+from gac.cli.repair import command as repair_cmd  # noqa: E402
+main.add_command(repair_cmd)
+from gac.cli.inspect import command as inspect_cmd  # noqa: E402
+main.add_command(inspect_cmd)

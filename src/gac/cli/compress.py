@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-COMPRESSORS = ("svd", "asvd")  # mirrors gac.compressors.REGISTRY without importing torch
+COMPRESSORS = ("svd", "asvd", "svd_llm")  # mirrors gac.compressors.REGISTRY without importing torch
 
 
 def _given(**kwargs) -> dict:

@@ -40,18 +40,19 @@ def parse_dims(text: str) -> tuple[int, ...]:
 @click.option("--dims", "dims_text", metavar="START:STOP[:STEP]", help="Dims to sweep (inclusive), e.g. 64:256.")
 @click.option("--plan", type=click.Path(dir_okay=False, path_type=Path),
               help="Sweep windows around each weight's dim in this selection plan.")
+@click.option("--model", "model_spec", help="Sweep windows around every dim this model has (alias, dir, .gguf).")
 @click.option("--m", "m", type=click.IntRange(min=1), help="Prefill tokens M (default 512; 1024 with --quick).")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: torch's current count).")
 @click.option("--force", is_flag=True, help="Measure again even when a cached profile with this sweep exists.")
 @click.option("--no-plot", is_flag=True, help="Do not write the PNG plots.")
-def command(device, dtype, out, quick, dims_text, plan, m, threads, force, no_plot) -> None:
+def command(device, dtype, out, quick, dims_text, plan, model_spec, m, threads, force, no_plot) -> None:
     """Measure GEMM, SDPA and low-rank latency over dims on this device (the hardware profile)."""
     import dataclasses
 
     from gac.hw import profile as hp
 
-    if dims_text and plan:
-        raise GacError("give either --dims or --plan, not both")
+    if sum(x is not None for x in (dims_text, plan, model_spec)) > 1:
+        raise GacError("give one of --dims, --plan or --model, not several")
     hp.check_device(device)
     spec = hp.SweepSpec.quick() if quick else hp.SweepSpec()
     if dims_text:
@@ -59,6 +60,10 @@ def command(device, dtype, out, quick, dims_text, plan, m, threads, force, no_pl
         spec = dataclasses.replace(spec, dims=dims, head_dims=dims)
     if plan:
         spec = hp.spec_from_plan(plan, spec)
+    if model_spec:
+        from gac.models.loading import load_model
+
+        spec = hp.spec_from_model(load_model(model_spec).model, spec)
     if m is not None:
         spec = dataclasses.replace(spec, m_values=(m, 1) if m > 1 else (1,))
     if threads is not None:

@@ -6,6 +6,7 @@ import importlib
 REGISTRY = {
     "svd": "gac.compressors.svd",
     "asvd": "gac.compressors.asvd",
+    "svd_llm": "gac.compressors.svd_llm",
 }
 
 

@@ -13,7 +13,11 @@ from gac.linalg import ScaledSVD, factorize_from_svd, lowrank_params, max_useful
 
 @dataclass
 class WeightAnalysis:
-    """What a compressor learned about one weight: its spectrum and importance."""
+    """What a compressor learned about one weight: its spectrum and importance.
+
+    The fields and properties below (name, score, numel, params_per_dim, fixed_params, min_dim, max_dim,
+    profile_op, profile_shape) are the "unit" protocol gac.api relies on; every compressor's units provide them.
+    """
 
     name: str
     out_features: int
@@ -29,9 +33,17 @@ class WeightAnalysis:
     def params_per_dim(self) -> int:
         return self.in_features + self.out_features
 
+    fixed_params = 0
+    min_dim = 1
+    profile_op = "lowrank"  # the hardware-profile sweep whose latency depends on this unit's dim
+
     @property
-    def max_rank(self) -> int:
+    def max_dim(self) -> int:
         return max_useful_rank(self.in_features, self.out_features)
+
+    @property
+    def profile_shape(self) -> dict:
+        return {"in": self.in_features, "out": self.out_features}
 
     def params(self, rank: int | None) -> int:
         return self.numel if rank is DENSE else lowrank_params(self.in_features, self.out_features, rank)

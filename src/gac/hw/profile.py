@@ -107,6 +107,23 @@ def spec_from_plan(plan, base: SweepSpec | None = None) -> SweepSpec:
     return dataclasses.replace(base or SweepSpec(), dims=tuple(sorted(dims)))
 
 
+
+def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = 8, window: int = 4) -> SweepSpec:
+    """`base` with dims swept around every compressible dim of a loaded model (ranks, widths, head_dim),
+    GEMMs sized by its hidden size."""
+    from gac.models.adapters import adapter_for
+    from gac.models.dims import linear_dims
+
+    config = model.config
+    dims = linear_dims(model, adapter_for(config).linear_names(config))
+    centers = {d.rank for d in dims if d.rank is not None} | {x for d in dims for x in (d.in_features, d.out_features)}
+    head_dim = adapter_for(config).geometry(config).head_dim
+    base = base or SweepSpec()
+    sizes = dataclasses.replace(base.sizes, hidden=config.hidden_size, lowrank_in=config.hidden_size,
+                                lowrank_out=config.hidden_size)
+    return dataclasses.replace(base, dims=dims_around(sorted(centers), alignment=alignment, window=window),
+                               head_dims=dims_around([head_dim], alignment=alignment, window=window), sizes=sizes)
+
 # ---- device and dtype --------------------------------------------------------------------------------------
 
 

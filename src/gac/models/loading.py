@@ -110,7 +110,9 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
         ) from e
     log.info("loading %s", source)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dt, **kwargs)
-    if getattr(model.config, "quantization_config", None) is not None and gguf_file:
-        # GGUF weights were dequantized on load; the model is a plain dense model from here on.
-        del model.config.quantization_config
+    if gguf_file:
+        # GGUF weights were dequantized on load: from here on it is a plain dense model, saved as safetensors.
+        model.hf_quantizer = None
+        if getattr(model.config, "quantization_config", None) is not None:
+            del model.config.quantization_config
     return LoadedModel(model, tokenizer, source)

@@ -2,7 +2,10 @@
 `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)` rebuilds the compressed shapes.
 
 Self-contained on purpose: it imports torch and transformers only, never gac. The structure comes from
-`config.gac_structure` (written by gac): {"lowrank": {module_name: rank}}.
+`config.gac_structure` (written by gac), applied in this order:
+  "linear":    {module_name: [out_features, in_features]}  plain linears of a new shape (pruned or padded)
+  "attention": {attn_module_name: {"num_heads": h, "num_kv_heads": kv}}  per-layer head counts
+  "lowrank":   {module_name: rank}  linears factorized as b(a(x))
 """
 
 import torch
@@ -27,16 +30,29 @@ class LowRankLinear(nn.Module):
 
 
 def apply_gac_structure(model: nn.Module, structure: dict) -> None:
-    """Replace the named linears by empty modules of the compressed shapes (weights are loaded afterwards)."""
-    for name, rank in (structure or {}).get("lowrank", {}).items():
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        old = getattr(parent, child)
-        if isinstance(old, LowRankLinear) or type(old).__name__ == "LowRankLinear":
+    """Replace modules by empty ones of the compressed shapes (weights are loaded afterwards)."""
+    structure = structure or {}
+    for name, (out_features, in_features) in structure.get("linear", {}).items():
+        old = model.get_submodule(name)
+        w = old.weight
+        new = nn.Linear(int(in_features), int(out_features), bias=old.bias is not None, device=w.device, dtype=w.dtype)
+        _set(model, name, new)
+    for name, heads in structure.get("attention", {}).items():
+        attn = model.get_submodule(name)
+        attn.num_heads = int(heads["num_heads"])  # informational; forward infers heads from q_proj's width
+        attn.num_key_value_groups = int(heads["num_heads"]) // int(heads["num_kv_heads"])
+    for name, rank in structure.get("lowrank", {}).items():
+        old = model.get_submodule(name)
+        if isinstance(old, LowRankLinear):
             continue
         w = old.weight
         new = LowRankLinear(old.in_features, old.out_features, int(rank), old.bias is not None, w.device, w.dtype)
-        setattr(parent, child, new)
+        _set(model, name, new)
+
+
+def _set(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), child, module)
 
 
 class _GacStructureMixin:

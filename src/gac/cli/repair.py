@@ -1,0 +1,70 @@
+"""`gac repair MODEL --out DIR`: zero-pad irregular ranks and MLP widths, exact outputs. torch imported lazily."""
+
+from __future__ import annotations
+
+import click
+
+from gac.errors import GacError
+
+STRATEGIES = ("minimal", "optimal")  # mirrors gac.repair.repair.STRATEGIES without importing torch
+
+
+def _parse_align(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise GacError(f"bad --align {text!r}: give a positive integer, e.g. --align 8")
+    return value
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+@click.command("repair")
+@click.argument("model")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output model directory.")
+@click.option("--align", "align_text", help="Pad to multiples of N (wins over --strategy) [default: 8].")
+@click.option("--strategy", type=click.Choice(STRATEGIES), help="minimal: align 8; optimal: align 16.")
+@click.option("--profile", type=click.Path(dir_okay=False), help="Hardware profile JSON: fastest aligned size >= d.")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--no-latency", is_flag=True, help="Skip timing prefill before vs after.")
+@click.option("--prefill-tokens", type=click.IntRange(min=1), help="Prefill length for latency [default: 512].")
+def command(model, out, align_text, strategy, profile, force, no_latency, prefill_tokens) -> None:
+    """Zero-pad MODEL's irregular low-rank ranks and MLP widths to aligned sizes (same outputs) and save it."""
+    from gac.cli.output import setup_logging
+
+    align = _parse_align(align_text)
+    setup_logging(quiet=True)
+    from gac.evaluate.latency import LatencyConfig
+    from gac.repair import repair_dir
+
+    latency = LatencyConfig(**({} if prefill_tokens is None else {"prefill_tokens": prefill_tokens}))
+    res = repair_dir(model, out, align=align, strategy=strategy, profile=profile, force=force,
+                     measure_latency=not no_latency, latency=latency)
+    r, rep, o = res.result, res.report, res.result.overhead
+    kinds = sorted({d.kind for d in r.dims})
+    click.echo(f"padded {len(r.changed)} of {len(r.dims)} dims ({', '.join(kinds) or 'none'}) to multiples of "
+               f"{r.alignment}" + (f" ({r.strategy})" if r.strategy else ""))
+    click.echo(f"parameters: {o['params_before']:,} -> {o['params_after']:,} (+{o['params_added']:,}, "
+               f"+{o['params_added_pct']:.3f}%); memory +{_bytes(o['bytes_added'])}")
+    c = rep["logits_check"]
+    click.echo(f"logits ({c['tokens']} tokens): max relative error {c['max_rel_error']:.2e}, "
+               f"argmax {'identical' if c['argmax_identical'] else 'DIFFERS'}")
+    if "latency" in rep:
+        t = rep["latency"]
+        click.echo(f"prefill (batch {t['batch']}, {t['prefill_tokens']} tokens, {t['device']}): "
+                   f"{t['prefill_ms_before']:.1f} ms before, {t['prefill_ms_after']:.1f} ms after "
+                   f"({t['speedup']:.3f}x)")
+    if r.left_misaligned:
+        kinds_left = sorted({d["kind"] for d in r.left_misaligned})
+        click.echo(f"left as is (padding would not be exact): {len(r.left_misaligned)} misaligned dims "
+                   f"({', '.join(kinds_left)})")
+    click.echo(f"saved the repaired model and repair.json to {res.out}")

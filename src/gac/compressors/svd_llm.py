@@ -1,0 +1,36 @@
+"""SVD-LLM: truncation-aware data whitening. With S the Cholesky factor of X^T X (calibration inputs), the SVD
+of W S truncated at rank r minimizes ||(W - W_r) X^T||_F exactly; S^-1 is folded back into the first factor.
+Each linear is whitened by its own inputs, so grouped-query attention (k/v narrower than q) needs nothing special."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gac.compressors.base import LowRankCompressor
+from gac.compressors.sensitivity import loss_per_energy
+from gac.linalg import whiten
+
+
+@dataclass(frozen=True)
+class SVDLLMConfig:
+    pass
+
+
+class SVDLLMCompressor(LowRankCompressor):
+    name = "svd_llm"
+    needs_xtx = True
+
+    def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor:
+        return whiten(stats.xtx.to(weight.device))  # [in, in] float64, lower-triangular
+
+    def importance(self, model, analyses, stats, probe, keep, progress):
+        # Measured sensitivity, as for asvd: loss rise per unit of lost whitened energy, spread per parameter.
+        if probe is None:
+            return super().importance(model, analyses, stats, probe, keep, progress)
+        per_energy = loss_per_energy(model, analyses, probe, keep, progress)
+        return [p / a.numel for p, a in zip(per_energy, analyses)]
+
+
+CONFIG, COMPRESSOR = SVDLLMConfig, SVDLLMCompressor

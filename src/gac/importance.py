@@ -1,0 +1,159 @@
+"""Importance proxies for any compressor: how much each element of a weight matters, summed per output and per
+input channel (which channels or heads to keep) and per weight (how many to keep: the score s_i).
+
+Element importance e by proxy:
+  magnitude   w^2                         (weight norm)
+  activation  mean|x_in|^2                (input activation norm, from gac.calibrate's mean |x|)
+  taylor      sum over batches |g * w|    (first-order loss change, g = dL/dw on calibration text)
+  fisher      sum over batches g^2        (empirical Fisher diagonal)
+Gradients come from a language-modelling loss on the calibration windows, batch by batch; each gradient is folded
+into fp32 channel sums as soon as autograd accumulates it and then freed, so no full set of gradients is held.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from gac.errors import GacError
+
+PROXIES = ("magnitude", "activation", "taylor", "fisher")
+GRADIENT_PROXIES = ("taylor", "fisher")
+
+
+def check_proxy(proxy: str) -> str:
+    if proxy not in PROXIES:
+        raise GacError(f"unknown importance {proxy!r}: choose one of {', '.join(PROXIES)}")
+    return proxy
+
+
+@dataclass
+class ChannelScores:
+    """Importance of one linear's elements summed per output channel and per input channel (fp32)."""
+
+    out: torch.Tensor  # [out]
+    inp: torch.Tensor  # [in]
+
+    @property
+    def total(self) -> float:
+        return float(self.out.double().sum())
+
+
+@dataclass
+class GradStats:
+    """Per-channel gradient sums of one linear weight [out, in], accumulated batch by batch in fp32."""
+
+    taylor_out: torch.Tensor  # [out] sum |g * w|
+    taylor_in: torch.Tensor  # [in]
+    fisher_out: torch.Tensor  # [out] sum g^2
+    fisher_in: torch.Tensor  # [in]
+    batches: int = 0
+
+
+@contextmanager
+def collect_gradients(model, names: list[str]):
+    """Yield {name: GradStats} filled by every backward pass run inside the block.
+
+    Only the named linears' weights require grad while the block runs (nothing else gets a gradient); each weight's
+    gradient is reduced to channel sums when autograd has accumulated it, then dropped. On exit the hooks are
+    removed and requires_grad is restored; a named weight that never received a gradient is an error.
+    """
+    params = list(model.parameters())
+    saved = [p.requires_grad for p in params]
+    stats: dict[str, GradStats] = {}
+    handles = []
+
+    def make_hook(name):
+        def hook(w):
+            g = w.grad.detach().float()  # [out, in]
+            gw = (g * w.detach().float()).abs()
+            g2 = g.square()
+            s = stats.get(name)
+            if s is None:
+                zeros = [torch.zeros(n, dtype=torch.float32, device=g.device) for n in (*g.shape, *g.shape)]
+                s = stats[name] = GradStats(zeros[0], zeros[1], zeros[2], zeros[3])
+            s.taylor_out += gw.sum(1)
+            s.taylor_in += gw.sum(0)
+            s.fisher_out += g2.sum(1)
+            s.fisher_in += g2.sum(0)
+            s.batches += 1
+            w.grad = None  # folded in: free it now
+
+        return hook
+
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        for name in names:
+            w = model.get_submodule(name).weight
+            w.requires_grad_(True)
+            handles.append(w.register_post_accumulate_grad_hook(make_hook(name)))
+        yield stats
+    finally:
+        for h in handles:
+            h.remove()
+        for p, flag in zip(params, saved):
+            p.requires_grad_(flag)
+            p.grad = None
+    missing = [n for n in names if n not in stats]
+    if missing:
+        raise RuntimeError(f"the gradient pass reached no gradient for {len(missing)} weights, e.g. {missing[0]}")
+
+
+def gradient_stats(model, windows: torch.Tensor, names: list[str], *, batch_size: int = 2,
+                   progress: bool = True) -> dict[str, GradStats]:
+    """Language-modelling loss on the calibration windows [n, seq], backward batch by batch, per-channel sums."""
+    device = next(model.parameters()).device
+    with collect_gradients(model, names) as stats, torch.inference_mode(False), torch.enable_grad():
+        for batch in tqdm(windows.split(batch_size), desc="gradients", unit="batch", disable=not progress):
+            ids = batch.to(device)
+            loss = model(ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            del loss
+    return stats
+
+
+def channel_scores(proxy: str, model, names: list[str], *, stats: dict | None = None,
+                   grads: dict[str, GradStats] | None = None) -> dict[str, ChannelScores]:
+    """{name: ChannelScores} for `proxy`. activation needs calibrate's stats; taylor and fisher need `grads`."""
+    check_proxy(proxy)
+    out = {}
+    for name in names:
+        w = model.get_submodule(name).weight.detach()
+        n_out, n_in = w.shape
+        if proxy == "magnitude":
+            e = w.float().square()  # [out, in]
+            out[name] = ChannelScores(e.sum(1), e.sum(0))
+        elif proxy == "activation":
+            if stats is None or name not in stats:
+                raise GacError(f"importance 'activation' needs calibration statistics for {name}")
+            x2 = stats[name].mean_abs.float().to(w.device).square()  # [in]
+            out[name] = ChannelScores(torch.full((n_out,), float(x2.sum()), device=w.device), x2 * n_out)
+        else:
+            if grads is None or name not in grads:
+                raise GacError(f"importance {proxy!r} needs calibration gradients for {name}")
+            g = grads[name]
+            out[name] = (ChannelScores(g.taylor_out, g.taylor_in) if proxy == "taylor"
+                         else ChannelScores(g.fisher_out, g.fisher_in))
+    return out
+
+
+def measure(proxy: str, model, names: list[str], *, stats: dict | None = None, windows: torch.Tensor | None = None,
+            progress: bool = True) -> dict[str, ChannelScores]:
+    """Channel scores of `proxy` for the named linears, running the gradient pass when the proxy needs one."""
+    grads = None
+    if check_proxy(proxy) in GRADIENT_PROXIES:
+        if windows is None:
+            raise GacError(f"importance {proxy!r} needs calibration windows for its gradient pass")
+        grads = gradient_stats(model, windows, names, progress=progress)
+    return channel_scores(proxy, model, names, stats=stats, grads=grads)
+
+
+def weight_scores(proxy: str, model, names: list[str], *, stats: dict | None = None,
+                  windows: torch.Tensor | None = None, progress: bool = True) -> list[float]:
+    """Importance per parameter of each named weight (the knapsack's s_i before normalization)."""
+    scores = measure(proxy, model, names, stats=stats, windows=windows, progress=progress)
+    return [scores[n].total / model.get_submodule(n).weight.numel() for n in names]

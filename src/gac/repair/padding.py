@@ -1,0 +1,73 @@
+"""Pure tensor functions that widen a dim with zeros so that the padded network computes exactly the same outputs.
+
+Every padded entry multiplies a zero, so results are unchanged in exact arithmetic; in floating point the padded
+products are exact zeros too, and only a kernel's summation order can differ (fp32 differences ~1e-7 relative).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def next_multiple(d: int, n: int) -> int:
+    """Smallest multiple of `n` that is >= `d` (d >= 0, n >= 1)."""
+    if n < 1:
+        raise ValueError(f"alignment must be >= 1, got {n}")
+    if d < 0:
+        raise ValueError(f"dim must be >= 0, got {d}")
+    return -(-d // n) * n
+
+
+def _check_target(current: int, target: int, what: str) -> None:
+    if target < current:
+        raise ValueError(f"cannot pad {what} from {current} down to {target}")
+
+
+def pad_rows(weight: torch.Tensor, rows: int, bias: torch.Tensor | None = None):
+    """Output features out -> rows: `weight` [out, in] gets zero rows, `bias` [out] zeros. Returns (weight, bias).
+
+    The new outputs are exactly 0; pair with `pad_cols` on the consumer so they are never read.
+    """
+    out, _ = weight.shape
+    _check_target(out, rows, "output features")
+    w = torch.cat([weight, weight.new_zeros(rows - out, weight.shape[1])], dim=0)  # [rows, in]
+    b = None if bias is None else torch.cat([bias, bias.new_zeros(rows - out)])  # [rows]
+    return w, b
+
+
+def pad_cols(weight: torch.Tensor, cols: int) -> torch.Tensor:
+    """Input features in -> cols: `weight` [out, in] gets zero columns, so extra inputs are ignored exactly."""
+    _, inp = weight.shape
+    _check_target(inp, cols, "input features")
+    return torch.cat([weight, weight.new_zeros(weight.shape[0], cols - inp)], dim=1)  # [out, cols]
+
+
+def pad_lowrank(a: torch.Tensor, b: torch.Tensor, rank: int):
+    """Inner rank r -> rank of y = B (A x): A [r, in] gets zero rows, B [out, r] zero columns; B'A' == BA exactly."""
+    if a.shape[0] != b.shape[1]:
+        raise ValueError(f"A {tuple(a.shape)} and B {tuple(b.shape)} do not share an inner rank")
+    a2, _ = pad_rows(a, rank)
+    return a2, pad_cols(b, rank)
+
+
+def pad_producer_consumer(w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, width: int):
+    """y = W2 f(W1 x + b1): widen the hidden width with zero rows of W1 (and b1) and zero columns of W2.
+
+    Exact for any elementwise f: the new channels are f(0), and the zero columns of W2 that read them drop them.
+    Returns (w1, b1, w2).
+    """
+    if w1.shape[0] != w2.shape[1]:
+        raise ValueError(f"producer {tuple(w1.shape)} and consumer {tuple(w2.shape)} disagree on the width")
+    w1p, b1p = pad_rows(w1, width, b1)
+    return w1p, b1p, pad_cols(w2, width)
+
+
+def pad_mlp(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, width: int):
+    """Gated MLP down(silu(gate x) * up x): intermediate width I -> width.
+
+    gate [I, H] and up [I, H] get zero rows, down [H, I] zero columns. Exact: a new channel is silu(0) * 0 = 0,
+    and down reads it through a zero column anyway. Returns (gate, up, down).
+    """
+    if not (gate.shape == up.shape and gate.shape[0] == down.shape[1]):
+        raise ValueError(f"gate {tuple(gate.shape)}, up {tuple(up.shape)} and down {tuple(down.shape)} are not one MLP")
+    return pad_rows(gate, width)[0], pad_rows(up, width)[0], pad_cols(down, width)

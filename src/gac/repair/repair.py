@@ -1,0 +1,315 @@
+"""Repair a compressed model: zero-pad every irregular low-rank rank and MLP width to an aligned size, in place.
+
+What is padded (exact: the model computes the same function, see gac.repair.padding):
+  - the inner rank of every LowRankLinear (A gets zero rows, B zero columns);
+  - the MLP intermediate width of each layer whose width is irregular (gate/up rows, down columns, together).
+What is not padded, on purpose: the attention head_dim and head widths (a zero-padded head_dim changes the
+softmax scale 1/sqrt(head_dim) and the head reshape, so outputs would not be bit-exact), and the hidden size
+(RMSNorm averages over it). Those dims are listed in the result as left misaligned when they are.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from gac.errors import GacError
+from gac.evaluate.latency import LatencyConfig
+from gac.models.modeling_gac import LowRankLinear
+from gac.repair.padding import next_multiple, pad_cols, pad_lowrank, pad_rows
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = {"minimal": 8, "optimal": 16}  # strategy -> alignment
+PROFILE_WINDOW = 4  # aligned sizes above d a profile may choose among
+PROFILE_TOLERANCE = 0.02  # a larger size must be this much faster (relative) to be worth its extra parameters
+PROFILE_M = 512  # token count whose measured table drives the choice (prefill)
+CHECK_TOKENS = 64  # tokens of the logits check in repair_dir
+
+
+@dataclass(frozen=True)
+class DimChange:
+    name: str  # module name (a LowRankLinear for "rank", the layer's mlp for "mlp_width")
+    kind: str  # "rank" | "mlp_width"
+    layer: int | None
+    before: int
+    after: int
+
+
+@dataclass
+class RepairResult:
+    structure: dict  # the new config.gac_structure
+    alignment: int
+    strategy: str | None
+    dims: list[DimChange]  # every dim repair considered, changed or not
+    overhead: dict  # params_before/after/added, params_added_pct, bytes_added, compressible_params_*
+    left_misaligned: list[dict] = field(default_factory=list)  # dims repair does not pad (head_dim, hidden...)
+    profile: str | None = None
+
+    @property
+    def changed(self) -> list[DimChange]:
+        return [d for d in self.dims if d.after != d.before]
+
+    def to_json(self) -> dict:
+        return {"alignment": self.alignment, "strategy": self.strategy, "profile": self.profile,
+                "dims": [asdict(d) for d in self.dims], "changed": len(self.changed), "overhead": self.overhead,
+                "left_misaligned": self.left_misaligned}
+
+
+@dataclass
+class RepairOutput:
+    out: Path
+    result: RepairResult
+    report: dict  # the content of repair.json
+
+
+def resolve_alignment(align: int | None, strategy: str | None) -> int:
+    """--align wins when given; else the strategy's alignment (minimal 8, optimal 16); neither: 8."""
+    if strategy is not None and strategy not in STRATEGIES:
+        raise GacError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+    if align is None:
+        return STRATEGIES[strategy or "minimal"]
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+        raise GacError(f"alignment {align!r} must be a positive integer, e.g. --align 8")
+    return align
+
+
+# --- module surgery (thin: the maths is in padding.py) ---------------------------------------------------
+
+def _is_lowrank(m: nn.Module) -> bool:
+    # a model loaded with trust_remote_code has its own copy of the class
+    return isinstance(m, LowRankLinear) or type(m).__name__ == "LowRankLinear"
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    new.weight.copy_(weight)
+    if bias is not None:
+        new.bias.copy_(bias)
+    return new
+
+
+def _lowrank(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> LowRankLinear:
+    new = LowRankLinear(a.shape[1], b.shape[0], a.shape[0], bias is not None, a.device, a.dtype)
+    new.a.weight.copy_(a)
+    new.b.weight.copy_(b)
+    if bias is not None:
+        new.b.bias.copy_(bias)
+    return new
+
+
+def _set(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, module)
+
+
+def _widen_out(m: nn.Module, width: int) -> nn.Module:
+    if _is_lowrank(m):
+        b, bias = pad_rows(m.b.weight, width, m.b.bias)
+        return _lowrank(m.a.weight, b, bias)
+    return _linear(*pad_rows(m.weight, width, m.bias))
+
+
+def _widen_in(m: nn.Module, width: int) -> nn.Module:
+    if _is_lowrank(m):
+        return _lowrank(pad_cols(m.a.weight, width), m.b.weight, m.b.bias)
+    return _linear(pad_cols(m.weight, width), m.bias)
+
+
+def _widen_rank(m: nn.Module, rank: int) -> LowRankLinear:
+    a, b = pad_lowrank(m.a.weight, m.b.weight, rank)
+    return _lowrank(a, b, m.b.bias)
+
+
+# --- choosing the target size ---------------------------------------------------------------------------
+
+class _Targets:
+    """Next multiple of the alignment, or with a profile the fastest measured aligned size >= d."""
+
+    def __init__(self, alignment: int, profile: dict | None):
+        self.alignment, self.profile = alignment, profile
+        if profile is not None:
+            ops = {e.get("op") for e in profile.get("ops", [])}
+            if not ops & {"lowrank", "gemm_n"}:
+                raise GacError("the profile has no lowrank or gemm_n sweep: measure one with `gac profile`")
+            self.ops = ops
+
+    def _table(self, op: str, shape: dict) -> dict[int, float] | None:
+        from gac.hw.cliffs import latency_table
+
+        return latency_table(self.profile, op, m=PROFILE_M, shape=shape) if op in self.ops else None
+
+    def _pick(self, d: int, table: dict[int, float] | None) -> int:
+        base = next_multiple(d, self.alignment)
+        options = [base + k * self.alignment for k in range(PROFILE_WINDOW)]
+        measured = [x for x in options if table is not None and x in table]
+        if not measured:
+            return base
+        fastest = min(table[x] for x in measured)
+        return min(x for x in measured if table[x] <= fastest * (1 + PROFILE_TOLERANCE))
+
+    def rank(self, m: nn.Module) -> int:
+        table = None
+        if self.profile is not None:
+            table = self._table("lowrank", {"in": m.in_features, "out": m.out_features}) \
+                or self._table("gemm_n", {"k": m.in_features})
+        return self._pick(m.rank, table)
+
+    def mlp_width(self, width: int, hidden: int) -> int:
+        table = self._table("gemm_n", {"k": hidden}) if self.profile is not None else None
+        return self._pick(width, table)
+
+
+# --- repair ---------------------------------------------------------------------------------------------
+
+def _layer(name: str) -> int | None:
+    match = re.search(r"\.layers\.(\d+)\.", name + ".")
+    return int(match.group(1)) if match else None
+
+
+def _counts(model: nn.Module, names: list[str]) -> dict:
+    from gac.models.dims import linear_dims
+
+    params = list(model.parameters())  # unique tensors: tied embeddings count once
+    return {"params": sum(p.numel() for p in params), "bytes": sum(p.numel() * p.element_size() for p in params),
+            "compressible": sum(d.params for d in linear_dims(model, names))}
+
+
+def _mlp_groups(model, adapter) -> list[tuple[str, list[str]]]:
+    groups = []
+    for i in range(adapter.layer_count(model.config)):
+        prefix = f"{adapter.layers_path}.{i}.mlp"
+        groups.append((prefix, [f"{prefix}.gate_proj", f"{prefix}.up_proj", f"{prefix}.down_proj"]))
+    return groups
+
+
+@torch.no_grad()
+def repair(model: nn.Module, *, align: int | None = None, strategy: str | None = None,
+           profile: dict | str | None = None) -> RepairResult:
+    """Zero-pad, in place, every LowRankLinear rank and every irregular MLP width to an aligned size.
+
+    align: the multiple to pad to (wins over strategy); strategy: "minimal" (8) or "optimal" (16); profile: a
+    hardware profile (dict or JSON path) that picks, for each dim d, the fastest measured aligned size among the
+    next few >= d (within 2% the smallest wins); dims the profile does not cover get the next multiple.
+    Attention head_dim and the hidden size are never padded (not bit-exact: the softmax scale and RMSNorm
+    depend on them); the result lists them under left_misaligned when they are not aligned.
+    Returns the new config.gac_structure (also set on model.config) and the before/after statistics.
+    """
+    from gac.inspect import inspect_model
+    from gac.models.adapters import adapter_for
+
+    alignment = resolve_alignment(align, strategy)
+    profile_name = None
+    if isinstance(profile, (str, Path)):
+        from gac.hw.profile import load_profile
+
+        profile_name, profile = str(profile), load_profile(profile)
+    targets = _Targets(alignment, profile)
+    adapter = adapter_for(model.config)
+    names = adapter.linear_names(model.config)
+    before = _counts(model, names)
+    structure = copy.deepcopy(getattr(model.config, "gac_structure", None) or {})
+    dims: list[DimChange] = []
+
+    for prefix, (gate_n, up_n, down_n) in _mlp_groups(model, adapter):
+        gate, up, down = (model.get_submodule(n) for n in (gate_n, up_n, down_n))
+        width = gate.out_features
+        if not (up.out_features == width == down.in_features):
+            raise GacError(f"{prefix}: gate/up/down widths {gate.out_features}/{up.out_features}/{down.in_features} "
+                           f"disagree; this is not a model gac can repair")
+        target = targets.mlp_width(width, gate.in_features)
+        dims.append(DimChange(prefix, "mlp_width", _layer(prefix), width, target))
+        if target == width:
+            continue
+        for n, new in ((gate_n, _widen_out(gate, target)), (up_n, _widen_out(up, target)),
+                       (down_n, _widen_in(down, target))):
+            _set(model, n, new)
+            structure.setdefault("linear", {})[n] = [new.out_features, new.in_features]
+
+    for name, m in [(n, m) for n, m in model.named_modules() if _is_lowrank(m)]:
+        target = targets.rank(m)
+        dims.append(DimChange(name, "rank", _layer(name), m.rank, target))
+        if target != m.rank:
+            _set(model, name, _widen_rank(m, target))
+        structure.setdefault("lowrank", {})[name] = int(target)
+
+    model.config.gac_structure = structure
+    after = _counts(model, names)
+    added = after["params"] - before["params"]
+    overhead = {
+        "params_before": before["params"], "params_after": after["params"], "params_added": added,
+        "params_added_pct": 100.0 * added / before["params"] if before["params"] else 0.0,
+        "bytes_added": after["bytes"] - before["bytes"],
+        "compressible_params_before": before["compressible"], "compressible_params_after": after["compressible"],
+    }
+    left = [{"name": d.name, "kind": d.kind, "layer": d.layer, "value": d.value}
+            for d in inspect_model(model, (alignment,)).dims
+            if d.kind not in ("rank", "mlp_width") and not d.aligned[alignment]]
+    result = RepairResult(structure, alignment, strategy, dims, overhead, left, profile_name)
+    log.info("repaired %d of %d dims to multiples of %d: +%d params (%.3f%%)", len(result.changed), len(dims),
+             alignment, added, overhead["params_added_pct"])
+    return result
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(ids, use_cache=False).logits.float()  # [B, S, V]
+
+
+def logits_check(before: torch.Tensor, after: torch.Tensor) -> dict:
+    """Max |after - before| relative to max |before|, and whether every position's argmax is the same."""
+    scale = before.abs().max().item() or 1.0
+    return {"max_abs_error": (after - before).abs().max().item(),
+            "max_rel_error": (after - before).abs().max().item() / scale,
+            "argmax_identical": bool(torch.equal(after.argmax(-1), before.argmax(-1)))}
+
+
+def repair_dir(src: str, out: str, *, align: int | None = None, strategy: str | None = None,
+               profile: str | None = None, force: bool = False, measure_latency: bool = True,
+               latency: LatencyConfig = LatencyConfig()) -> RepairOutput:
+    """Load `src` (gac dir, HF dir, .gguf or alias), repair it, check its logits, time prefill before vs after
+    side by side (batch latency.batch, latency.prefill_tokens tokens) and save it to `out` with repair.json."""
+    from gac.models.io import check_out_dir, is_gac_dir, read_plan, save
+    from gac.models.loading import load_model
+
+    alignment = resolve_alignment(align, strategy)  # fail fast, before the model is loaded
+    check_out_dir(out, force)
+    loaded = load_model(str(src))
+    model = loaded.model
+    ids = torch.randint(0, model.config.vocab_size, (1, CHECK_TOKENS), generator=torch.Generator().manual_seed(0))
+    logits_before = _logits(model, ids)
+    original = copy.deepcopy(model) if measure_latency else None
+
+    result = repair(model, align=alignment, strategy=strategy, profile=profile)
+    report = {"source_model": str(src), **result.to_json(),
+              "logits_check": {"tokens": CHECK_TOKENS, **logits_check(logits_before, _logits(model, ids))}}
+    if original is not None:
+        from gac.evaluate.latency import prefill_timings
+
+        log.info("timing prefill before vs after (batch %d, %d tokens)", latency.batch, latency.prefill_tokens)
+        t = prefill_timings({"before": original, "after": model}, latency.batch, latency.prefill_tokens, latency)
+        report["latency"] = {
+            "device": str(next(model.parameters()).device), "batch": latency.batch,
+            "prefill_tokens": latency.prefill_tokens,
+            "prefill_ms_before": t["before"].median_ms, "prefill_ms_after": t["after"].median_ms,
+            "prefill_spread_pct_before": t["before"].spread_pct, "prefill_spread_pct_after": t["after"].spread_pct,
+            "speedup": t["before"].median_ms / t["after"].median_ms,
+        }
+        del original
+
+    plan = {"gac_plan": 1, "variant": "repaired", "source_model": str(src), "align": alignment,
+            "strategy": strategy, "dims": {d.name: d.after for d in result.dims}, "overhead": result.overhead}
+    if profile is not None:
+        plan["profile"] = str(profile)
+    if is_gac_dir(src):
+        plan["source_plan"] = read_plan(src)
+    saved = save(model, loaded.tokenizer, out, structure=result.structure, plan=plan,
+                 extra_files={"repair.json": json.dumps(report, indent=2)}, force=force)
+    return RepairOutput(saved, result, report)

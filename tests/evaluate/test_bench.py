@@ -1,0 +1,69 @@
+"""gac bench on two tiny models: every point and the decode figure for every model, ratios vs the first, plot."""
+
+import math
+
+import pytest
+
+from gac.errors import GacError
+from gac.evaluate.bench import BenchConfig, bench, bench_table_markdown, plot_latency_vs_seq
+from gac.evaluate.timing import cpu_threads
+from tests.conftest import tiny_model
+
+TINY_BENCH = BenchConfig(points=((1, 8), (1, 32), (2, 16)), decode_context=8, warmup=1, rounds=5, decode_rounds=5)
+
+
+@pytest.fixture(scope="module")
+def result():
+    model = tiny_model()
+    # the same model twice: its ratio vs itself must come out near 1. One thread: fast and steady on a shared CPU.
+    with cpu_threads(1):
+        return bench({"base": model, "same": model, "other": tiny_model(seed=1)}, TINY_BENCH)
+
+
+def test_every_point_and_model_has_positive_figures(result):
+    assert [(p["batch"], p["seq"]) for p in result["points"]] == list(TINY_BENCH.points)
+    assert result["models"] == ["base", "same", "other"]
+    for row in [p["results"] for p in result["points"]] + [result["decode"]]:
+        assert set(row) == {"base", "same", "other"}
+        for t in row.values():
+            assert set(t) == {"median_ms", "p10_ms", "p90_ms"}
+            assert 0 < t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
+    for key in ("device", "device_name", "dtype", "torch", "threads", "date"):
+        assert result[key], key
+    assert result["device"] == "cpu" and result["dtype"] == "float32"
+
+
+def test_ratios_vs_first(result):
+    ratios = result["ratios_vs_first"]
+    assert set(ratios) == {"base", "same", "other"}
+    assert ratios["base"]["decode"] == 1.0 and set(ratios["base"]["prefill"].values()) == {1.0}
+    assert set(ratios["same"]["prefill"]) == {"1x8", "1x32", "2x16"}
+    for name in ("same", "other"):
+        r = ratios[name]
+        values = [*r["prefill"].values(), r["decode"]]
+        assert all(math.isfinite(v) and v > 0 for v in values)
+        expected = result["points"][0]["results"][name]["median_ms"] / result["points"][0]["results"]["base"]["median_ms"]
+        assert r["prefill"]["1x8"] == pytest.approx(expected)
+    # the same model vs itself, interleaved: near 1 (loose, the test machine is shared)
+    assert all(0.33 < v < 3.0 for v in [*ratios["same"]["prefill"].values(), ratios["same"]["decode"]])
+
+
+def test_markdown_and_plot(result, tmp_path):
+    md = bench_table_markdown(result)
+    assert "| base |" in md and "| other |" in md and "prefill 2x16 ms" in md and "Latency ratio vs base" in md
+    path = plot_latency_vs_seq(result, tmp_path / "plots" / "lat.png")
+    assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+@pytest.mark.parametrize("kwargs", [{"points": ()}, {"points": ((1, 0),)}, {"points": ((1, 2, 3),)},
+                                    {"rounds": 0}, {"warmup": -1}, {"decode_context": 0}])
+def test_bad_config_is_a_user_error(kwargs):
+    with pytest.raises(GacError):
+        BenchConfig(**kwargs)
+
+
+def test_mixed_dtypes_are_refused():
+    import torch
+
+    with pytest.raises(GacError, match="same --device and --dtype"):
+        bench({"a": tiny_model(), "b": tiny_model().to(torch.bfloat16)}, TINY_BENCH)
