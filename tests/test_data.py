@@ -32,14 +32,13 @@ def test_pydoc_split_partitions_the_topics():
     held_keys = [k for i, k in enumerate(keys) if i % EVAL_EVERY == 0]
     calib_keys = [k for k in keys if k not in held_keys]
     assert held_keys and calib_keys
-    # every topic lands, whole, in its own part; the parts hold nothing else
+    # held-out topics land whole; calibration holds only paragraphs of the other topics
     assert held_out == "\n\n".join(topics[k] for k in held_keys)
-    assert calib == "\n\n".join(topics[k] for k in calib_keys)
+    calib_paragraphs = {p.strip() for k in calib_keys for p in topics[k].split("\n\n")}
+    assert all(p.strip() in calib_paragraphs for p in calib.split("\n\n"))
+    assert len(calib) > 4 * len(held_out)
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: pydoc topics repeat each other's text (e.g. 'customization' is "
-                   "inside 'specialnames', 'else' == 'if'), so ~48% of the held-out characters also appear in the "
-                   "calibration part; see the test report")
 def test_pydoc_split_shares_no_paragraph():
     calib, held_out = pydoc_split()
     shared = _paragraphs(calib) & _paragraphs(held_out)

@@ -62,20 +62,92 @@ def build_plan(units, dims: dict, budget: int, cfg: CompressConfig, candidates_f
         w = {"name": u.name, "dim": float(dims[u.name]), "score": u.score, "params_per_dim": u.params_per_dim,
              "fixed_params": u.fixed_params, "min_dim": max(u.min_dim, min(cfg.alignment, u.max_dim)),
              "max_dim": u.max_dim}
-        if candidates_for is not None:
+        step = getattr(u, "dim_step", 1)
+        if step > 1:  # dims restricted to a grid (whole heads, KV groups): candidates on it, near d*
+            w["candidates"] = [d for d in range(u.min_dim, u.max_dim + 1, step)
+                               if abs(d - dims[u.name]) <= cfg.window * step]
+        elif candidates_for is not None:
             w["candidates"] = candidates_for(u, dims[u.name])
         weights.append(w)
     return {"budget": budget - untouched, "alignment": cfg.alignment, "window": cfg.window, "weights": weights}
 
 
-def compress(cfg: CompressConfig) -> CompressResult:
-    import torch
+def _covered(names: list[str], units) -> list[str]:
+    """The linears among `names` that some unit covers: the unit itself, or a block whose name prefixes them."""
+    unit_names = {getattr(u, "module", u.name) for u in units}  # a head-group unit belongs to its module
+    prefixes = tuple(f"{n}." for n in unit_names)
+    return [n for n in names if n in unit_names or n.startswith(prefixes)]
 
+
+def _reduced(dims: dict) -> dict:
+    return {name: int(d) for name, d in dims.items() if d is not None}
+
+
+@dataclass
+class Selected:
+    """What the compressor found and GAC chose, before any model is cut."""
+
+    compressor: object
+    units: list  # the compressor's units (see gac.compressors.base.WeightAnalysis)
+    names: list[str]  # the linears the units cover: params and alignment are measured over these
+    compressible: int
+    budget: int
+    dims: dict  # variant ("unaligned", "gac") -> {unit name: dim or None}
+    selection: object  # gac.align.plan.SelectionResult
+    profile_excluded: int | None = None
+
+
+def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Selected:
+    """Calibrate on `calib` [n, seq], let the compressor find its dims d* under the budget, then select aligned
+    dims with the knapsack (candidates from the static rule or a hardware profile). The model is not changed."""
     from gac.align.plan import select
     from gac.calibrate import calibrate
     from gac.compressors import make_compressor
-    from gac.data import load_windows
     from gac.models.adapters import adapter_for
+
+    compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
+    names = adapter_for(model.config).linear_names(model.config)
+    names = compressor.targets(names) if hasattr(compressor, "targets") else names  # e.g. palu: K/V only
+    stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
+    probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
+    grads = {"windows": calib} if getattr(compressor, "needs_windows", False) else {}  # gradient-based importance
+    units = compressor.analyze(model, names, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress,
+                               **grads)
+    del stats
+    compressible = sum(u.numel for u in units)
+    budget = math.floor((1.0 - cfg.ratio) * compressible)
+    unaligned = compressor.allocate(units, budget)
+
+    candidates_for = None
+    if cfg.profile:
+        from gac.align.profiled import candidates_from_profile, profile_for_model
+
+        profile = profile_for_model(cfg.profile, units, unaligned, device=cfg.device, dtype=cfg.dtype,
+                                    m=cfg.latency.prefill_tokens, alignment=cfg.alignment, window=cfg.window,
+                                    progress=cfg.progress)
+        candidates_for = candidates_from_profile(profile, m=cfg.latency.prefill_tokens, alignment=cfg.alignment,
+                                                 window=cfg.window)
+    selection = select(build_plan(units, unaligned, budget, cfg, candidates_for))
+    return Selected(compressor, units, _covered(names, units), compressible, budget,
+                    {"unaligned": unaligned, "gac": {**unaligned, **selection.dims}}, selection,
+                    sum(candidates_for.excluded) if candidates_for is not None else None)
+
+
+def materialize_variants(model, selected: Selected) -> tuple[dict, dict]:
+    """({variant: model}, {variant: structure}) for "unaligned" and "gac": each a deep copy of `model`, cut."""
+    models, structures = {}, {}
+    for variant, dims in selected.dims.items():
+        m = copy.deepcopy(model)
+        structures[variant] = selected.compressor.materialize(m, selected.units, dims)
+        models[variant] = m.eval()
+    return models, structures
+
+
+def compress(cfg: CompressConfig) -> CompressResult:
+    import torch
+
+    from gac.compressors import make_compressor
+    from gac.data import load_windows
     from gac.models.io import check_out_dir
     from gac.models.loading import load_model
 
@@ -89,46 +161,21 @@ def compress(cfg: CompressConfig) -> CompressResult:
 
     loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     model, tokenizer = loaded.model, loaded.tokenizer
-    names = adapter_for(model.config).linear_names(model.config)
     calib, held_out = load_windows(tokenizer, cfg.text)
-
-    stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
-    probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
-    analyses = compressor.analyze(model, names, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress)
-    del stats
-    compressible = sum(a.numel for a in analyses)
-    budget = math.floor((1.0 - cfg.ratio) * compressible)
-    unaligned_ranks = compressor.allocate(analyses, budget)
-
-    candidates_for, profile = None, None
-    if cfg.profile:
-        from gac.align.profiled import candidates_from_profile, profile_for_model
-
-        profile = profile_for_model(cfg.profile, analyses, unaligned_ranks, device=cfg.device, dtype=cfg.dtype,
-                                    m=cfg.latency.prefill_tokens, alignment=cfg.alignment, window=cfg.window,
-                                    progress=cfg.progress)
-        candidates_for = candidates_from_profile(profile, m=cfg.latency.prefill_tokens, alignment=cfg.alignment,
-                                                 window=cfg.window)
-    plan = build_plan(analyses, unaligned_ranks, budget, cfg, candidates_for)
-    selection = select(plan)
-    gac_ranks = {**unaligned_ranks, **selection.dims}
-
-    models = {"baseline": model}
-    structures = {}
-    for variant, ranks in (("unaligned", unaligned_ranks), ("gac", gac_ranks)):
-        m = copy.deepcopy(model)
-        structures[variant] = compressor.materialize(m, analyses, ranks)
-        models[variant] = m.eval()
-    del analyses
+    selected = analyze_and_select(model, calib, cfg, compressor)
+    variants, structures = materialize_variants(model, selected)
+    models = {"baseline": model, **variants}
+    selected.units = None  # free the SVD factors before evaluation
+    compressible, budget, names = selected.compressible, selected.budget, selected.names
 
     report = _report_header(cfg, loaded.source, compressible, budget, torch)
     report["variants"] = _evaluate(models, names, held_out, cfg)
-    report["dims"] = {v: structures[v]["lowrank"] for v in ("unaligned", "gac")}
-    report["selection"] = {k: v for k, v in selection.to_dict().items() if k != "dims"}
+    report["dims"] = {v: _reduced(d) for v, d in selected.dims.items()}
+    report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
     saved = "gac" if cfg.align else "unaligned"
     report["saved_variant"] = saved
-    if candidates_for is not None:
-        report["profile_excluded_dims"] = sum(candidates_for.excluded)
+    if selected.profile_excluded is not None:
+        report["profile_excluded_dims"] = selected.profile_excluded
 
     out = None
     if cfg.out is not None:
@@ -187,7 +234,7 @@ def _save(model, tokenizer, cfg: CompressConfig, structure: dict, report: dict, 
         "compressor": {"name": cfg.compressor, **dataclasses.asdict(compressor.config)},
         "ratio": cfg.ratio, "alignment": cfg.alignment,
         "compressible_params": report["compressible_params"], "budget_params": report["budget_params"],
-        "dims": structure["lowrank"],
+        "dims": report["dims"][report["saved_variant"]],
         "versions": report["versions"],
     }
     files = {"report.json": report_json(report), "report.md": report_markdown(report)}

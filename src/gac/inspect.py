@@ -1,7 +1,7 @@
 """List every compressible dim of a model (ranks, linear widths, MLP width, head_dim) and whether it is aligned.
 
-The summary share follows gac.models.dims.params_and_alignment: it is taken over the compressed dims (the
-LowRankLinear ranks) when the model has any, else over the in/out features of every compressible linear.
+The summary share follows gac.models.dims.params_and_alignment: it is taken over the compressed dims (ranks and
+pruned widths) when the model has any, else over the in/out features of every compressible linear.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Dim:
 class InspectResult:
     alignments: tuple[int, ...]
     dims: list[Dim]
-    judged_over: str  # "rank" (compressed dims) or "linear" (in/out features of every compressible linear)
+    judged_over: str  # "compressed" (ranks, pruned widths) or "linear" (in/out features of the compressible linears)
     share_misaligned: dict[int, float] = field(default_factory=dict)  # alignment -> share of judged dims
 
     @property
@@ -58,40 +58,48 @@ def _layer(name: str) -> int | None:
 def inspect_model(model, alignments=(8, 16, 32)) -> InspectResult:
     """Every compressible dim of `model` with its aligned flags, and the share misaligned per alignment.
 
-    Listed per compressible linear: out_features and in_features, plus the rank of a LowRankLinear; per layer:
-    the MLP width (gate's out_features) and the attention head_dim. The shares are over the ranks when the model
-    has any LowRankLinear, else over the linears' in/out features (1 - params_and_alignment's aligned fraction);
-    mlp_width and head_dim rows are for reading only (the MLP width repeats linear widths; head_dim is not a
-    dim compressors change here) and are never counted.
+    Listed per compressible linear: out_features and in_features, plus its compressed ranks (a LowRankLinear's
+    rank); per layer: the MLP width (gate's out_features) and the attention head_dim.
+    The shares follow gac.models.dims.params_and_alignment exactly (1 - its aligned fraction): they are taken
+    over the compressed dims when the model has any (the ranks, and the widths of pruned blocks: a pruned
+    layer's mlp_width row, a pruned attention's q/k out_features rows), else over every linear's in/out features.
+    The other rows are listed for reading only (judged False).
     """
     from gac.models.adapters import adapter_for
+    from gac.models.dims import linear_dims, pruned_widths
 
     alignments = tuple(sorted({int(a) for a in alignments}))
     if not alignments or alignments[0] < 1:
         raise ValueError(f"alignments must be positive integers, got {alignments}")
     config = model.config
     adapter = adapter_for(config)
-    rows: list[tuple[str, str, int]] = []  # (name, kind, value)
-    for name in adapter.linear_names(config):
-        m = model.get_submodule(name)
-        rows += [(name, "out_features", m.out_features), (name, "in_features", m.in_features)]
-        if getattr(m, "rank", None) is not None:
-            rows.append((name, "rank", int(m.rank)))
+    names = adapter.linear_names(config)
+    pruned = {n for n in names if pruned_widths(model, [n])}  # the same rule params_and_alignment applies
+    rows: list[tuple[str, str, int, bool]] = []  # (name, kind, value, is a compressed dim)
+    for d in linear_dims(model, names):
+        pruned_attn = d.name in pruned and not d.name.endswith("mlp.gate_proj")
+        rows += [(d.name, "out_features", d.out_features, pruned_attn), (d.name, "in_features", d.in_features, False)]
+        ranks = d.compressed_dims
+        rows += [(d.name if len(ranks) == 1 else f"{d.name}[{g}]", "rank", int(r), True) for g, r in enumerate(ranks)]
     head_dim = adapter.geometry(config).head_dim
     for i in range(adapter.layer_count(config)):
         prefix = f"{adapter.layers_path}.{i}"
-        rows.append((f"{prefix}.mlp", "mlp_width", model.get_submodule(f"{prefix}.mlp.gate_proj").out_features))
+        gate = f"{prefix}.mlp.gate_proj"
+        rows.append((f"{prefix}.mlp", "mlp_width", model.get_submodule(gate).out_features, gate in pruned))
         attn = model.get_submodule(f"{prefix}.self_attn")
-        rows.append((f"{prefix}.self_attn", "head_dim", int(getattr(attn, "head_dim", head_dim))))
+        rows.append((f"{prefix}.self_attn", "head_dim", int(getattr(attn, "head_dim", head_dim)), False))
 
-    judged_over = "rank" if any(kind == "rank" for _, kind, _ in rows) else "linear"
-    judged_kinds = ("rank",) if judged_over == "rank" else LINEAR_KINDS
-    dims = [Dim(name, _layer(name), kind, value, {a: value % a == 0 for a in alignments}, kind in judged_kinds)
-            for name, kind, value in rows]
+    judged_over = "compressed" if any(c for *_, c in rows) else "linear"
+
+    def judged(kind: str, compressed: bool) -> bool:
+        return compressed if judged_over == "compressed" else kind in LINEAR_KINDS
+
+    dims = [Dim(name, _layer(name), kind, value, {a: value % a == 0 for a in alignments}, judged(kind, c))
+            for name, kind, value, c in rows]
     result = InspectResult(alignments, dims, judged_over)
-    judged = result.judged
-    result.share_misaligned = {a: sum(not d.aligned[a] for d in judged) / len(judged) if judged else 0.0
-                               for a in alignments}
+    judged_dims = result.judged
+    result.share_misaligned = {a: sum(not d.aligned[a] for d in judged_dims) / len(judged_dims) if judged_dims
+                               else 0.0 for a in alignments}
     return result
 
 

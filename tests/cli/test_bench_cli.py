@@ -51,12 +51,10 @@ def test_model_that_fails_to_load_is_one_line(tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    p = subprocess.run([sys.executable, "-m", "gac", "bench", str(broken), *FAST], capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 2, (p.stdout, p.stderr)
-    assert "Traceback" not in p.stderr
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "broken" in lines[0]
+    result = CliRunner().invoke(main, ["bench", str(broken), *FAST])
+    assert result.exit_code == 2, result.output  # an unexpected exception would give 1 and a traceback
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "broken" in lines[0], result.output
 
 
 def test_parse_points_and_labels(tmp_path):

@@ -65,7 +65,8 @@ def test_rows_and_cols_keep_dtype_and_values():
     rows, bias = pad_rows(w, 8, torch.ones(3, dtype=torch.bfloat16))
     cols = pad_cols(w, 8)
     assert rows.dtype == cols.dtype == bias.dtype == torch.bfloat16
-    assert torch.equal(rows[:3], w) and torch.equal(cols[:, :5], w) and torch.equal(bias, torch.tensor([1, 1, 1, 0, 0, 0, 0, 0], dtype=torch.bfloat16))
+    assert torch.equal(rows[:3], w) and torch.equal(cols[:, :5], w)
+    assert torch.equal(bias, torch.tensor([1, 1, 1, 0, 0, 0, 0, 0], dtype=torch.bfloat16))
 
 
 def test_shape_errors():

@@ -116,6 +116,31 @@ def test_structure_rebuilds_the_repaired_model():
     assert len(result.structure["linear"]) == 3 * TINY["num_hidden_layers"]
 
 
+def test_structure_of_a_model_pruned_in_memory(tmp_path):
+    """No config.gac_structure at all: the saved structure is read off the live modules (pruned heads included)."""
+    model, _ = irregular_model()
+    attn = model.model.layers[1].self_attn  # keep KV group 0 and its 2 query heads (head_dim 16)
+
+    def dense(m):
+        return m.b.weight @ m.a.weight if isinstance(m, LowRankLinear) else m.weight  # [out, in]
+
+    with torch.no_grad():
+        for proj, rows, cols in (("q_proj", 32, None), ("k_proj", 16, None), ("v_proj", 16, None),
+                                 ("o_proj", None, 32)):
+            w = dense(getattr(attn, proj))[:rows, :cols]
+            new = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+            new.weight.copy_(w)
+            setattr(attn, proj, new)
+    assert getattr(model.config, "gac_structure", None) is None
+    ids = _ids()
+    before = _logits(model, ids)
+    result = repair(model, align=8)
+    assert result.structure["attention"] == {"model.layers.1.self_attn": {"num_heads": 2, "num_kv_heads": 1}}
+    assert result.structure["linear"]["model.layers.1.self_attn.o_proj"] == [TINY["hidden_size"], 32]
+    out = io.save(model, tiny_tokenizer(), tmp_path / "m", structure=result.structure, plan={"gac_plan": 1})
+    _assert_same_outputs(_logits(io.load(out).model, ids), before)
+
+
 def test_aligned_model_is_left_alone():
     model, _ = irregular_model()
     repair(model, align=8)
@@ -130,15 +155,15 @@ def test_profile_picks_fastest_aligned_size():
     model, _ = irregular_model()
     ids = _ids()
     before = _logits(model, ids)
-    fast = {16: 1.0, 24: 0.5, 32: 0.49, 40: 0.3, 48: 0.2}  # 48 is beyond the window of 4 sizes above 13 -> 16
+    fast = {16: 1.0, 24: 0.5, 32: 0.495, 40: 0.9, 48: 0.2}  # ms per rank
     profile = {"ops": [
         {"op": "lowrank", "m": 512, "shape": {"in": 64, "out": 64}, "dims": list(fast), "ms": list(fast.values())},
         {"op": "gemm_n", "m": 512, "shape": {"k": 64}, "dims": [152, 160, 168], "ms": [2.0, 1.0, 1.5]},
     ]}
     result = repair(model, align=8, profile=profile)
     got = {(d.kind, d.before): d.after for d in result.dims}
-    assert got[("rank", 13)] == 40  # fastest among 16, 24, 32, 40
-    assert got[("rank", 27)] == 40  # among 32, 40, 48, 56: 48 and 56 ... 48 is fastest measured
+    assert got[("rank", 13)] == 24  # window 16..40 (48 is out of it): 32 is fastest, 24 within 2% and smaller
+    assert got[("rank", 27)] == 48  # window 32..56: 48 is the fastest measured
     _assert_same_outputs(_logits(model, ids), before)
     assert got[("mlp_width", IRREGULAR_WIDTH)] == 160
 

@@ -60,6 +60,9 @@ def _write_atomic(path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions of a new file
         write(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
@@ -105,7 +108,8 @@ def print_table(result: dict) -> None:
         def cell(ms: float, ratio: float) -> str:
             return f"{ms:.2f}" if i == 0 else f"{ms:.2f} · {ratio:.3f}x"
 
-        row = [cell(p["results"][name]["median_ms"], ratios[name]["prefill"][k]) for p, k in zip(result["points"], keys)]
+        row = [cell(p["results"][name]["median_ms"], ratios[name]["prefill"][k])
+               for p, k in zip(result["points"], keys)]
         row.append(cell(result["decode"][name]["median_ms"], ratios[name]["decode"]))
         table.add_row(name, *row)
     console = Console()
@@ -141,8 +145,8 @@ def command(models, device, dtype, points_text, rounds, threads, out, quiet) -> 
     cfg = BenchConfig(**given)  # bad input fails here, before any model is loaded
     check_device(device)
     labels = model_labels(models)
-    loaded = {label: _load(spec, dtype=dtype, device=device) for label, spec in zip(labels, models)}
     with cpu_threads(threads):
+        loaded = {label: _load(spec, dtype=dtype, device=device) for label, spec in zip(labels, models)}
         result = bench(loaded, cfg)
     result["sources"] = dict(zip(labels, models))
     print_table(result)

@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import click
 
-COMPRESSORS = ("svd", "asvd", "svd_llm")  # mirrors gac.compressors.REGISTRY without importing torch
+COMPRESSORS = ("svd", "asvd", "svd_llm", "palu", "prune")  # mirrors gac.compressors.REGISTRY without importing torch
+IMPORTANCE = ("magnitude", "activation", "taylor", "fisher")  # mirrors gac.importance.PROXIES
+FLAGS = {"alpha": "--alpha", "importance": "--importance", "layers": "--prune-layers", "head_mode": "--head-mode",
+         "group_size": "--group-size"}
 
 
 def _given(**kwargs) -> dict:
     """Only the options the user actually passed, so the dataclass defaults stay the single source."""
     return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def _check_options(compressor: str, options: dict) -> None:
+    """A compressor option the chosen compressor's config does not have is a user error, not a traceback."""
+    import dataclasses
+    import importlib
+
+    from gac.compressors import REGISTRY
+    from gac.errors import GacError
+
+    fields = {f.name for f in dataclasses.fields(importlib.import_module(REGISTRY[compressor]).CONFIG)}
+    for key in options:
+        if key not in fields:
+            raise GacError(f"{FLAGS.get(key, key)} does not apply to --compressor {compressor}: leave it out")
 
 
 @click.command("compress")
@@ -23,6 +40,13 @@ def _given(**kwargs) -> dict:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="[default: float32]")
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
 @click.option("--alpha", type=float, help="asvd: activation scaling exponent [default: 0.5].")
+@click.option("--importance", type=click.Choice(IMPORTANCE),
+              help="Importance proxy (channels/heads to keep, per-weight score) [default: prune taylor; svd "
+                   "magnitude; asvd its measured sensitivity].")
+@click.option("--prune-layers", help="prune: layers to prune, e.g. 1-28, 2,4,6 or all [default: all but first and last].")
+@click.option("--head-mode", type=click.Choice(["group", "uniform", "none"]),
+              help="prune: remove whole KV groups, the same number of query heads per group, or no heads [default: group].")
+@click.option("--group-size", type=int, help="palu: KV heads sharing one down-projection [default: 1].")
 @click.option("--calib-file", type=click.Path(dir_okay=False), help="Calibration text [default: Python docs].")
 @click.option("--eval-file", type=click.Path(dir_okay=False), help="Held-out evaluation text [default: Python docs].")
 @click.option("--seq-len", type=int, help="Tokens per window [default: 512].")
@@ -32,8 +56,9 @@ def _given(**kwargs) -> dict:
 @click.option("--no-eval", is_flag=True, help="Skip perplexity and latency (parameters and alignment only).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def command(model, compressor, ratio, out, alignment, no_align, profile, dtype, device, alpha, calib_file,
-            eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force, quiet):
+def command(model, compressor, ratio, out, alignment, no_align, profile, dtype, device, alpha, importance,
+            prune_layers, head_mode, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens,
+            no_eval, force, quiet):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
 
@@ -42,11 +67,14 @@ def command(model, compressor, ratio, out, alignment, no_align, profile, dtype, 
     from gac.data import TextConfig
     from gac.evaluate.latency import LatencyConfig
 
+    options = _given(alpha=alpha, importance=importance, layers=prune_layers, head_mode=head_mode,
+                     group_size=group_size)
+    _check_options(compressor or CompressConfig.compressor, options)
     cfg = CompressConfig(
         **_given(model=model, compressor=compressor, ratio=ratio, out=out, alignment=alignment, profile=profile,
                  dtype=dtype, device=device),
         align=not no_align,
-        compressor_options=_given(alpha=alpha),
+        compressor_options=options,
         text=TextConfig(**_given(calib_file=calib_file, eval_file=eval_file, seq_len=seq_len,
                                  calib_windows=calib_windows, eval_windows=eval_windows)),
         latency=LatencyConfig(**_given(prefill_tokens=prefill_tokens)),

@@ -72,7 +72,8 @@ def _print(model: str, result, limit: int) -> None:
             console.print(f"... {len(bad) - limit} more misaligned dims (--limit 0 shows all, --json writes all)")
     else:
         console.print(f"{model}: every listed dim is a multiple of {'/'.join(map(str, result.alignments))}")
-    judged = "ranks (compressed dims)" if result.judged_over == "rank" else "in/out features of the compressible linears"
+    judged = ("compressed dims (ranks, pruned widths)" if result.judged_over == "compressed"
+              else "in/out features of the compressible linears")
     counts = result.counts()
     console.print(f"judged over the {counts[result.alignments[0]]['judged']} {judged}:")
     for a, share in result.share_misaligned.items():

@@ -7,6 +7,8 @@ REGISTRY = {
     "svd": "gac.compressors.svd",
     "asvd": "gac.compressors.asvd",
     "svd_llm": "gac.compressors.svd_llm",
+    "prune": "gac.compressors.prune",
+    "palu": "gac.compressors.palu",
 }
 
 

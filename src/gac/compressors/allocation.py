@@ -12,7 +12,7 @@ DENSE = None  # a weight whose allocation reaches the break-even rank stays dens
 
 
 def allocate_ranks(energies: list[np.ndarray], scores: list[float], shapes: list[tuple[int, int]],
-                   budget: int) -> list[int | None]:
+                   budget: int, *, allow_dense: bool = True) -> list[int | None]:
     """Greedy global allocation of rank units by importance gained per parameter.
 
     energies[i]: energy fraction per singular direction of weight i (descending, sums to 1).
@@ -21,7 +21,7 @@ def allocate_ranks(energies: list[np.ndarray], scores: list[float], shapes: list
     Adding direction j to weight i gains scores[i] * numel_i * energies[i][j] for (in + out) parameters;
     past the break-even rank the weight becomes dense (its last "unit"). Since energies descend, taking the
     best ratio first is optimal for the continuous relaxation, and the ranks come out naturally irregular.
-    Returns one rank per weight, or DENSE.
+    Returns one rank per weight, or DENSE (never with allow_dense=False: ranks stop at break-even).
     """
     n = len(shapes)
     unit = [o + i for o, i in shapes]
@@ -40,6 +40,8 @@ def allocate_ranks(energies: list[np.ndarray], scores: list[float], shapes: list
             return None
         if r < cap[k]:
             return total[k] * float(energies[k][r]) / unit[k], unit[k]
+        if not allow_dense:
+            return None
         extra = numel[k] - r * unit[k]  # dense costs this much more than rank r
         return total[k] * float(1.0 - cum[k][r]) / max(extra, 1), extra
 

@@ -10,15 +10,19 @@ import torch
 from gac.compressors.base import LowRankCompressor
 from gac.compressors.sensitivity import loss_per_energy
 from gac.errors import GacError
+from gac.importance import check_proxy
 
 
 @dataclass(frozen=True)
 class ASVDConfig:
     alpha: float = 0.5  # ASVD's scaling exponent; 0 is plain SVD
+    importance: str | None = None  # a gac.importance proxy for the per-weight score; None: measured sensitivity
 
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 2.0:
             raise GacError(f"asvd alpha {self.alpha} is outside [0, 2]: use e.g. --alpha 0.5")
+        if self.importance is not None:
+            check_proxy(self.importance)
 
 
 class ASVDCompressor(LowRankCompressor):

@@ -17,6 +17,7 @@ class WeightAnalysis:
 
     The fields and properties below (name, score, numel, params_per_dim, fixed_params, min_dim, max_dim,
     profile_op, profile_shape) are the "unit" protocol gac.api relies on; every compressor's units provide them.
+    A unit whose dims must stay on a grid (whole attention heads) also sets dim_step > 1 (default 1).
     """
 
     name: str
@@ -58,6 +59,18 @@ class LowRankCompressor:
     def __init__(self, config):
         self.config = config
 
+    @property
+    def proxy(self) -> str | None:
+        """The importance proxy chosen in the config (gac.importance.PROXIES), or None for the compressor's own."""
+        return getattr(self.config, "importance", None)
+
+    @property
+    def needs_windows(self) -> bool:
+        """Whether analyze needs the calibration windows (a gradient pass for taylor or fisher)."""
+        from gac.importance import GRADIENT_PROXIES
+
+        return self.proxy in GRADIENT_PROXIES
+
     # --- what subclasses change -------------------------------------------------------------
     def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor | None:
         """Per-input-channel scale applied before the SVD (None: plain SVD)."""
@@ -70,8 +83,9 @@ class LowRankCompressor:
 
     # --- shared -------------------------------------------------------------------------------
     def analyze(self, model, names: list[str], stats: dict, *, probe=None, keep: float = 0.85,
-                progress: bool = True) -> list[WeightAnalysis]:
-        """Scaled SVD of every weight and its importance (probe: calibration token windows; keep: 1 - ratio)."""
+                progress: bool = True, windows=None) -> list[WeightAnalysis]:
+        """Scaled SVD of every weight and its importance (probe: a short calibration window for measured
+        importance; keep: 1 - ratio; windows: the calibration windows, for a gradient-based proxy)."""
         from tqdm.auto import tqdm
 
         out = []
@@ -79,7 +93,12 @@ class LowRankCompressor:
             w = model.get_submodule(name).weight.detach()  # [out, in]
             svd = scaled_svd(w, self.input_scale(w, stats.get(name)))
             out.append(WeightAnalysis(name, w.shape[0], w.shape[1], svd, 0.0))
-        scores = self.importance(model, out, stats, probe, keep, progress)
+        if self.proxy is None:
+            scores = self.importance(model, out, stats, probe, keep, progress)
+        else:
+            from gac.importance import weight_scores
+
+            scores = weight_scores(self.proxy, model, names, stats=stats, windows=windows, progress=progress)
         mean = float(np.mean(scores)) or 1.0
         for a, s in zip(out, scores):
             a.score = s / mean

@@ -1,15 +1,21 @@
-"""Plain truncated SVD: every compressible linear as its best rank-r approximation; importance = weight magnitude."""
+"""Plain truncated SVD: every compressible linear as its best rank-r approximation; importance = weight magnitude
+(or any proxy of gac.importance)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from gac.compressors.base import LowRankCompressor
+from gac.importance import check_proxy
 
 
 @dataclass(frozen=True)
 class SVDConfig:
-    pass
+    importance: str | None = None  # a gac.importance proxy for the per-weight score; None: weight magnitude
+
+    def __post_init__(self):
+        if self.importance is not None:
+            check_proxy(self.importance)
 
 
 class SVDCompressor(LowRankCompressor):

@@ -15,7 +15,13 @@ from gac.linalg import whiten
 
 @dataclass(frozen=True)
 class SVDLLMConfig:
-    pass
+    importance: str | None = None  # a gac.importance proxy for the per-weight score; None: measured sensitivity
+
+    def __post_init__(self):
+        if self.importance is not None:
+            from gac.importance import check_proxy
+
+            check_proxy(self.importance)
 
 
 class SVDLLMCompressor(LowRankCompressor):

@@ -151,6 +151,7 @@ def plot_latency_vs_seq(result: dict, path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     path = Path(path)
     batch = min(p["batch"] for p in result["points"])
@@ -163,12 +164,12 @@ def plot_latency_vs_seq(result: dict, path: str | Path) -> Path:
         ax.fill_between(seqs, [p["results"][name]["p10_ms"] for p in points],
                         [p["results"][name]["p90_ms"] for p in points], alpha=0.2)
     ax.set_xlabel("sequence length (tokens)")
-    ax.set_ylabel("prefill latency, median ms")
+    ax.set_ylabel("prefill latency, median ms (band: p10-p90)")
     if len(seqs) > 1 and seqs[-1] / seqs[0] >= 8:
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        ax.set_xscale("log", base=2)  # sequence lengths are usually powers of two
     ax.set_xticks(seqs, [str(s) for s in seqs])
-    ax.minorticks_off()
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(f"prefill, batch {batch}: {result['device_name']}, {result['dtype']}, {result['threads']} threads, "

@@ -182,6 +182,31 @@ def _counts(model: nn.Module, names: list[str]) -> dict:
             "compressible": sum(d.params for d in linear_dims(model, names))}
 
 
+def live_structure(model, adapter) -> dict:
+    """What config.gac_structure must record, read off the live model (whatever compressed it): every compressible
+    linear whose [out, in] differs from the config's, the head counts of narrowed attention blocks, every rank."""
+    config = model.config
+    geo = adapter.geometry(config)
+    hidden, inter = config.hidden_size, config.intermediate_size
+    q, kv = geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim
+    default = {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q),
+               "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+    out: dict = {"linear": {}, "attention": {}, "lowrank": {}}
+    for name in adapter.linear_names(config):
+        m = model.get_submodule(name)
+        if (m.out_features, m.in_features) != default[name.rsplit(".", 1)[1]]:
+            out["linear"][name] = [m.out_features, m.in_features]
+    for i in range(adapter.layer_count(config)):
+        attn = f"{adapter.layers_path}.{i}.self_attn"
+        widths = tuple(model.get_submodule(f"{attn}.{p}").out_features for p in ("q_proj", "k_proj"))
+        if widths != (q, kv):
+            out["attention"][attn] = {"num_heads": widths[0] // geo.head_dim, "num_kv_heads": widths[1] // geo.head_dim}
+    for name, m in model.named_modules():
+        if _is_lowrank(m):
+            out["lowrank"][name] = int(m.rank)
+    return {key: value for key, value in out.items() if value}
+
+
 def _mlp_groups(model, adapter) -> list[tuple[str, list[str]]]:
     groups = []
     for i in range(adapter.layer_count(model.config)):
@@ -200,7 +225,8 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
     next few >= d (within 2% the smallest wins); dims the profile does not cover get the next multiple.
     Attention head_dim and the hidden size are never padded (not bit-exact: the softmax scale and RMSNorm
     depend on them); the result lists them under left_misaligned when they are not aligned.
-    Returns the new config.gac_structure (also set on model.config) and the before/after statistics.
+    Returns the new config.gac_structure (also set on model.config; read off the live model, merged over what
+    the config already recorded) and the before/after statistics.
     """
     from gac.inspect import inspect_model
     from gac.models.adapters import adapter_for
@@ -215,7 +241,6 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
     adapter = adapter_for(model.config)
     names = adapter.linear_names(model.config)
     before = _counts(model, names)
-    structure = copy.deepcopy(getattr(model.config, "gac_structure", None) or {})
     dims: list[DimChange] = []
 
     for prefix, (gate_n, up_n, down_n) in _mlp_groups(model, adapter):
@@ -231,15 +256,18 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
         for n, new in ((gate_n, _widen_out(gate, target)), (up_n, _widen_out(up, target)),
                        (down_n, _widen_in(down, target))):
             _set(model, n, new)
-            structure.setdefault("linear", {})[n] = [new.out_features, new.in_features]
 
     for name, m in [(n, m) for n, m in model.named_modules() if _is_lowrank(m)]:
         target = targets.rank(m)
         dims.append(DimChange(name, "rank", _layer(name), m.rank, target))
         if target != m.rank:
             _set(model, name, _widen_rank(m, target))
-        structure.setdefault("lowrank", {})[name] = int(target)
 
+    # the saved structure: what the config already records (e.g. keys this module does not know), updated with
+    # the shapes read off the live model, so a compressor that did not write config.gac_structure is covered too
+    structure = copy.deepcopy(getattr(model.config, "gac_structure", None) or {})
+    for key, entries in live_structure(model, adapter).items():
+        structure.setdefault(key, {}).update(entries)
     model.config.gac_structure = structure
     after = _counts(model, names)
     added = after["params"] - before["params"]

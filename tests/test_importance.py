@@ -1,0 +1,133 @@
+"""gac.importance on the tiny model: every proxy finite, non-negative and discriminating; the gradient pass exact,
+leak-free and restoring; svd/asvd take any proxy."""
+
+import pytest
+import torch
+
+from gac.calibrate import calibrate
+from gac.compressors import make_compressor
+from gac.errors import GacError
+from gac.importance import PROXIES, channel_scores, collect_gradients, gradient_stats, measure, weight_scores
+from gac.models.adapters import adapter_for
+
+
+def _windows(vocab, n=4, seq=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n, seq), generator=g)  # [n, seq]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from tests.conftest import tiny_model
+
+    model = tiny_model()
+    names = adapter_for(model.config).linear_names(model.config)
+    windows = _windows(model.config.vocab_size)
+    stats = calibrate(model, windows, names, batch_size=2, progress=False)
+    grads = gradient_stats(model, windows, names, batch_size=2, progress=False)
+    return model, names, windows, stats, grads
+
+
+@pytest.mark.parametrize("proxy", PROXIES)
+def test_each_proxy_finite_nonnegative_and_discriminating(proxy, setup):
+    model, names, _, stats, grads = setup
+    scores = channel_scores(proxy, model, names, stats=stats, grads=grads)
+    assert set(scores) == set(names)
+    for name in names:
+        s = scores[name]
+        w = model.get_submodule(name).weight
+        assert s.out.shape == (w.shape[0],) and s.inp.shape == (w.shape[1],)
+        for v in (s.out, s.inp):
+            assert v.dtype == torch.float32
+            assert bool(torch.isfinite(v).all()) and bool((v >= 0).all())
+        assert float(s.inp.std()) > 0, name  # input channels (MLP channels, heads via o_proj) differ
+        if proxy != "activation":  # activation is the input norm: the same for every output row by definition
+            assert float(s.out.std()) > 0, name
+        assert s.total == pytest.approx(float(s.inp.double().sum()), rel=1e-4)  # both views sum the same elements
+        assert s.total > 0
+
+
+def test_proxies_rank_channels_differently(setup):
+    model, names, _, stats, grads = setup
+    down = [n for n in names if n.endswith("down_proj")][0]
+    orders = {p: tuple(channel_scores(p, model, [down], stats=stats, grads=grads)[down].inp.argsort().tolist())
+              for p in PROXIES}
+    assert len(set(orders.values())) == len(PROXIES)
+
+
+def test_taylor_and_fisher_match_autograd(setup):
+    """One batch: the hooked sums equal |dL/dW * W| and (dL/dW)^2 summed per channel, computed directly."""
+    model, names, windows, _, _ = setup
+    name = names[5]
+    ids = windows[:2]
+    got = gradient_stats(model, ids, [name], batch_size=2, progress=False)[name]
+    w = model.get_submodule(name).weight
+    g = torch.autograd.grad(model(ids, labels=ids, use_cache=False).loss, w)[0]
+    torch.testing.assert_close(got.taylor_out, (g * w).abs().sum(1), rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(got.taylor_in, (g * w).abs().sum(0), rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(got.fisher_out, g.square().sum(1), rtol=1e-5, atol=1e-12)
+    assert got.batches == 1
+
+
+def test_gradient_pass_accumulates_batch_by_batch(setup):
+    model, names, windows, _, _ = setup
+    both = gradient_stats(model, windows, names[:2], batch_size=2, progress=False)[names[0]]
+    first = gradient_stats(model, windows[:2], names[:2], batch_size=2, progress=False)[names[0]]
+    second = gradient_stats(model, windows[2:], names[:2], batch_size=2, progress=False)[names[0]]
+    assert both.batches == 2 and first.batches == 1
+    torch.testing.assert_close(both.taylor_out, first.taylor_out + second.taylor_out)
+    torch.testing.assert_close(both.fisher_in, first.fisher_in + second.fisher_in)
+    assert gradient_stats(model, windows, names[:1], batch_size=1, progress=False)[names[0]].batches == 4
+
+
+def test_gradient_pass_leaves_the_model_as_it_was(setup):
+    model, names, windows, _, _ = setup
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    gradient_stats(model, windows[:2], names, progress=False)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_gradient_pass_fails_loudly_without_data(setup):
+    model, names, _, _, _ = setup
+    with pytest.raises(RuntimeError, match="no gradient"):
+        with collect_gradients(model, names[:1]):
+            pass
+
+
+def test_weight_scores_are_per_parameter(setup):
+    model, names, windows, stats, _ = setup
+    for proxy in PROXIES:
+        s = weight_scores(proxy, model, names, stats=stats, windows=windows, progress=False)
+        assert len(s) == len(names) and all(x >= 0 for x in s) and len(set(s)) > 1
+    mag = weight_scores("magnitude", model, names[:1], progress=False)[0]
+    assert mag == pytest.approx(float(model.get_submodule(names[0]).weight.detach().float().square().mean()), rel=1e-5)
+
+
+def test_errors_name_the_fix(setup):
+    model, names, _, _, _ = setup
+    with pytest.raises(GacError, match="unknown importance 'l2'"):
+        measure("l2", model, names)
+    with pytest.raises(GacError, match="calibration windows"):
+        measure("taylor", model, names, windows=None)
+    with pytest.raises(GacError, match="calibration statistics"):
+        measure("activation", model, names, stats=None)
+    with pytest.raises(GacError, match="unknown importance"):
+        make_compressor("asvd", importance="nope")
+
+
+@pytest.mark.parametrize("name,proxy", [("svd", "taylor"), ("asvd", "fisher"), ("asvd", "activation")])
+def test_lowrank_compressors_take_any_proxy(name, proxy, setup):
+    model, names, windows, stats, _ = setup
+    comp = make_compressor(name, importance=proxy)
+    assert comp.needs_windows == (proxy in ("taylor", "fisher"))
+    analyses = comp.analyze(model, names, stats, windows=windows, progress=False)
+    scores = torch.tensor([a.score for a in analyses], dtype=torch.float64)
+    assert float(scores.mean()) == pytest.approx(1.0, rel=1e-9)
+    expected = torch.tensor(weight_scores(proxy, model, names, stats=stats, windows=windows, progress=False),
+                            dtype=torch.float64)
+    torch.testing.assert_close(scores, expected / expected.mean(), rtol=1e-4, atol=0)
+    default = make_compressor(name).analyze(model, names, stats, progress=False)
+    assert [a.score for a in default] != [a.score for a in analyses]  # the proxy replaced the default score
