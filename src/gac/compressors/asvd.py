@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 
 from gac.compressors.base import LowRankCompressor
-from gac.compressors.sensitivity import loss_per_energy
 from gac.errors import GacError
 from gac.importance import check_proxy
 
@@ -34,14 +33,12 @@ class ASVDCompressor(LowRankCompressor):
         return mean_abs.clamp_min(floor).pow(self.config.alpha)
 
     def importance(self, model, analyses, stats, probe, keep, progress):
-        # ASVD's sensitivity: the calibration-loss rise when a weight alone is truncated, per unit of lost
-        # (activation-scaled) energy, spread over the weight's parameters. Falls back to activation-weighted
-        # magnitude ||W diag(mean|x|)||^2 / numel when no probe text is given.
+        # Measured sensitivity (base.measured_sensitivity); without probe text, activation-weighted magnitude
+        # ||W diag(mean|x|)||^2 / numel.
         if probe is None:
             return [float((model.get_submodule(a.name).weight.detach().float() * stats[a.name].mean_abs).pow(2).mean())
                     for a in analyses]
-        per_energy = loss_per_energy(model, analyses, probe, keep, progress)
-        return [p / a.numel for p, a in zip(per_energy, analyses)]
+        return self.measured_sensitivity(model, analyses, probe, keep, progress)
 
 
 CONFIG, COMPRESSOR = ASVDConfig, ASVDCompressor

@@ -81,6 +81,15 @@ class LowRankCompressor:
         """Importance per parameter of each weight, before normalization. Default: weight magnitude."""
         return [float(model.get_submodule(a.name).weight.detach().float().pow(2).mean()) for a in analyses]
 
+    def measured_sensitivity(self, model, analyses: list[WeightAnalysis], probe, keep: float,
+                             progress: bool) -> list[float]:
+        """ASVD's sensitivity: the calibration-loss rise when a weight alone is truncated, per unit of its lost
+        (scaled) spectral energy, spread over the weight's parameters."""
+        from gac.compressors.sensitivity import loss_per_energy
+
+        per_energy = loss_per_energy(model, analyses, probe, keep, progress)
+        return [p / a.numel for p, a in zip(per_energy, analyses)]
+
     # --- shared -------------------------------------------------------------------------------
     def analyze(self, model, names: list[str], stats: dict, *, probe=None, keep: float = 0.85,
                 progress: bool = True, windows=None) -> list[WeightAnalysis]:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import torch
 
 from gac.compressors.base import LowRankCompressor
-from gac.compressors.sensitivity import loss_per_energy
 from gac.linalg import whiten
 
 
@@ -32,11 +31,10 @@ class SVDLLMCompressor(LowRankCompressor):
         return whiten(stats.xtx.to(weight.device))  # [in, in] float64, lower-triangular
 
     def importance(self, model, analyses, stats, probe, keep, progress):
-        # Measured sensitivity, as for asvd: loss rise per unit of lost whitened energy, spread per parameter.
+        # Measured sensitivity, as for asvd (here per unit of lost whitened energy); magnitude without probe text.
         if probe is None:
             return super().importance(model, analyses, stats, probe, keep, progress)
-        per_energy = loss_per_energy(model, analyses, probe, keep, progress)
-        return [p / a.numel for p, a in zip(per_energy, analyses)]
+        return self.measured_sensitivity(model, analyses, probe, keep, progress)
 
 
 CONFIG, COMPRESSOR = SVDLLMConfig, SVDLLMCompressor
