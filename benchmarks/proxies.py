@@ -44,7 +44,7 @@ def run_one(model_dir: Path, compressor: str, proxy: str, args) -> dict:
                                                decode_rounds=args.decode_rounds),
                          progress=not args.quiet)
     r = compress(cfg).report
-    return {k: r[k] for k in ("compressible_params", "budget_params", "variants", "threads", "versions",
+    return {k: r[k] for k in ("compressible_params", "budget_params", "variants", "dims", "threads", "versions",
                               "device_name")}
 
 
@@ -106,17 +106,17 @@ def main() -> None:
 
     model_dir = cached_model("smollm2-135m", args.cache)
     results = json.loads(args.results.read_text()) if args.results.is_file() else {}
-    for compressor in args.compressors.split(","):
-        for proxy in args.proxies.split(","):
-            key = f"{compressor}/{proxy}"
-            if key not in results:
-                results[key] = run_one(model_dir, compressor, proxy, args)
-                args.results.write_text(json.dumps(results, indent=1))
-            un, g = results[key]["variants"]["unaligned"], results[key]["variants"]["gac"]
-            print(f"{key}: ppl {un['ppl']:.2f} -> {g['ppl']:.2f}, aligned {un['aligned_fraction']:.2f} -> "
-                  f"{g['aligned_fraction']:.2f}", flush=True)
+    keys = [f"{c}/{p}" for c in args.compressors.split(",") for p in args.proxies.split(",")]
+    for key in keys:
+        if key not in results:
+            compressor, proxy = key.split("/")
+            results[key] = run_one(model_dir, compressor, proxy, args)
+            args.results.write_text(json.dumps(results, indent=1))
+        un, g = results[key]["variants"]["unaligned"], results[key]["variants"]["gac"]
+        print(f"{key}: ppl {un['ppl']:.2f} -> {g['ppl']:.2f}, aligned {un['aligned_fraction']:.2f} -> "
+              f"{g['aligned_fraction']:.2f}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table({k: results[k] for k in results}, args))
+    args.out.write_text(table({k: results[k] for k in keys}, args))
     print(f"wrote {args.out}")
 
 

@@ -63,9 +63,9 @@ def build_plan(units, dims: dict, budget: int, cfg: CompressConfig, candidates_f
              "fixed_params": u.fixed_params, "min_dim": max(u.min_dim, min(cfg.alignment, u.max_dim)),
              "max_dim": u.max_dim}
         step = getattr(u, "dim_step", 1)
-        if step > 1:  # dims restricted to a grid (whole heads, KV groups): candidates on it, near d*
+        if step > 1:  # dims on a grid (whole heads, KV groups): its points in the usual neighbourhood of d*
             w["candidates"] = [d for d in range(u.min_dim, u.max_dim + 1, step)
-                               if abs(d - dims[u.name]) <= cfg.window * step]
+                               if abs(d - dims[u.name]) <= cfg.window * cfg.alignment]
         elif candidates_for is not None:
             w["candidates"] = candidates_for(u, dims[u.name])
         weights.append(w)

@@ -65,6 +65,8 @@ def _error_cases(tiny_model_dir, tmp_path):
         "repair bad align": (["repair", tiny_model_dir, "--out", tmp_path / "a", "--align", "0"], "bad --align"),
         "repair align not a number": (["repair", tiny_model_dir, "--out", tmp_path / "a", "--align", "x"],
                                       "bad --align"),
+        "repair missing profile": (["repair", tiny_model_dir, "--out", tmp_path / "a",
+                                    "--profile", tmp_path / "p.json"], "not found"),
         "inspect missing model": (["inspect", "no-such-model"], "unknown model"),
         "inspect bad align": (["inspect", tiny_model_dir, "--align", "8,zero"], "bad --align"),
         "inspect zero align": (["inspect", tiny_model_dir, "--align", "0,8"], "bad --align"),
@@ -72,8 +74,8 @@ def _error_cases(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["repair missing model", "repair out exists", "repair bad align",
-                                  "repair align not a number", "inspect missing model", "inspect bad align",
-                                  "inspect zero align"])
+                                  "repair align not a number", "repair missing profile", "inspect missing model",
+                                  "inspect bad align", "inspect zero align"])
 def test_user_errors_are_one_line(tiny_model_dir, tmp_path, case):
     args, expected = _error_cases(tiny_model_dir, tmp_path)[case]
     p = run(*args)

@@ -254,3 +254,24 @@ def test_cli_options_checked_before_any_work(args, expected, tmp_path):
     assert result.exit_code == 2, result.output
     assert expected in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_profile_candidates_drive_pruned_widths(tiny_model_dir, tmp_path):
+    """A synthetic gemm_n profile (N = MLP width, K = hidden) where every multiple of 16 is a cliff."""
+    from gac.api import CompressConfig, compress
+    from gac.data import TextConfig
+    from gac.hw.profile import save_profile
+
+    dims = list(range(1, 161))
+    ms = [1.0 + d * 0.01 + (5.0 if d % 16 == 0 else 0.0) for d in dims]
+    entry = {"op": "gemm_n", "shape": {"k": 64}, "m": 512, "backend": None, "dims": dims, "ms": ms,
+             "p10_ms": ms, "p90_ms": ms}
+    profile = {"gac_profile": 1, "device": "cpu", "device_name": "synthetic", "torch": "x", "dtype": "float32",
+               "threads": 1, "date": "2026-01-01", "ops": [entry]}
+    path = save_profile(profile, tmp_path / "p.json")
+    cfg = CompressConfig(model=str(tiny_model_dir), compressor="prune", ratio=0.3, profile=str(path), evaluate=False,
+                         progress=False, text=TextConfig(seq_len=32, calib_windows=4, eval_windows=2),
+                         compressor_options={"importance": "magnitude", "layers": "all", "head_mode": "none"})
+    r = compress(cfg).report
+    assert r["dims"]["gac"] and all(d % 8 == 0 and d % 16 != 0 for d in r["dims"]["gac"].values())
+    assert r["variants"]["gac"]["params"] <= r["budget_params"]

@@ -141,6 +141,27 @@ def test_structure_of_a_model_pruned_in_memory(tmp_path):
     _assert_same_outputs(_logits(io.load(out).model, ids), before)
 
 
+def test_width_padded_back_to_the_config_leaves_no_stale_entry(tmp_path):
+    """MLP pruned 160 -> 150 in layer 0 (recorded in config.gac_structure), padded to 160 at alignment 32."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**TINY)).eval()
+    mlp = model.model.layers[0].mlp
+    with torch.no_grad():
+        for proj, rows, cols in (("gate_proj", 150, None), ("up_proj", 150, None), ("down_proj", None, 150)):
+            w = getattr(mlp, proj).weight[:rows, :cols]
+            setattr(mlp, proj, torch.nn.Linear(w.shape[1], w.shape[0], bias=False))
+            getattr(mlp, proj).weight.copy_(w)
+    recorded = {"linear": {"model.layers.0.mlp.gate_proj": [150, 64], "model.layers.0.mlp.up_proj": [150, 64],
+                           "model.layers.0.mlp.down_proj": [64, 150]}, "custom": {"kept": 1}}
+    model.config.gac_structure = recorded
+    ids = _ids()
+    before = _logits(model, ids)
+    result = repair(model, align=32)
+    assert result.structure == {"custom": {"kept": 1}}  # 160 is the config's own width again
+    out = io.save(model, tiny_tokenizer(), tmp_path / "m", structure=result.structure, plan={"gac_plan": 1})
+    _assert_same_outputs(_logits(io.load(out).model, ids), before)
+
+
 def test_aligned_model_is_left_alone():
     model, _ = irregular_model()
     repair(model, align=8)
@@ -247,3 +268,32 @@ def test_repair_dir_plain_hf_dir(tiny_model_dir, tmp_path):
     assert "latency" not in out.report and io.read_plan(out.out)["strategy"] == "minimal"
     with pytest.raises(GacError, match="already exists"):
         repair_dir(str(tiny_model_dir), str(tmp_path / "o"), align=8)
+
+
+def test_repair_pads_palu_group_ranks_exactly():
+    """Per-group ranks inside a grouped K/V factorization (palu) are padded; the function is unchanged."""
+    import copy
+
+    from gac.calibrate import calibrate
+    from gac.models.modeling_gac import GroupedLowRankLinear
+    from gac.repair.repair import repair
+    from tests.conftest import tiny_model
+
+    model = tiny_model()
+    palu = make_compressor("palu")
+    names = palu.targets(adapter_for(model.config).linear_names(model.config))
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
+    stats = calibrate(model, ids, names, xtx=True, progress=False)
+    units = palu.analyze(model, names, stats, progress=False, windows=ids)
+    irregular = {u.name: 5 + (i % 3) for i, u in enumerate(units)}  # ranks 5, 6, 7: none a multiple of 8
+    palu.materialize(model, units, irregular)
+    before = copy.deepcopy(model)
+    result = repair(model, align=8)
+    grouped = [m for m in model.modules() if isinstance(m, GroupedLowRankLinear)]
+    assert grouped and all(r % 8 == 0 for m in grouped for r in m.ranks)
+    assert result.structure["grouped_lowrank"] == {n: m.ranks for n, m in model.named_modules()
+                                                   if isinstance(m, GroupedLowRankLinear)}
+    with torch.inference_mode():
+        want, got = before(ids).logits, model(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))

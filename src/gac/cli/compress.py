@@ -43,9 +43,11 @@ def _check_options(compressor: str, options: dict) -> None:
 @click.option("--importance", type=click.Choice(IMPORTANCE),
               help="Importance proxy (channels/heads to keep, per-weight score) [default: prune taylor; svd "
                    "magnitude; asvd its measured sensitivity].")
-@click.option("--prune-layers", help="prune: layers to prune, e.g. 1-28, 2,4,6 or all [default: all but first and last].")
+@click.option("--prune-layers",
+              help="prune: layers to prune, e.g. 1-28, 2,4,6 or all [default: all but the first and last].")
 @click.option("--head-mode", type=click.Choice(["group", "uniform", "none"]),
-              help="prune: remove whole KV groups, the same number of query heads per group, or no heads [default: group].")
+              help="prune: remove whole KV groups, the same number of query heads per group, or no heads "
+                   "[default: group].")
 @click.option("--group-size", type=int, help="palu: KV heads sharing one down-projection [default: 1].")
 @click.option("--calib-file", type=click.Path(dir_okay=False), help="Calibration text [default: Python docs].")
 @click.option("--eval-file", type=click.Path(dir_okay=False), help="Held-out evaluation text [default: Python docs].")

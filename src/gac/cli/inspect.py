@@ -23,7 +23,8 @@ def parse_alignments(text: str) -> tuple[int, ...]:
 
 @click.command("inspect")
 @click.argument("model")
-@click.option("--align", "align_text", default="8,16,32", show_default=True, help="Alignments to check, comma list.")
+@click.option("--align", "align_text", metavar="N[,N...]", default="8,16,32", show_default=True,
+              help="Alignments to check, comma list.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write every dim as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Scatter of dims by layer (PNG).")
 @click.option("--limit", type=click.IntRange(min=0), default=40, show_default=True,

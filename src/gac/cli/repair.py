@@ -28,10 +28,15 @@ def _bytes(n: int) -> str:
         n /= 1024
 
 
+def _noise(t: dict, limit_pct: float = 20.0) -> str:
+    spread = max(t["prefill_spread_pct_before"], t["prefill_spread_pct_after"])
+    return f"; noisy: 10-90% spread up to {spread:.0f}%, is the machine busy?" if spread > limit_pct else ""
+
+
 @click.command("repair")
 @click.argument("model")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output model directory.")
-@click.option("--align", "align_text", help="Pad to multiples of N (wins over --strategy) [default: 8].")
+@click.option("--align", "align_text", metavar="N", help="Pad to multiples of N (wins over --strategy) [default: 8].")
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="minimal: align 8; optimal: align 16.")
 @click.option("--profile", type=click.Path(dir_okay=False), help="Hardware profile JSON: fastest aligned size >= d.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
@@ -62,7 +67,7 @@ def command(model, out, align_text, strategy, profile, force, no_latency, prefil
         t = rep["latency"]
         click.echo(f"prefill (batch {t['batch']}, {t['prefill_tokens']} tokens, {t['device']}): "
                    f"{t['prefill_ms_before']:.1f} ms before, {t['prefill_ms_after']:.1f} ms after "
-                   f"({t['speedup']:.3f}x)")
+                   f"({t['speedup']:.3f}x)" + _noise(t))
     if r.left_misaligned:
         kinds_left = sorted({d["kind"] for d in r.left_misaligned})
         click.echo(f"left as is (padding would not be exact): {len(r.left_misaligned)} misaligned dims "

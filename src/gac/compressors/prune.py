@@ -275,9 +275,8 @@ class PruneCompressor:
         with_attn = self.config.head_mode != "none"
         if with_attn:
             _check_attention_prunable(model, prefixes[0], geo)
-        linears = [f"{p}.{m}" for p in prefixes for m in
-                   (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj") if with_attn else ())
-                   + ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+        attn = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj") if with_attn else ()
+        linears = [f"{p}.{m}" for p in prefixes for m in (*attn, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
         missing = sorted(set(linears) - set(names))
         if missing:
             raise GacError(f"{missing[0]} is not a compressible linear of this model")

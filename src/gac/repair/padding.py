@@ -71,3 +71,11 @@ def pad_mlp(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, width: int
     if not (gate.shape == up.shape and gate.shape[0] == down.shape[1]):
         raise ValueError(f"gate {tuple(gate.shape)}, up {tuple(up.shape)} and down {tuple(down.shape)} are not one MLP")
     return pad_rows(gate, width)[0], pad_rows(up, width)[0], pad_cols(down, width)
+
+
+def pad_grouped_lowrank(a: torch.Tensor, bs: list[torch.Tensor], ranks: list[int]):
+    """Pad each head group's rank of a grouped factorization: a [sum r_g, in] gets zero rows at the end of every
+    group's segment, each b_g [out_g, r_g] zero columns. Every group's b_g(a_g x) is unchanged."""
+    segments = a.split([b.shape[1] for b in bs], dim=0)  # G x [r_g, in]
+    padded = [pad_lowrank(seg, b, r) for seg, b, r in zip(segments, bs, ranks)]
+    return torch.cat([p[0] for p in padded], dim=0), [p[1] for p in padded]

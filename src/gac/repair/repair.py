@@ -22,8 +22,8 @@ from torch import nn
 
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
-from gac.models.modeling_gac import LowRankLinear
-from gac.repair.padding import next_multiple, pad_cols, pad_lowrank, pad_rows
+from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear
+from gac.repair.padding import next_multiple, pad_cols, pad_grouped_lowrank, pad_lowrank, pad_rows
 
 log = logging.getLogger(__name__)
 
@@ -156,11 +156,14 @@ class _Targets:
         return min(x for x in measured if table[x] <= fastest * (1 + PROFILE_TOLERANCE))
 
     def rank(self, m: nn.Module) -> int:
+        return self.group_rank(m.rank, m.in_features, m.out_features)
+
+    def group_rank(self, rank: int, fan_in: int, fan_out: int) -> int:
+        """Target for the inner rank of an [fan_out, fan_in] factorization (a whole pair or one head group)."""
         table = None
         if self.profile is not None:
-            table = self._table("lowrank", {"in": m.in_features, "out": m.out_features}) \
-                or self._table("gemm_n", {"k": m.in_features})
-        return self._pick(m.rank, table)
+            table = self._table("lowrank", {"in": fan_in, "out": fan_out}) or self._table("gemm_n", {"k": fan_in})
+        return self._pick(rank, table)
 
     def mlp_width(self, width: int, hidden: int) -> int:
         table = self._table("gemm_n", {"k": hidden}) if self.profile is not None else None
@@ -182,29 +185,43 @@ def _counts(model: nn.Module, names: list[str]) -> dict:
             "compressible": sum(d.params for d in linear_dims(model, names))}
 
 
-def live_structure(model, adapter) -> dict:
-    """What config.gac_structure must record, read off the live model (whatever compressed it): every compressible
-    linear whose [out, in] differs from the config's, the head counts of narrowed attention blocks, every rank."""
+def live_structure(model, adapter, recorded: dict | None = None) -> dict:
+    """config.gac_structure for the live model, whatever compressed it: every compressible linear whose [out, in]
+    differs from the config's, the head counts of narrowed attention blocks, every rank. Entries of `recorded`
+    (the structure the config had) for modules the scan covers are replaced, so none goes stale; its other
+    entries and keys are kept."""
     config = model.config
     geo = adapter.geometry(config)
     hidden, inter = config.hidden_size, config.intermediate_size
     q, kv = geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim
     default = {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q),
                "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
-    out: dict = {"linear": {}, "attention": {}, "lowrank": {}}
-    for name in adapter.linear_names(config):
+    names = adapter.linear_names(config)
+    attns = [f"{adapter.layers_path}.{i}.self_attn" for i in range(adapter.layer_count(config))]
+    live: dict = {"linear": {}, "attention": {}, "lowrank": {}, "grouped_lowrank": {}}
+    for name in names:
         m = model.get_submodule(name)
         if (m.out_features, m.in_features) != default[name.rsplit(".", 1)[1]]:
-            out["linear"][name] = [m.out_features, m.in_features]
-    for i in range(adapter.layer_count(config)):
-        attn = f"{adapter.layers_path}.{i}.self_attn"
+            live["linear"][name] = [m.out_features, m.in_features]
+    for attn in attns:
         widths = tuple(model.get_submodule(f"{attn}.{p}").out_features for p in ("q_proj", "k_proj"))
         if widths != (q, kv):
-            out["attention"][attn] = {"num_heads": widths[0] // geo.head_dim, "num_kv_heads": widths[1] // geo.head_dim}
+            heads, kv_heads = (w // geo.head_dim for w in widths)
+            live["attention"][attn] = {"num_heads": heads, "num_kv_heads": kv_heads}
+    modules = {n for n, _ in model.named_modules()}
+    covered = {"linear": set(names), "attention": set(attns), "lowrank": modules, "grouped_lowrank": modules}
     for name, m in model.named_modules():
         if _is_lowrank(m):
-            out["lowrank"][name] = int(m.rank)
-    return {key: value for key, value in out.items() if value}
+            live["lowrank"][name] = int(m.rank)
+        elif isinstance(m, GroupedLowRankLinear):
+            live["grouped_lowrank"][name] = [int(r) for r in m.ranks]
+    merged = copy.deepcopy(recorded or {})
+    for key, entries in live.items():
+        kept = {n: v for n, v in merged.get(key, {}).items() if n not in covered[key]}
+        merged[key] = {**kept, **entries}
+        if not merged[key]:
+            del merged[key]
+    return merged
 
 
 def _mlp_groups(model, adapter) -> list[tuple[str, list[str]]]:
@@ -263,11 +280,24 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
         if target != m.rank:
             _set(model, name, _widen_rank(m, target))
 
-    # the saved structure: what the config already records (e.g. keys this module does not know), updated with
-    # the shapes read off the live model, so a compressor that did not write config.gac_structure is covered too
-    structure = copy.deepcopy(getattr(model.config, "gac_structure", None) or {})
-    for key, entries in live_structure(model, adapter).items():
-        structure.setdefault(key, {}).update(entries)
+    for name, m in [(n, m) for n, m in model.named_modules() if isinstance(m, GroupedLowRankLinear)]:
+        group_out = m.out_features // len(m.ranks)
+        new_ranks = [targets.group_rank(r, m.in_features, group_out) for r in m.ranks]
+        for g, (r, t) in enumerate(zip(m.ranks, new_ranks)):
+            dims.append(DimChange(f"{name}#g{g}", "rank", _layer(name), r, t))
+        if new_ranks != m.ranks:
+            a, bs = pad_grouped_lowrank(m.a.weight, [b.weight for b in m.b], new_ranks)
+            new = GroupedLowRankLinear(m.in_features, m.out_features, new_ranks, m.b[0].bias is not None,
+                                       a.device, a.dtype)
+            new.a.weight.copy_(a)
+            for b_new, b_old, w in zip(new.b, m.b, bs):
+                b_new.weight.copy_(w)
+                if b_old.bias is not None:
+                    b_new.bias.copy_(b_old.bias)
+            _set(model, name, new)
+
+    # read off the live model, so a compressor that did not write config.gac_structure is covered too
+    structure = live_structure(model, adapter, getattr(model.config, "gac_structure", None))
     model.config.gac_structure = structure
     after = _counts(model, names)
     added = after["params"] - before["params"]
@@ -309,13 +339,19 @@ def repair_dir(src: str, out: str, *, align: int | None = None, strategy: str | 
 
     alignment = resolve_alignment(align, strategy)  # fail fast, before the model is loaded
     check_out_dir(out, force)
+    profile_data = None
+    if profile is not None:
+        from gac.hw.profile import load_profile
+
+        profile_data = load_profile(profile)
     loaded = load_model(str(src))
     model = loaded.model
     ids = torch.randint(0, model.config.vocab_size, (1, CHECK_TOKENS), generator=torch.Generator().manual_seed(0))
     logits_before = _logits(model, ids)
     original = copy.deepcopy(model) if measure_latency else None
 
-    result = repair(model, align=alignment, strategy=strategy, profile=profile)
+    result = repair(model, align=alignment, strategy=strategy, profile=profile_data)
+    result.profile = None if profile is None else str(profile)
     report = {"source_model": str(src), **result.to_json(),
               "logits_check": {"tokens": CHECK_TOKENS, **logits_check(logits_before, _logits(model, ids))}}
     if original is not None:
