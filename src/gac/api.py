@@ -27,7 +27,7 @@ class CompressConfig:
     out: str | None = None
     alignment: int = 8
     align: bool = True  # False (--no-align): save the compressor's own dims
-    window: int = 4  # aligned candidates each side of d* (static rule)
+    window: int = 1  # aligned candidates each side of d*: re-selection stays within one alignment step
     profile: str | None = None  # hardware profile JSON driving the candidates
     dtype: str = "float32"
     device: str = "cpu"
@@ -59,7 +59,8 @@ def build_plan(units, dims: dict, budget: int, cfg: CompressConfig, candidates_f
     for u in units:
         if dims[u.name] is None:
             continue
-        w = {"name": u.name, "dim": float(dims[u.name]), "score": u.score, "params_per_dim": u.params_per_dim,
+        score = u.marginal_score(dims[u.name]) if hasattr(u, "marginal_score") else u.score
+        w = {"name": u.name, "dim": float(dims[u.name]), "score": score, "params_per_dim": u.params_per_dim,
              "fixed_params": u.fixed_params, "min_dim": max(u.min_dim, min(cfg.alignment, u.max_dim)),
              "max_dim": u.max_dim}
         step = getattr(u, "dim_step", 1)

@@ -46,6 +46,13 @@ class WeightAnalysis:
     def profile_shape(self) -> dict:
         return {"in": self.in_features, "out": self.out_features}
 
+    def marginal_score(self, rank: int) -> float:
+        """Importance per parameter at rank d*: the share of this weight's importance the next singular
+        direction carries, per parameter it costs. This is the slope of the loss model at d*, so the knapsack's
+        linear objective is a first-order model of quality around the compressor's own dims."""
+        energy = self.svd.energy_fraction
+        return self.score * self.numel * float(energy[min(rank, energy.numel() - 1)]) / self.params_per_dim
+
     def params(self, rank: int | None) -> int:
         return self.numel if rank is DENSE else lowrank_params(self.in_features, self.out_features, rank)
 
