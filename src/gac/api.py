@@ -68,7 +68,7 @@ def build_plan(units, dims: dict, budget: int, cfg: CompressConfig, candidates_f
             w["candidates"] = [d for d in range(u.min_dim, u.max_dim + 1, step)
                                if abs(d - dims[u.name]) <= cfg.window * cfg.alignment]
         elif candidates_for is not None:
-            w["candidates"] = candidates_for(u, dims[u.name])
+            w["candidates"] = candidates_for(u, dims[u.name], cfg.window)
         weights.append(w)
     return {"budget": budget - untouched, "alignment": cfg.alignment, "window": cfg.window, "weights": weights}
 
@@ -101,7 +101,6 @@ class Selected:
 def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Selected:
     """Calibrate on `calib` [n, seq], let the compressor find its dims d* under the budget, then select aligned
     dims with the knapsack (candidates from the static rule or a hardware profile). The model is not changed."""
-    from gac.align.plan import select
     from gac.calibrate import calibrate
     from gac.compressors import make_compressor
     from gac.models.adapters import adapter_for
@@ -128,10 +127,25 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Se
                                     progress=cfg.progress)
         candidates_for = candidates_from_profile(profile, m=cfg.latency.prefill_tokens, alignment=cfg.alignment,
                                                  window=cfg.window)
-    selection = select(build_plan(units, unaligned, budget, cfg, candidates_for))
+    selection = _select_within_budget(units, unaligned, budget, cfg, candidates_for)
     return Selected(compressor, units, _covered(names, units), compressible, budget,
                     {"unaligned": unaligned, "gac": {**unaligned, **selection.dims}}, selection,
                     sum(candidates_for.excluded) if candidates_for is not None else None)
+
+
+def _select_within_budget(units, unaligned: dict, budget: int, cfg: CompressConfig, candidates_for):
+    """Select with the narrowest candidate window that fits the budget: small d* rounded up to the first
+    aligned dim can need room taken from other weights, further than one alignment step away."""
+    from gac.align.plan import select
+
+    for window in range(cfg.window, cfg.window + 4):
+        try:
+            return select(build_plan(units, unaligned, budget, dataclasses.replace(cfg, window=window),
+                                     candidates_for))
+        except GacError as e:
+            if "infeasible" not in str(e) or window == cfg.window + 3:
+                raise
+            log.info("no aligned choice fits the budget within %d step(s) of d*: widening", window)
 
 
 def materialize_variants(model, selected: Selected) -> tuple[dict, dict]:

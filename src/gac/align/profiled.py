@@ -45,7 +45,7 @@ def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: in
         raise GacError("the profile has no lowrank or gemm_n sweep: measure one with `gac profile` (default ops)")
     excluded_total = []
 
-    def candidates_for(u, dim):
+    def candidates_for(u, dim, window=window):
         if u.profile_op in ops:
             table = latency_table(profile, u.profile_op, m=m, shape=u.profile_shape)
         else:  # e.g. a profile without the low-rank sweep: the N sweep of a GEMM over the unit's input size
