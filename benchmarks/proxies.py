@@ -62,9 +62,17 @@ def table(results: dict, args) -> str:
         "`prune`: default layers (all but the first and last), head mode `group`. `asvd`: alpha 0.5, the proxy "
         "replaces its measured sensitivity as the per-weight score.",
         "",
+        "Element importance by proxy (`gac.importance`): magnitude w^2; activation mean|x_in|^2 (calibration "
+        "input norm); taylor |dL/dw * w| and fisher (dL/dw)^2, each summed over calibration batches of a "
+        "language-modelling loss. Summed per channel/head they choose what `prune` keeps (an MLP channel: its gate "
+        "and up rows and its down column; a KV group: its k and v rows with its query heads' q rows and o columns); "
+        "summed per unit and divided by its parameters they are the score s_i that the allocation and the GAC "
+        "knapsack use.",
+        "",
         "| compressor | importance | baseline ppl | unaligned ppl | gac ppl | aligned before | aligned after | "
-        "gac params / budget | prefill baseline/unaligned | prefill baseline/gac | prefill unaligned/gac |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "gac params / budget | prefill baseline/unaligned | prefill baseline/gac | prefill unaligned/gac | "
+        "prefill spread |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in results.items():
         compressor, proxy = key.split("/")
@@ -74,14 +82,17 @@ def table(results: dict, args) -> str:
             f"| {compressor} | {proxy} | {base['ppl']:.2f} | {un['ppl']:.2f} | {g['ppl']:.2f} | "
             f"{un['aligned_fraction']:.2f} | {g['aligned_fraction']:.2f} | {g['params'] / r['budget_params']:.4f} | "
             f"{base['prefill_ms'] / un['prefill_ms']:.3f}x | {base['prefill_ms'] / g['prefill_ms']:.3f}x | "
-            f"{un['prefill_ms'] / g['prefill_ms']:.3f}x |"
+            f"{un['prefill_ms'] / g['prefill_ms']:.3f}x | "
+            f"{max(x['prefill_spread_pct'] for x in (base, un, g)):.0f}% |"
         )
     any_r = next(iter(results.values()))
     lines += [
         "",
         "Aligned before/after: share of compressed dims divisible by 8 in the unaligned and gac variants (pruned MLP "
         "and attention widths for `prune`, inner ranks for `asvd`). Prefill ratios above 1 mean faster. Timings come "
-        "from a shared 2-core machine, so ratios within one row (one run) are comparable, absolute figures less so.",
+        "from a shared 2-core machine (other jobs running): ratios within one row come from one interleaved run, but "
+        "the spread column (largest 10-90 percentile spread of the three variants' prefill times) says how far "
+        "to trust them; `gac bench` with more rounds is the tool for a latency claim.",
         f"Versions: {json.dumps(any_r['versions'])}, {any_r['threads']} threads.",
     ]
     return "\n".join(lines) + "\n"

@@ -129,5 +129,6 @@ def test_lowrank_compressors_take_any_proxy(name, proxy, setup):
     expected = torch.tensor(weight_scores(proxy, model, names, stats=stats, windows=windows, progress=False),
                             dtype=torch.float64)
     torch.testing.assert_close(scores, expected / expected.mean(), rtol=1e-4, atol=0)
-    default = make_compressor(name).analyze(model, names, stats, progress=False)
-    assert [a.score for a in default] != [a.score for a in analyses]  # the proxy replaced the default score
+    other = "magnitude" if proxy != "magnitude" else "activation"
+    default = make_compressor(name, importance=other).analyze(model, names, stats, windows=windows, progress=False)
+    assert [a.score for a in default] != [a.score for a in analyses]  # the proxy replaced the other score
