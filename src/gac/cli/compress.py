@@ -41,8 +41,8 @@ def _check_options(compressor: str, options: dict) -> None:
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
 @click.option("--alpha", type=float, help="asvd: activation scaling exponent [default: 0.5].")
 @click.option("--importance", type=click.Choice(IMPORTANCE),
-              help="Importance proxy (channels/heads to keep, per-weight score) [default: prune taylor; asvd and "
-                   "palu fisher; svd magnitude; svd_llm its measured sensitivity].")
+              help="Importance proxy (channels/heads to keep, per-weight score) [default: prune taylor; asvd, "
+                   "svd_llm and palu fisher; svd magnitude].")
 @click.option("--prune-layers",
               help="prune: layers to prune, e.g. 1-28, 2,4,6 or all [default: all but the first and last].")
 @click.option("--head-mode", type=click.Choice(["group", "uniform", "none"]),

@@ -14,7 +14,7 @@ from gac.linalg import whiten
 
 @dataclass(frozen=True)
 class SVDLLMConfig:
-    importance: str | None = None  # a gac.importance proxy for the per-weight score; None: measured sensitivity
+    importance: str | None = "fisher"  # per-weight score proxy (docs/RESULTS.md: ppl 18.4 at 0.15); None: measured sensitivity
 
     def __post_init__(self):
         if self.importance is not None:
