@@ -55,7 +55,7 @@ def command(model, out, align_text, strategy, profile, force, no_latency, prefil
     res = repair_dir(model, out, align=align, strategy=strategy, profile=profile, force=force,
                      measure_latency=not no_latency, latency=latency)
     r, rep, o = res.result, res.report, res.result.overhead
-    kinds = sorted({d.kind for d in r.dims})
+    kinds = sorted({d.kind for d in r.changed})
     click.echo(f"padded {len(r.changed)} of {len(r.dims)} dims ({', '.join(kinds) or 'none'}) to multiples of "
                f"{r.alignment}" + (f" ({r.strategy})" if r.strategy else ""))
     click.echo(f"parameters: {o['params_before']:,} -> {o['params_after']:,} (+{o['params_added']:,}, "
