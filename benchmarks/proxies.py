@@ -59,8 +59,8 @@ def table(results: dict, args) -> str:
         f"uses the same windows), held-out perplexity on {args.eval_windows} x {args.seq_len} tokens of the pydoc "
         f"evaluation split, prefill batch 1 x {args.prefill_tokens} tokens, median of {args.prefill_rounds} "
         "interleaved runs per variant (baseline, unaligned and gac timed side by side in each run).",
-        "`prune`: default layers (all but the first and last), head mode `group`. `asvd`: alpha 0.5, the proxy "
-        "replaces its measured sensitivity as the per-weight score.",
+        "`prune`: default layers (all but the first and last), head mode `group`. `asvd`: alpha 0.5, the proxy is "
+        "the per-weight score (`fisher` is asvd's default).",
         "",
         "Element importance by proxy (`gac.importance`): magnitude w^2; activation mean|x_in|^2 (calibration "
         "input norm); taylor |dL/dw * w| and fisher (dL/dw)^2, each summed over calibration batches of a "
@@ -90,7 +90,7 @@ def table(results: dict, args) -> str:
         "",
         "Aligned before/after: share of compressed dims divisible by 8 in the unaligned and gac variants (pruned MLP "
         "and attention widths for `prune`, inner ranks for `asvd`). Prefill ratios above 1 mean faster. Timings come "
-        "from a shared 2-core machine (other jobs running): ratios within one row come from one interleaved run, but "
+        "from a 2-core CPU, one row per run: ratios within one row come from one interleaved run, and "
         "the spread column (largest 10-90 percentile spread of the three variants' prefill times) says how far "
         "to trust them; `gac bench` with more rounds is the tool for a latency claim.",
         f"Versions: {json.dumps(any_r['versions'])}, {any_r['threads']} threads.",
