@@ -30,7 +30,8 @@ def tiny_model(model_type: str = "llama", seed: int = 0):
     import transformers
 
     config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-                  "mistral": transformers.MistralConfig}[model_type]
+                  "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
+                  "granite": transformers.GraniteConfig, "olmo2": transformers.Olmo2Config}[model_type]
     torch.manual_seed(seed)
     config = config_cls(**TINY)
     return transformers.AutoModelForCausalLM.from_config(config).eval()

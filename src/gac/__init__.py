@@ -1,6 +1,7 @@
 """gac: GPU-Aligned Compression. Compress, then pick hardware-aligned dims under the same parameter budget.
 
-Public verbs (imported lazily so `import gac` stays light): compress, select, load, save, profile, bench.
+Public verbs (imported lazily so `import gac` stays light): compress, select, load, save, profile, bench,
+repair_dir and inspect_model (the last two are named apart from the `gac.repair` and `gac.inspect` modules).
 """
 
 __version__ = "0.1.0"
@@ -10,6 +11,10 @@ _EXPORTS = {
     "compress": "gac.api",
     "load": "gac.models.io",
     "save": "gac.models.io",
+    "profile": "gac.hw.profile",
+    "bench": "gac.evaluate.bench",
+    "repair_dir": "gac.repair",
+    "inspect_model": "gac.inspect",
 }
 
 
