@@ -22,20 +22,76 @@ def run(args, env):
     return CliRunner().invoke(main, ["profile", *args], env=env)
 
 
+TINY = ["--dims", "8:10", "--head-dims", "8,16", "--hidden", "32", "--heads", "2", "--batch", "2", "--context", "16",
+        "--m", "4", "--threads", "1"]
+
+
 def test_tiny_dims_sweep_writes_profile_and_plots(tmp_path, env):
     out = tmp_path / "prof" / "cpu.json"
-    result = run(["--dims", "8:10", "--m", "4", "--threads", "1", "--out", str(out)], env)
+    result = run([*TINY, "--out", str(out)], env)
     assert result.exit_code == 0, result.output
     profile = json.loads(out.read_text())
     assert {e["op"] for e in profile["ops"]} == {"gemm_n", "gemm_k", "sdpa", "lowrank"}
-    assert all(e["dims"] == [8, 9, 10] and e["m"] in (4, 1) for e in profile["ops"])
+    assert all(e["dims"] == ([8, 16] if e["op"] == "sdpa" else [8, 9, 10]) and e["m"] in (4, 1)
+               for e in profile["ops"])
+    shapes = {(e["op"], e["m"]): e["shape"] for e in profile["ops"]}
+    assert shapes[("gemm_n", 4)] == {"k": 32} and shapes[("lowrank", 1)] == {"in": 32, "out": 32}
+    assert shapes[("sdpa", 1)] == {"batch": 2, "heads": 2, "seq": 16}
+    assert profile["spec"]["sizes"] == {"hidden": 32, "lowrank_in": 32, "lowrank_out": 32, "batch": 2, "heads": 2,
+                                        "context": 16}
     assert profile["threads"] == 1
     assert sorted(p.name for p in out.parent.glob("*.png")) == [
         "cpu_gemm_k.png", "cpu_gemm_n.png", "cpu_lowrank.png", "cpu_sdpa.png"]
     assert f"profile: {out}" in result.output and "measured in" in result.output and "cliffs" in result.output
 
-    again = run(["--dims", "8:10", "--m", "4", "--threads", "1", "--out", str(out), "--no-plot"], env)
+    again = run([*TINY, "--out", str(out), "--no-plot"], env)
     assert again.exit_code == 0 and "reused the cached profile" in again.output and "plot:" not in again.output
+    other = run([*TINY, "--heads", "1", "--out", str(out), "--no-plot"], env)  # fixed sizes are part of the key
+    assert other.exit_code == 0 and "measured in" in other.output
+
+
+@pytest.fixture
+def built_spec(monkeypatch, env):
+    """Run `gac profile ARGS` and return the SweepSpec it would measure (nothing is measured)."""
+    from gac.hw import profile as hp
+
+    seen = {}
+
+    def fake_profile(spec, **kwargs):
+        seen["spec"] = spec
+        return {"ops": [], "device_name": "x", "device": "cpu", "dtype": "float32", "threads": 1}
+
+    monkeypatch.setattr(hp, "profile", fake_profile)
+
+    def build(args):
+        result = run([*args, "--no-plot"], env)
+        assert result.exit_code == 0, result.output
+        return seen["spec"]
+
+    return build
+
+
+def test_dims_leave_sdpa_head_dims_alone(built_spec):
+    from gac.hw.profile import FixedSizes, SweepSpec
+
+    spec = built_spec(["--dims", "96:160,4032:4160:8"])
+    assert spec.dims == (*range(96, 161), *range(4032, 4161, 8))
+    assert spec.head_dims == SweepSpec().head_dims and spec.sizes == FixedSizes()
+    assert built_spec(["--quick", "--dims", "8:9"]).head_dims == SweepSpec.quick().head_dims
+
+
+def test_head_dims_and_fixed_sizes_build_the_spec(built_spec):
+    spec = built_spec(["--head-dims", "64:256:8", "--hidden", "4096", "--heads", "32", "--batch", "4",
+                       "--context", "2048"])
+    assert spec.head_dims == tuple(range(64, 257, 8)) and spec.dims == tuple(range(64, 513))
+    assert (spec.sizes.hidden, spec.sizes.lowrank_in, spec.sizes.lowrank_out) == (4096, 4096, 4096)
+    assert (spec.sizes.heads, spec.sizes.batch, spec.sizes.context) == (32, 4, 2048)
+
+
+def test_given_sizes_win_over_the_models(built_spec, tiny_model_dir):
+    spec = built_spec(["--model", str(tiny_model_dir), "--head-dims", "8:9", "--heads", "3"])
+    assert spec.head_dims == (8, 9) and spec.sizes.heads == 3 and spec.sizes.hidden == 64  # hidden from the model
+    assert built_spec(["--model", str(tiny_model_dir), "--hidden", "48"]).sizes.lowrank_out == 48
 
 
 def test_plan_sweep_windows(tmp_path, env):
@@ -55,6 +111,14 @@ def test_plan_sweep_windows(tmp_path, env):
         (["--dims", "8:x"], "bad --dims"),
         (["--dims", "16:8"], "bad --dims"),
         (["--dims", "0:8"], "bad --dims"),
+        (["--dims", "96:160,4032:x"], "bad --dims"),
+        (["--head-dims", "64:x"], "bad --head-dims"),
+        (["--head-dims", "0:8"], "bad --head-dims"),
+        (["--head-dims", "64:4160:8"], "head_dim 4160 is not supported"),
+        (["--hidden", "0"], "hidden must be a positive integer"),
+        (["--heads", "-1"], "heads must be a positive integer"),
+        (["--batch", "0"], "batch must be a positive integer"),
+        (["--context", "0"], "context must be a positive integer"),
         (["--dims", "8:16", "--plan", "p.json"], "one of --dims, --plan or --model"),
         (["--plan", "/no/such/plan.json"], "cannot read plan"),
     ],
@@ -77,6 +141,7 @@ def test_parse_dims():
     assert parse_dims("64:72") == tuple(range(64, 73))
     assert parse_dims("64:128:32") == (64, 96, 128)
     assert parse_dims("111, 96:104:8 ,111") == (96, 104, 111)
+    assert parse_dims("126:130,4095:4097") == (126, 127, 128, 129, 130, 4095, 4096, 4097)
     for bad in ("", "a", "1:2:3:4", "8:4", "8:16:0", "-4:8"):
         with pytest.raises(GacError):
             parse_dims(bad)
@@ -91,7 +156,8 @@ def test_cli_module_does_not_import_torch():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_tiny_cuda_cli_sweep(tmp_path, env):
     out = tmp_path / "cuda.json"
-    result = run(["--device", "cuda", "--dtype", "float16", "--dims", "8:10", "--m", "4", "--out", str(out)], env)
+    result = run(["--device", "cuda", "--dtype", "float16", "--dims", "8:10", "--head-dims", "8,16,64", "--m", "4",
+                  "--out", str(out)], env)
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["device"] == "cuda"
 

@@ -114,6 +114,11 @@ def test_spec_validation():
         hp.SweepSpec(dims=())
     with pytest.raises(GacError, match="unsupported dtype"):
         hp.run_profile(TINY, dtype="int8", progress=False)
+    with pytest.raises(GacError, match="head_dim 4160 is not supported.*--head-dims"):
+        hp.SweepSpec(head_dims=tuple(range(64, 4161, 8)))
+    for bad in (0, -1, 2.5):
+        with pytest.raises(GacError, match="heads must be a positive integer"):
+            hp.FixedSizes(heads=bad)
 
 
 def test_spec_from_plan_windows():
@@ -150,3 +155,15 @@ def test_tiny_cuda_sweep():
         assert all(ms > 0 for ms in e["ms"])
         if e["op"] == "sdpa":
             assert e["backend"] in hp.SDPA_BACKENDS
+
+
+def test_spec_from_model_includes_palu_group_ranks(tiny):
+    """A grouped (PaLU) K projection: each group's rank and their sum (the shared down-projection's N) are swept."""
+    from gac.models.surgery import replace_with_grouped_lowrank
+
+    k = tiny.model.layers[0].self_attn.k_proj  # 64 -> 32: two groups of 16 rows
+    replace_with_grouped_lowrank(tiny, "model.layers.0.self_attn.k_proj",
+                                 [(torch.randn(r, k.in_features), torch.randn(16, r)) for r in (11, 14)])
+    spec = hp.spec_from_model(tiny, TINY)
+    assert {11, 14, 25} <= set(spec.dims) and {64, 160, 32} <= set(spec.dims)
+    assert 16 in spec.head_dims and spec.sizes.hidden == spec.sizes.lowrank_in == 64

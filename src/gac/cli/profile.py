@@ -13,8 +13,8 @@ import click
 from gac.errors import GacError
 
 
-def parse_dims(text: str) -> tuple[int, ...]:
-    """'64:256' (inclusive), '64:256:8', '96,104,111' or a mix like '96:128,256' -> sorted unique dims."""
+def parse_dims(text: str, flag: str = "--dims") -> tuple[int, ...]:
+    """'64:256' (inclusive), '64:256:8', '96,104,111' or a mix like '96:160,4032:4160' -> sorted unique dims."""
     dims: set[int] = set()
     for part in text.split(","):
         bits = part.strip().split(":")
@@ -23,7 +23,8 @@ def parse_dims(text: str) -> tuple[int, ...]:
         except ValueError:
             nums = []
         if not nums or len(nums) > 3 or any(n < 1 for n in nums) or (len(nums) > 1 and nums[0] > nums[1]):
-            raise GacError(f"bad --dims {text!r}: use START:STOP[:STEP] (inclusive) or a comma list, e.g. 64:256:8")
+            raise GacError(f"bad {flag} {text!r}: use START:STOP[:STEP] (inclusive), several joined by commas, "
+                           "e.g. 96:160,4032:4160:8")
         if len(nums) == 1:
             dims.add(nums[0])
         else:
@@ -37,7 +38,14 @@ def parse_dims(text: str) -> tuple[int, ...]:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Profile JSON to write (default: the cache file for this device, dtype and torch).")
 @click.option("--quick", is_flag=True, help="Small sweep (dims 96..128, M=1024 and 1), under a minute on a CPU.")
-@click.option("--dims", "dims_text", metavar="START:STOP[:STEP]", help="Dims to sweep (inclusive), e.g. 64:256.")
+@click.option("--dims", "dims_text", metavar="START:STOP[:STEP],...",
+              help="GEMM N/K and low-rank dims to sweep (inclusive), e.g. 96:160,4032:4160.")
+@click.option("--head-dims", "head_dims_text", metavar="START:STOP[:STEP],...",
+              help="SDPA head dims to sweep, e.g. 64:256:8 (default 64..128; --model: around its head_dim).")
+@click.option("--hidden", type=int, help="The GEMMs' fixed dim and the low-rank pair's in/out (default 1024).")
+@click.option("--heads", type=int, help="SDPA heads (default 8).")
+@click.option("--batch", type=int, help="SDPA batch (default 1).")
+@click.option("--context", type=int, help="SDPA key/value length at decode, M=1 (default 512; prefill attends over M).")
 @click.option("--plan", type=click.Path(dir_okay=False, path_type=Path),
               help="Sweep windows around each weight's dim in this selection plan.")
 @click.option("--model", "model_spec", help="Sweep windows around every dim this model has (alias, dir, .gguf).")
@@ -45,25 +53,31 @@ def parse_dims(text: str) -> tuple[int, ...]:
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: torch's current count).")
 @click.option("--force", is_flag=True, help="Measure again even when a cached profile with this sweep exists.")
 @click.option("--no-plot", is_flag=True, help="Do not write the PNG plots.")
-def command(device, dtype, out, quick, dims_text, plan, model_spec, m, threads, force, no_plot) -> None:
-    """Measure GEMM, SDPA and low-rank latency over dims on this device (the hardware profile)."""
+def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads, batch, context, plan, model_spec,
+            m, threads, force, no_plot) -> None:
+    """Measure GEMM, SDPA and low-rank latency over dims on this device (the hardware profile).
+
+    --dims, --plan and --model set the GEMM and low-rank dims; SDPA head dims come from --head-dims (or --model).
+    """
     import dataclasses
 
     from gac.hw import profile as hp
 
     if sum(x is not None for x in (dims_text, plan, model_spec)) > 1:
         raise GacError("give one of --dims, --plan or --model, not several")
+    head_dims = parse_dims(head_dims_text, "--head-dims") if head_dims_text else None
+    sizes = {k: v for k, v in dict(hidden=hidden, lowrank_in=hidden, lowrank_out=hidden, heads=heads, batch=batch,
+                                   context=context).items() if v is not None}
+    spec = _given(hp.SweepSpec.quick() if quick else hp.SweepSpec(), head_dims, sizes)  # checked before any loading
     hp.check_device(device)
-    spec = hp.SweepSpec.quick() if quick else hp.SweepSpec()
     if dims_text:
-        dims = parse_dims(dims_text)
-        spec = dataclasses.replace(spec, dims=dims, head_dims=dims)
+        spec = dataclasses.replace(spec, dims=parse_dims(dims_text))
     if plan:
         spec = hp.spec_from_plan(plan, spec)
     if model_spec:
         from gac.models.loading import load_model
 
-        spec = hp.spec_from_model(load_model(model_spec).model, spec)
+        spec = _given(hp.spec_from_model(load_model(model_spec).model, spec), head_dims, sizes)
     if m is not None:
         spec = dataclasses.replace(spec, m_values=(m, 1) if m > 1 else (1,))
     if threads is not None:
@@ -80,6 +94,14 @@ def command(device, dtype, out, quick, dims_text, plan, model_spec, m, threads, 
 
         for png in plot_profile(result, path.parent, prefix=path.stem):
             click.echo(f"plot:    {png}")
+
+
+def _given(spec, head_dims: tuple[int, ...] | None, sizes: dict):
+    """`spec` with the SDPA head dims and fixed sizes given on the command line (they win over --model's)."""
+    import dataclasses
+
+    spec = dataclasses.replace(spec, sizes=dataclasses.replace(spec.sizes, **sizes))
+    return dataclasses.replace(spec, head_dims=head_dims) if head_dims else spec
 
 
 def _print_summary(result: dict, *, reused: bool, seconds: float) -> None:

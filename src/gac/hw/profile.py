@@ -32,6 +32,7 @@ PROFILE_VERSION = 1
 OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")  # tried in this order
+MAX_HEAD_DIM = 1024  # above any model's attention head (usually 64-256); catches GEMM ranges given as head dims
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,11 @@ class FixedSizes:
     batch: int = 1  # sdpa
     heads: int = 8
     context: int = 512  # sdpa key/value length for decode (m=1); prefill attends over its own m tokens
+
+    def __post_init__(self):
+        for name, value in dataclasses.asdict(self).items():
+            if int(value) != value or value < 1:
+                raise GacError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,9 @@ class SweepSpec:
             values = getattr(self, name)
             if not values or any(int(v) != v or v < 1 for v in values):
                 raise GacError(f"{name} must be a non-empty list of positive integers, got {list(values)[:8]}")
+        if max(self.head_dims) > MAX_HEAD_DIM:
+            raise GacError(f"SDPA head_dim {max(self.head_dims)} is not supported (at most {MAX_HEAD_DIM}): sweep "
+                           "head dims with e.g. --head-dims 64:256:8 and GEMM dims with --dims")
         if self.repeats < 1 or self.warmup < 0 or self.buffers < 1 or self.chunk < 1:
             raise GacError("repeats, buffers and chunk must be >= 1 and warmup >= 0")
 
@@ -109,14 +118,15 @@ def spec_from_plan(plan, base: SweepSpec | None = None) -> SweepSpec:
 
 
 def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = 8, window: int = 4) -> SweepSpec:
-    """`base` with dims swept around every compressible dim of a loaded model (ranks, widths, head_dim),
-    GEMMs sized by its hidden size."""
+    """`base` with dims swept around every compressible dim of a loaded model (ranks, PaLU group ranks, widths,
+    head_dim), GEMMs sized by its hidden size."""
     from gac.models.adapters import adapter_for
     from gac.models.dims import linear_dims
 
     config = model.config
     dims = linear_dims(model, adapter_for(config).linear_names(config))
-    centers = {d.rank for d in dims if d.rank is not None} | {x for d in dims for x in (d.in_features, d.out_features)}
+    centers = {r for d in dims for r in d.compressed_dims} | {x for d in dims for x in (d.in_features, d.out_features)}
+    centers |= {sum(d.group_ranks) for d in dims if d.group_ranks}  # N of PaLU's shared down-projection GEMM
     head_dim = adapter_for(config).geometry(config).head_dim
     base = base or SweepSpec()
     sizes = dataclasses.replace(base.sizes, hidden=config.hidden_size, lowrank_in=config.hidden_size,
