@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gac.api import CompressConfig, compress
+from gac.api import NOT_EVALUATED, CompressConfig, compress
 from gac.data import TextConfig
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
@@ -41,6 +41,7 @@ def test_compress_report_contract(tiny_model_dir, tmp_path, compressor):
     assert all(d % 8 == 0 for d in r["dims"]["gac"].values())
     assert set(r["dims"]["gac"]) == set(r["dims"]["unaligned"])
     assert (out / "report.md").read_text().count("|") > 10
+    assert (out / "dims.png").read_bytes().startswith(b"\x89PNG")  # the `gac inspect` plot, saved with the model
 
 
 def test_no_align_saves_the_compressor_dims(tiny_model_dir, tmp_path):
@@ -52,7 +53,11 @@ def test_no_align_saves_the_compressor_dims(tiny_model_dir, tmp_path):
     plan = read_plan(out)
     assert plan["variant"] == "unaligned"
     assert plan["dims"] == result.report["dims"]["unaligned"]
-    assert "ppl" not in result.report["variants"]["gac"]  # --no-eval path: params and alignment only
+    for v in result.report["variants"].values():  # --no-eval: the evaluated report's keys, null
+        for key in NOT_EVALUATED:
+            assert key in v and v[key] is None, key
+    md = (out / "report.md").read_text()
+    assert "n/a" in md and "None" not in md and "(±" not in md
 
 
 def test_alignment_option_is_honoured(tiny_model_dir):
@@ -86,6 +91,27 @@ def test_profile_candidates_drive_selection(tiny_model_dir, tmp_path):
                "threads": 1, "date": "2026-01-01", "ops": [entry]}
     path = save_profile(profile, tmp_path / "p.json")
     result = compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.3, profile=str(path), evaluate=False))
-    gac_dims = result.report["dims"]["gac"].values()
+    r = result.report
+    gac_dims = r["dims"]["gac"].values()
     assert all(d % 8 == 0 and d % 16 != 0 for d in gac_dims)
-    assert result.report["variants"]["gac"]["params"] <= result.report["budget_params"]
+    assert r["variants"]["gac"]["params"] <= r["budget_params"]
+    # why each dim was dropped, per weight: the multiples of 16 near d* are cliffs
+    assert r["profile_excluded"] and set(r["profile_excluded"]) <= set(r["dims"]["gac"])
+    assert r["profile_excluded_dims"] == sum(map(len, r["profile_excluded"].values()))
+    for why in r["profile_excluded"].values():
+        assert all(int(d) % 16 == 0 and reason.startswith("cliff") for d, reason in why.items())
+
+
+@pytest.mark.parametrize("compressor, options", [
+    ("svd", {}),
+    ("prune", {"importance": "magnitude", "layers": "all"}),  # MLP widths swept, whole-head widths on their grid
+])
+def test_auto_profile_measures_every_compressor(tiny_model_dir, compressor, options):
+    """--profile auto sweeps around the compressor's dims on this device (low-rank pairs, or GEMM N for widths)."""
+    result = compress(fast_config(tiny_model_dir, compressor=compressor, ratio=0.3, profile="auto",
+                                  compressor_options=options, evaluate=False))
+    r = result.report
+    assert r["variants"]["gac"]["aligned_fraction"] == 1.0
+    assert r["variants"]["gac"]["params"] <= r["budget_params"]
+    assert r["profile_excluded_dims"] == sum(map(len, r["profile_excluded"].values()))
+    assert not any(name.endswith("self_attn") for name in r["profile_excluded"])  # never measured

@@ -16,6 +16,9 @@ from gac.evaluate.latency import LatencyConfig
 
 log = logging.getLogger(__name__)
 
+# a variant's measured keys, null in the report under --no-eval
+NOT_EVALUATED = ("ppl", "prefill_ms", "prefill_spread_pct", "decode_ms_per_token", "decode_spread_pct")
+
 
 @dataclass(frozen=True)
 class CompressConfig:
@@ -95,7 +98,7 @@ class Selected:
     budget: int
     dims: dict  # variant ("unaligned", "gac") -> {unit name: dim or None}
     selection: object  # gac.align.plan.SelectionResult
-    profile_excluded: int | None = None
+    profile_excluded: dict | None = None  # {unit name: {dim: reason}}: aligned dims the profile ruled out
 
 
 def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Selected:
@@ -125,12 +128,17 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Se
         profile = profile_for_model(cfg.profile, units, unaligned, device=cfg.device, dtype=cfg.dtype,
                                     m=cfg.latency.prefill_tokens, alignment=cfg.alignment, window=cfg.window,
                                     progress=cfg.progress)
-        candidates_for = candidates_from_profile(profile, m=cfg.latency.prefill_tokens, alignment=cfg.alignment,
-                                                 window=cfg.window)
+        if profile:  # empty: auto found nothing to measure (only head-grid units), the static rule applies
+            candidates_for = candidates_from_profile(profile, m=cfg.latency.prefill_tokens,
+                                                     alignment=cfg.alignment, window=cfg.window)
     selection = _select_within_budget(units, unaligned, budget, cfg, candidates_for)
+    excluded = None
+    if candidates_for is not None:
+        excluded = {name: why for name, why in candidates_for.excluded.items() if why}
+        log.info("the profile ruled out %d aligned dim(s) in %d of %d weight(s) (report.json: profile_excluded)",
+                 sum(map(len, excluded.values())), len(excluded), len(candidates_for.excluded))
     return Selected(compressor, units, _covered(names, units), compressible, budget,
-                    {"unaligned": unaligned, "gac": {**unaligned, **selection.dims}}, selection,
-                    sum(candidates_for.excluded) if candidates_for is not None else None)
+                    {"unaligned": unaligned, "gac": {**unaligned, **selection.dims}}, selection, excluded)
 
 
 def _select_within_budget(units, unaligned: dict, budget: int, cfg: CompressConfig, candidates_for):
@@ -190,7 +198,9 @@ def compress(cfg: CompressConfig) -> CompressResult:
     saved = "gac" if cfg.align else "unaligned"
     report["saved_variant"] = saved
     if selected.profile_excluded is not None:
-        report["profile_excluded_dims"] = selected.profile_excluded
+        report["profile_excluded_dims"] = sum(map(len, selected.profile_excluded.values()))
+        report["profile_excluded"] = {name: {str(d): why for d, why in sorted(dims.items())}  # JSON keys
+                                      for name, dims in selected.profile_excluded.items()}
 
     out = None
     if cfg.out is not None:
@@ -207,7 +217,9 @@ def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig) -> 
     for name, m in models.items():
         params, aligned = params_and_alignment(m, names, cfg.alignment)
         variants[name] = {"params": params, "aligned_fraction": aligned}
-    if not cfg.evaluate:
+    if not cfg.evaluate:  # the same keys as an evaluated report, unmeasured
+        for v in variants.values():
+            v.update(dict.fromkeys(NOT_EVALUATED))
         return variants
     for name, m in models.items():
         variants[name]["ppl"] = perplexity(m, held_out, desc=f"perplexity {name}", progress=cfg.progress)
@@ -253,5 +265,22 @@ def _save(model, tokenizer, cfg: CompressConfig, structure: dict, report: dict, 
         "versions": report["versions"],
     }
     files = {"report.json": report_json(report), "report.md": report_markdown(report)}
+    plot = _dims_plot(model, alignments={cfg.alignment, 8, 16, 32})
+    if plot is not None:
+        files["dims.png"] = plot
     return save(model, tokenizer, cfg.out, structure=structure, plan=plan, extra_files=files, force=cfg.force)
 
+
+def _dims_plot(model, alignments) -> bytes | None:
+    """PNG bytes of `gac inspect`'s dims scatter for the saved model, written with it; None without matplotlib."""
+    import io
+
+    from gac.inspect import inspect_model, plot_dims
+
+    try:
+        import matplotlib  # noqa: F401  (a dependency; skipped only where it was left out)
+    except ImportError:
+        return None
+    buf = io.BytesIO()
+    plot_dims(inspect_model(model, alignments), buf)
+    return buf.getvalue()

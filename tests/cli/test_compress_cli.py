@@ -42,11 +42,13 @@ def _error_cases(tiny_model_dir, tmp_path):
         "out exists": ([*base, "--out", str(exists)], "already exists"),
         "empty text": ([*base, "--out", str(tmp_path / "d"), "--calib-file", str(empty)], "empty"),
         "alpha": ([*base, "--compressor", "asvd", "--alpha", "5", "--out", str(tmp_path / "e")], "alpha"),
+        "infeasible budget": ([*base, "--compressor", "svd", "--ratio", "0.99", "--out", str(tmp_path / "a")],
+                              "lower --ratio"),
     }
 
 
 @pytest.mark.parametrize("case", ["ratio", "zero ratio", "unknown model", "missing path", "missing tokenizer",
-                                  "out exists", "empty text", "alpha"])
+                                  "out exists", "empty text", "alpha", "infeasible budget"])
 def test_user_errors_are_one_line(tiny_model_dir, tmp_path, case):
     args, expected = _error_cases(tiny_model_dir, tmp_path)[case]
     p = run_gac(*args)

@@ -4,6 +4,10 @@ exactness when the removed parts carry nothing, round trip, GAC over pruned dims
 import copy
 import itertools
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -170,6 +174,24 @@ def test_round_trip_gac_load_and_transformers(tmp_path):
     torch.testing.assert_close(_logits(gac.load(tmp_path / "m").model, ids), expected, rtol=1e-5, atol=1e-5)
     remote = AutoModelForCausalLM.from_pretrained(tmp_path / "m", trust_remote_code=True).eval()
     torch.testing.assert_close(_logits(remote, ids), expected, rtol=1e-5, atol=1e-5)
+
+    # and in a fresh process without gac, outside the repository
+    torch.save({"ids": ids, "logits": expected}, tmp_path / "ref.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from transformers import AutoModelForCausalLM
+        ref = torch.load({str(tmp_path / "ref.pt")!r})
+        model = AutoModelForCausalLM.from_pretrained({str(tmp_path / "m")!r}, trust_remote_code=True).eval()
+        with torch.inference_mode():
+            got = model(ref["ids"], use_cache=False).logits.float()
+        diff = (got - ref["logits"]).abs().max().item()
+        if diff > 1e-5 or any(n.split(".")[0] == "gac" for n in sys.modules):
+            sys.exit(f"logits differ by {{diff}} or gac was imported")
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "hf-modules"), "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_compress_end_to_end_gac_over_pruned_dims(tiny_model_dir, tmp_path):

@@ -1,4 +1,4 @@
-"""Candidates from a hardware profile: measured low-rank latency around each d*, cliffs excluded."""
+"""Candidates from a hardware profile: measured latency around each d* (low-rank pair or GEMM N), cliffs excluded."""
 
 from __future__ import annotations
 
@@ -10,23 +10,42 @@ from gac.errors import GacError
 log = logging.getLogger(__name__)
 
 
+def _fixed_sizes(op: str, shape: dict):
+    """The FixedSizes that make the `op` sweep measure a unit of this profile_shape (None: an op auto cannot size)."""
+    from gac.hw.profile import FixedSizes
+
+    if op == "lowrank":
+        return FixedSizes(lowrank_in=shape["in"], lowrank_out=shape["out"])
+    if op == "gemm_n":
+        return FixedSizes(hidden=shape["k"])
+    return None
+
+
 def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, dtype: str, m: int,
                       alignment: int, window: int, progress: bool = True) -> dict:
-    """Load the profile JSON at `profile_arg`, or with "auto" measure the low-rank op on this device for
-    every (in, out) shape the model needs, around the dims the compressor chose."""
-    from gac.hw.profile import FixedSizes, SweepSpec, dims_around, load_profile, run_profile
+    """Load the profile JSON at `profile_arg`, or with "auto" measure on this device each op and shape the units
+    need (low-rank in -> r -> out, GEMM N over K), around the dims the compressor chose. Units on a grid
+    (dim_step > 1: whole heads) take their candidates from the grid, not the profile, so are not measured.
+
+    Auto calls run_profile, not the cached gac.hw.profile.profile: that cache holds one sweep per device and
+    dtype, so caching a sweep per shape here would keep replacing it, and the full `gac profile` sweep with it."""
+    from gac.hw.profile import SweepSpec, dims_around, load_profile, run_profile
 
     if profile_arg != "auto":
         return load_profile(profile_arg)
-    by_shape = defaultdict(list)
+    by_shape = defaultdict(list)  # (op, sorted shape items) -> the dims chosen for units of that shape
     for u in analyses:
-        if ranks[u.name] is not None and u.profile_op == "lowrank":
-            by_shape[(u.profile_shape["in"], u.profile_shape["out"])].append(ranks[u.name])
+        if ranks[u.name] is not None and getattr(u, "dim_step", 1) == 1:
+            by_shape[(u.profile_op, tuple(sorted(u.profile_shape.items())))].append(ranks[u.name])
     merged = None
-    for (fan_in, fan_out), dims in sorted(by_shape.items()):
-        log.info("profiling low-rank %d -> r -> %d on %s at M=%d", fan_in, fan_out, device, m)
-        spec = SweepSpec(ops=("lowrank",), dims=dims_around(dims, alignment=alignment, window=window),
-                         m_values=(m,), sizes=FixedSizes(lowrank_in=fan_in, lowrank_out=fan_out))
+    for (op, shape), dims in sorted(by_shape.items()):
+        sizes = _fixed_sizes(op, dict(shape))
+        if sizes is None:
+            log.warning("cannot measure %s units automatically: their candidates follow the static rule", op)
+            continue
+        log.info("profiling %s %s on %s at M=%d", op, dict(shape), device, m)
+        spec = SweepSpec(ops=(op,), dims=dims_around(dims, alignment=alignment, window=window), m_values=(m,),
+                         sizes=sizes)
         p = run_profile(spec, device=device, dtype=dtype, progress=progress)
         if merged is None:
             merged = p
@@ -36,14 +55,15 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
 
 
 def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: int):
-    """A function (analysis, d*) -> candidate dims, from the profile's low-rank sweep nearest the weight's shape
-    (the N sweep of a plain GEMM when the profile has no low-rank op)."""
+    """A function (analysis, d*) -> candidate dims, from the profile's sweep of the unit's op (low-rank pair, or
+    GEMM N for pruned widths) nearest its shape (the N sweep of a plain GEMM when the profile lacks the op).
+    Its `excluded` attribute maps each unit asked about to {dim: why the profile dropped it}."""
     from gac.hw.cliffs import latency_table, profile_candidates
 
     ops = {e["op"] for e in profile.get("ops", [])}
     if not ops & {"lowrank", "gemm_n"}:
         raise GacError("the profile has no lowrank or gemm_n sweep: measure one with `gac profile` (default ops)")
-    excluded_total = []
+    excluded = {}  # unit name -> {dim: reason}, from the last (widest) window asked for
 
     def candidates_for(u, dim, window=window):
         if u.profile_op in ops:
@@ -52,9 +72,9 @@ def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: in
             table = latency_table(profile, "gemm_n", m=m, shape={"k": u.profile_shape.get("in", 0)})
         cs = profile_candidates(table, dim, alignment=alignment, window=window,
                                 min_dim=max(u.min_dim, min(alignment, u.max_dim)), max_dim=u.max_dim)
-        excluded_total.append(len(cs.excluded))
+        excluded[u.name] = cs.excluded
         return cs.candidates
 
-    candidates_for.excluded = excluded_total  # for the report: how many dims the profile ruled out
+    candidates_for.excluded = excluded  # for the report: which dims the profile ruled out, and why
     return candidates_for
 

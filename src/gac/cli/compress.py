@@ -36,7 +36,9 @@ def _check_options(compressor: str, options: dict) -> None:
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output model directory.")
 @click.option("--align", "alignment", type=int, help="Alignment multiple for candidate dims [default: 8].")
 @click.option("--no-align", is_flag=True, help="Save the compressor's own (unaligned) dims instead of GAC's.")
-@click.option("--profile", type=click.Path(dir_okay=False), help="Hardware profile JSON driving the candidates.")
+@click.option("--profile", type=click.Path(dir_okay=False),
+              help="Hardware profile JSON driving the candidates (from `gac profile`, any machine), or `auto`: "
+                   "measure this device around the dims needed.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="[default: float32]")
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
 @click.option("--alpha", type=float, help="asvd: activation scaling exponent [default: 0.5].")

@@ -32,14 +32,15 @@ def report_markdown(r: dict) -> str:
         if name not in v:
             continue
         x = v[name]
-        speed = None
+        speed = "n/a"
         if unaligned.get("prefill_ms") and x.get("prefill_ms"):
-            speed = unaligned["prefill_ms"] / x["prefill_ms"]
+            speed = f"{unaligned['prefill_ms'] / x['prefill_ms']:.3f}x"
+        prefill = _fmt(x.get("prefill_ms"), ".1f")
+        if x.get("prefill_spread_pct") is not None:
+            prefill += f" (±{x['prefill_spread_pct']:.0f}%)"
         lines.append(
             f"| {name} | {x['params']:,} | {x['params'] / r['budget_params']:.3f} | {x['aligned_fraction']:.2f} | "
-            f"{_fmt(x.get('ppl'), '.2f')} | {_fmt(x.get('prefill_ms'), '.1f')} "
-            f"(±{_fmt(x.get('prefill_spread_pct'), '.0f')}%) | {_fmt(x.get('decode_ms_per_token'), '.2f')} | "
-            f"{_fmt(speed, '.3f')}x |"
+            f"{_fmt(x.get('ppl'), '.2f')} | {prefill} | {_fmt(x.get('decode_ms_per_token'), '.2f')} | {speed} |"
         )
     lines += [
         "",
