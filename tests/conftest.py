@@ -37,6 +37,12 @@ def tiny_model(model_type: str = "llama", seed: int = 0):
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """Profiles and sweeps that tests cache go to a temporary directory, never the user's ~/.cache/gac."""
+    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "gac-cache"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """An HF model directory (config, safetensors, tokenizer) of a tiny random Llama."""

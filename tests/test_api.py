@@ -115,3 +115,20 @@ def test_auto_profile_measures_every_compressor(tiny_model_dir, compressor, opti
     assert r["variants"]["gac"]["params"] <= r["budget_params"]
     assert r["profile_excluded_dims"] == sum(map(len, r["profile_excluded"].values()))
     assert not any(name.endswith("self_attn") for name in r["profile_excluded"])  # never measured
+
+
+def test_auto_profile_sweeps_are_cached(tiny_model_dir, tmp_path, monkeypatch):
+    """A second compression with --profile auto on the same device reads its sweeps back instead of measuring."""
+    import gac.hw.profile as hp
+
+    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path / "cache"))
+    first = compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.3, profile="auto", evaluate=False))
+    assert list((tmp_path / "cache" / "profiles" / "auto").glob("*.json"))
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again although the sweep was cached")
+
+    monkeypatch.setattr(hp, "run_profile", no_measuring)
+    second = compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.3, profile="auto", evaluate=False))
+    assert second.report["dims"] == first.report["dims"]
+    assert second.report["profile_excluded"] == first.report["profile_excluded"]

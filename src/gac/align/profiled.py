@@ -27,9 +27,9 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
     need (low-rank in -> r -> out, GEMM N over K), around the dims the compressor chose. Units on a grid
     (dim_step > 1: whole heads) take their candidates from the grid, not the profile, so are not measured.
 
-    Auto calls run_profile, not the cached gac.hw.profile.profile: that cache holds one sweep per device and
-    dtype, so caching a sweep per shape here would keep replacing it, and the full `gac profile` sweep with it."""
-    from gac.hw.profile import SweepSpec, dims_around, load_profile, run_profile
+    Auto keeps its own cache, one file per sweep spec (auto_cache_path), apart from the one-per-device cache of
+    `gac profile`, so a second compression of the same model on the same device measures nothing."""
+    from gac.hw.profile import SweepSpec, dims_around, load_profile
 
     if profile_arg != "auto":
         return load_profile(profile_arg)
@@ -46,12 +46,42 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
         log.info("profiling %s %s on %s at M=%d", op, dict(shape), device, m)
         spec = SweepSpec(ops=(op,), dims=dims_around(dims, alignment=alignment, window=window), m_values=(m,),
                          sizes=sizes)
-        p = run_profile(spec, device=device, dtype=dtype, progress=progress)
+        p = _cached_sweep(spec, device=device, dtype=dtype, progress=progress)
         if merged is None:
             merged = p
         else:
             merged["ops"] += p["ops"]
     return merged or {}
+
+
+def auto_cache_path(spec, *, device: str, dtype: str):
+    """Cache file of one auto sweep: the device/dtype/torch cache name plus a hash of the resolved spec."""
+    import hashlib
+    import json
+
+    from gac.hw.profile import cache_dir, cached_profile_path, resolve_spec
+
+    key = hashlib.sha1(json.dumps(resolve_spec(spec).to_json(), sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / "auto" / f"{cached_profile_path(device, dtype).stem}-{key}.json"
+
+
+def _cached_sweep(spec, *, device: str, dtype: str, progress: bool) -> dict:
+    """The auto sweep for `spec`, measured once per device, dtype, torch version and spec, then read back."""
+    from gac.hw.profile import load_profile, run_profile, save_profile
+
+    path = auto_cache_path(spec, device=device, dtype=dtype)
+    if path.is_file():
+        try:
+            log.info("reusing the cached sweep %s", path)
+            return load_profile(path)
+        except GacError as e:
+            log.warning("measuring again: %s", e)
+    result = run_profile(spec, device=device, dtype=dtype, progress=progress)
+    try:
+        save_profile(result, path)
+    except OSError as e:
+        log.warning("could not cache the sweep: %s", e)
+    return result
 
 
 def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: int):
