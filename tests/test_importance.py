@@ -80,6 +80,42 @@ def test_gradient_pass_accumulates_batch_by_batch(setup):
     assert gradient_stats(model, windows, names[:1], batch_size=1, progress=False)[names[0]].batches == 4
 
 
+def test_out_of_memory_halves_the_batch_and_rolls_back(setup, caplog):
+    """An OOM raised mid-backward (after some weights were folded in) retries at half the batch; the sums equal a
+    clean run at that batch size, so nothing of the failed batch is counted twice."""
+    model, names, windows, _, _ = setup
+    clean = gradient_stats(model, windows, names, batch_size=1, progress=False)
+    late = model.get_submodule(names[0]).weight  # layer 0: its gradient comes last, after the others folded in
+    failed = []
+
+    def oom_once(w):
+        if not failed:
+            failed.append(True)
+            raise torch.OutOfMemoryError("simulated")
+
+    handle = late.register_post_accumulate_grad_hook(oom_once)
+    try:
+        got = gradient_stats(model, windows, names, batch_size=2, progress=False)
+    finally:
+        handle.remove()
+    assert failed and "retrying with 1 window" in caplog.text
+    for n in names:
+        assert got[n].batches == clean[n].batches == len(windows)
+        torch.testing.assert_close(got[n].fisher_out, clean[n].fisher_out)
+        torch.testing.assert_close(got[n].taylor_in, clean[n].taylor_in)
+
+
+def test_out_of_memory_at_one_window_is_a_clear_error(setup, monkeypatch):
+    model, names, windows, _, _ = setup
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("simulated")
+
+    monkeypatch.setattr(model, "forward", oom)
+    with pytest.raises(GacError, match="shorter --seq-len"):
+        gradient_stats(model, windows, names[:1], batch_size=1, progress=False)
+
+
 def test_gradient_pass_leaves_the_model_as_it_was(setup):
     model, names, windows, _, _ = setup
     before = {k: v.clone() for k, v in model.state_dict().items()}

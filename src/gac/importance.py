@@ -52,6 +52,10 @@ class GradStats:
     fisher_in: torch.Tensor  # [in]
     batches: int = 0
 
+    def copy(self) -> "GradStats":
+        return GradStats(self.taylor_out.clone(), self.taylor_in.clone(), self.fisher_out.clone(),
+                         self.fisher_in.clone(), self.batches)
+
 
 @contextmanager
 def collect_gradients(model, names: list[str]):
@@ -105,14 +109,41 @@ def collect_gradients(model, names: list[str]):
 
 def gradient_stats(model, windows: torch.Tensor, names: list[str], *, batch_size: int = 2,
                    progress: bool = True) -> dict[str, GradStats]:
-    """Language-modelling loss on the calibration windows [n, seq], backward batch by batch, per-channel sums."""
+    """Language-modelling loss on the calibration windows [n, seq], backward batch by batch, per-channel sums.
+
+    Memory-aware: gradients are folded in and freed weight by weight (collect_gradients), and a batch that runs
+    out of accelerator memory is retried at half the size, with the sums it had already folded in rolled back."""
+    import logging
+
     device = next(model.parameters()).device
     with collect_gradients(model, names) as stats, torch.inference_mode(False), torch.enable_grad():
-        for batch in tqdm(windows.split(batch_size), desc="gradients", unit="batch", disable=not progress):
-            ids = batch.to(device)
-            loss = model(ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            del loss
+        bar = tqdm(total=len(windows), desc="gradients", unit="window", disable=not progress)
+        start = 0
+        while start < len(windows):
+            ids = windows[start:start + batch_size].to(device)  # [b, seq]
+            before = {n: g.copy() for n, g in stats.items()}
+            try:
+                loss = model(ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                del loss
+            except torch.OutOfMemoryError:
+                loss = None
+                stats.clear()
+                stats.update(before)  # a backward cut short may have folded in part of this batch
+                for p in model.parameters():
+                    p.grad = None
+                if batch_size == 1:
+                    raise GacError("out of memory in the gradient pass with one window per batch: use a "
+                                   "shorter --seq-len, a smaller dtype, or --importance magnitude") from None
+                batch_size //= 2
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                logging.getLogger(__name__).warning("out of memory in the gradient pass: retrying with %d "
+                                                    "window(s) per batch", batch_size)
+                continue
+            start += len(ids)
+            bar.update(len(ids))
+        bar.close()
     return stats
 
 
