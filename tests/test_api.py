@@ -132,3 +132,24 @@ def test_auto_profile_sweeps_are_cached(tiny_model_dir, tmp_path, monkeypatch):
     second = compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.3, profile="auto", evaluate=False))
     assert second.report["dims"] == first.report["dims"]
     assert second.report["profile_excluded"] == first.report["profile_excluded"]
+
+
+def test_static_rule_when_profile_candidates_cannot_fit(tiny_model_dir, caplog):
+    """Profile candidates that cannot fit the budget at any window (here: only each weight's largest dim) fall back
+    to the static rule with a warning, instead of failing an otherwise feasible compression."""
+    from gac.api import _select_within_budget, analyze_and_select
+    from gac.data import load_windows
+    from gac.models.loading import load_model
+
+    cfg = fast_config(tiny_model_dir, compressor="svd", ratio=0.3, evaluate=False)
+    loaded = load_model(cfg.model)
+    calib, _ = load_windows(loaded.tokenizer, cfg.text)
+    selected = analyze_and_select(loaded.model, calib, cfg)
+
+    def too_big(u, dim, window=1):  # a "profile" that only ever offers the largest useful dim
+        return [u.max_dim]
+
+    too_big.excluded = {}
+    result = _select_within_budget(selected.units, selected.dims["unaligned"], selected.budget, cfg, too_big)
+    assert result.params <= selected.budget and all(d % 8 == 0 for d in result.dims.values())
+    assert "static alignment rule" in caplog.text

@@ -146,14 +146,21 @@ def _select_within_budget(units, unaligned: dict, budget: int, cfg: CompressConf
     aligned dim can need room taken from other weights, further than one alignment step away."""
     from gac.align.plan import select
 
-    for window in range(cfg.window, cfg.window + 4):
-        try:
-            return select(build_plan(units, unaligned, budget, dataclasses.replace(cfg, window=window),
-                                     candidates_for))
-        except GacError as e:
-            if "infeasible" not in str(e) or window == cfg.window + 3:
-                raise
-            log.info("no aligned choice fits the budget within %d step(s) of d*: widening", window)
+    # A profile measured around d* (e.g. --profile auto) cannot offer the widened dims it never swept: when its
+    # candidates cannot fit the budget at any window, the static rule gets the same chance, with a warning.
+    rules = [candidates_for, None] if candidates_for is not None else [None]
+    for rule in rules:
+        for window in range(cfg.window, cfg.window + 4):
+            try:
+                return select(build_plan(units, unaligned, budget, dataclasses.replace(cfg, window=window), rule))
+            except GacError as e:
+                last = window == cfg.window + 3
+                if "infeasible" not in str(e) or (last and rule is rules[-1]):
+                    raise
+                if last:
+                    log.warning("the profile's candidates cannot fit the budget: using the static alignment rule")
+                else:
+                    log.info("no aligned choice fits the budget within %d step(s) of d*: widening", window)
 
 
 def materialize_variants(model, selected: Selected) -> tuple[dict, dict]:
