@@ -143,24 +143,31 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Se
 
 def _select_within_budget(units, unaligned: dict, budget: int, cfg: CompressConfig, candidates_for):
     """Select with the narrowest candidate window that fits the budget: small d* rounded up to the first
-    aligned dim can need room taken from other weights, further than one alignment step away."""
+    aligned dim can need room taken from other weights, further than one alignment step away.
+
+    A profile measured around d* (e.g. --profile auto) cannot offer the widened dims it never swept: when its
+    candidates cannot fit the budget at any window, the static rule gets the same chance, with a warning."""
+    try:
+        return _select_widening(units, unaligned, budget, cfg, candidates_for)
+    except GacError as e:
+        if candidates_for is None or "infeasible" not in str(e):
+            raise
+    log.warning("the profile's candidates cannot fit the budget: using the static alignment rule")
+    return _select_widening(units, unaligned, budget, cfg, None)
+
+
+def _select_widening(units, unaligned: dict, budget: int, cfg: CompressConfig, candidates_for):
+    """select() at windows cfg.window .. cfg.window + 3, the first that is feasible."""
     from gac.align.plan import select
 
-    # A profile measured around d* (e.g. --profile auto) cannot offer the widened dims it never swept: when its
-    # candidates cannot fit the budget at any window, the static rule gets the same chance, with a warning.
-    rules = [candidates_for, None] if candidates_for is not None else [None]
-    for rule in rules:
-        for window in range(cfg.window, cfg.window + 4):
-            try:
-                return select(build_plan(units, unaligned, budget, dataclasses.replace(cfg, window=window), rule))
-            except GacError as e:
-                last = window == cfg.window + 3
-                if "infeasible" not in str(e) or (last and rule is rules[-1]):
-                    raise
-                if last:
-                    log.warning("the profile's candidates cannot fit the budget: using the static alignment rule")
-                else:
-                    log.info("no aligned choice fits the budget within %d step(s) of d*: widening", window)
+    for window in range(cfg.window, cfg.window + 4):
+        try:
+            return select(build_plan(units, unaligned, budget, dataclasses.replace(cfg, window=window),
+                                     candidates_for))
+        except GacError as e:
+            if "infeasible" not in str(e) or window == cfg.window + 3:
+                raise
+            log.info("no aligned choice fits the budget within %d step(s) of d*: widening", window)
 
 
 def materialize_variants(model, selected: Selected) -> tuple[dict, dict]:
@@ -272,22 +279,16 @@ def _save(model, tokenizer, cfg: CompressConfig, structure: dict, report: dict, 
         "versions": report["versions"],
     }
     files = {"report.json": report_json(report), "report.md": report_markdown(report)}
-    plot = _dims_plot(model, alignments={cfg.alignment, 8, 16, 32})
-    if plot is not None:
-        files["dims.png"] = plot
+    files["dims.png"] = _dims_plot(model, alignments={cfg.alignment, 8, 16, 32})
     return save(model, tokenizer, cfg.out, structure=structure, plan=plan, extra_files=files, force=cfg.force)
 
 
-def _dims_plot(model, alignments) -> bytes | None:
-    """PNG bytes of `gac inspect`'s dims scatter for the saved model, written with it; None without matplotlib."""
+def _dims_plot(model, alignments) -> bytes:
+    """PNG bytes of `gac inspect`'s dims scatter for the saved model, written with it."""
     import io
 
     from gac.inspect import inspect_model, plot_dims
 
-    try:
-        import matplotlib  # noqa: F401  (a dependency; skipped only where it was left out)
-    except ImportError:
-        return None
     buf = io.BytesIO()
     plot_dims(inspect_model(model, alignments), buf)
     return buf.getvalue()

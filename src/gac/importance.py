@@ -12,6 +12,7 @@ into fp32 channel sums as soon as autograd accumulates it and then freed, so no 
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from gac.errors import GacError
 
 PROXIES = ("magnitude", "activation", "taylor", "fisher")
 GRADIENT_PROXIES = ("taylor", "fisher")
+
+log = logging.getLogger(__name__)
 
 
 def check_proxy(proxy: str) -> str:
@@ -113,11 +116,9 @@ def gradient_stats(model, windows: torch.Tensor, names: list[str], *, batch_size
 
     Memory-aware: gradients are folded in and freed weight by weight (collect_gradients), and a batch that runs
     out of accelerator memory is retried at half the size, with the sums it had already folded in rolled back."""
-    import logging
-
     device = next(model.parameters()).device
-    with collect_gradients(model, names) as stats, torch.inference_mode(False), torch.enable_grad():
-        bar = tqdm(total=len(windows), desc="gradients", unit="window", disable=not progress)
+    with (collect_gradients(model, names) as stats, torch.inference_mode(False), torch.enable_grad(),
+          tqdm(total=len(windows), desc="gradients", unit="window", disable=not progress) as bar):
         start = 0
         while start < len(windows):
             ids = windows[start:start + batch_size].to(device)  # [b, seq]
@@ -127,7 +128,7 @@ def gradient_stats(model, windows: torch.Tensor, names: list[str], *, batch_size
                 loss.backward()
                 del loss
             except torch.OutOfMemoryError:
-                loss = None
+                loss = None  # drop the graph of the failed batch before retrying
                 stats.clear()
                 stats.update(before)  # a backward cut short may have folded in part of this batch
                 for p in model.parameters():
@@ -138,12 +139,10 @@ def gradient_stats(model, windows: torch.Tensor, names: list[str], *, batch_size
                 batch_size //= 2
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                logging.getLogger(__name__).warning("out of memory in the gradient pass: retrying with %d "
-                                                    "window(s) per batch", batch_size)
+                log.warning("out of memory in the gradient pass: retrying with %d window(s) per batch", batch_size)
                 continue
             start += len(ids)
             bar.update(len(ids))
-        bar.close()
     return stats
 
 

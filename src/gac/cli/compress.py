@@ -61,8 +61,8 @@ def _check_options(compressor: str, options: dict) -> None:
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def command(model, compressor, ratio, out, alignment, no_align, profile, dtype, device, alpha, importance,
-            prune_layers, head_mode, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens,
-            no_eval, force, quiet):
+            prune_layers, head_mode, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows,
+            prefill_tokens, no_eval, force, quiet):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
 

@@ -25,6 +25,14 @@ class AttentionGeometry:
         return self.num_heads // self.num_kv_heads
 
 
+def attention_geometry(config) -> AttentionGeometry:
+    """Head counts and head_dim from a Llama-layout config (KV heads default to the query heads)."""
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return AttentionGeometry(heads, kv, head_dim)
+
+
 @dataclass(frozen=True)
 class Adapter:
     """Names the compressible linears of one model family."""
@@ -44,10 +52,7 @@ class Adapter:
         return names
 
     def geometry(self, config) -> AttentionGeometry:
-        heads = config.num_attention_heads
-        kv = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return AttentionGeometry(heads, kv, head_dim)
+        return attention_geometry(config)
 
 
 def adapter_for(config) -> Adapter:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gac.models.adapters import attention_geometry
+
 
 @dataclass(frozen=True)
 class LinearDims:
@@ -40,18 +42,18 @@ def pruned_widths(model, names: list[str]) -> list[int]:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "num_attention_heads"):
         return []
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    full = {"mlp.gate_proj": getattr(config, "intermediate_size", None), "self_attn.q_proj": heads * head_dim,
-            "self_attn.k_proj": kv * head_dim}
+    geo = attention_geometry(config)
+    full = {"mlp.gate_proj": getattr(config, "intermediate_size", None),
+            "self_attn.q_proj": geo.num_heads * geo.head_dim, "self_attn.k_proj": geo.num_kv_heads * geo.head_dim}
     widths = []
     for name in names:
         suffix = name.split(".", name.count(".") - 1)[-1]  # e.g. "mlp.gate_proj"
-        if suffix in full:
-            m = model.get_submodule(name)
-            if getattr(m, "rank", None) is None and getattr(m, "ranks", None) is None and full[suffix] is not None and m.out_features != full[suffix]:
-                widths.append(m.out_features)
+        if suffix not in full or full[suffix] is None:
+            continue
+        m = model.get_submodule(name)
+        factorized = getattr(m, "rank", None) is not None or getattr(m, "ranks", None) is not None
+        if not factorized and m.out_features != full[suffix]:
+            widths.append(m.out_features)
     return widths
 
 

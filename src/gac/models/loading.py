@@ -75,7 +75,8 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> Loa
 
         loaded = load(path, dtype=dtype, device="cpu") if is_gac_dir(path) else _load_hf(str(path), torch_dt, source=spec)
     elif path.exists():
-        raise GacError(f"{spec} is not a model directory or a .gguf file: pass a Hugging Face model directory, a .gguf file or an alias")
+        raise GacError(f"{spec} is not a model directory or a .gguf file: pass a Hugging Face model directory, "
+                       "a .gguf file or an alias")
     elif "/" in spec and not spec.startswith((".", "/", "~")) and spec.count("/") == 1:
         loaded = _load_hf(spec, torch_dt, source=spec, hub=True)
     else:
@@ -99,7 +100,8 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
                 f"could not load {source!r} from the Hugging Face hub (not in the local cache and the hub is "
                 f"unreachable): download it where you have network, or pass a local directory"
             ) from e
-        raise GacError(f"could not read the model config of {source!r} ({str(e).splitlines()[0]}): pass a valid model directory or .gguf file") from e
+        raise GacError(f"could not read the model config of {source!r} ({str(e).splitlines()[0]}): pass a valid "
+                       "model directory or .gguf file") from e
     _check_architecture(config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)

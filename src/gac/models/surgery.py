@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gac.models.modeling_gac import LowRankLinear
+from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear
 
 
 def replace_with_lowrank(model: nn.Module, name: str, A: torch.Tensor, B: torch.Tensor) -> LowRankLinear:
@@ -24,22 +24,28 @@ def replace_with_lowrank(model: nn.Module, name: str, A: torch.Tensor, B: torch.
     return new
 
 
+def grouped_lowrank(a: torch.Tensor, bs: list[torch.Tensor], biases: list[torch.Tensor | None]):
+    """A GroupedLowRankLinear holding a [sum r_g, in], b_g [out/G, r_g] and each group's bias (or None)."""
+    out_features = sum(b.shape[0] for b in bs)
+    new = GroupedLowRankLinear(a.shape[1], out_features, [b.shape[1] for b in bs], biases[0] is not None,
+                               a.device, a.dtype)
+    with torch.no_grad():
+        new.a.weight.copy_(a)
+        for layer, b, bias in zip(new.b, bs, biases):
+            layer.weight.copy_(b)
+            if bias is not None:
+                layer.bias.copy_(bias)
+    return new
+
+
 def replace_with_grouped_lowrank(model: nn.Module, name: str, factors: list[tuple[torch.Tensor, torch.Tensor]]):
     """Replace linear `name` by a GroupedLowRankLinear: factors[g] = (A_g [r_g, in], B_g [out/G, r_g])."""
-    from gac.models.modeling_gac import GroupedLowRankLinear
-
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name)
     old: nn.Linear = getattr(parent, child)
     w = old.weight
-    ranks = [A.shape[0] for A, _ in factors]
-    new = GroupedLowRankLinear(old.in_features, old.out_features, ranks, old.bias is not None, w.device, w.dtype)
-    with torch.no_grad():
-        new.a.weight.copy_(torch.cat([A for A, _ in factors], dim=0))
-        rows = old.out_features // len(factors)
-        for g, (_, B) in enumerate(factors):
-            new.b[g].weight.copy_(B)
-            if old.bias is not None:
-                new.b[g].bias.copy_(old.bias[g * rows:(g + 1) * rows])
+    biases = [None] * len(factors) if old.bias is None else list(old.bias.detach().chunk(len(factors)))
+    new = grouped_lowrank(torch.cat([A for A, _ in factors], dim=0).to(w.device, w.dtype),
+                          [B.to(w.device, w.dtype) for _, B in factors], biases)
     setattr(parent, child, new)
     return new

@@ -23,6 +23,7 @@ from torch import nn
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
 from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear
+from gac.models.surgery import grouped_lowrank
 from gac.repair.padding import next_multiple, pad_cols, pad_grouped_lowrank, pad_lowrank, pad_rows
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,11 @@ def _widen_in(m: nn.Module, width: int) -> nn.Module:
 def _widen_rank(m: nn.Module, rank: int) -> LowRankLinear:
     a, b = pad_lowrank(m.a.weight, m.b.weight, rank)
     return _lowrank(a, b, m.b.bias)
+
+
+def _widen_group_ranks(m: GroupedLowRankLinear, ranks: list[int]) -> GroupedLowRankLinear:
+    a, bs = pad_grouped_lowrank(m.a.weight, [b.weight for b in m.b], ranks)
+    return grouped_lowrank(a, bs, [b.bias for b in m.b])
 
 
 # --- choosing the target size ---------------------------------------------------------------------------
@@ -286,15 +292,7 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
         for g, (r, t) in enumerate(zip(m.ranks, new_ranks)):
             dims.append(DimChange(f"{name}#g{g}", "rank", _layer(name), r, t))
         if new_ranks != m.ranks:
-            a, bs = pad_grouped_lowrank(m.a.weight, [b.weight for b in m.b], new_ranks)
-            new = GroupedLowRankLinear(m.in_features, m.out_features, new_ranks, m.b[0].bias is not None,
-                                       a.device, a.dtype)
-            new.a.weight.copy_(a)
-            for b_new, b_old, w in zip(new.b, m.b, bs):
-                b_new.weight.copy_(w)
-                if b_old.bias is not None:
-                    b_new.bias.copy_(b_old.bias)
-            _set(model, name, new)
+            _set(model, name, _widen_group_ranks(m, new_ranks))
 
     # read off the live model, so a compressor that did not write config.gac_structure is covered too
     structure = live_structure(model, adapter, getattr(model.config, "gac_structure", None))
