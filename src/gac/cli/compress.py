@@ -88,4 +88,4 @@ def command(model, compressor, ratio, out, alignment, no_align, profile, dtype, 
     )
     result = compress(cfg)
     print_report(result.report)
-    click.echo(f"saved {result.report['saved_variant']} model, report.json and report.md to {result.out}")
+    click.echo(f"saved {result.report['saved_variant']} model, report.json, report.md and dims.png to {result.out}")
