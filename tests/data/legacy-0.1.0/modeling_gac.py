@@ -1,0 +1,130 @@
+"""Modeling code that gac copies into every model directory it writes, so that
+`AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)` rebuilds the compressed shapes.
+
+Self-contained on purpose: it imports torch and transformers only, never gac. The structure comes from
+`config.gac_structure` (written by gac), applied in this order:
+  "linear":    {module_name: [out_features, in_features]}  plain linears of a new shape (pruned or padded)
+  "attention": {attn_module_name: {"num_heads": h, "num_kv_heads": kv}}  per-layer head counts
+  "lowrank":   {module_name: rank}  linears factorized as b(a(x))
+  "grouped_lowrank": {module_name: [r_1, ..., r_G]}  PaLU-style: one shared down-projection per head group,
+                     per-group up-projections (output split evenly over the G groups)
+"""
+
+import torch
+import transformers
+from torch import nn
+
+
+class LowRankLinear(nn.Module):
+    """y = b(a(x)): an [out, in] linear factorized at rank r into a [r, in] and a [out, r] linear."""
+
+    def __init__(self, in_features, out_features, rank, bias=False, device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        self.a = nn.Linear(in_features, rank, bias=False, device=device, dtype=dtype)
+        self.b = nn.Linear(rank, out_features, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
+
+
+class GroupedLowRankLinear(nn.Module):
+    """y = concat_g b_g(a(x)[..., group g]): a [sum r_g, in] down-projection (one GEMM, each group's rows are its
+    shared latent) and per-group up-projections b_g [out/G, r_g]. PaLU's factorization of K/V projections."""
+
+    def __init__(self, in_features, out_features, ranks, bias=False, device=None, dtype=None):
+        super().__init__()
+        ranks = [int(r) for r in ranks]
+        if out_features % len(ranks):
+            raise ValueError(f"{out_features} output features do not split into {len(ranks)} groups")
+        self.in_features, self.out_features, self.ranks = in_features, out_features, ranks
+        group_out = out_features // len(ranks)
+        self.a = nn.Linear(in_features, sum(ranks), bias=False, device=device, dtype=dtype)
+        self.b = nn.ModuleList(nn.Linear(r, group_out, bias=bias, device=device, dtype=dtype) for r in ranks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        latents = self.a(x).split(self.ranks, dim=-1)  # G x [..., r_g]
+        return torch.cat([b(z) for b, z in zip(self.b, latents)], dim=-1)  # [..., out]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, ranks={self.ranks}"
+
+
+def apply_gac_structure(model: nn.Module, structure: dict) -> None:
+    """Replace modules by empty ones of the compressed shapes (weights are loaded afterwards)."""
+    structure = structure or {}
+    for name, (out_features, in_features) in structure.get("linear", {}).items():
+        old = model.get_submodule(name)
+        w = old.weight
+        new = nn.Linear(int(in_features), int(out_features), bias=old.bias is not None, device=w.device, dtype=w.dtype)
+        _set(model, name, new)
+    for name, heads in structure.get("attention", {}).items():
+        attn = model.get_submodule(name)
+        attn.num_heads = int(heads["num_heads"])  # informational; forward infers heads from q_proj's width
+        attn.num_key_value_groups = int(heads["num_heads"]) // int(heads["num_kv_heads"])
+    for name, rank in structure.get("lowrank", {}).items():
+        old = model.get_submodule(name)
+        if isinstance(old, LowRankLinear):
+            continue
+        w = old.weight
+        new = LowRankLinear(old.in_features, old.out_features, int(rank), old.bias is not None, w.device, w.dtype)
+        _set(model, name, new)
+    _apply_grouped(model, structure)
+
+
+def _apply_grouped(model: nn.Module, structure: dict) -> None:
+    for name, ranks in structure.get("grouped_lowrank", {}).items():
+        old = model.get_submodule(name)
+        if isinstance(old, GroupedLowRankLinear):
+            continue
+        w = old.weight
+        _set(model, name, GroupedLowRankLinear(old.in_features, old.out_features, ranks, old.bias is not None,
+                                               w.device, w.dtype))
+
+
+def _set(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), child, module)
+
+
+class _GacStructureMixin:
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        apply_gac_structure(self, getattr(config, "gac_structure", None))
+
+
+class GacLlamaForCausalLM(_GacStructureMixin, transformers.LlamaForCausalLM):
+    pass
+
+
+class GacMistralForCausalLM(_GacStructureMixin, transformers.MistralForCausalLM):
+    pass
+
+
+class GacQwen2ForCausalLM(_GacStructureMixin, transformers.Qwen2ForCausalLM):
+    pass
+
+
+class GacQwen3ForCausalLM(_GacStructureMixin, transformers.Qwen3ForCausalLM):
+    pass
+
+
+class GacGraniteForCausalLM(_GacStructureMixin, transformers.GraniteForCausalLM):
+    pass
+
+
+class GacOlmo2ForCausalLM(_GacStructureMixin, transformers.Olmo2ForCausalLM):
+    pass
+
+
+GAC_CLASSES = {
+    "llama": GacLlamaForCausalLM,
+    "mistral": GacMistralForCausalLM,
+    "qwen2": GacQwen2ForCausalLM,
+    "qwen3": GacQwen3ForCausalLM,
+    "granite": GacGraniteForCausalLM,
+    "olmo2": GacOlmo2ForCausalLM,
+}
