@@ -41,8 +41,8 @@ def main(argv=None) -> dict:
 
     from gac.api import CompressConfig, compress
     from gac.evaluate.latency import LatencyConfig, prefill_timings
-    from gac.evaluate.timing import cpu_threads
-    from gac.hw.profile import device_name
+    from gac.hw.device import device_name
+    from gac.hw.timing import cpu_threads
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")

@@ -114,7 +114,7 @@ def compress_variants(model, args, stages: Stages) -> tuple[dict, dict]:
     if torch.device(args.device).type == "cuda":
         _offload_svds(selected.units)
         torch.cuda.empty_cache()
-    variants, _ = materialize_variants(model, selected)
+    variants = materialize_variants(model, selected)
     selected.units = None
     stages.done("materialize")
     info = {"compressible_params": selected.compressible, "budget_params": selected.budget,
@@ -159,7 +159,7 @@ def main(argv=None) -> dict:
     import torch
 
     from gac.evaluate.bench import BenchConfig, bench, bench_table_markdown
-    from gac.models.loading import check_device, torch_dtype
+    from gac.hw.device import check_device, torch_dtype
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     check_device(args.device)

@@ -31,7 +31,8 @@ def tiny_model(model_type: str = "llama", seed: int = 0):
 
     config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
                   "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
-                  "granite": transformers.GraniteConfig, "olmo2": transformers.Olmo2Config}[model_type]
+                  "granite": transformers.GraniteConfig, "olmo2": transformers.Olmo2Config,
+                  "phi": transformers.PhiConfig}[model_type]
     torch.manual_seed(seed)
     config = config_cls(**TINY)
     return transformers.AutoModelForCausalLM.from_config(config).eval()
@@ -48,6 +49,15 @@ def tiny_model_dir(tmp_path_factory):
     """An HF model directory (config, safetensors, tokenizer) of a tiny random Llama."""
     d = tmp_path_factory.mktemp("tiny-llama")
     tiny_model().save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_phi_dir(tmp_path_factory):
+    """An HF model directory of a tiny random Phi (dense/fc1/fc2 names, ungated MLP, biases everywhere)."""
+    d = tmp_path_factory.mktemp("tiny-phi")
+    tiny_model("phi").save_pretrained(d)
     tiny_tokenizer().save_pretrained(d)
     return d
 

@@ -137,7 +137,8 @@ def test_auto_profile_sweeps_are_cached(tiny_model_dir, tmp_path, monkeypatch):
 def test_static_rule_when_profile_candidates_cannot_fit(tiny_model_dir, caplog):
     """Profile candidates that cannot fit the budget at any window (here: only each weight's largest dim) fall back
     to the static rule with a warning, instead of failing an otherwise feasible compression."""
-    from gac.api import _select_within_budget, analyze_and_select
+    from gac.align.select import select_within_budget
+    from gac.api import analyze_and_select
     from gac.data import load_windows
     from gac.models.loading import load_model
 
@@ -150,6 +151,7 @@ def test_static_rule_when_profile_candidates_cannot_fit(tiny_model_dir, caplog):
         return [u.max_dim]
 
     too_big.excluded = {}
-    result = _select_within_budget(selected.units, selected.dims["unaligned"], selected.budget, cfg, too_big)
+    result = select_within_budget(selected.units, selected.dims["unaligned"], selected.budget,
+                                  alignment=cfg.alignment, window=cfg.window, candidates_for=too_big)
     assert result.params <= selected.budget and all(d % 8 == 0 for d in result.dims.values())
     assert "static alignment rule" in caplog.text

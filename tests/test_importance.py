@@ -159,12 +159,13 @@ def test_lowrank_compressors_take_any_proxy(name, proxy, setup):
     model, names, windows, stats, _ = setup
     comp = make_compressor(name, importance=proxy)
     assert comp.needs_windows == (proxy in ("taylor", "fisher"))
-    analyses = comp.analyze(model, names, stats, windows=windows, progress=False)
+    analyses = comp.analyze(model, comp.groups(model), stats, windows=windows, progress=False)
     scores = torch.tensor([a.score for a in analyses], dtype=torch.float64)
     assert float(scores.mean()) == pytest.approx(1.0, rel=1e-9)
     expected = torch.tensor(weight_scores(proxy, model, names, stats=stats, windows=windows, progress=False),
                             dtype=torch.float64)
     torch.testing.assert_close(scores, expected / expected.mean(), rtol=1e-4, atol=0)
     other = "magnitude" if proxy != "magnitude" else "activation"
-    default = make_compressor(name, importance=other).analyze(model, names, stats, windows=windows, progress=False)
+    other_comp = make_compressor(name, importance=other)
+    default = other_comp.analyze(model, other_comp.groups(model), stats, windows=windows, progress=False)
     assert [a.score for a in default] != [a.score for a in analyses]  # the proxy replaced the other score

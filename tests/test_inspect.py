@@ -7,7 +7,7 @@ import transformers
 from gac.inspect import inspect_model, plot_dims
 from gac.models.adapters import adapter_for
 from gac.models.dims import params_and_alignment
-from gac.models.surgery import replace_with_lowrank
+from gac.models.surgery import factorize
 from tests.conftest import TINY
 
 ALIGNMENTS = (8, 16, 32, 64)
@@ -22,7 +22,7 @@ def _model(**override):
 def _lowrank(model, ranks: dict):
     for name, r in ranks.items():
         m = model.get_submodule(name)
-        replace_with_lowrank(model, name, torch.randn(r, m.in_features), torch.randn(m.out_features, r))
+        factorize(model, name, torch.randn(r, m.in_features), torch.randn(m.out_features, r))
     return model
 
 

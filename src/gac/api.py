@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import logging
 import math
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,35 +55,8 @@ class CompressResult:
     models: dict  # variant name -> model (kept for callers that go on using them)
 
 
-def build_plan(units, dims: dict, budget: int, cfg: CompressConfig, candidates_for=None) -> dict:
-    """The selection plan (DESIGN.md contract) for the units the compressor reduced (None: left whole)."""
-    untouched = sum(u.numel for u in units if dims[u.name] is None)
-    weights = []
-    for u in units:
-        if dims[u.name] is None:
-            continue
-        score = u.marginal_score(dims[u.name]) if hasattr(u, "marginal_score") else u.score
-        w = {"name": u.name, "dim": float(dims[u.name]), "score": score, "params_per_dim": u.params_per_dim,
-             "fixed_params": u.fixed_params, "min_dim": max(u.min_dim, min(cfg.alignment, u.max_dim)),
-             "max_dim": u.max_dim}
-        step = getattr(u, "dim_step", 1)
-        if step > 1:  # dims on a grid (whole heads, KV groups): its points in the usual neighbourhood of d*
-            w["candidates"] = [d for d in range(u.min_dim, u.max_dim + 1, step)
-                               if abs(d - dims[u.name]) <= cfg.window * cfg.alignment]
-        elif candidates_for is not None:
-            w["candidates"] = candidates_for(u, dims[u.name], cfg.window)
-        weights.append(w)
-    return {"budget": budget - untouched, "alignment": cfg.alignment, "window": cfg.window, "weights": weights}
-
-
-def _covered(names: list[str], units) -> list[str]:
-    """The linears among `names` that some unit covers: the unit itself, or a block whose name prefixes them."""
-    unit_names = {getattr(u, "module", u.name) for u in units}  # a head-group unit belongs to its module
-    prefixes = tuple(f"{n}." for n in unit_names)
-    return [n for n in names if n in unit_names or n.startswith(prefixes)]
-
-
-def _reduced(dims: dict) -> dict:
+def reduced_dims(dims: dict) -> dict:
+    """{group: dim} for the groups a variant reduced (whole groups left out), as report.json lists them."""
     return {name: int(d) for name, d in dims.items() if d is not None}
 
 
@@ -92,7 +65,7 @@ class Selected:
     """What the compressor found and GAC chose, before any model is cut."""
 
     compressor: object
-    units: list  # the compressor's units (see gac.compressors.base.WeightAnalysis)
+    units: list  # the compressor's units, one per dimension group (gac.compressors.base.Unit)
     names: list[str]  # the linears the units cover: params and alignment are measured over these
     compressible: int
     budget: int
@@ -104,20 +77,21 @@ class Selected:
 def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Selected:
     """Calibrate on `calib` [n, seq], let the compressor find its dims d* under the budget, then select aligned
     dims with the knapsack (candidates from the static rule or a hardware profile). The model is not changed."""
+    from gac.align.select import select_within_budget
     from gac.calibrate import calibrate
     from gac.compressors import make_compressor
-    from gac.models.adapters import adapter_for
+    from gac.models.groups import linears_of
 
     compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
-    names = adapter_for(model.config).linear_names(model.config)
-    names = compressor.targets(names) if hasattr(compressor, "targets") else names  # e.g. palu: K/V only
+    groups = compressor.groups(model)
+    names = linears_of(groups)
     stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
     probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
-    grads = {"windows": calib} if getattr(compressor, "needs_windows", False) else {}  # gradient-based importance
-    units = compressor.analyze(model, names, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress,
+    grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
+    units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress,
                                **grads)
     del stats
-    compressible = sum(u.numel for u in units)
+    compressible = sum(u.group.numel for u in units)
     budget = math.floor((1.0 - cfg.ratio) * compressible)
     unaligned = compressor.allocate(units, budget)
 
@@ -131,53 +105,25 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Se
         if profile:  # empty: auto found nothing to measure (only head-grid units), the static rule applies
             candidates_for = candidates_from_profile(profile, m=cfg.latency.prefill_tokens,
                                                      alignment=cfg.alignment, window=cfg.window)
-    selection = _select_within_budget(units, unaligned, budget, cfg, candidates_for)
+    selection = select_within_budget(units, unaligned, budget, alignment=cfg.alignment, window=cfg.window,
+                                     candidates_for=candidates_for)
     excluded = None
     if candidates_for is not None:
         excluded = {name: why for name, why in candidates_for.excluded.items() if why}
         log.info("the profile ruled out %d aligned dim(s) in %d of %d weight(s) (report.json: profile_excluded)",
                  sum(map(len, excluded.values())), len(excluded), len(candidates_for.excluded))
-    return Selected(compressor, units, _covered(names, units), compressible, budget,
+    return Selected(compressor, units, names, compressible, budget,
                     {"unaligned": unaligned, "gac": {**unaligned, **selection.dims}}, selection, excluded)
 
 
-def _select_within_budget(units, unaligned: dict, budget: int, cfg: CompressConfig, candidates_for):
-    """Select with the narrowest candidate window that fits the budget: small d* rounded up to the first
-    aligned dim can need room taken from other weights, further than one alignment step away.
-
-    A profile measured around d* (e.g. --profile auto) cannot offer the widened dims it never swept: when its
-    candidates cannot fit the budget at any window, the static rule gets the same chance, with a warning."""
-    try:
-        return _select_widening(units, unaligned, budget, cfg, candidates_for)
-    except GacError as e:
-        if candidates_for is None or "infeasible" not in str(e):
-            raise
-    log.warning("the profile's candidates cannot fit the budget: using the static alignment rule")
-    return _select_widening(units, unaligned, budget, cfg, None)
-
-
-def _select_widening(units, unaligned: dict, budget: int, cfg: CompressConfig, candidates_for):
-    """select() at windows cfg.window .. cfg.window + 3, the first that is feasible."""
-    from gac.align.plan import select
-
-    for window in range(cfg.window, cfg.window + 4):
-        try:
-            return select(build_plan(units, unaligned, budget, dataclasses.replace(cfg, window=window),
-                                     candidates_for))
-        except GacError as e:
-            if "infeasible" not in str(e) or window == cfg.window + 3:
-                raise
-            log.info("no aligned choice fits the budget within %d step(s) of d*: widening", window)
-
-
-def materialize_variants(model, selected: Selected) -> tuple[dict, dict]:
-    """({variant: model}, {variant: structure}) for "unaligned" and "gac": each a deep copy of `model`, cut."""
-    models, structures = {}, {}
+def materialize_variants(model, selected: Selected) -> dict:
+    """{variant: model} for "unaligned" and "gac": each a deep copy of `model`, cut through surgery."""
+    models = {}
     for variant, dims in selected.dims.items():
         m = copy.deepcopy(model)
-        structures[variant] = selected.compressor.materialize(m, selected.units, dims)
+        selected.compressor.materialize(m, selected.units, dims)
         models[variant] = m.eval()
-    return models, structures
+    return models
 
 
 def compress(cfg: CompressConfig) -> CompressResult:
@@ -198,16 +144,16 @@ def compress(cfg: CompressConfig) -> CompressResult:
 
     loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     model, tokenizer = loaded.model, loaded.tokenizer
+    _check_uncompressed(model, cfg.model)
     calib, held_out = load_windows(tokenizer, cfg.text)
     selected = analyze_and_select(model, calib, cfg, compressor)
-    variants, structures = materialize_variants(model, selected)
-    models = {"baseline": model, **variants}
+    models = {"baseline": model, **materialize_variants(model, selected)}
     selected.units = None  # free the SVD factors before evaluation
     compressible, budget, names = selected.compressible, selected.budget, selected.names
 
     report = _report_header(cfg, loaded.source, compressible, budget, torch)
     report["variants"] = _evaluate(models, names, held_out, cfg)
-    report["dims"] = {v: _reduced(d) for v, d in selected.dims.items()}
+    report["dims"] = {v: reduced_dims(d) for v, d in selected.dims.items()}
     report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
     saved = "gac" if cfg.align else "unaligned"
     report["saved_variant"] = saved
@@ -218,8 +164,16 @@ def compress(cfg: CompressConfig) -> CompressResult:
 
     out = None
     if cfg.out is not None:
-        out = _save(models[saved], tokenizer, cfg, structures[saved], report, compressor)
+        out = _save(models[saved], tokenizer, cfg, report, compressor)
     return CompressResult(report, out, models)
+
+
+def _check_uncompressed(model, source: str) -> None:
+    from gac.models.groups import compressed_dims_of
+
+    if compressed_dims_of(model):
+        raise GacError(f"{source} is already compressed (factorized ranks or pruned widths): compress the original "
+                       "model, or align this one with `gac repair`")
 
 
 def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig) -> dict:
@@ -246,10 +200,11 @@ def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig) -> 
 def _report_header(cfg: CompressConfig, source: str, compressible: int, budget: int, torch) -> dict:
     import transformers
 
-    device_name = torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else platform.processor() or platform.machine()
+    from gac.hw.device import device_name
+
     return {
         "model": source, "compressor": cfg.compressor, "ratio": cfg.ratio, "alignment": cfg.alignment,
-        "device": cfg.device, "device_name": device_name, "dtype": cfg.dtype,
+        "device": cfg.device, "device_name": device_name(cfg.device), "dtype": cfg.dtype,
         "compressible_params": compressible, "budget_params": budget,
         "compressor_options": dict(cfg.compressor_options), "profile": cfg.profile,
         "latency": dataclasses.asdict(cfg.latency), "eval_tokens": cfg.text.eval_windows * cfg.text.seq_len,
@@ -264,31 +219,19 @@ def _gac_version() -> str:
     return __version__
 
 
-def _save(model, tokenizer, cfg: CompressConfig, structure: dict, report: dict, compressor) -> Path:
+def _save(model, tokenizer, cfg: CompressConfig, report: dict, compressor) -> Path:
+    from gac.evaluate.dims_plot import plot_dims
     from gac.evaluate.report import report_json, report_markdown
-    from gac.models.io import save
+    from gac.models.dims import inspect_model
+    from gac.models.io import plan_record, save
 
-    plan = {
-        "gac_plan": 1,
-        "variant": report["saved_variant"],
-        "source_model": report["model"],
-        "compressor": {"name": cfg.compressor, **dataclasses.asdict(compressor.config)},
-        "ratio": cfg.ratio, "alignment": cfg.alignment,
-        "compressible_params": report["compressible_params"], "budget_params": report["budget_params"],
-        "dims": report["dims"][report["saved_variant"]],
-        "versions": report["versions"],
-    }
-    files = {"report.json": report_json(report), "report.md": report_markdown(report)}
-    files["dims.png"] = _dims_plot(model, alignments={cfg.alignment, 8, 16, 32})
-    return save(model, tokenizer, cfg.out, structure=structure, plan=plan, extra_files=files, force=cfg.force)
-
-
-def _dims_plot(model, alignments) -> bytes:
-    """PNG bytes of `gac inspect`'s dims scatter for the saved model, written with it."""
-    import io
-
-    from gac.inspect import inspect_model, plot_dims
-
-    buf = io.BytesIO()
-    plot_dims(inspect_model(model, alignments), buf)
-    return buf.getvalue()
+    plan = plan_record(
+        variant=report["saved_variant"], source_model=report["model"], alignment=cfg.alignment,
+        dims=report["dims"][report["saved_variant"]], versions=report["versions"],
+        compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)}, ratio=cfg.ratio,
+        compressible_params=report["compressible_params"], budget_params=report["budget_params"],
+    )
+    png = io.BytesIO()
+    plot_dims(inspect_model(model, {cfg.alignment, 8, 16, 32}), png)
+    files = {"report.json": report_json(report), "report.md": report_markdown(report), "dims.png": png.getvalue()}
+    return save(model, tokenizer, cfg.out, plan=plan, extra_files=files, force=cfg.force)

@@ -33,7 +33,11 @@ def _analyze(name, model, names, windows, probe=None):
     # with a probe, asvd's measured sensitivity (importance=None) is the path under test; else its default
     comp = make_compressor(name, importance=None) if probe is not None and name == "asvd" else make_compressor(name)
     stats = calibrate(model, windows, names, batch_size=2, progress=False)
-    return comp, comp.analyze(model, names, stats, probe=probe, progress=False, windows=windows)
+    return comp, comp.analyze(model, comp.groups(model), stats, probe=probe, progress=False, windows=windows)
+
+
+def _first(comp, model, stats):
+    return comp.analyze(model, comp.groups(model)[:1], stats, progress=False)[0]
 
 
 def _logits(model, ids):
@@ -110,9 +114,9 @@ def test_asvd_scales_change_the_factorization(setup):
     """alpha=0 is plain SVD; alpha>0 uses the activation scale (a different spectrum)."""
     model, names, windows = setup
     stats = calibrate(model, windows, names, batch_size=2, progress=False)
-    plain = make_compressor("svd").analyze(model, names[:1], stats, progress=False)[0]
-    a0 = make_compressor("asvd", alpha=0.0, importance="magnitude").analyze(model, names[:1], stats, progress=False)[0]
-    a1 = make_compressor("asvd", alpha=1.0, importance="magnitude").analyze(model, names[:1], stats, progress=False)[0]
+    plain = _first(make_compressor("svd"), model, stats)
+    a0 = _first(make_compressor("asvd", alpha=0.0, importance="magnitude"), model, stats)
+    a1 = _first(make_compressor("asvd", alpha=1.0, importance="magnitude"), model, stats)
     assert torch.allclose(a0.svd.S, plain.svd.S, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(a1.svd.S, plain.svd.S, rtol=1e-2)
 

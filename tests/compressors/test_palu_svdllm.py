@@ -11,8 +11,8 @@ from gac.calibrate import calibrate
 from gac.compressors import make_compressor
 from gac.errors import GacError
 from gac.linalg import factorize_from_svd, scaled_svd, whiten
-from gac.models.adapters import adapter_for
 from gac.models.dims import params_and_alignment
+from gac.models.groups import linears_of
 from gac.models.modeling_gac import GroupedLowRankLinear
 from tests.conftest import tiny_model
 
@@ -40,11 +40,10 @@ def test_whiten_regularizes_a_singular_matrix():
 
 
 def _setup(model, compressor):
-    names = adapter_for(model.config).linear_names(model.config)
-    names = compressor.targets(names) if hasattr(compressor, "targets") else names
+    names = linears_of(compressor.groups(model))
     ids = torch.randint(0, model.config.vocab_size, (4, 24), generator=torch.Generator().manual_seed(1))
     stats = calibrate(model, ids, names, xtx=compressor.needs_xtx, progress=False)
-    units = compressor.analyze(model, names, stats, probe=ids[:1], keep=0.7, progress=False, windows=ids)
+    units = compressor.analyze(model, compressor.groups(model), stats, probe=ids[:1], keep=0.7, progress=False, windows=ids)
     return names, ids, units
 
 

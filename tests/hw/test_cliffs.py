@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from gac.align.candidates import aligned_candidates
 from gac.errors import GacError
-from gac.hw.cliffs import entry_label, find_cliffs, latency_table, profile_candidates
+from gac.align.profiled import profile_candidates
+from gac.hw.cliffs import entry_label, find_cliffs, latency_table
 
 
 def staircase(lo=64, hi=200, slow=()):

@@ -8,6 +8,7 @@ import torch
 
 from gac.errors import GacError
 from gac.hw import profile as hp
+from gac.align.profiled import spec_from_model, spec_from_plan
 from gac.hw.plots import plot_profile
 
 TINY = hp.SweepSpec(
@@ -112,7 +113,7 @@ def test_spec_validation():
         hp.SweepSpec(ops=("conv",))
     with pytest.raises(GacError, match="dims"):
         hp.SweepSpec(dims=())
-    with pytest.raises(GacError, match="unsupported dtype"):
+    with pytest.raises(GacError, match="unknown dtype"):
         hp.run_profile(TINY, dtype="int8", progress=False)
     with pytest.raises(GacError, match="head_dim 4160 is not supported.*--head-dims"):
         hp.SweepSpec(head_dims=tuple(range(64, 4161, 8)))
@@ -124,12 +125,12 @@ def test_spec_validation():
 def test_spec_from_plan_windows():
     plan = {"budget": 10**6, "weights": [{"name": "a", "dim": 107.4, "score": 1.0, "params_per_dim": 10,
                                           "candidates": [100]}]}
-    dims = hp.spec_from_plan(plan, TINY).dims
+    dims = spec_from_plan(plan, TINY).dims
     assert {107, 100} <= set(dims)
     assert {72, 80, 104, 112, 136, 144} <= set(dims)  # the candidate window, one multiple wider
     assert all(d == 107 or d == 100 or d % 8 == 0 for d in dims)
     with pytest.raises(GacError):
-        hp.spec_from_plan({"budget": 1, "weights": []})
+        spec_from_plan({"budget": 1, "weights": []})
 
 
 def test_quick_spec_covers_the_111_cliff():
@@ -159,11 +160,11 @@ def test_tiny_cuda_sweep():
 
 def test_spec_from_model_includes_palu_group_ranks(tiny):
     """A grouped (PaLU) K projection: each group's rank and their sum (the shared down-projection's N) are swept."""
-    from gac.models.surgery import replace_with_grouped_lowrank
+    from gac.models.surgery import factorize_head_groups
 
     k = tiny.model.layers[0].self_attn.k_proj  # 64 -> 32: two groups of 16 rows
-    replace_with_grouped_lowrank(tiny, "model.layers.0.self_attn.k_proj",
+    factorize_head_groups(tiny, "model.layers.0.self_attn.k_proj",
                                  [(torch.randn(r, k.in_features), torch.randn(16, r)) for r in (11, 14)])
-    spec = hp.spec_from_model(tiny, TINY)
+    spec = spec_from_model(tiny, TINY)
     assert {11, 14, 25} <= set(spec.dims) and {64, 160, 32} <= set(spec.dims)
     assert 16 in spec.head_dims and spec.sizes.hidden == spec.sizes.lowrank_in == 64

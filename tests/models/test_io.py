@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ def compressed():
     g = torch.Generator().manual_seed(0)
     windows = torch.randint(0, model.config.vocab_size, (2, 16), generator=g)  # [n, seq]
     comp = make_compressor("svd")
-    analyses = comp.analyze(model, names, calibrate(model, windows, names, progress=False), progress=False)
+    analyses = comp.analyze(model, comp.groups(model), calibrate(model, windows, names, progress=False), progress=False)
     ranks = _irregular_ranks(analyses)
     structure = comp.materialize(model, analyses, ranks)
     assert len(set(structure["lowrank"].values())) > 3  # irregular
@@ -50,7 +51,7 @@ def compressed():
 def saved(compressed, tmp_path_factory):
     model, tok, structure, plan, _, _ = compressed
     out = tmp_path_factory.mktemp("saved") / "model"
-    returned = save(model, tok, out, structure=structure, plan=plan, extra_files={"report.json": "{}"})
+    returned = save(model, tok, out, plan=plan, extra_files={"report.json": "{}"})
     assert returned == out.resolve()
     return out
 
@@ -132,10 +133,10 @@ def test_existing_dir_refused_unless_force(compressed, tmp_path):
     out.mkdir()
     (out / "stale.txt").write_text("old")
     with pytest.raises(GacError, match="already exists") as info:
-        save(model, tok, out, structure=structure, plan=plan)
+        save(model, tok, out, plan=plan)
     assert "--force" in str(info.value)
     assert sorted(p.name for p in out.iterdir()) == ["stale.txt"]  # untouched
-    save(model, tok, out, structure=structure, plan=plan, force=True)
+    save(model, tok, out, plan=plan, force=True)
     assert not (out / "stale.txt").exists()  # replaced, not merged
     assert (out / PLAN_FILE).is_file()
     torch.testing.assert_close(_logits(io.load(out).model, ids), expected, atol=1e-6, rtol=0)
@@ -147,11 +148,11 @@ def test_existing_file_refused_even_with_force(compressed, tmp_path):
     out = tmp_path / "file"
     out.write_text("x")
     with pytest.raises(GacError, match="not a directory"):
-        save(model, tok, out, structure=structure, plan=plan, force=True)
+        save(model, tok, out, plan=plan, force=True)
     assert out.read_text() == "x"
 
 
-def _failing_write(model, tokenizer, d, structure, plan, extra_files):
+def _failing_write(model, tokenizer, d, plan, extra_files):
     (d / "config.json").write_text("{}")
     raise RuntimeError("disk full")
 
@@ -161,7 +162,7 @@ def test_failed_save_leaves_nothing(compressed, tmp_path, monkeypatch):
     monkeypatch.setattr(io, "_write", _failing_write)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="disk full"):
-        save(model, tok, out, structure=structure, plan=plan)
+        save(model, tok, out, plan=plan)
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []  # no .partial temp dir either
 
@@ -173,7 +174,7 @@ def test_failed_forced_save_keeps_the_old_dir(compressed, tmp_path, monkeypatch)
     (out / "keep.txt").write_text("previous model")
     monkeypatch.setattr(io, "_write", _failing_write)
     with pytest.raises(RuntimeError, match="disk full"):
-        save(model, tok, out, structure=structure, plan=plan, force=True)
+        save(model, tok, out, plan=plan, force=True)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
@@ -181,3 +182,25 @@ def test_failed_forced_save_keeps_the_old_dir(compressed, tmp_path, monkeypatch)
 def test_load_refuses_non_gac_dir(tiny_model_dir):
     with pytest.raises(GacError, match=PLAN_FILE):
         io.load(tiny_model_dir)
+
+
+LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy-0.1.0"
+
+
+def test_output_of_release_0_1_0_still_loads(tmp_path, monkeypatch):
+    """A directory saved by gac 0.1.0 (every structure kind: pruned linears and heads, PaLU groups, low-rank
+    pairs) loads with gac.load and with plain transformers, and computes the logits it computed then."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from gac.models.io import load
+
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
+    expected = load_file(LEGACY / "expected_logits.safetensors")
+    scale = float(expected["logits"].abs().max())
+    for model in (load(LEGACY).model, AutoModelForCausalLM.from_pretrained(LEGACY, trust_remote_code=True).eval()):
+        with torch.inference_mode():
+            got = model(expected["ids"], use_cache=False).logits
+        assert float((got - expected["logits"]).abs().max()) <= 1e-5 * scale
+    structure = json.loads((LEGACY / "config.json").read_text())["gac_structure"]
+    assert set(structure) == {"linear", "attention", "lowrank", "grouped_lowrank"}

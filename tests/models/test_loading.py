@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from gac.errors import GacError
-from gac.models.loading import DTYPES, embedded_gguf, load_model
+from gac.hw.device import DTYPES
+from gac.models.loading import embedded_gguf, load_model
 from tests.conftest import tiny_model
 
 FIX_WORDS = ("pass ", "use ", "run ", "put ", "choose ", "download ")

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gac.repair.padding import next_multiple, pad_cols, pad_lowrank, pad_mlp, pad_producer_consumer, pad_rows
+from gac.padding import next_multiple, pad_cols, pad_lowrank, pad_mlp, pad_producer_consumer, pad_rows
 
 
 def _randn(*shape, seed=0):

@@ -17,6 +17,7 @@ from gac.evaluate.latency import LatencyConfig
 from gac.inspect import inspect_model
 from gac.models import io
 from gac.models.adapters import adapter_for
+from gac.models.groups import linears_of
 from gac.models.modeling_gac import LowRankLinear
 from gac.repair import repair, repair_dir
 from gac.repair.repair import resolve_alignment
@@ -32,7 +33,7 @@ def irregular_model(seed: int = 0):
         transformers.LlamaConfig(**{**TINY, "intermediate_size": IRREGULAR_WIDTH})).eval()
     names = adapter_for(model.config).linear_names(model.config)
     comp = make_compressor("svd")
-    analyses = comp.analyze(model, names, {}, progress=False)
+    analyses = comp.analyze(model, comp.groups(model), {}, progress=False)
     ranks = {a.name: (13, 27)[k % 2] for k, a in enumerate(analyses)}
     ranks[names[4]] = None  # layer 0 gate_proj stays dense
     structure = comp.materialize(model, analyses, ranks)
@@ -137,7 +138,7 @@ def test_structure_of_a_model_pruned_in_memory(tmp_path):
     result = repair(model, align=8)
     assert result.structure["attention"] == {"model.layers.1.self_attn": {"num_heads": 2, "num_kv_heads": 1}}
     assert result.structure["linear"]["model.layers.1.self_attn.o_proj"] == [TINY["hidden_size"], 32]
-    out = io.save(model, tiny_tokenizer(), tmp_path / "m", structure=result.structure, plan={"gac_plan": 1})
+    out = io.save(model, tiny_tokenizer(), tmp_path / "m", plan={"gac_plan": 1})
     _assert_same_outputs(_logits(io.load(out).model, ids), before)
 
 
@@ -158,7 +159,7 @@ def test_width_padded_back_to_the_config_leaves_no_stale_entry(tmp_path):
     before = _logits(model, ids)
     result = repair(model, align=32)
     assert result.structure == {"custom": {"kept": 1}}  # 160 is the config's own width again
-    out = io.save(model, tiny_tokenizer(), tmp_path / "m", structure=result.structure, plan={"gac_plan": 1})
+    out = io.save(model, tiny_tokenizer(), tmp_path / "m", plan={"gac_plan": 1})
     _assert_same_outputs(_logits(io.load(out).model, ids), before)
 
 
@@ -204,7 +205,7 @@ def repaired_dir(tmp_path_factory):
     """(source gac dir, repaired dir, ids, source logits)."""
     model, structure = irregular_model(seed=5)
     root = tmp_path_factory.mktemp("repair")
-    src = io.save(model, tiny_tokenizer(), root / "src", structure=structure, plan={"gac_plan": 1, "variant": "x"})
+    src = io.save(model, tiny_tokenizer(), root / "src", plan={"gac_plan": 1, "variant": "x"})
     ids = _ids(seed=2, shape=(1, 20))
     expected = _logits(io.load(src).model, ids)
     lat = LatencyConfig(prefill_tokens=16, warmup=1, prefill_rounds=2)
@@ -221,7 +222,7 @@ def test_repair_dir_writes_plan_and_report(repaired_dir):
     lat = report["latency"]
     assert lat["prefill_tokens"] == 16 and lat["prefill_ms_before"] > 0 and lat["prefill_ms_after"] > 0
     plan = io.read_plan(out.out)
-    assert plan["variant"] == "repaired" and plan["align"] == 8 and plan["source_model"] == str(src)
+    assert plan["variant"] == "repaired" and plan["alignment"] == 8 and plan["source_model"] == str(src)
     assert plan["source_plan"] == {"gac_plan": 1, "variant": "x"}
     assert plan["overhead"] == out.result.overhead and all(v % 8 == 0 for v in plan["dims"].values())
 
@@ -281,10 +282,10 @@ def test_repair_pads_palu_group_ranks_exactly():
 
     model = tiny_model()
     palu = make_compressor("palu")
-    names = palu.targets(adapter_for(model.config).linear_names(model.config))
+    names = linears_of(palu.groups(model))
     ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
     stats = calibrate(model, ids, names, xtx=True, progress=False)
-    units = palu.analyze(model, names, stats, progress=False, windows=ids)
+    units = palu.analyze(model, palu.groups(model), stats, progress=False, windows=ids)
     irregular = {u.name: 5 + (i % 3) for i, u in enumerate(units)}  # ranks 5, 6, 7: none a multiple of 8
     palu.materialize(model, units, irregular)
     before = copy.deepcopy(model)

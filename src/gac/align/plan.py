@@ -19,7 +19,7 @@ from typing import Any
 
 from gac.align.candidates import aligned_candidates, aligned_fraction
 from gac.align.knapsack import solve_mckp
-from gac.errors import GacError
+from gac.errors import GacError, InfeasibleBudget
 
 _REQUIRED_WEIGHT_KEYS = ("name", "dim", "score", "params_per_dim")
 
@@ -202,9 +202,10 @@ def select(plan: Plan | Mapping[str, Any] | str | os.PathLike) -> SelectionResul
     values = [[w.score * w.params_per_dim * (d - w.dim) for d in ds] for w, ds in zip(plan.weights, dims)]
     smallest = sum(min(row) for row in costs)
     if smallest > plan.budget:
-        raise GacError(
+        raise InfeasibleBudget(
             f"budget {plan.budget} params is infeasible: the smallest candidates already need {smallest}; "
-            f"raise the budget to at least {smallest} or allow smaller dims (min_dim, candidates)"
+            f"raise the budget to at least {smallest} or allow smaller dims (min_dim, candidates)",
+            smallest,
         )
     start = time.perf_counter()
     solution = solve_mckp(costs, values, plan.budget)

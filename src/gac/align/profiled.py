@@ -1,11 +1,18 @@
-"""Candidates from a hardware profile: measured latency around each d* (low-rank pair or GEMM N), cliffs excluded."""
+"""Candidates from a hardware profile: measured latency around each d* (low-rank pair or GEMM N), cliffs excluded;
+and the sweep specs that measure what a plan or a model needs (align depends on hw, never the reverse)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+from gac.align.candidates import aligned_candidates
 from gac.errors import GacError
+from gac.hw.cliffs import latency_table
+from gac.hw.profile import SweepSpec
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +36,7 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
 
     Auto keeps its own cache, one file per sweep spec (auto_cache_path), apart from the one-per-device cache of
     `gac profile`, so a second compression of the same model on the same device measures nothing."""
-    from gac.hw.profile import SweepSpec, dims_around, load_profile
+    from gac.hw.profile import load_profile
 
     if profile_arg != "auto":
         return load_profile(profile_arg)
@@ -88,8 +95,6 @@ def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: in
     """A function (analysis, d*) -> candidate dims, from the profile's sweep of the unit's op (low-rank pair, or
     GEMM N for pruned widths) nearest its shape (the N sweep of a plain GEMM when the profile lacks the op).
     Its `excluded` attribute maps each unit asked about to {dim: why the profile dropped it}."""
-    from gac.hw.cliffs import latency_table, profile_candidates
-
     ops = {e["op"] for e in profile.get("ops", [])}
     if not ops & {"lowrank", "gemm_n"}:
         raise GacError("the profile has no lowrank or gemm_n sweep: measure one with `gac profile` (default ops)")
@@ -108,3 +113,93 @@ def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: in
     candidates_for.excluded = excluded  # for the report: which dims the profile ruled out, and why
     return candidates_for
 
+
+@dataclass(frozen=True)
+class CandidateSet:
+    """Aligned dims kept near d*, and the reason each dropped dim was dropped."""
+
+    candidates: list[int]
+    excluded: dict[int, str] = field(default_factory=dict)
+    note: str = ""  # set when the profile could not be used as is (no coverage, fallback)
+
+
+def profile_candidates(
+    table: Mapping[int, float],
+    dim: float,
+    *,
+    alignment: int = 8,
+    window: int = 4,
+    min_dim: int | None = None,
+    max_dim: int | None = None,
+    tolerance: float = 0.02,
+) -> CandidateSet:
+    """Aligned dims near `dim` (the static rule) that the measured table shows are not on a cliff; never empty.
+
+    A dim is dropped when a larger measured dim is faster by more than `tolerance` (relative), or when the table
+    measures some candidates but not this one. With no candidate measured, the static candidates are kept.
+    Bounds that leave no aligned dim raise GacError, as the static rule does.
+    """
+    start = aligned_candidates(dim, alignment, window=window, min_dim=min_dim, max_dim=max_dim)  # static rule
+    measured = [d for d in start if d in table]
+    if not measured:
+        return CandidateSet(start, {}, f"the profile has no dims near {dim:g}; static candidates kept")
+
+    excluded: dict[int, str] = {}
+    for d in start:
+        if d not in table:
+            excluded[d] = f"not measured: the profile covers {len(measured)} of {len(start)} dims near {dim:g}"
+            continue
+        beaters = [b for b in table if b > d and table[b] * (1 + tolerance) < table[d]]
+        if beaters:
+            b = min(beaters, key=table.__getitem__)
+            excluded[d] = f"cliff: {table[d]:.4g} ms is slower than {b} at {table[b]:.4g} ms"
+    kept = [d for d in start if d not in excluded]
+    if kept:
+        return CandidateSet(kept, excluded)
+
+    best = min(measured, key=table.__getitem__)
+    excluded.pop(best)
+    note = f"every dim near {dim:g} is beaten by a larger dim; kept the fastest measured one, {best}"
+    return CandidateSet([best], excluded, note)
+
+
+def dims_around(centers, *, alignment: int = 8, window: int = 4) -> tuple[int, ...]:
+    """Every d* (rounded) plus the aligned dims the candidate rule may consider around it, one multiple wider."""
+    dims = set()
+    for c in centers:
+        dims.add(max(1, round(c)))
+        dims.update(aligned_candidates(c, alignment, window=window + 1))
+    return tuple(sorted(dims))
+
+
+def spec_from_plan(plan, base: SweepSpec | None = None) -> SweepSpec:
+    """`base` with dims swept around each weight's "dim" (and its explicit candidates) in a selection plan.
+
+    `plan` is a gac.align.plan.Plan, its JSON object or a JSON path; its alignment and window set the windows.
+    """
+    from gac.align.plan import Plan
+
+    if not isinstance(plan, Plan):
+        plan = Plan.from_dict(plan) if isinstance(plan, Mapping) else Plan.from_json(plan)
+    dims = set(dims_around([w.dim for w in plan.weights], alignment=plan.alignment, window=plan.window))
+    for w in plan.weights:
+        dims.update(d for d in (w.candidates or ()) if d >= 1)
+    return dataclasses.replace(base or SweepSpec(), dims=tuple(sorted(dims)))
+
+
+def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = 8, window: int = 4) -> SweepSpec:
+    """`base` with dims swept around every compressible dim of a loaded model (ranks, PaLU group ranks, widths,
+    head_dim), GEMMs sized by its hidden size."""
+    from gac.models.adapters import adapter_for
+    from gac.models.dims import linear_dims
+
+    config = model.config
+    dims = linear_dims(model, adapter_for(config).linear_names(config))
+    centers = {r for d in dims for r in d.compressed_dims} | {x for d in dims for x in (d.in_features, d.out_features)}
+    centers |= {sum(d.group_ranks) for d in dims if d.group_ranks}  # N of PaLU's shared down-projection GEMM
+    head_dim = adapter_for(config).geometry(config).head_dim
+    base = base or SweepSpec()
+    sizes = dataclasses.replace(base.sizes, hidden=config.hidden_size, lowrank_in=config.hidden_size,
+                                lowrank_out=config.hidden_size)
+    return dataclasses.replace(base, dims=dims_around(sorted(centers), alignment=alignment, window=window),
+                               head_dims=dims_around([head_dim], alignment=alignment, window=window), sizes=sizes)

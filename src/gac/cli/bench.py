@@ -133,8 +133,8 @@ def command(models, device, dtype, points_text, rounds, threads, out, quiet) -> 
     """Time prefill and decode of every MODEL side by side (interleaved, same run, same inputs)."""
     from gac.cli.output import setup_logging
     from gac.evaluate.bench import BenchConfig, bench
-    from gac.evaluate.timing import cpu_threads
-    from gac.models.loading import check_device
+    from gac.hw.timing import cpu_threads
+    from gac.hw.device import check_device
 
     setup_logging(quiet)
     given = {}

@@ -61,6 +61,7 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
     """
     import dataclasses
 
+    from gac.align.profiled import spec_from_model, spec_from_plan
     from gac.hw import profile as hp
 
     if sum(x is not None for x in (dims_text, plan, model_spec)) > 1:
@@ -69,15 +70,17 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
     sizes = {k: v for k, v in dict(hidden=hidden, lowrank_in=hidden, lowrank_out=hidden, heads=heads, batch=batch,
                                    context=context).items() if v is not None}
     spec = _given(hp.SweepSpec.quick() if quick else hp.SweepSpec(), head_dims, sizes)  # checked before any loading
-    hp.check_device(device)
+    from gac.hw.device import check_device
+
+    check_device(device)
     if dims_text:
         spec = dataclasses.replace(spec, dims=parse_dims(dims_text))
     if plan:
-        spec = hp.spec_from_plan(plan, spec)
+        spec = spec_from_plan(plan, spec)
     if model_spec:
         from gac.models.loading import load_model
 
-        spec = _given(hp.spec_from_model(load_model(model_spec).model, spec), head_dims, sizes)
+        spec = _given(spec_from_model(load_model(model_spec).model, spec), head_dims, sizes)
     if m is not None:
         spec = dataclasses.replace(spec, m_values=(m, 1) if m > 1 else (1,))
     if threads is not None:

@@ -32,13 +32,13 @@ class ASVDCompressor(LowRankCompressor):
         floor = mean_abs.max().clamp_min(1e-12) * 1e-6  # channels never seen active still keep a tiny scale
         return mean_abs.clamp_min(floor).pow(self.config.alpha)
 
-    def importance(self, model, analyses, stats, probe, keep, progress):
+    def importance(self, model, units, stats, probe, keep, progress):
         # Measured sensitivity (base.measured_sensitivity); without probe text, activation-weighted magnitude
         # ||W diag(mean|x|)||^2 / numel.
         if probe is None:
-            return [float((model.get_submodule(a.name).weight.detach().float() * stats[a.name].mean_abs).pow(2).mean())
-                    for a in analyses]
-        return self.measured_sensitivity(model, analyses, probe, keep, progress)
+            return [float((model.get_submodule(u.group.linear).weight.detach().float()
+                           * stats[u.group.linear].mean_abs).pow(2).mean()) for u in units]
+        return self.measured_sensitivity(model, units, probe, keep, progress)
 
 
 CONFIG, COMPRESSOR = ASVDConfig, ASVDCompressor

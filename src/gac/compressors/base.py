@@ -1,4 +1,12 @@
-"""The compressor interface, and the shared low-rank family (svd, asvd): analyze, allocate, materialize."""
+"""The compressor interface and the shared low-rank family (svd, asvd, svd_llm).
+
+A compressor works on dimension groups (gac.models.groups) and never spells a module name nor cuts a module:
+  groups(model)                       which groups it resizes
+  analyze(model, groups, stats, ...)  one Unit per group: importance per parameter and its loss model
+  allocate(units, budget)             its own (unaligned) dims d*, {group name: dim or None (kept whole)}
+  cut(unit, dim)                      the tensors of the group at `dim` (Factors, Keep or KeepHeads)
+`materialize` hands the cuts to gac.models.surgery, the one module that changes a model.
+"""
 
 from __future__ import annotations
 
@@ -8,59 +16,88 @@ import numpy as np
 import torch
 
 from gac.compressors.allocation import DENSE, allocate_ranks
-from gac.linalg import ScaledSVD, factorize_from_svd, lowrank_params, max_useful_rank, scaled_svd
+from gac.linalg import ScaledSVD, factorize_from_svd, scaled_svd
+from gac.models.groups import DimGroup, RankGroup, groups_of, linears_of
 
 
 @dataclass
-class WeightAnalysis:
-    """What a compressor learned about one weight: its spectrum and importance.
+class Unit:
+    """A dimension group as a compressor sees it: the group and its importance per parameter (mean 1 over the
+    units of a model). The geometry is the group's; these properties only forward it."""
 
-    The fields and properties below (name, score, numel, params_per_dim, fixed_params, min_dim, max_dim,
-    profile_op, profile_shape) are the "unit" protocol gac.api relies on; every compressor's units provide them.
-    A unit whose dims must stay on a grid (whole attention heads) also sets dim_step > 1 (default 1).
-    """
+    group: DimGroup
+    score: float = 0.0
 
-    name: str
-    out_features: int
-    in_features: int
-    svd: ScaledSVD
-    score: float  # importance per parameter, normalized to mean 1 over the weights of a model
+    @property
+    def name(self) -> str:
+        return self.group.name
 
     @property
     def numel(self) -> int:
-        return self.out_features * self.in_features
+        return self.group.numel
 
     @property
     def params_per_dim(self) -> int:
-        return self.in_features + self.out_features
+        return self.group.params_per_dim
 
-    fixed_params = 0
-    min_dim = 1
-    profile_op = "lowrank"  # the hardware-profile sweep whose latency depends on this unit's dim
+    @property
+    def fixed_params(self) -> int:
+        return self.group.fixed_params
+
+    @property
+    def min_dim(self) -> int:
+        return self.group.min_dim
 
     @property
     def max_dim(self) -> int:
-        return max_useful_rank(self.in_features, self.out_features)
+        return self.group.max_dim
+
+    @property
+    def dim_step(self) -> int:
+        return self.group.step
+
+    @property
+    def profile_op(self) -> str:
+        return self.group.profile_op
 
     @property
     def profile_shape(self) -> dict:
-        return {"in": self.in_features, "out": self.out_features}
+        return self.group.profile_shape
+
+    def params(self, dim: int | None) -> int:
+        return self.group.params(dim)
+
+    def marginal_score(self, dim: int) -> float:
+        """Importance per parameter at dim d* for the knapsack (the loss model's slope there)."""
+        return self.score
+
+
+@dataclass
+class LowRankUnit(Unit):
+    """A rank group with the spectrum of its (scaled) weight."""
+
+    svd: ScaledSVD | None = None
+
+    @property
+    def in_features(self) -> int:
+        return self.group.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.group.out_features
 
     def marginal_score(self, rank: int) -> float:
-        """Importance per parameter at rank d*: the share of this weight's importance the next singular
-        direction carries, per parameter it costs. This is the slope of the loss model at d*, so the knapsack's
-        linear objective is a first-order model of quality around the compressor's own dims."""
+        """The share of this weight's importance the next singular direction carries, per parameter it costs:
+        the slope of the loss model at d*, so the knapsack's linear objective is a first-order model of quality
+        around the compressor's own dims."""
         energy = self.svd.energy_fraction
         return self.score * self.numel * float(energy[min(rank, energy.numel() - 1)]) / self.params_per_dim
 
-    def params(self, rank: int | None) -> int:
-        return self.numel if rank is DENSE else lowrank_params(self.in_features, self.out_features, rank)
 
+class Compressor:
+    """What every compressor shares: its config, its importance proxy, materialization through surgery."""
 
-class LowRankCompressor:
-    """Factorize every compressible linear as b(a(x)). Subclasses define the input scaling and the importance."""
-
-    name = "lowrank"
+    name = "compressor"
     needs_xtx = False
 
     def __init__(self, config):
@@ -78,69 +115,95 @@ class LowRankCompressor:
 
         return self.proxy in GRADIENT_PROXIES
 
+    def groups(self, model) -> list[DimGroup]:
+        raise NotImplementedError
+
+    def cut(self, unit: Unit, dim: int):
+        raise NotImplementedError
+
+    def materialize(self, model, units: list[Unit], dims: dict) -> dict:
+        """Cut every unit whose dim is not None into `model`, in place; returns the model's saved structure."""
+        from gac.models import surgery
+        from gac.models.structure import structure_of
+
+        cuts = []
+        for u in units:
+            if dims[u.name] is not None:
+                u.group.check(dims[u.name])
+                cuts.append((u.group, self.cut(u, dims[u.name])))
+        surgery.apply(model, cuts)
+        return structure_of(model)
+
+
+def normalize_scores(units: list[Unit], scores) -> list[Unit]:
+    """Set each unit's score to its share of the mean (mean 1 over the units)."""
+    mean = float(np.mean(scores)) or 1.0
+    for u, s in zip(units, scores):
+        u.score = s / mean
+    return units
+
+
+class LowRankCompressor(Compressor):
+    """Factorize every compressible linear as b(a(x)). Subclasses define the input scaling and the importance."""
+
+    name = "lowrank"
+
+    def groups(self, model) -> list[RankGroup]:
+        return groups_of(model, "rank")
+
     # --- what subclasses change -------------------------------------------------------------
     def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor | None:
         """Per-input-channel scale applied before the SVD (None: plain SVD)."""
         return None
 
-    def importance(self, model, analyses: list[WeightAnalysis], stats: dict, probe, keep: float,
+    def importance(self, model, units: list[LowRankUnit], stats: dict, probe, keep: float,
                    progress: bool) -> list[float]:
         """Importance per parameter of each weight, before normalization. Default: weight magnitude."""
-        return [float(model.get_submodule(a.name).weight.detach().float().pow(2).mean()) for a in analyses]
+        return [float(model.get_submodule(u.group.linear).weight.detach().float().pow(2).mean()) for u in units]
 
-    def measured_sensitivity(self, model, analyses: list[WeightAnalysis], probe, keep: float,
+    def measured_sensitivity(self, model, units: list[LowRankUnit], probe, keep: float,
                              progress: bool) -> list[float]:
         """ASVD's sensitivity: the calibration-loss rise when a weight alone is truncated, per unit of its lost
         (scaled) spectral energy, spread over the weight's parameters."""
         from gac.compressors.sensitivity import loss_per_energy
 
-        per_energy = loss_per_energy(model, analyses, probe, keep, progress)
-        return [p / a.numel for p, a in zip(per_energy, analyses)]
+        per_energy = loss_per_energy(model, units, probe, keep, progress)
+        return [p / u.numel for p, u in zip(per_energy, units)]
 
     # --- shared -------------------------------------------------------------------------------
-    def analyze(self, model, names: list[str], stats: dict, *, probe=None, keep: float = 0.85,
-                progress: bool = True, windows=None) -> list[WeightAnalysis]:
+    def analyze(self, model, groups: list[RankGroup], stats: dict, *, probe=None, keep: float = 0.85,
+                progress: bool = True, windows=None) -> list[LowRankUnit]:
         """Scaled SVD of every weight and its importance (probe: a short calibration window for measured
         importance; keep: 1 - ratio; windows: the calibration windows, for a gradient-based proxy)."""
         from tqdm.auto import tqdm
 
-        out = []
-        for name in tqdm(names, desc=f"{self.name}: factorizing", unit="weight", disable=not progress):
-            w = model.get_submodule(name).weight.detach()  # [out, in]
-            svd = scaled_svd(w, self.input_scale(w, stats.get(name)))
-            out.append(WeightAnalysis(name, w.shape[0], w.shape[1], svd, 0.0))
+        units = []
+        for g in tqdm(groups, desc=f"{self.name}: factorizing", unit="weight", disable=not progress):
+            w = model.get_submodule(g.linear).weight.detach()  # [out, in]
+            units.append(LowRankUnit(g, svd=scaled_svd(w, self.input_scale(w, stats.get(g.linear)))))
         if self.proxy is None:
-            scores = self.importance(model, out, stats, probe, keep, progress)
+            scores = self.importance(model, units, stats, probe, keep, progress)
         else:
             from gac.importance import weight_scores
 
-            scores = weight_scores(self.proxy, model, names, stats=stats, windows=windows, progress=progress)
-        mean = float(np.mean(scores)) or 1.0
-        for a, s in zip(out, scores):
-            a.score = s / mean
-        return out
+            scores = weight_scores(self.proxy, model, linears_of(groups), stats=stats, windows=windows,
+                                   progress=progress)
+        return normalize_scores(units, scores)
 
-    def allocate(self, analyses: list[WeightAnalysis], budget: int) -> dict[str, int | None]:
+    def allocate(self, units: list[LowRankUnit], budget: int) -> dict[str, int | None]:
         """The compressor's own (unconstrained) ranks under the budget; None keeps a weight dense."""
         ranks = allocate_ranks(
-            [a.svd.energy_fraction.cpu().numpy() for a in analyses],
-            [a.score for a in analyses],
-            [(a.out_features, a.in_features) for a in analyses],
+            [u.svd.energy_fraction.cpu().numpy() for u in units],
+            [u.score for u in units],
+            [(u.out_features, u.in_features) for u in units],
             budget,
         )
-        return {a.name: r for a, r in zip(analyses, ranks)}
+        return {u.name: r for u, r in zip(units, ranks)}
 
-    def materialize(self, model, analyses: list[WeightAnalysis], ranks: dict[str, int | None]) -> dict:
-        """Replace each weight by its rank-r factorization in place; returns the structure to save."""
-        from gac.models.surgery import replace_with_lowrank
+    def cut(self, unit: LowRankUnit, dim: int):
+        from gac.models.surgery import Factors
 
-        lowrank = {}
-        for a in analyses:
-            r = ranks[a.name]
-            if r is DENSE:
-                continue
-            A, B = factorize_from_svd(a.svd, r)
-            replace_with_lowrank(model, a.name, A, B)
-            lowrank[a.name] = int(r)
-        return {"lowrank": lowrank}
+        return Factors(*factorize_from_svd(unit.svd, dim))
 
+
+__all__ = ["DENSE", "Compressor", "LowRankCompressor", "LowRankUnit", "Unit", "normalize_scores"]

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
 from gac.compressors.allocation import allocate_ranks
-from gac.compressors.base import LowRankCompressor, WeightAnalysis
+from gac.compressors.base import LowRankCompressor, LowRankUnit, normalize_scores
 from gac.errors import GacError
-from gac.linalg import factorize_from_svd, scaled_svd, whiten
-
-KV = ("self_attn.k_proj", "self_attn.v_proj")
+from gac.linalg import scaled_svd, whiten
+from gac.models.groups import HeadRankGroup, groups_of, linears_of
 
 
 @dataclass(frozen=True)
@@ -32,15 +28,6 @@ class PaluConfig:
         check_proxy(self.importance)
 
 
-@dataclass
-class GroupAnalysis(WeightAnalysis):
-    """One head group of a K or V projection: rows [row0, row0 + out_features) of the module's weight."""
-
-    module: str = ""
-    group: int = 0
-    row0: int = 0
-
-
 class PaluCompressor(LowRankCompressor):
     name = "palu"
     needs_xtx = True
@@ -49,51 +36,29 @@ class PaluCompressor(LowRankCompressor):
     def proxy(self) -> str:
         return self.config.importance
 
-    def targets(self, names: list[str]) -> list[str]:
-        return [n for n in names if n.endswith(KV)]
+    def groups(self, model) -> list[HeadRankGroup]:
+        return groups_of(model, "head_rank", heads_per_group=self.config.group_size)
 
-    def analyze(self, model, names, stats, *, probe=None, keep=0.85, progress=True, windows=None):
+    def analyze(self, model, groups, stats, *, probe=None, keep=0.85, progress=True, windows=None):
         from gac.importance import measure
-        from gac.models.adapters import adapter_for
 
-        geometry = adapter_for(model.config).geometry(model.config)
-        if geometry.num_kv_heads % self.config.group_size:
-            raise GacError(f"palu group size {self.config.group_size} does not divide the "
-                           f"{geometry.num_kv_heads} KV heads: choose a divisor")
-        rows = self.config.group_size * geometry.head_dim
-        names = self.targets(names)
-        scores = measure(self.proxy, model, names, stats=stats, windows=windows, progress=progress)
+        linears = linears_of(groups)
+        scores = measure(self.proxy, model, linears, stats=stats, windows=windows, progress=progress)
+        whitened = {n: whiten(stats[n].xtx.to(model.get_submodule(n).weight.device)) for n in linears}
         units = []
-        for name in names:
-            w = model.get_submodule(name).weight.detach()  # [kv * head_dim, hidden]
-            S = whiten(stats[name].xtx.to(w.device))
-            for g, row0 in enumerate(range(0, w.shape[0], rows)):
-                score = float(scores[name].out[row0:row0 + rows].double().sum())
-                units.append(GroupAnalysis(f"{name}#g{g}", rows, w.shape[1], scaled_svd(w[row0:row0 + rows], S),
-                                           score / (rows * w.shape[1]), module=name, group=g, row0=row0))
-        mean = float(np.mean([u.score for u in units])) or 1.0
+        for g in groups:
+            w = model.get_submodule(g.linear).weight.detach()[g.row0:g.row0 + g.out_features]  # [rows, hidden]
+            score = float(scores[g.linear].out[g.row0:g.row0 + g.out_features].double().sum())
+            units.append(LowRankUnit(g, score / g.numel, svd=scaled_svd(w, whitened[g.linear])))
+        normalize_scores(units, [u.score for u in units])
         for u in units:
-            u.score = max(u.score / mean, 1e-12)
+            u.score = max(u.score, 1e-12)
         return units
 
     def allocate(self, units, budget):
         ranks = allocate_ranks([u.svd.energy_fraction.cpu().numpy() for u in units], [u.score for u in units],
                                [(u.out_features, u.in_features) for u in units], budget, allow_dense=False)
         return {u.name: r for u, r in zip(units, ranks)}
-
-    def materialize(self, model, units, ranks):
-        from gac.models.surgery import replace_with_grouped_lowrank
-
-        by_module: dict[str, list] = {}
-        for u in units:
-            by_module.setdefault(u.module, []).append(u)
-        grouped = {}
-        for module, groups in by_module.items():
-            groups.sort(key=lambda u: u.group)
-            factors = [factorize_from_svd(u.svd, ranks[u.name]) for u in groups]  # [(A [r, in], B [rows, r])]
-            replace_with_grouped_lowrank(model, module, factors)
-            grouped[module] = [int(ranks[u.name]) for u in groups]
-        return {"grouped_lowrank": grouped}
 
 
 CONFIG, COMPRESSOR = PaluConfig, PaluCompressor

@@ -25,7 +25,7 @@ def loss_per_energy(model, analyses, probe: torch.Tensor, keep: float, progress:
     base = _loss(model, ids)
     out = []
     for a in tqdm(analyses, desc="sensitivity", unit="weight", disable=not progress):
-        linear = model.get_submodule(a.name)
+        linear = model.get_submodule(a.group.linear)
         rank = max(1, min(a.max_dim, int(keep * a.numel / a.params_per_dim)))
         A, B = factorize_from_svd(a.svd, rank)
         saved = linear.weight.data.clone()

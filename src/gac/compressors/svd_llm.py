@@ -30,11 +30,11 @@ class SVDLLMCompressor(LowRankCompressor):
     def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor:
         return whiten(stats.xtx.to(weight.device))  # [in, in] float64, lower-triangular
 
-    def importance(self, model, analyses, stats, probe, keep, progress):
+    def importance(self, model, units, stats, probe, keep, progress):
         # Measured sensitivity, as for asvd (here per unit of lost whitened energy); magnitude without probe text.
         if probe is None:
-            return super().importance(model, analyses, stats, probe, keep, progress)
-        return self.measured_sensitivity(model, analyses, probe, keep, progress)
+            return super().importance(model, units, stats, probe, keep, progress)
+        return self.measured_sensitivity(model, units, probe, keep, progress)
 
 
 CONFIG, COMPRESSOR = SVDLLMConfig, SVDLLMCompressor

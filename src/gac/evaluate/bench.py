@@ -66,7 +66,7 @@ def bench(models: dict, cfg: BenchConfig = BenchConfig()) -> dict:
     import torch
 
     from gac.evaluate.latency import LatencyConfig, decode_timings, prefill_timings
-    from gac.hw.profile import device_name
+    from gac.hw.device import device_name
 
     if not models:
         raise GacError("nothing to bench: give at least one model")

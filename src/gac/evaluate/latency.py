@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gac.evaluate.timing import Timing, time_interleaved
+from gac.hw.timing import Timing, time_interleaved
 
 
 @dataclass(frozen=True)

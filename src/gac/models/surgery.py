@@ -1,51 +1,202 @@
-"""Module surgery: swap a linear for its low-rank replacement. Thin on purpose; the maths lives in gac.linalg."""
+"""The one module surgery: cut, factorize or zero-pad a dimension group of a live model, in place.
+
+Thin on purpose: the maths (factors, kept indices, padding) is computed elsewhere as plain tensors; this module
+only builds modules of the new shapes and swaps them in. Compressors, repair and loading all come through here
+(modeling_gac.py, which travels with every saved model, builds empty modules with its own copy of the classes).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear
+from gac.models.groups import DimGroup, HeadGroup, HeadRankGroup, RankGroup, WidthGroup, is_lowrank
+from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear, set_module
+from gac.padding import pad_cols, pad_grouped_lowrank, pad_lowrank, pad_rows
 
 
-def replace_with_lowrank(model: nn.Module, name: str, A: torch.Tensor, B: torch.Tensor) -> LowRankLinear:
-    """Replace linear `name` by b(a(x)) with a.weight = A [r, in] and b.weight = B [out, r]; bias kept."""
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name)
-    old: nn.Linear = getattr(parent, child)
-    w = old.weight
-    new = LowRankLinear(old.in_features, old.out_features, A.shape[0], old.bias is not None, w.device, w.dtype)
-    with torch.no_grad():
-        new.a.weight.copy_(A)
-        new.b.weight.copy_(B)
-        if old.bias is not None:
-            new.b.bias.copy_(old.bias)
-    setattr(parent, child, new)
+# --- what a compressor hands over per group ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Factors:
+    """A rank-r factorization: A [r, in], B [out, r] (for a head_rank group: its rows only)."""
+
+    A: torch.Tensor
+    B: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Channels to keep of an MLP width (ascending indices)."""
+
+    channels: torch.Tensor
+
+
+@dataclass(frozen=True)
+class KeepHeads:
+    """Query heads and KV heads to keep (ascending; each KV head's query heads kept together or per group)."""
+
+    q_heads: torch.Tensor
+    kv_heads: torch.Tensor
+
+
+def apply(model: nn.Module, cuts: list[tuple[DimGroup, object]]) -> None:
+    """Cut every (group, Factors | Keep | KeepHeads) pair into `model`. Head-rank groups of one linear are
+    applied together (one shared down-projection)."""
+    by_linear: dict[str, list[tuple[HeadRankGroup, Factors]]] = {}
+    for group, cut in cuts:
+        if isinstance(group, HeadRankGroup):
+            by_linear.setdefault(group.linear, []).append((group, cut))
+        elif isinstance(group, RankGroup):
+            factorize(model, group.linear, cut.A, cut.B)
+        elif isinstance(group, WidthGroup):
+            keep_channels(model, group, cut.channels)
+        elif isinstance(group, HeadGroup):
+            keep_heads(model, group, cut.q_heads, cut.kv_heads)
+        else:
+            raise TypeError(f"no surgery for {type(group).__name__}")
+    for linear, parts in by_linear.items():
+        parts.sort(key=lambda p: p[0].group)
+        factorize_head_groups(model, linear, [(c.A, c.B) for _, c in parts])
+
+
+def pad(model: nn.Module, targets: list[tuple[DimGroup, int]]) -> None:
+    """Zero-pad each group to its target dim (>= its live dim): the model computes the same function."""
+    by_linear: dict[str, dict[int, int]] = {}
+    for group, dim in targets:
+        if dim == group.dim:
+            continue
+        if isinstance(group, HeadRankGroup):
+            by_linear.setdefault(group.linear, {})[group.group] = dim
+        elif isinstance(group, RankGroup):
+            m = model.get_submodule(group.linear)
+            a, b = pad_lowrank(m.a.weight, m.b.weight, dim)
+            set_module(model, group.linear, lowrank(a, b, m.b.bias))
+        elif isinstance(group, WidthGroup):
+            for name in group.producers:
+                set_module(model, name, _widen_out(model.get_submodule(name), dim))
+            for name in group.consumers:
+                set_module(model, name, _widen_in(model.get_submodule(name), dim))
+        else:
+            raise TypeError(f"{type(group).__name__} cannot be zero-padded exactly")
+    for linear, new in by_linear.items():
+        m = model.get_submodule(linear)
+        ranks = [new.get(g, r) for g, r in enumerate(m.ranks)]
+        a, bs = pad_grouped_lowrank(m.a.weight, [b.weight for b in m.b], ranks)
+        set_module(model, linear, grouped_lowrank(a, bs, [b.bias for b in m.b]))
+
+
+# --- factorize ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def lowrank(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> LowRankLinear:
+    """A LowRankLinear b(a(x)) holding a [r, in], b [out, r] and the bias (or None)."""
+    new = LowRankLinear(a.shape[1], b.shape[0], a.shape[0], bias is not None, a.device, a.dtype)
+    new.a.weight.copy_(a)
+    new.b.weight.copy_(b)
+    if bias is not None:
+        new.b.bias.copy_(bias)
     return new
 
 
-def grouped_lowrank(a: torch.Tensor, bs: list[torch.Tensor], biases: list[torch.Tensor | None]):
+@torch.no_grad()
+def grouped_lowrank(a: torch.Tensor, bs: list[torch.Tensor], biases: list) -> GroupedLowRankLinear:
     """A GroupedLowRankLinear holding a [sum r_g, in], b_g [out/G, r_g] and each group's bias (or None)."""
     out_features = sum(b.shape[0] for b in bs)
     new = GroupedLowRankLinear(a.shape[1], out_features, [b.shape[1] for b in bs], biases[0] is not None,
                                a.device, a.dtype)
-    with torch.no_grad():
-        new.a.weight.copy_(a)
-        for layer, b, bias in zip(new.b, bs, biases):
-            layer.weight.copy_(b)
-            if bias is not None:
-                layer.bias.copy_(bias)
+    new.a.weight.copy_(a)
+    for layer, b, bias in zip(new.b, bs, biases):
+        layer.weight.copy_(b)
+        if bias is not None:
+            layer.bias.copy_(bias)
     return new
 
 
-def replace_with_grouped_lowrank(model: nn.Module, name: str, factors: list[tuple[torch.Tensor, torch.Tensor]]):
+def factorize(model: nn.Module, name: str, A: torch.Tensor, B: torch.Tensor) -> LowRankLinear:
+    """Replace linear `name` by b(a(x)) with a.weight = A [r, in] and b.weight = B [out, r]; bias kept."""
+    old = model.get_submodule(name)
+    w = old.weight
+    new = lowrank(A.to(w.device, w.dtype), B.to(w.device, w.dtype), old.bias)
+    set_module(model, name, new)
+    return new
+
+
+def factorize_head_groups(model: nn.Module, name: str, factors: list[tuple[torch.Tensor, torch.Tensor]]):
     """Replace linear `name` by a GroupedLowRankLinear: factors[g] = (A_g [r_g, in], B_g [out/G, r_g])."""
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name)
-    old: nn.Linear = getattr(parent, child)
+    old = model.get_submodule(name)
     w = old.weight
     biases = [None] * len(factors) if old.bias is None else list(old.bias.detach().chunk(len(factors)))
     new = grouped_lowrank(torch.cat([A for A, _ in factors], dim=0).to(w.device, w.dtype),
                           [B.to(w.device, w.dtype) for _, B in factors], biases)
-    setattr(parent, child, new)
+    set_module(model, name, new)
     return new
+
+
+# --- slice -------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def sliced_linear(linear: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> nn.Linear:
+    """A new linear keeping output features `rows` and input features `cols` of `linear` (bias follows rows)."""
+    w = linear.weight.detach()  # [out, in]
+    if rows is not None:
+        w = w[rows.to(w.device)]
+    if cols is not None:
+        w = w[:, cols.to(w.device)]
+    new = nn.Linear(w.shape[1], w.shape[0], bias=linear.bias is not None, device=w.device, dtype=w.dtype)
+    new.weight.copy_(w)
+    if linear.bias is not None:
+        b = linear.bias.detach()
+        new.bias.copy_(b if rows is None else b[rows.to(b.device)])
+    return new
+
+
+def channels_of(heads: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Channel indices of whole heads: head h covers [h * head_dim, (h + 1) * head_dim)."""
+    return (heads[:, None] * head_dim + torch.arange(head_dim)).reshape(-1)
+
+
+def keep_channels(model: nn.Module, group: WidthGroup, channels: torch.Tensor) -> None:
+    """Keep MLP channels `channels` in every producer (rows) and consumer (columns) of the group."""
+    for name in group.producers:
+        set_module(model, name, sliced_linear(model.get_submodule(name), rows=channels))
+    for name in group.consumers:
+        set_module(model, name, sliced_linear(model.get_submodule(name), cols=channels))
+
+
+def keep_heads(model: nn.Module, group: HeadGroup, q_heads: torch.Tensor, kv_heads: torch.Tensor) -> None:
+    """Keep query heads `q_heads` (q rows, o columns) and KV heads `kv_heads` (k and v rows)."""
+    q_ch, kv_ch = channels_of(q_heads, group.head_dim), channels_of(kv_heads, group.head_dim)
+    set_module(model, group.q, sliced_linear(model.get_submodule(group.q), rows=q_ch))
+    set_module(model, group.k, sliced_linear(model.get_submodule(group.k), rows=kv_ch))
+    set_module(model, group.v, sliced_linear(model.get_submodule(group.v), rows=kv_ch))
+    set_module(model, group.o, sliced_linear(model.get_submodule(group.o), cols=q_ch))
+    set_head_counts(model.get_submodule(group.block), len(q_heads), len(kv_heads))
+
+
+def set_head_counts(attention: nn.Module, heads: int, kv_heads: int) -> None:
+    """The attention module's head bookkeeping, as modeling_gac.apply_gac_structure sets it on load."""
+    attention.num_heads = heads  # informational; forward infers heads from q's width
+    attention.num_key_value_groups = heads // kv_heads
+
+
+# --- zero-pad ----------------------------------------------------------------------------------------------
+@torch.no_grad()
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    new.weight.copy_(weight)
+    if bias is not None:
+        new.bias.copy_(bias)
+    return new
+
+
+def _widen_out(m: nn.Module, width: int) -> nn.Module:
+    if is_lowrank(m):
+        b, bias = pad_rows(m.b.weight, width, m.b.bias)
+        return lowrank(m.a.weight, b, bias)
+    return _linear(*pad_rows(m.weight, width, m.bias))
+
+
+def _widen_in(m: nn.Module, width: int) -> nn.Module:
+    if is_lowrank(m):
+        return lowrank(pad_cols(m.a.weight, width), m.b.weight, m.b.bias)
+    return _linear(pad_cols(m.weight, width), m.bias)

@@ -1,6 +1,6 @@
 """Repair a compressed model: zero-pad every irregular low-rank rank and MLP width to an aligned size, in place.
 
-What is padded (exact: the model computes the same function, see gac.repair.padding):
+What is padded (exact: the model computes the same function, see gac.padding):
   - the inner rank of every LowRankLinear (A gets zero rows, B zero columns);
   - the MLP intermediate width of each layer whose width is irregular (gate/up rows, down columns, together).
 What is not padded, on purpose: the attention head_dim and head widths (a zero-padded head_dim changes the
@@ -22,9 +22,9 @@ from torch import nn
 
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
-from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear
-from gac.models.surgery import grouped_lowrank
-from gac.repair.padding import next_multiple, pad_cols, pad_grouped_lowrank, pad_lowrank, pad_rows
+from gac.models import surgery
+from gac.models.groups import groups_of
+from gac.padding import next_multiple
 
 log = logging.getLogger(__name__)
 
@@ -82,58 +82,6 @@ def resolve_alignment(align: int | None, strategy: str | None) -> int:
     return align
 
 
-# --- module surgery (thin: the maths is in padding.py) ---------------------------------------------------
-
-def _is_lowrank(m: nn.Module) -> bool:
-    # a model loaded with trust_remote_code has its own copy of the class
-    return isinstance(m, LowRankLinear) or type(m).__name__ == "LowRankLinear"
-
-
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
-    new.weight.copy_(weight)
-    if bias is not None:
-        new.bias.copy_(bias)
-    return new
-
-
-def _lowrank(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> LowRankLinear:
-    new = LowRankLinear(a.shape[1], b.shape[0], a.shape[0], bias is not None, a.device, a.dtype)
-    new.a.weight.copy_(a)
-    new.b.weight.copy_(b)
-    if bias is not None:
-        new.b.bias.copy_(bias)
-    return new
-
-
-def _set(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent), child, module)
-
-
-def _widen_out(m: nn.Module, width: int) -> nn.Module:
-    if _is_lowrank(m):
-        b, bias = pad_rows(m.b.weight, width, m.b.bias)
-        return _lowrank(m.a.weight, b, bias)
-    return _linear(*pad_rows(m.weight, width, m.bias))
-
-
-def _widen_in(m: nn.Module, width: int) -> nn.Module:
-    if _is_lowrank(m):
-        return _lowrank(pad_cols(m.a.weight, width), m.b.weight, m.b.bias)
-    return _linear(pad_cols(m.weight, width), m.bias)
-
-
-def _widen_rank(m: nn.Module, rank: int) -> LowRankLinear:
-    a, b = pad_lowrank(m.a.weight, m.b.weight, rank)
-    return _lowrank(a, b, m.b.bias)
-
-
-def _widen_group_ranks(m: GroupedLowRankLinear, ranks: list[int]) -> GroupedLowRankLinear:
-    a, bs = pad_grouped_lowrank(m.a.weight, [b.weight for b in m.b], ranks)
-    return grouped_lowrank(a, bs, [b.bias for b in m.b])
-
-
 # --- choosing the target size ---------------------------------------------------------------------------
 
 class _Targets:
@@ -160,9 +108,6 @@ class _Targets:
             return base
         fastest = min(table[x] for x in measured)
         return min(x for x in measured if table[x] <= fastest * (1 + PROFILE_TOLERANCE))
-
-    def rank(self, m: nn.Module) -> int:
-        return self.group_rank(m.rank, m.in_features, m.out_features)
 
     def group_rank(self, rank: int, fan_in: int, fan_out: int) -> int:
         """Target for the inner rank of an [fan_out, fan_in] factorization (a whole pair or one head group)."""
@@ -191,53 +136,6 @@ def _counts(model: nn.Module, names: list[str]) -> dict:
             "compressible": sum(d.params for d in linear_dims(model, names))}
 
 
-def live_structure(model, adapter, recorded: dict | None = None) -> dict:
-    """config.gac_structure for the live model, whatever compressed it: every compressible linear whose [out, in]
-    differs from the config's, the head counts of narrowed attention blocks, every rank. Entries of `recorded`
-    (the structure the config had) for modules the scan covers are replaced, so none goes stale; its other
-    entries and keys are kept."""
-    config = model.config
-    geo = adapter.geometry(config)
-    hidden, inter = config.hidden_size, config.intermediate_size
-    q, kv = geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim
-    default = {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q),
-               "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
-    names = adapter.linear_names(config)
-    attns = [f"{adapter.layers_path}.{i}.self_attn" for i in range(adapter.layer_count(config))]
-    live: dict = {"linear": {}, "attention": {}, "lowrank": {}, "grouped_lowrank": {}}
-    for name in names:
-        m = model.get_submodule(name)
-        if (m.out_features, m.in_features) != default[name.rsplit(".", 1)[1]]:
-            live["linear"][name] = [m.out_features, m.in_features]
-    for attn in attns:
-        widths = tuple(model.get_submodule(f"{attn}.{p}").out_features for p in ("q_proj", "k_proj"))
-        if widths != (q, kv):
-            heads, kv_heads = (w // geo.head_dim for w in widths)
-            live["attention"][attn] = {"num_heads": heads, "num_kv_heads": kv_heads}
-    modules = {n for n, _ in model.named_modules()}
-    covered = {"linear": set(names), "attention": set(attns), "lowrank": modules, "grouped_lowrank": modules}
-    for name, m in model.named_modules():
-        if _is_lowrank(m):
-            live["lowrank"][name] = int(m.rank)
-        elif isinstance(m, GroupedLowRankLinear):
-            live["grouped_lowrank"][name] = [int(r) for r in m.ranks]
-    merged = copy.deepcopy(recorded or {})
-    for key, entries in live.items():
-        kept = {n: v for n, v in merged.get(key, {}).items() if n not in covered[key]}
-        merged[key] = {**kept, **entries}
-        if not merged[key]:
-            del merged[key]
-    return merged
-
-
-def _mlp_groups(model, adapter) -> list[tuple[str, list[str]]]:
-    groups = []
-    for i in range(adapter.layer_count(model.config)):
-        prefix = f"{adapter.layers_path}.{i}.mlp"
-        groups.append((prefix, [f"{prefix}.gate_proj", f"{prefix}.up_proj", f"{prefix}.down_proj"]))
-    return groups
-
-
 @torch.no_grad()
 def repair(model: nn.Module, *, align: int | None = None, strategy: str | None = None,
            profile: dict | str | None = None) -> RepairResult:
@@ -251,8 +149,9 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
     Returns the new config.gac_structure (also set on model.config; read off the live model, merged over what
     the config already recorded) and the before/after statistics.
     """
-    from gac.inspect import inspect_model
     from gac.models.adapters import adapter_for
+    from gac.models.dims import inspect_model
+    from gac.models.structure import structure_of
 
     alignment = resolve_alignment(align, strategy)
     profile_name = None
@@ -261,41 +160,20 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
 
         profile_name, profile = str(profile), load_profile(profile)
     targets = _Targets(alignment, profile)
-    adapter = adapter_for(model.config)
-    names = adapter.linear_names(model.config)
+    widths = groups_of(model, "mlp")
+    ranks = [g for g in groups_of(model, "rank") if g.dim is not None]
+    head_ranks = [g for g in groups_of(model, "head_rank", heads_per_group=_heads_per_group(model))
+                  if g.dim is not None]
+    names = adapter_for(model.config).linear_names(model.config)
     before = _counts(model, names)
-    dims: list[DimChange] = []
-
-    for prefix, (gate_n, up_n, down_n) in _mlp_groups(model, adapter):
-        gate, up, down = (model.get_submodule(n) for n in (gate_n, up_n, down_n))
-        width = gate.out_features
-        if not (up.out_features == width == down.in_features):
-            raise GacError(f"{prefix}: gate/up/down widths {gate.out_features}/{up.out_features}/{down.in_features} "
-                           f"disagree; this is not a model gac can repair")
-        target = targets.mlp_width(width, gate.in_features)
-        dims.append(DimChange(prefix, "mlp_width", _layer(prefix), width, target))
-        if target == width:
-            continue
-        for n, new in ((gate_n, _widen_out(gate, target)), (up_n, _widen_out(up, target)),
-                       (down_n, _widen_in(down, target))):
-            _set(model, n, new)
-
-    for name, m in [(n, m) for n, m in model.named_modules() if _is_lowrank(m)]:
-        target = targets.rank(m)
-        dims.append(DimChange(name, "rank", _layer(name), m.rank, target))
-        if target != m.rank:
-            _set(model, name, _widen_rank(m, target))
-
-    for name, m in [(n, m) for n, m in model.named_modules() if isinstance(m, GroupedLowRankLinear)]:
-        group_out = m.out_features // len(m.ranks)
-        new_ranks = [targets.group_rank(r, m.in_features, group_out) for r in m.ranks]
-        for g, (r, t) in enumerate(zip(m.ranks, new_ranks)):
-            dims.append(DimChange(f"{name}#g{g}", "rank", _layer(name), r, t))
-        if new_ranks != m.ranks:
-            _set(model, name, _widen_group_ranks(m, new_ranks))
+    planned = [(g, targets.mlp_width(g.dim, g.hidden)) for g in widths]
+    planned += [(g, targets.group_rank(g.dim, g.in_features, g.out_features)) for g in ranks + head_ranks]
+    surgery.pad(model, planned)
+    dims = [DimChange(g.name, "mlp_width" if g.kind == "mlp" else "rank", _layer(g.name), g.dim, t)
+            for g, t in planned]
 
     # read off the live model, so a compressor that did not write config.gac_structure is covered too
-    structure = live_structure(model, adapter, getattr(model.config, "gac_structure", None))
+    structure = structure_of(model)
     model.config.gac_structure = structure
     after = _counts(model, names)
     added = after["params"] - before["params"]
@@ -312,6 +190,18 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
     log.info("repaired %d of %d dims to multiples of %d: +%d params (%.3f%%)", len(result.changed), len(dims),
              alignment, added, overhead["params_added_pct"])
     return result
+
+
+def _heads_per_group(model) -> int:
+    """KV heads per PaLU group of the model's grouped factorizations (1 when it has none)."""
+    from gac.models.adapters import attention_geometry
+    from gac.models.groups import is_grouped_lowrank
+
+    geo = attention_geometry(model.config)
+    for _, m in model.named_modules():
+        if is_grouped_lowrank(m):
+            return m.out_features // len(m.ranks) // geo.head_dim
+    return 1
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -332,7 +222,7 @@ def repair_dir(src: str, out: str, *, align: int | None = None, strategy: str | 
                latency: LatencyConfig = LatencyConfig()) -> RepairOutput:
     """Load `src` (gac dir, HF dir, .gguf or alias), repair it, check its logits, time prefill before vs after
     side by side (batch latency.batch, latency.prefill_tokens tokens) and save it to `out` with repair.json."""
-    from gac.models.io import check_out_dir, is_gac_dir, read_plan, save
+    from gac.models.io import check_out_dir, is_gac_dir, plan_record, read_plan, save
     from gac.models.loading import load_model
 
     alignment = resolve_alignment(align, strategy)  # fail fast, before the model is loaded
@@ -366,12 +256,12 @@ def repair_dir(src: str, out: str, *, align: int | None = None, strategy: str | 
         }
         del original
 
-    plan = {"gac_plan": 1, "variant": "repaired", "source_model": str(src), "align": alignment,
-            "strategy": strategy, "dims": {d.name: d.after for d in result.dims}, "overhead": result.overhead}
-    if profile is not None:
-        plan["profile"] = str(profile)
+    extra = {"profile": str(profile)} if profile is not None else {}
     if is_gac_dir(src):
-        plan["source_plan"] = read_plan(src)
-    saved = save(model, loaded.tokenizer, out, structure=result.structure, plan=plan,
-                 extra_files={"repair.json": json.dumps(report, indent=2)}, force=force)
+        extra["source_plan"] = read_plan(src)
+    plan = plan_record(variant="repaired", source_model=str(src), alignment=alignment,
+                       dims={d.name: d.after for d in result.dims}, strategy=strategy, overhead=result.overhead,
+                       **extra)
+    saved = save(model, loaded.tokenizer, out, plan=plan, extra_files={"repair.json": json.dumps(report, indent=2)},
+                 force=force)
     return RepairOutput(saved, result, report)

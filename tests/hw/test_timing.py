@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from gac.evaluate.timing import Timing, cpu_threads, time_callable, time_interleaved
+from gac.hw.timing import Timing, cpu_threads, time_callable, time_interleaved
 
 
 def test_sleep_median_close_to_sleep():

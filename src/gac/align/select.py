@@ -1,0 +1,67 @@
+"""Selection policy for `gac compress`: the plan built from a compressor's units, the candidate window that
+is widened only when the budget cannot be met, and the fallback from profile candidates to the static rule.
+
+A unit is what a compressor returns per dimension group: `unit.group` (gac.models.groups.DimGroup: params per
+dim, grid, bounds) and `unit.marginal_score(d)` (its loss model's slope at d, importance per parameter).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gac.align.plan import SelectionResult, select
+from gac.errors import InfeasibleBudget
+
+log = logging.getLogger(__name__)
+MAX_EXTRA_WINDOW = 3  # the window grows by at most this many alignment steps
+
+
+def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, candidates_for=None) -> dict:
+    """The selection plan (DESIGN.md contract) for the units the compressor reduced (dim None: left whole).
+
+    candidates_for(unit, d*, window) -> dims, from a hardware profile; None: the static rule of the plan.
+    Groups on a coarse grid (whole heads) offer their grid points within `window` alignment steps of d*."""
+    untouched = sum(u.group.numel for u in units if dims[u.name] is None)
+    weights = []
+    for u in units:
+        d, g = dims[u.name], u.group
+        if d is None:
+            continue
+        w = {"name": u.name, "dim": float(d), "score": u.marginal_score(d), "params_per_dim": g.params_per_dim,
+             "fixed_params": g.fixed_params, "min_dim": max(g.min_dim, min(alignment, g.max_dim)),
+             "max_dim": g.max_dim}
+        if g.step > 1:
+            w["candidates"] = [x for x in g.grid() if abs(x - d) <= window * alignment]
+        elif candidates_for is not None:
+            w["candidates"] = candidates_for(u, d, window)
+        weights.append(w)
+    return {"budget": budget - untouched, "alignment": alignment, "window": window, "weights": weights}
+
+
+def select_within_budget(units, dims: dict, budget: int, *, alignment: int, window: int,
+                         candidates_for=None) -> SelectionResult:
+    """Select with the narrowest candidate window that fits the budget: a small d* rounded up to the first
+    aligned dim can need room taken from other weights, further than one alignment step away.
+
+    A profile measured around d* (e.g. --profile auto) cannot offer the widened dims it never swept: when its
+    candidates cannot fit the budget at any window, the static rule gets the same chance, with a warning."""
+    try:
+        return _widening(units, dims, budget, alignment, window, candidates_for)
+    except InfeasibleBudget:
+        if candidates_for is None:
+            raise
+    log.warning("the profile's candidates cannot fit the budget: using the static alignment rule")
+    return _widening(units, dims, budget, alignment, window, None)
+
+
+def _widening(units, dims, budget, alignment, window, candidates_for) -> SelectionResult:
+    """select() at windows window .. window + MAX_EXTRA_WINDOW, the first that is feasible."""
+    for w in range(window, window + MAX_EXTRA_WINDOW + 1):
+        try:
+            return select(build_plan(units, dims, budget, alignment=alignment, window=w,
+                                     candidates_for=candidates_for))
+        except InfeasibleBudget:
+            if w == window + MAX_EXTRA_WINDOW:
+                raise
+            log.info("no aligned choice fits the budget within %d step(s) of d*: widening", w)
+    raise AssertionError("unreachable")

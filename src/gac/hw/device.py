@@ -1,0 +1,56 @@
+"""Devices and dtypes: the one place that checks a device string, names a dtype and names the hardware."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+from gac.errors import GacError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def torch_dtype(name):
+    """The torch dtype for "float32" | "bfloat16" | "float16" (or a torch dtype)."""
+    import torch
+
+    return getattr(torch, dtype_name(name))
+
+
+def dtype_name(dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise GacError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    return name
+
+
+def check_device(device):
+    """The torch.device for `device`, or GacError when it is unknown or absent here."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise GacError(f"unknown device {device!r}: use cpu or cuda[:N]") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise GacError(f"unknown device {device!r} (gac runs on cpu and cuda): use cpu or cuda[:N]")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise GacError(f"device {device!r} asked for but CUDA is not available here (torch {torch.__version__}): "
+                       "use --device cpu")
+    return dev
+
+
+def device_name(device) -> str:
+    """GPU name from torch, CPU model from /proc/cpuinfo (or platform)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"

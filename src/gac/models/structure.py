@@ -1,0 +1,58 @@
+"""The saved structure (`config.gac_structure`): written here, read off the live model; read back on load by
+modeling_gac.apply_gac_structure (self-contained, it travels with every saved model).
+
+Keys: "linear" {name: [out, in]} for linears of a new shape, "attention" {block: {num_heads, num_kv_heads}},
+"lowrank" {name: rank}, "grouped_lowrank" {name: [r_1, ..., r_G]}.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from gac.models.adapters import adapter_for
+from gac.models.groups import is_grouped_lowrank, is_lowrank
+from gac.models.modeling_gac import apply_gac_structure
+
+KEYS = ("linear", "attention", "lowrank", "grouped_lowrank")
+__all__ = ["KEYS", "apply_gac_structure", "structure_of"]
+
+
+def structure_of(model) -> dict:
+    """config.gac_structure for the live model, whatever changed it: every compressible linear whose [out, in]
+    differs from the config's, the head counts of narrowed attention blocks, every rank. Entries the config
+    already recorded for modules outside this scan are kept; the scanned ones are replaced, so none goes stale."""
+    config = model.config
+    adapter = adapter_for(config)
+    geo = adapter.geometry(config)
+    hidden, inter = config.hidden_size, adapter.intermediate_size(config)
+    q, kv = geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim
+    live: dict = {key: {} for key in KEYS}
+    covered = {"linear": set(), "attention": set()}
+    for layer in adapter.layers(config):
+        default = {layer.q: (q, hidden), layer.k: (kv, hidden), layer.v: (kv, hidden), layer.o: (hidden, q),
+                   **{n: (inter, hidden) for n in layer.producers}, **{n: (hidden, inter) for n in layer.consumers}}
+        for name, shape in default.items():
+            m = model.get_submodule(name)
+            if (m.out_features, m.in_features) != shape:
+                live["linear"][name] = [m.out_features, m.in_features]
+        widths = tuple(model.get_submodule(n).out_features for n in (layer.q, layer.k))
+        if widths != (q, kv):
+            heads, kv_heads = (w // geo.head_dim for w in widths)
+            live["attention"][layer.attention] = {"num_heads": heads, "num_kv_heads": kv_heads}
+        covered["linear"].update(default)
+        covered["attention"].add(layer.attention)
+    modules = set()
+    for name, m in model.named_modules():
+        modules.add(name)
+        if is_lowrank(m):
+            live["lowrank"][name] = int(m.rank)
+        elif is_grouped_lowrank(m):
+            live["grouped_lowrank"][name] = [int(r) for r in m.ranks]
+    covered["lowrank"] = covered["grouped_lowrank"] = modules
+    merged = copy.deepcopy(getattr(config, "gac_structure", None) or {})
+    for key, entries in live.items():
+        kept = {n: v for n, v in merged.get(key, {}).items() if n not in covered[key]}
+        merged[key] = {**kept, **entries}
+        if not merged[key]:
+            del merged[key]
+    return merged

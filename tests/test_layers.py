@@ -1,0 +1,92 @@
+"""The package's import graph: no file imports one that imports it back (directly or through others, lazy imports
+inside functions included), and the layers depend downward only."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gac"
+PROJECTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "fc1", "fc2")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    """{module: gac modules it imports}, where `from gac.x import y` counts gac.x.y when y is a module."""
+    files = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("gac")}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gac") and not node.level:
+                deps.add(node.module)
+                deps |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in files}
+        graph[name] = {d for d in deps if d in files and d != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = "open"
+        stack.append(n)
+        for d in sorted(graph[n]):
+            if d.count(".") == 1 and n.startswith(d + "."):
+                continue  # a package's own __init__ (gac.x) importing from its submodules is not a cycle back
+            if state.get(d) == "open":
+                return stack[stack.index(d):] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        stack.pop()
+        state[n] = "done"
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    assert len(graph) > 40  # the walk found the package
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycle({"gac.a": {"gac.b"}, "gac.b": {"gac.c"}, "gac.c": {"gac.a"}}) == ["gac.a", "gac.b", "gac.c", "gac.a"]
+    assert _cycle({"gac.a": {"gac.b"}, "gac.b": set()}) is None
+
+
+# layer -> packages/modules it may import (besides itself and gac.errors)
+ALLOWED = {
+    "gac.hw": set(),
+    "gac.models": {"gac.hw", "gac.padding", "gac.linalg"},
+    "gac.align": {"gac.hw", "gac.models"},
+}
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_layers_depend_downward(layer):
+    graph = _graph()
+    allowed = ALLOWED[layer] | {layer, "gac.errors"}
+    for module, deps in graph.items():
+        if module == layer or module.startswith(layer + "."):
+            bad = {d for d in deps if not any(d == a or d.startswith(a + ".") for a in allowed) and d != "gac"}
+            assert not bad, f"{module} imports {sorted(bad)} from above its layer"
+
+
+def test_projection_names_only_in_the_family_adapters():
+    for path in SRC.rglob("*.py"):
+        if path.name == "adapters.py":
+            continue
+        text = path.read_text()
+        spelled = [p for p in PROJECTION_NAMES if f'"{p}"' in text or f"'{p}'" in text or f".{p}" in text]
+        assert not spelled, f"{path.relative_to(SRC)} spells {spelled}: ask gac.models.adapters or the groups"
