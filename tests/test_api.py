@@ -155,3 +155,25 @@ def test_static_rule_when_profile_candidates_cannot_fit(tiny_model_dir, caplog):
                                   alignment=cfg.alignment, window=cfg.window, candidates_for=too_big)
     assert result.params <= selected.budget and all(d % 8 == 0 for d in result.dims.values())
     assert "static alignment rule" in caplog.text
+
+
+def test_infeasible_ratio_fails_from_the_shapes_before_calibration(tiny_model_dir, monkeypatch):
+    import gac.calibrate
+
+    def never(*a, **k):
+        raise AssertionError("calibration ran")
+
+    monkeypatch.setattr(gac.calibrate, "calibrate", never)
+    with pytest.raises(GacError, match=r"use --ratio 0\.\d+ or lower") as info:
+        compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.99, evaluate=False))
+    assert "\n" not in str(info.value)
+    largest = float(str(info.value).split("--ratio ")[1].split()[0])
+    with pytest.raises(AssertionError, match="calibration ran"):  # the ratio it names passes the check
+        compress(fast_config(tiny_model_dir, compressor="svd", ratio=largest, evaluate=False))
+
+
+def test_compressing_a_compressed_model_is_refused(tiny_model_dir, tmp_path):
+    out = tmp_path / "once"
+    compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.3, out=str(out), evaluate=False))
+    with pytest.raises(GacError, match="already compressed.*gac repair"):
+        compress(fast_config(out, compressor="asvd", ratio=0.3, evaluate=False))

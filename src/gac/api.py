@@ -84,6 +84,7 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Se
 
     compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
     groups = compressor.groups(model)
+    _check_feasible(groups, cfg)
     names = linears_of(groups)
     stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
     probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
@@ -166,6 +167,17 @@ def compress(cfg: CompressConfig) -> CompressResult:
     if cfg.out is not None:
         out = _save(models[saved], tokenizer, cfg, report, compressor)
     return CompressResult(report, out, models)
+
+
+def _check_feasible(groups, cfg: CompressConfig) -> None:
+    """From the shapes alone, before any calibration: can every group keep its smallest (aligned) dim?"""
+    compressible = sum(g.numel for g in groups)
+    budget = math.floor((1.0 - cfg.ratio) * compressible)
+    smallest = sum(g.params(max(g.min_dim, min(cfg.alignment, g.max_dim))) for g in groups)
+    if smallest > budget:
+        largest = math.floor((1.0 - smallest / compressible) * 1000) / 1000
+        raise GacError(f"ratio {cfg.ratio} leaves {budget:,} parameters but the {cfg.compressor} compressor's smallest "
+                       f"aligned dims need {smallest:,}: use --ratio {largest} or lower")
 
 
 def _check_uncompressed(model, source: str) -> None:

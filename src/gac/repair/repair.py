@@ -85,7 +85,7 @@ def resolve_alignment(align: int | None, strategy: str | None) -> int:
 # --- choosing the target size ---------------------------------------------------------------------------
 
 class _Targets:
-    """Next multiple of the alignment, or with a profile the fastest measured aligned size >= d."""
+    """Next multiple of the alignment, or with a profile the smallest aligned size >= d off any cliff."""
 
     def __init__(self, alignment: int, profile: dict | None):
         self.alignment, self.profile = alignment, profile
@@ -101,13 +101,18 @@ class _Targets:
         return latency_table(self.profile, op, m=PROFILE_M, shape=shape) if op in self.ops else None
 
     def _pick(self, d: int, table: dict[int, float] | None) -> int:
+        """The smallest aligned size >= d that the profile does not show on a cliff (selection's own rule,
+        restricted to sizes padding can reach); the next multiple when the profile measures none of them."""
         base = next_multiple(d, self.alignment)
-        options = [base + k * self.alignment for k in range(PROFILE_WINDOW)]
-        measured = [x for x in options if table is not None and x in table]
-        if not measured:
+        if table is None:
             return base
-        fastest = min(table[x] for x in measured)
-        return min(x for x in measured if table[x] <= fastest * (1 + PROFILE_TOLERANCE))
+        from gac.align.profiled import profile_candidates
+
+        top = base + (PROFILE_WINDOW - 1) * self.alignment  # padding further costs more than it can win back
+        reach = {x: ms for x, ms in table.items() if x <= top}
+        kept = profile_candidates(reach, base, alignment=self.alignment, window=PROFILE_WINDOW, min_dim=base,
+                                  max_dim=top, tolerance=PROFILE_TOLERANCE)
+        return min(kept.candidates)
 
     def group_rank(self, rank: int, fan_in: int, fan_out: int) -> int:
         """Target for the inner rank of an [fan_out, fan_in] factorization (a whole pair or one head group)."""
