@@ -98,21 +98,14 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Se
 
     candidates_for = None
     if cfg.profile:
-        from gac.align.profiled import candidates_from_profile, profile_for_model
+        from gac.align.profiled import profile_candidates_for
 
-        profile = profile_for_model(cfg.profile, units, unaligned, device=cfg.device, dtype=cfg.dtype,
-                                    m=cfg.latency.prefill_tokens, alignment=cfg.alignment, window=cfg.window,
-                                    progress=cfg.progress)
-        if profile:  # empty: auto found nothing to measure (only head-grid units), the static rule applies
-            candidates_for = candidates_from_profile(profile, m=cfg.latency.prefill_tokens,
-                                                     alignment=cfg.alignment, window=cfg.window)
+        candidates_for = profile_candidates_for(cfg.profile, units, unaligned, device=cfg.device, dtype=cfg.dtype,
+                                                m=cfg.latency.prefill_tokens, alignment=cfg.alignment,
+                                                window=cfg.window, progress=cfg.progress)
     selection = select_within_budget(units, unaligned, budget, alignment=cfg.alignment, window=cfg.window,
                                      candidates_for=candidates_for)
-    excluded = None
-    if candidates_for is not None:
-        excluded = {name: why for name, why in candidates_for.excluded.items() if why}
-        log.info("the profile ruled out %d aligned dim(s) in %d of %d weight(s) (report.json: profile_excluded)",
-                 sum(map(len, excluded.values())), len(excluded), len(candidates_for.excluded))
+    excluded = None if candidates_for is None else candidates_for.excluded_dims()
     return Selected(compressor, units, names, compressible, budget,
                     {"unaligned": unaligned, "gac": {**unaligned, **selection.dims}}, selection, excluded)
 

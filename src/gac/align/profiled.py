@@ -42,7 +42,7 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
         return load_profile(profile_arg)
     by_shape = defaultdict(list)  # (op, sorted shape items) -> the dims chosen for units of that shape
     for u in analyses:
-        if ranks[u.name] is not None and getattr(u, "dim_step", 1) == 1:
+        if ranks[u.name] is not None and u.group.step == 1:
             by_shape[(u.profile_op, tuple(sorted(u.profile_shape.items())))].append(ranks[u.name])
     merged = None
     for (op, shape), dims in sorted(by_shape.items()):
@@ -59,6 +59,15 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
         else:
             merged["ops"] += p["ops"]
     return merged or {}
+
+
+def profile_candidates_for(profile_arg: str, units, dims: dict, *, device: str, dtype: str, m: int, alignment: int,
+                           window: int, progress: bool = True):
+    """candidates_for(unit, d*, window) from the profile at `profile_arg` (or "auto"), or None when auto found
+    nothing to measure (only head-grid units: the static rule applies)."""
+    profile = profile_for_model(profile_arg, units, dims, device=device, dtype=dtype, m=m, alignment=alignment,
+                                window=window, progress=progress)
+    return candidates_from_profile(profile, m=m, alignment=alignment, window=window) if profile else None
 
 
 def auto_cache_path(spec, *, device: str, dtype: str):
@@ -110,7 +119,15 @@ def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: in
         excluded[u.name] = cs.excluded
         return cs.candidates
 
+    def excluded_dims() -> dict:
+        """{unit: {dim: why}} for the units where the profile ruled dims out (report.json: profile_excluded)."""
+        ruled_out = {name: why for name, why in excluded.items() if why}
+        log.info("the profile ruled out %d aligned dim(s) in %d of %d weight(s) (report.json: profile_excluded)",
+                 sum(map(len, ruled_out.values())), len(ruled_out), len(excluded))
+        return ruled_out
+
     candidates_for.excluded = excluded  # for the report: which dims the profile ruled out, and why
+    candidates_for.excluded_dims = excluded_dims
     return candidates_for
 
 
