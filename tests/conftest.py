@@ -13,6 +13,7 @@ TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_atte
 def tiny_tokenizer():
     """A byte-level BPE tokenizer trained on Python's docs, wrapped for transformers."""
     from pydoc_data.topics import topics
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

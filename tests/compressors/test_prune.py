@@ -151,7 +151,6 @@ def test_removing_dead_channels_and_groups_is_exact():
             layer.self_attn.k_proj.weight[kv_rows] = 0
             layer.self_attn.v_proj.weight[kv_rows] = 0
             layer.self_attn.o_proj.weight[:, q_rows] = 0
-    names = adapter_for(model.config).linear_names(model.config)
     comp = make_compressor("prune", importance="magnitude", layers="all")
     units = comp.analyze(model, comp.groups(model), {}, progress=False)
     dims = {u.name: u.max_dim - (len(dead) if isinstance(u, MLPUnit) else geo.head_dim) for u in units}
@@ -162,9 +161,9 @@ def test_removing_dead_channels_and_groups_is_exact():
 
 
 def test_round_trip_gac_load_and_transformers(tmp_path):
-    import gac
     from transformers import AutoModelForCausalLM
 
+    import gac
     from gac.models.io import save
 
     model, names, windows, comp, units = _setup(head_mode="uniform")

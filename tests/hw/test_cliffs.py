@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gac.align.candidates import aligned_candidates
-from gac.errors import GacError
 from gac.align.profiled import profile_candidates
+from gac.errors import GacError
 from gac.hw.cliffs import entry_label, find_cliffs, latency_table
 
 

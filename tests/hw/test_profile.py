@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
+from gac.align.profiled import spec_from_model, spec_from_plan
 from gac.errors import GacError
 from gac.hw import profile as hp
-from gac.align.profiled import spec_from_model, spec_from_plan
 from gac.hw.plots import plot_profile
 
 TINY = hp.SweepSpec(

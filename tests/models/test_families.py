@@ -34,6 +34,7 @@ def test_family_round_trip(model_type, tmp_path, monkeypatch):
     analyses = comp.analyze(model, comp.groups(model), calibrate(model, windows, names, progress=False), progress=False)
     ranks = {a.name: 3 + k % 5 for k, a in enumerate(analyses)}  # irregular
     structure = comp.materialize(model, analyses, ranks)
+    assert structure == {"lowrank": ranks}  # read off the live model: every factorized linear, nothing else
     ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=g)  # [B, S]
     expected = _logits(model, ids)
 

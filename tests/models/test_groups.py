@@ -8,8 +8,7 @@ import torch
 from gac.errors import GacError
 from gac.models import surgery
 from gac.models.adapters import adapter_for
-from gac.models.groups import (HeadGroup, HeadRankGroup, RankGroup, WidthGroup, compressed_dims_of, groups_of,
-                               linears_of)
+from gac.models.groups import HeadGroup, HeadRankGroup, RankGroup, WidthGroup, compressed_dims_of, groups_of, linears_of
 from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear, apply_gac_structure
 from gac.models.structure import structure_of
 from tests.conftest import TINY, tiny_model
