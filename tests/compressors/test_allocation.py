@@ -103,3 +103,17 @@ def test_generous_budget_makes_every_weight_dense():
     short = allocate_ranks(energies, [1.0, 0.1, 3.0], shapes, budget - 1)
     assert any(r is not DENSE for r in short)
     assert _params(shapes, short) <= budget - 1
+
+
+def test_greedy_steps_takes_best_ratio_first_and_stops_items_that_no_longer_fit():
+    from gac.compressors.allocation import greedy_steps
+
+    gains = [np.array([10.0, 1.0]), np.array([6.0, 5.0, 4.0])]
+    costs = [np.array([2, 2]), np.array([3, 3, 3])]
+    # ratios: a 5.0, 0.5; b 2.0, 1.67, 1.33 -> a0, b0, b1, b2, a1 while the budget lasts
+    assert greedy_steps(gains, costs, used=0, budget=2) == [1, 0]
+    assert greedy_steps(gains, costs, used=0, budget=7) == [2, 1]  # b1 no longer fits: b stops, a1 still does
+    assert greedy_steps(gains, costs, used=0, budget=11) == [1, 3]
+    assert greedy_steps(gains, costs, used=0, budget=13) == [2, 3]
+    assert greedy_steps(gains, costs, used=5, budget=10) == [1, 1]  # spent parameters count
+    assert greedy_steps([np.array([])], [np.array([], dtype=int)], used=0, budget=5) == [0]

@@ -4,13 +4,13 @@ every group). Units are one MLP and one attention block per pruned layer; their 
 
 from __future__ import annotations
 
-import heapq
 import logging
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from gac.compressors.allocation import greedy_steps
 from gac.compressors.base import Compressor, Unit, normalize_scores
 from gac.errors import GacError
 from gac.importance import check_proxy, measure
@@ -116,32 +116,22 @@ def _top(importance: np.ndarray, k: int) -> torch.Tensor:
 # --- how much to keep: pure numpy --------------------------------------------------------------------------
 def allocate_steps(gains: list[np.ndarray], step_costs: list[int], min_steps: list[int], fixed: list[int],
                    budget: int) -> list[int]:
-    """Greedy global allocation of steps (channels, heads, groups) by importance per parameter.
+    """Greedy global allocation of steps (channels, heads, groups) by importance per parameter
+    (gac.compressors.allocation.greedy_steps).
 
     gains[i]: importance of unit i's successive steps (non-increasing); step_costs[i]: parameters of one step;
-    every unit keeps at least min_steps[i] steps; fixed[i]: parameters kept whatever the steps. Since each
-    unit's gains do not increase, taking the best gain per parameter first is optimal for the continuous
-    relaxation. Returns the number of kept steps per unit.
+    every unit keeps at least min_steps[i] steps; fixed[i]: parameters kept whatever the steps.
+    Returns the number of kept steps per unit.
     """
-    n = len(gains)
-    steps = list(min_steps)
-    used = sum(fixed[i] + steps[i] * step_costs[i] for i in range(n))
+    used = sum(f + m * c for f, m, c in zip(fixed, min_steps, step_costs))
     if used > budget:
         raise GacError(
             f"a budget of {budget} parameters cannot keep one head group per attention and one channel per MLP "
             f"({used} needed): this ratio would remove every head of a layer; lower --ratio or prune fewer layers"
         )
-    heap = [(-gains[i][steps[i]] / step_costs[i], i) for i in range(n) if steps[i] < len(gains[i])]
-    heapq.heapify(heap)
-    while heap:
-        _, i = heapq.heappop(heap)
-        if used + step_costs[i] > budget:
-            continue  # this unit cannot grow within the budget; smaller steps elsewhere may still fit
-        used += step_costs[i]
-        steps[i] += 1
-        if steps[i] < len(gains[i]):
-            heapq.heappush(heap, (-gains[i][steps[i]] / step_costs[i], i))
-    return steps
+    further = [np.asarray(g[m:], dtype=np.float64) for g, m in zip(gains, min_steps)]
+    taken = greedy_steps(further, [np.full(len(g), c) for g, c in zip(further, step_costs)], used, budget)
+    return [m + t for m, t in zip(min_steps, taken)]
 
 
 class PruneCompressor(Compressor):
