@@ -1,4 +1,5 @@
-"""`gac repair MODEL --out DIR`: zero-pad irregular ranks and MLP widths, exact outputs. torch imported lazily."""
+"""`gac repair MODEL --out DIR`: zero-pad irregular ranks and MLP widths, same outputs
+(exact in exact arithmetic, within fp32 reassociation error in floating point). torch imported lazily."""
 
 from __future__ import annotations
 
