@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from gac.cli.options import Int
 from gac.errors import GacError
 
 
@@ -124,8 +125,8 @@ def print_table(result: dict) -> None:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--points", "points_text", metavar="BxS[,BxS...]",
               help="Prefill points, batch x sequence [default: 1x128,1x512,1x1024,4x512].")
-@click.option("--rounds", type=click.IntRange(min=1), help="Prefill runs per model and point [default: 10].")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: torch's current count).")
+@click.option("--rounds", type=Int(1, 100000, example=10), help="Prefill runs per model and point [default: 10].")
+@click.option("--threads", type=Int(1, 4096, example=4), help="CPU threads (default: torch's current count).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for bench.json, bench.md and bench_latency.png.")
 @click.option("--quiet", is_flag=True, help="No progress logging.")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from gac.cli.options import Int
 from gac.errors import GacError
 
 
@@ -16,8 +17,8 @@ def parse_alignments(text: str) -> tuple[int, ...]:
         values = tuple(sorted({int(part) for part in text.split(",")}))
     except ValueError:
         values = ()
-    if not values or values[0] < 1:
-        raise GacError(f"bad --align {text!r}: give positive integers separated by commas, e.g. --align 8,16,32")
+    if not values or values[0] < 1 or values[-1] > 1024:
+        raise GacError(f"bad --align {text!r}: give positive integers up to 1024 separated by commas, e.g. --align 8,16,32")
     return values
 
 
@@ -27,7 +28,7 @@ def parse_alignments(text: str) -> tuple[int, ...]:
               help="Alignments to check, comma list.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write every dim as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Scatter of dims by layer (PNG).")
-@click.option("--limit", type=click.IntRange(min=0), default=40, show_default=True,
+@click.option("--limit", type=Int(0, example=40), default=40, show_default=True,
               help="Misaligned dims shown in the table (0: all).")
 def command(model, align_text, json_out, plot, limit) -> None:
     """List MODEL's compressible dims (ranks, linear widths, MLP width, head_dim) and which are misaligned."""

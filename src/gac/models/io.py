@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from gac.errors import GacError
@@ -36,21 +34,11 @@ def save(model, tokenizer, out_dir, *, structure: dict, plan: dict, extra_files:
     plan: dims per weight, compressor config, versions (written as gac_plan.json).
     extra_files: {file name: str or bytes} written beside the model (report.json, report.md, plots).
     """
+    from gac.atomic import atomic_dir
+
     out = check_out_dir(out_dir, force).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
+    with atomic_dir(out, force=force) as tmp:  # signal-safe: no hidden .partial or .old leftovers
         _write(model, tokenizer, tmp, structure, plan, extra_files or {})
-        if out.exists():  # --force: swap in the new directory, then drop the old one
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
