@@ -60,7 +60,7 @@ def _regular_file(path, what: str, flag: str) -> Path:
     try:
         st = p.stat()
     except FileNotFoundError:
-        raise GacError(f"{what} {p} does not exist: check the path given to {flag}") from None
+        raise GacError(f"cannot read {what} {p}: no such file: check the path given to {flag}") from None
     except OSError as e:
         raise GacError(f"cannot read {what} {p} ({e.strerror}): check the path given to {flag}") from None
     if stat.S_ISDIR(st.st_mode):

@@ -3,8 +3,6 @@ and calls gac.evaluate.bench.bench; defaults live in BenchConfig. torch is impor
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import click
@@ -56,28 +54,14 @@ def _load(spec: str, *, dtype: str, device: str):
         raise GacError(f"could not load model {spec!r}: {first}") from e
 
 
-def _write_atomic(path: Path, write) -> None:
-    """Write through a temporary sibling (same suffix, so matplotlib knows the format), then rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions of a new file
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_outputs(result: dict, out: Path) -> list[Path]:
     """DIR/bench.json, DIR/bench.md, DIR/bench_latency.png, each written atomically."""
     import json
 
     from gac.evaluate.bench import bench_table_markdown, plot_latency_vs_seq
 
-    out.mkdir(parents=True, exist_ok=True)
+    from gac.atomic import write_file
+
     files = {
         "bench.json": lambda p: p.write_text(json.dumps(result, indent=2) + "\n"),
         "bench.md": lambda p: p.write_text(bench_table_markdown(result)),
@@ -85,7 +69,7 @@ def write_outputs(result: dict, out: Path) -> list[Path]:
     }
     paths = []
     for name, write in files.items():
-        _write_atomic(out / name, write)
+        write_file(out / name, write)
         paths.append(out / name)
     return paths
 
@@ -137,7 +121,13 @@ def command(models, device, dtype, points_text, rounds, threads, out, quiet) -> 
     from gac.evaluate.timing import cpu_threads
     from gac.models.loading import check_device
 
+    from gac import validate
+
     setup_logging(quiet)
+    if out is not None:
+        validate.writable_location(out, "--out", is_dir=True)  # before the timing, not after
+    for spec in models:
+        validate.local_model_typo(spec)
     given = {}
     if points_text is not None:
         given["points"] = parse_points(points_text)

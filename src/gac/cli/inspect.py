@@ -34,18 +34,23 @@ def command(model, align_text, json_out, plot, limit) -> None:
     """List MODEL's compressible dims (ranks, linear widths, MLP width, head_dim) and which are misaligned."""
     from gac.cli.output import setup_logging
 
+    from gac import validate
+
     alignments = parse_alignments(align_text)
+    for path, flag in ((json_out, "--json"), (plot, "--plot")):
+        if path is not None:
+            validate.output_file(path, flag)
+    validate.local_model_typo(model)
     setup_logging(quiet=True)
+    from gac.atomic import write_file, write_text
     from gac.inspect import inspect_model, plot_dims
     from gac.models.loading import load_model
 
     result = inspect_model(load_model(model).model, alignments)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({"model": model, **result.to_json()}, indent=2))
+        write_text(json_out, json.dumps({"model": model, **result.to_json()}, indent=2), flag="--json")
     if plot is not None:
-        plot.parent.mkdir(parents=True, exist_ok=True)
-        plot_dims(result, plot)
+        write_file(plot, lambda p: plot_dims(result, p), flag="--plot")
     _print(model, result, limit)
     for what, path in (("json", json_out), ("plot", plot)):
         if path is not None:

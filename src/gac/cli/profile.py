@@ -64,8 +64,14 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
 
     from gac.hw import profile as hp
 
+    from gac import validate
+
     if sum(x is not None for x in (dims_text, plan, model_spec)) > 1:
         raise GacError("give one of --dims, --plan or --model, not several")
+    if out is not None:
+        validate.output_file(out, "--out")  # before the sweep, not after
+    if model_spec is not None:
+        validate.local_model_typo(model_spec)
     head_dims = parse_dims(head_dims_text, "--head-dims") if head_dims_text else None
     sizes = {k: v for k, v in dict(hidden=hidden, lowrank_in=hidden, lowrank_out=hidden, heads=heads, batch=batch,
                                    context=context).items() if v is not None}
@@ -74,7 +80,12 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
     if dims_text:
         spec = dataclasses.replace(spec, dims=parse_dims(dims_text))
     if plan:
-        spec = hp.spec_from_plan(plan, spec)
+        from gac.cli.select import read_plan_file
+
+        try:
+            spec = hp.spec_from_plan(read_plan_file(plan), spec)
+        except GacError as e:
+            raise GacError(f"{plan}: {e}" if str(plan) not in str(e) else str(e)) from None
     if model_spec:
         from gac.models.loading import load_model
 

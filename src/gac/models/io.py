@@ -81,9 +81,25 @@ def load(path, *, dtype: str = "float32", device: str = "cpu"):
     cls = GAC_CLASSES.get(config.model_type)
     if cls is None:
         raise GacError(f"{path}: unsupported architecture {config.model_type!r} in config.json")
-    model = cls.from_pretrained(path, dtype=torch_dtype(dtype)).to(device).eval()
+    from gac.models import verify
+
+    verify.check_structure(getattr(config, "gac_structure", None), str(path))
+    verify.check_config(config, str(path))
+    verify.check_weight_files(path)
+    try:
+        model, info = cls.from_pretrained(path, dtype=torch_dtype(dtype), output_loading_info=True)
+    except (AttributeError, KeyError, ValueError, TypeError, RuntimeError) as e:  # structure names no such module
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise GacError(f"{path}: gac_structure does not fit the {config.model_type} model ({first}): the output is "
+                       "damaged or edited; restore it or re-run `gac compress`") from None
+    verify.check_loading_info(info, str(path))  # the structure must account for every tensor, both ways
+    if info.get("unexpected_keys"):
+        raise GacError(f"{path}: its weights hold tensors its gac_structure does not place (e.g. "
+                       f"{sorted(info['unexpected_keys'])[0]}): the output is damaged or edited; re-run `gac compress`")
+    model = model.to(device).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
         tokenizer = None
+    verify.check_tokenizer_fits(model, tokenizer, str(path))
     return LoadedModel(model, tokenizer, str(path))

@@ -59,7 +59,23 @@ def _check_architecture(config) -> None:
 
 
 def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
-    """Load `spec` for inference. Every failure a user can fix becomes a one-line GacError."""
+    """Load `spec` for inference. Every failure a user can fix becomes a one-line GacError, and what was loaded
+    is verified (gac.models.verify): no tensor missing or of the wrong shape, no silent random initialization."""
+    try:
+        return _load_model(spec, dtype=dtype, device=device)
+    except GacError:
+        raise
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever transformers, torch or tokenizers raise on a bad checkpoint
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise GacError(f"could not load model {spec!r} ({type(e).__name__}: {first}): check that its config, "
+                       "weights and tokenizer belong together, or re-download it") from e
+
+
+def _load_model(spec: str, *, dtype: str, device: str) -> LoadedModel:
+    from gac.validate import local_model_typo
+
     check_device(device)
     torch_dt = torch_dtype(dtype)
     path = Path(spec).expanduser()
@@ -72,14 +88,21 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> Loa
         if not (path / "config.json").is_file():
             raise GacError(f"{path} has no config.json: pass a Hugging Face model directory, a .gguf file or an alias")
         from gac.models.io import is_gac_dir, load
+        from gac.models.verify import check_gac_files
 
+        check_gac_files(path)
         loaded = load(path, dtype=dtype, device="cpu") if is_gac_dir(path) else _load_hf(str(path), torch_dt, source=spec)
     elif path.exists():
         raise GacError(f"{spec} is not a model directory or a .gguf file: pass a Hugging Face model directory, "
                        "a .gguf file or an alias")
     elif "/" in spec and not spec.startswith((".", "/", "~")) and spec.count("/") == 1:
+        local_model_typo(spec)
+        first = Path(spec.split("/")[0])
+        if first.is_dir():  # `models/tiyn` with ./models here: a path typo, not a hub id
+            raise GacError(f"model {spec!r} not found: {first}/ has no {spec.split('/', 1)[1]!r} (check the path)")
         loaded = _load_hf(spec, torch_dt, source=spec, hub=True)
     else:
+        local_model_typo(spec)
         raise GacError(
             f"unknown model {spec!r}: pass an alias ({', '.join(EMBEDDED)}), a model directory, a .gguf file or a hub id"
         )
@@ -102,7 +125,12 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
             ) from e
         raise GacError(f"could not read the model config of {source!r} ({str(e).splitlines()[0]}): pass a valid "
                        "model directory or .gguf file") from e
+    from gac.models import verify
+
     _check_architecture(config)
+    verify.check_config(config, source)
+    if not hub and not gguf_file:
+        verify.check_weight_files(where)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
     except (OSError, ValueError, TypeError) as e:
@@ -111,7 +139,9 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
             f"beside the weights"
         ) from e
     log.info("loading %s", source)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dt, **kwargs)
+    model, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dt, output_loading_info=True, **kwargs)
+    verify.check_loading_info(info, source)
+    verify.check_tokenizer_fits(model, tokenizer, source)
     if gguf_file:
         # GGUF weights were dequantized on load: from here on it is a plain dense model, saved as safetensors.
         model.hf_quantizer = None
