@@ -4,7 +4,7 @@ temporary behind.
 
 - `terminate_as_interrupt()`: while active, SIGTERM and SIGHUP raise `Terminated` (a KeyboardInterrupt), so the
   same cleanup that handles Ctrl-C runs for them too. The CLI wraps every verb in it.
-- `critical()`: signals are held (blocked, not lost) while an output is swapped into place, so a rename pair is
+- `critical()`: signals are held (deferred, not lost) while an output is swapped into place, so a rename pair is
   never cut in half; they are delivered right after.
 - `atomic_dir(out, force)`: yields a temporary sibling directory to fill; on success it replaces `out`
   (created with the usual 0777 & ~umask permissions, not mkdtemp's 0700); on any exception it is removed.
@@ -61,15 +61,26 @@ def terminate_as_interrupt():
 
 @contextlib.contextmanager
 def critical():
-    """Hold SIGINT/SIGTERM/SIGHUP during a short step that must not be cut in half (delivered afterwards)."""
-    can_block = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
-    if can_block:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    """Hold SIGINT/SIGTERM/SIGHUP during a short step that must not be cut in half; a signal that arrives
+    meanwhile is re-raised right after. (Python-level deferral, not a thread signal mask: in a process with
+    other threads, as torch's, the kernel may deliver a masked signal to another thread.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {}
+    for s in HELD:
+        try:
+            previous[s] = signal.signal(s, lambda signum, frame: pending.append(signum))
+        except (OSError, ValueError):
+            pass
     try:
         yield
     finally:
-        if can_block:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if pending:
+            signal.raise_signal(pending[0])  # now handled as usual: Terminated, KeyboardInterrupt, or exit
 
 
 def _umask() -> int:

@@ -48,9 +48,9 @@ def real(value, flag: str, *, low: float | None = None, high: float | None = Non
         x = math.nan
     if math.isfinite(x) and (low is None or x > low) and (high is None or x < high):
         return x
-    where = {(True, True): f"in ({low}, {high})", (True, False): f"> {low}",
-             (False, True): f"< {high}", (False, False): "finite"}[(low is not None, high is not None)]
-    raise GacError(f"bad {flag} {value!r}: give a finite number {where}, e.g. {flag} {example}")
+    where = {(True, True): f" in ({low}, {high})", (True, False): f" > {low}",
+             (False, True): f" < {high}", (False, False): ""}[(low is not None, high is not None)]
+    raise GacError(f"bad {flag} {value!r}: give a finite number{where}, e.g. {flag} {example}")
 
 
 # ------------------------------------------------------------------------------------------------ input files
@@ -214,8 +214,8 @@ def local_model_typo(spec: str) -> None:
         return
     looks_local = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or spec.endswith(("/", ".gguf"))
     if looks_local:
-        raise GacError(f"model {spec!r} not found: no such file or directory (check the path; hub ids look "
-                       "like org/name)")
+        raise GacError(f"model {spec!r} not found: no such file or directory; pass an existing path (hub ids "
+                       "look like org/name)")
 
 
 def not_a_gac_output(spec: str, flag: str = "--model") -> None:

@@ -67,7 +67,7 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
     from gac import validate
 
     if sum(x is not None for x in (dims_text, plan, model_spec)) > 1:
-        raise GacError("give one of --dims, --plan or --model, not several")
+        raise GacError("--dims, --plan and --model exclude each other: give only one of them")
     if out is not None:
         validate.output_file(out, "--out")  # before the sweep, not after
     if model_spec is not None:
@@ -85,7 +85,8 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
         try:
             spec = hp.spec_from_plan(read_plan_file(plan), spec)
         except GacError as e:
-            raise GacError(f"{plan}: {e}" if str(plan) not in str(e) else str(e)) from None
+            raise GacError(f"{plan}: {e}: fix the plan (format: README, `gac select`)" if str(plan) not in str(e)
+                           else str(e)) from None
     if model_spec:
         from gac.models.loading import load_model
 

@@ -61,10 +61,15 @@ def _write(model, tokenizer, d: Path, structure: dict, plan: dict, extra_files: 
 
 
 def read_plan(path) -> dict:
+    from gac.validate import read_json
+
     try:
-        return json.loads((Path(path) / PLAN_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise GacError(f"{path} is not a gac model directory ({PLAN_FILE} unreadable): pass a directory gac wrote") from e
+        plan = read_json(Path(path) / PLAN_FILE, PLAN_FILE, "the model directory")
+    except GacError as e:
+        raise GacError(f"{path} is not a readable gac model directory ({e}); pass a directory gac wrote") from None
+    if not isinstance(plan, dict):
+        raise GacError(f"{path}: {PLAN_FILE} is not a JSON object: restore it or re-run `gac compress`")
+    return plan
 
 
 def load(path, *, dtype: str = "float32", device: str = "cpu"):
@@ -87,7 +92,8 @@ def load(path, *, dtype: str = "float32", device: str = "cpu"):
     verify.check_config(config, str(path))
     verify.check_weight_files(path)
     try:
-        model, info = cls.from_pretrained(path, dtype=torch_dtype(dtype), output_loading_info=True)
+        model, info = cls.from_pretrained(path, dtype=torch_dtype(dtype), output_loading_info=True,
+                                          ignore_mismatched_sizes=True)  # mismatches are reported below
     except (AttributeError, KeyError, ValueError, TypeError, RuntimeError) as e:  # structure names no such module
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise GacError(f"{path}: gac_structure does not fit the {config.model_type} model ({first}): the output is "

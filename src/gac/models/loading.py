@@ -99,7 +99,7 @@ def _load_model(spec: str, *, dtype: str, device: str) -> LoadedModel:
         local_model_typo(spec)
         first = Path(spec.split("/")[0])
         if first.is_dir():  # `models/tiyn` with ./models here: a path typo, not a hub id
-            raise GacError(f"model {spec!r} not found: {first}/ has no {spec.split('/', 1)[1]!r} (check the path)")
+            raise GacError(f"model {spec!r} not found: {first}/ has no {spec.split('/', 1)[1]!r}; pass an existing path")
         loaded = _load_hf(spec, torch_dt, source=spec, hub=True)
     else:
         local_model_typo(spec)
@@ -139,7 +139,8 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
             f"beside the weights"
         ) from e
     log.info("loading %s", source)
-    model, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dt, output_loading_info=True, **kwargs)
+    model, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dt, output_loading_info=True,
+                                                       ignore_mismatched_sizes=True, **kwargs)  # reported below
     verify.check_loading_info(info, source)
     verify.check_tokenizer_fits(model, tokenizer, source)
     if gguf_file:

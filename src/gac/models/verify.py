@@ -67,10 +67,9 @@ def _check_pickle(path: Path) -> None:
     except pickle.UnpicklingError:
         raise GacError(f"refused {path}: it holds Python objects beyond tensors, which gac does not unpickle; "
                        f"{CONVERT}") from None
-    except Exception as e:  # noqa: BLE001 - truncated zip, garbage bytes
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise GacError(f"{path} is not a readable PyTorch checkpoint ({first}): re-download the model, or "
-                       f"{CONVERT}") from None
+    except Exception:  # noqa: BLE001 - truncated zip, garbage bytes, the pre-1.6 legacy format
+        raise GacError(f"{path} is not a readable PyTorch checkpoint (truncated, garbage, or the legacy pre-zip "
+                       f"format): re-download the model, or {CONVERT}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise GacError(f"refused {path}: not a plain dict of tensors; {CONVERT}")
 
