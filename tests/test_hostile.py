@@ -326,6 +326,8 @@ CASES = {
     "bench missing model": ["bench"],
     "bench model typo": ["bench", "{model}", "./no-such-dir/model"],
     "bench truncated safetensors": ["bench", "model:truncated", "--points", "1x8", "--rounds", "1"],
+    "bench unknown hub id (offline)": ["bench", "someone/no-such-model"],
+    "inspect unknown hub id (offline)": ["inspect", "someone/no-such-model"],
     "bench gac output without plan": ["bench", "gac:no-plan", "--points", "1x8", "--rounds", "1"],
     # ---- inspect
     "inspect json under a file": ["inspect", "{gac}", "--json", "file:a-file/d.json"],
@@ -386,6 +388,7 @@ def test_hostile_input_is_one_clean_line(case, tmp_path, tiny_model_dir, gac_dir
     case_dir.mkdir()
     (case_dir / "models").mkdir()  # for the relative-path typo `models/tiyn`
     monkeypatch.chdir(case_dir)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # hermetic: a hub id is never fetched here
     PWNED.unlink(missing_ok=True)
     args = [_resolve(a, case_dir, tiny_model_dir, gac_dir) for a in CASES[case]]
     before, model_before = _snapshot(tmp_path), _snapshot(tiny_model_dir)

@@ -188,3 +188,13 @@ def test_progress_is_throttled_off_a_terminal():
             "print(tqdm(total=1).mininterval, h.is_progress_bar_enabled())")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.stdout.split() == ["30.0", "False"], p.stderr
+
+
+def test_a_full_disk_is_refused_before_the_work(tmp_path, tiny_model_dir, monkeypatch):
+    import shutil as sh
+
+    from gac import validate
+
+    monkeypatch.setattr(validate.shutil, "disk_usage", lambda p: sh._ntuple_diskusage(10**9, 10**9, 1000))
+    with pytest.raises(GacError, match="not enough space .* free space or choose another --out"):
+        validate.enough_space(tmp_path / "out", validate.weights_size(str(tiny_model_dir)))

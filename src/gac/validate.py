@@ -14,6 +14,7 @@ import codecs
 import json
 import math
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -191,6 +192,32 @@ def writable_location(path, flag: str, *, is_dir: bool) -> Path:
         raise GacError(f"cannot write {p}: {base} is a file, not a directory: choose another {flag}")
     _probe_dir(base, p, flag)
     return p
+
+
+def weights_size(spec: str) -> int:
+    """Bytes of a local model's weight files (0 when unknown: an alias or a hub id)."""
+    p = Path(spec).expanduser()
+    if p.is_file():
+        return p.stat().st_size
+    if p.is_dir():
+        return sum(f.stat().st_size for f in p.iterdir() if f.suffix in (".safetensors", ".bin", ".gguf")
+                   and f.is_file())
+    return 0
+
+
+def enough_space(path, need: int, flag: str = "--out") -> None:
+    """Refuse up front when the output's file system has less free space than `need` bytes (a lower bound of
+    what will be written), instead of failing with ENOSPC after all the work."""
+    if need <= 0:
+        return
+    base = _nearest_existing(Path(path).expanduser().absolute().parent)
+    try:
+        free = shutil.disk_usage(base).free
+    except OSError:
+        return
+    if free < need:
+        raise GacError(f"not enough space for {path}: {free / 2**20:.0f} MiB free on {base}, about "
+                       f"{need / 2**20:.0f} MiB needed: free space or choose another {flag}")
 
 
 def output_dir(path, flag: str = "--out", *, force: bool = False) -> Path:

@@ -42,6 +42,7 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
     if model is not None:
         validate.local_model_typo(model)
         validate.not_a_gac_output(model)
+        validate.enough_space(out, validate.weights_size(model) // 2)  # the output is at least half the source
     if profile is not None and profile != "auto":
         from gac.hw.profile import load_profile
         from gac.schema import check_profile_matches

@@ -56,6 +56,7 @@ def command(model, out, align_text, strategy, profile, allow_profile_mismatch, f
     setup_logging(quiet=True)
     validate.output_dir(out, "--out", force=force)
     validate.local_model_typo(model)
+    validate.enough_space(out, validate.weights_size(model))  # the padded model is a little larger
     if profile is not None:
         from gac.hw.profile import load_profile
         from gac.schema import check_profile_matches

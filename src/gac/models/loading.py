@@ -100,6 +100,7 @@ def _load_model(spec: str, *, dtype: str, device: str) -> LoadedModel:
         first = Path(spec.split("/")[0])
         if first.is_dir():  # `models/tiyn` with ./models here: a path typo, not a hub id
             raise GacError(f"model {spec!r} not found: {first}/ has no {spec.split('/', 1)[1]!r}; pass an existing path")
+        _check_hub(spec)
         loaded = _load_hf(spec, torch_dt, source=spec, hub=True)
     else:
         local_model_typo(spec)
@@ -109,6 +110,33 @@ def _load_model(spec: str, *, dtype: str, device: str) -> LoadedModel:
     loaded.model.to(device)
     loaded.model.eval()
     return loaded
+
+
+def _check_hub(repo: str) -> None:
+    """A hub id neither cached nor reachable fails in a second, naming both readings (path typo or hub id)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(repo, "config.json"), str):
+            return  # cached: transformers loads it from the cache
+    except Exception:  # noqa: BLE001 - an invalid repo id; transformers reports it
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        reachable = False
+    else:
+        url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+        try:
+            socket.create_connection((url.hostname, url.port or 443), timeout=5).close()
+            reachable = True
+        except OSError:
+            reachable = False
+    if not reachable:
+        raise GacError(f"model {repo!r} is not a local path, not in the Hugging Face cache, and the hub is "
+                       "unreachable: check the path, or download it where you have network")
 
 
 def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None, hub: bool = False) -> LoadedModel:
