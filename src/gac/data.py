@@ -24,15 +24,11 @@ def pydoc_split() -> tuple[str, str]:
     return "\n\n".join(c for c in calib if c), "\n\n".join(held_out)
 
 
-def read_text(path) -> str:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise GacError(f"cannot read text file {p}: {e.strerror}; pass an existing UTF-8 text file") from e
-    if not text.strip():
-        raise GacError(f"text file {p} is empty: pass a file with text to calibrate or evaluate on")
-    return text
+def read_text(path, flag: str = "--calib-file/--eval-file") -> str:
+    """A user's text file: bounded, UTF-8 (or UTF-16/32 with a BOM), refused when binary (see gac.validate)."""
+    from gac.validate import read_text as checked
+
+    return checked(path, "text file", flag)
 
 
 @dataclass(frozen=True)
@@ -42,6 +38,13 @@ class TextConfig:
     seq_len: int = 512
     calib_windows: int = 16
     eval_windows: int = 24
+
+    def __post_init__(self):
+        from gac.validate import integer
+
+        integer(self.seq_len, "--seq-len", example=512)
+        integer(self.calib_windows, "--calib-windows", example=16)
+        integer(self.eval_windows, "--eval-windows", example=24)
 
 
 def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what: str):
@@ -60,8 +63,8 @@ def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what:
 def load_windows(tokenizer, cfg: TextConfig):
     """(calibration windows, evaluation windows) as LongTensors [n, seq_len]."""
     default_calib, default_eval = pydoc_split()
-    calib = read_text(cfg.calib_file) if cfg.calib_file else default_calib
-    held_out = read_text(cfg.eval_file) if cfg.eval_file else default_eval
+    calib = read_text(cfg.calib_file, "--calib-file") if cfg.calib_file else default_calib
+    held_out = read_text(cfg.eval_file, "--eval-file") if cfg.eval_file else default_eval
     return (
         token_windows(tokenizer, calib, cfg.seq_len, cfg.calib_windows, what="calibration"),
         token_windows(tokenizer, held_out, cfg.seq_len, cfg.eval_windows, what="evaluation"),

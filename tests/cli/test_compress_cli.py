@@ -37,7 +37,7 @@ def _error_cases(tiny_model_dir, tmp_path):
         "ratio": ([*base, "--ratio", "1.5", "--out", str(tmp_path / "a")], "ratio"),
         "zero ratio": ([*base, "--ratio", "0", "--out", str(tmp_path / "a")], "ratio"),
         "unknown model": (["compress", "--model", "no-such-model", "--out", str(tmp_path / "b"), *FAST], "unknown model"),
-        "missing path": (["compress", "--model", "./no/such/dir", "--out", str(tmp_path / "b"), *FAST], "unknown model"),
+        "missing path": (["compress", "--model", "./no/such/dir", "--out", str(tmp_path / "b"), *FAST], "not found"),
         "missing tokenizer": (["compress", "--model", str(no_tok), "--out", str(tmp_path / "c"), *FAST], "tokenizer"),
         "out exists": ([*base, "--out", str(exists)], "already exists"),
         "empty text": ([*base, "--out", str(tmp_path / "d"), "--calib-file", str(empty)], "empty"),

@@ -60,7 +60,7 @@ def _error_cases(tiny_model_dir, tmp_path):
     exists = tmp_path / "exists"
     exists.mkdir()
     return {
-        "repair missing model": (["repair", tmp_path / "no" / "such", "--out", tmp_path / "a"], "unknown model"),
+        "repair missing model": (["repair", tmp_path / "no" / "such", "--out", tmp_path / "a"], "not found"),
         "repair out exists": (["repair", tiny_model_dir, "--out", exists, "--no-latency"], "already exists"),
         "repair bad align": (["repair", tiny_model_dir, "--out", tmp_path / "a", "--align", "0"], "bad --align"),
         "repair align not a number": (["repair", tiny_model_dir, "--out", tmp_path / "a", "--align", "x"],

@@ -1,5 +1,6 @@
 """The `gac` command. Each verb parses arguments and calls one api function; torch is imported lazily."""
 
+import os
 import sys
 
 import click
@@ -7,16 +8,66 @@ import click
 from gac.errors import GacError
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def usage_line(e: click.UsageError) -> str:
+    """click's multi-line `Usage: ... Error: ...` block as one `error: <problem>: <fix>` line."""
+    ctx = e.ctx
+    path = ctx.command_path if ctx is not None else "gac"
+    message = _one_line(e.format_message())
+    message = message[0].lower() + message[1:] if message[:1].isupper() and message[1:2].islower() else message
+    return f"error: {message.rstrip('.')}: see `{path} --help`"
+
+
 class _Group(click.Group):
-    def invoke(self, ctx):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Every failure a user can cause ends as one `error:` line on stderr: exit 2 for bad input (usage or
+        GacError), 130/143/129 for Ctrl-C/SIGTERM/SIGHUP, 1 for a bug (GAC_TRACEBACK=1 shows its traceback)."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            return super().invoke(ctx)
-        except GacError as e:
-            click.echo(f"error: {e}", err=True)
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            click.echo(usage_line(e), err=True)
             sys.exit(2)
-        except KeyboardInterrupt:
-            click.echo("interrupted: nothing was written", err=True)
+        except click.ClickException as e:
+            click.echo(f"error: {_one_line(e.format_message())}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("interrupted: no partial output was left", err=True)
             sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+    def invoke(self, ctx):
+        from gac.atomic import Terminated, terminate_as_interrupt
+
+        try:
+            with terminate_as_interrupt():
+                return super().invoke(ctx)
+        except GacError as e:
+            click.echo(f"error: {_one_line(e)}", err=True)
+            sys.exit(2)
+        except Terminated as e:
+            click.echo(f"interrupted ({e}): no partial output was left", err=True)
+            sys.exit(128 + e.signum)
+        except KeyboardInterrupt:
+            click.echo("interrupted: no partial output was left", err=True)
+            sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except MemoryError:
+            click.echo("error: out of memory: use a smaller model, fewer or shorter windows, or a bigger machine",
+                       err=True)
+            sys.exit(2)
+        except Exception as e:  # noqa: BLE001 - a bug: still one line, the traceback on request
+            if os.environ.get("GAC_TRACEBACK"):
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            click.echo(f"error: unexpected {type(e).__name__}: {first}: this is a gac bug, please report it "
+                       "(GAC_TRACEBACK=1 shows the traceback)", err=True)
+            sys.exit(1)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

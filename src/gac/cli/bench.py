@@ -3,12 +3,11 @@ and calls gac.evaluate.bench.bench; defaults live in BenchConfig. torch is impor
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import click
 
+from gac.cli.options import Int
 from gac.errors import GacError
 
 
@@ -55,28 +54,14 @@ def _load(spec: str, *, dtype: str, device: str):
         raise GacError(f"could not load model {spec!r}: {first}") from e
 
 
-def _write_atomic(path: Path, write) -> None:
-    """Write through a temporary sibling (same suffix, so matplotlib knows the format), then rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions of a new file
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_outputs(result: dict, out: Path) -> list[Path]:
     """DIR/bench.json, DIR/bench.md, DIR/bench_latency.png, each written atomically."""
     import json
 
     from gac.evaluate.bench import bench_table_markdown, plot_latency_vs_seq
 
-    out.mkdir(parents=True, exist_ok=True)
+    from gac.atomic import write_file
+
     files = {
         "bench.json": lambda p: p.write_text(json.dumps(result, indent=2) + "\n"),
         "bench.md": lambda p: p.write_text(bench_table_markdown(result)),
@@ -84,7 +69,7 @@ def write_outputs(result: dict, out: Path) -> list[Path]:
     }
     paths = []
     for name, write in files.items():
-        _write_atomic(out / name, write)
+        write_file(out / name, write)
         paths.append(out / name)
     return paths
 
@@ -124,8 +109,8 @@ def print_table(result: dict) -> None:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--points", "points_text", metavar="BxS[,BxS...]",
               help="Prefill points, batch x sequence [default: 1x128,1x512,1x1024,4x512].")
-@click.option("--rounds", type=click.IntRange(min=1), help="Prefill runs per model and point [default: 10].")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: torch's current count).")
+@click.option("--rounds", type=Int(1, 100000, example=10), help="Prefill runs per model and point [default: 10].")
+@click.option("--threads", type=Int(1, 4096, example=4), help="CPU threads (default: torch's current count).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for bench.json, bench.md and bench_latency.png.")
 @click.option("--quiet", is_flag=True, help="No progress logging.")
@@ -136,7 +121,13 @@ def command(models, device, dtype, points_text, rounds, threads, out, quiet) -> 
     from gac.hw.timing import cpu_threads
     from gac.hw.device import check_device
 
+    from gac import validate
+
     setup_logging(quiet)
+    if out is not None:
+        validate.writable_location(out, "--out", is_dir=True)  # before the timing, not after
+    for spec in models:
+        validate.local_model_typo(spec)
     given = {}
     if points_text is not None:
         given["points"] = parse_points(points_text)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from gac.cli.options import Int, Real
+
 COMPRESSORS = ("svd", "asvd", "svd_llm", "palu", "prune")  # mirrors gac.compressors.REGISTRY without importing torch
 IMPORTANCE = ("magnitude", "activation", "taylor", "fisher")  # mirrors gac.importance.PROXIES
 FLAGS = {"alpha": "--alpha", "importance": "--importance", "layers": "--prune-layers", "head_mode": "--head-mode",
@@ -29,19 +31,41 @@ def _check_options(compressor: str, options: dict) -> None:
             raise GacError(f"{FLAGS.get(key, key)} does not apply to --compressor {compressor}: leave it out")
 
 
+def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, calib_file, eval_file) -> None:
+    """Everything that can be checked before the model is loaded: fail in a second, not after the work."""
+    from gac import validate
+
+    validate.output_dir(out, "--out", force=force)
+    for path, flag in ((calib_file, "--calib-file"), (eval_file, "--eval-file")):
+        if path is not None:
+            validate.read_text(path, "text file", flag)
+    if model is not None:
+        validate.local_model_typo(model)
+        validate.not_a_gac_output(model)
+        validate.enough_space(out, validate.weights_size(model) // 2)  # the output is at least half the source
+    if profile is not None and profile != "auto":
+        from gac.hw.profile import load_profile
+        from gac.schema import check_profile_matches
+
+        check_profile_matches(load_profile(profile), profile, device=device or "cpu", dtype=dtype or "float32",
+                              allow=allow_mismatch)
+
+
 @click.command("compress")
 @click.option("--model", help="smollm2-135m (default, embedded), a HF model dir, a .gguf file, or a hub id.")
 @click.option("--compressor", type=click.Choice(COMPRESSORS), help="Dimension-reducing compressor [default: asvd].")
-@click.option("--ratio", type=float, help="Share of compressible parameters to remove, in (0, 1) [default: 0.15].")
+@click.option("--ratio", type=Real(0, 1, example=0.15), help="Share of compressible parameters to remove, in (0, 1) [default: 0.15].")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output model directory.")
-@click.option("--align", "alignment", type=int, help="Alignment multiple for candidate dims [default: 8].")
+@click.option("--align", "alignment", type=Int(1, 1024, example=8, hint="give a positive integer up to 1024, usually a power of two, e.g. --align 8"), help="Alignment multiple for candidate dims [default: 8].")
 @click.option("--no-align", is_flag=True, help="Save the compressor's own (unaligned) dims instead of GAC's.")
 @click.option("--profile", type=click.Path(dir_okay=False),
               help="Hardware profile JSON driving the candidates (from `gac profile`, any machine), or `auto`: "
                    "measure this device around the dims needed.")
+@click.option("--allow-profile-mismatch", is_flag=True,
+              help="Use a --profile measured for another dtype or device type (a warning instead of an error).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="[default: float32]")
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
-@click.option("--alpha", type=float, help="asvd: activation scaling exponent [default: 0.5].")
+@click.option("--alpha", type=Real(example=0.5), help="asvd: activation scaling exponent [default: 0.5].")
 @click.option("--importance", type=click.Choice(IMPORTANCE),
               help="Importance proxy (channels/heads to keep, per-weight score) [default: prune taylor; asvd, "
                    "svd_llm and palu fisher; svd magnitude].")
@@ -50,23 +74,24 @@ def _check_options(compressor: str, options: dict) -> None:
 @click.option("--head-mode", type=click.Choice(["group", "uniform", "none"]),
               help="prune: remove whole KV groups, the same number of query heads per group, or no heads "
                    "[default: group].")
-@click.option("--group-size", type=int, help="palu: KV heads sharing one down-projection [default: 1].")
+@click.option("--group-size", type=Int(1, 1024, example=1), help="palu: KV heads sharing one down-projection [default: 1].")
 @click.option("--calib-file", type=click.Path(dir_okay=False), help="Calibration text [default: Python docs].")
 @click.option("--eval-file", type=click.Path(dir_okay=False), help="Held-out evaluation text [default: Python docs].")
-@click.option("--seq-len", type=int, help="Tokens per window [default: 512].")
-@click.option("--calib-windows", type=int, help="Calibration windows [default: 16].")
-@click.option("--eval-windows", type=int, help="Evaluation windows [default: 24].")
-@click.option("--prefill-tokens", type=int, help="Prefill length for latency [default: 512].")
+@click.option("--seq-len", type=Int(1, 131072, example=512), help="Tokens per window [default: 512].")
+@click.option("--calib-windows", type=Int(1, 100000, example=16), help="Calibration windows [default: 16].")
+@click.option("--eval-windows", type=Int(1, 100000, example=24), help="Evaluation windows [default: 24].")
+@click.option("--prefill-tokens", type=Int(1, 131072, example=512), help="Prefill length for latency [default: 512].")
 @click.option("--no-eval", is_flag=True, help="Skip perplexity and latency (parameters and alignment only).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def command(model, compressor, ratio, out, alignment, no_align, profile, dtype, device, alpha, importance,
+def command(model, compressor, ratio, out, alignment, no_align, profile, allow_profile_mismatch, dtype, device, alpha, importance,
             prune_layers, head_mode, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows,
             prefill_tokens, no_eval, force, quiet):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
 
     setup_logging(quiet)
+    _check_inputs(model, out, force, profile, allow_profile_mismatch, device, dtype, calib_file, eval_file)
     from gac.api import CompressConfig, compress
     from gac.data import TextConfig
     from gac.evaluate.latency import LatencyConfig

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from gac.cli.options import Int
 from gac.errors import GacError
 
 
@@ -16,8 +17,8 @@ def parse_alignments(text: str) -> tuple[int, ...]:
         values = tuple(sorted({int(part) for part in text.split(",")}))
     except ValueError:
         values = ()
-    if not values or values[0] < 1:
-        raise GacError(f"bad --align {text!r}: give positive integers separated by commas, e.g. --align 8,16,32")
+    if not values or values[0] < 1 or values[-1] > 1024:
+        raise GacError(f"bad --align {text!r}: give positive integers up to 1024 separated by commas, e.g. --align 8,16,32")
     return values
 
 
@@ -27,24 +28,29 @@ def parse_alignments(text: str) -> tuple[int, ...]:
               help="Alignments to check, comma list.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write every dim as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Scatter of dims by layer (PNG).")
-@click.option("--limit", type=click.IntRange(min=0), default=40, show_default=True,
+@click.option("--limit", type=Int(0, example=40), default=40, show_default=True,
               help="Misaligned dims shown in the table (0: all).")
 def command(model, align_text, json_out, plot, limit) -> None:
     """List MODEL's compressible dims (ranks, linear widths, MLP width, head_dim) and which are misaligned."""
     from gac.cli.output import setup_logging
 
+    from gac import validate
+
     alignments = parse_alignments(align_text)
+    for path, flag in ((json_out, "--json"), (plot, "--plot")):
+        if path is not None:
+            validate.output_file(path, flag)
+    validate.local_model_typo(model)
     setup_logging(quiet=True)
+    from gac.atomic import write_file, write_text
     from gac.inspect import inspect_model, plot_dims
     from gac.models.loading import load_model
 
     result = inspect_model(load_model(model).model, alignments)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({"model": model, **result.to_json()}, indent=2))
+        write_text(json_out, json.dumps({"model": model, **result.to_json()}, indent=2), flag="--json")
     if plot is not None:
-        plot.parent.mkdir(parents=True, exist_ok=True)
-        plot_dims(result, plot)
+        write_file(plot, lambda p: plot_dims(result, p), flag="--plot")
     _print(model, result, limit)
     for what, path in (("json", json_out), ("plot", plot)):
         if path is not None:

@@ -3,11 +3,44 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
+
+PROGRESS_INTERVAL_S = 30  # with stderr not a terminal: at most one progress line per bar every 30 s
+
+
+def quiet_progress_when_redirected(quiet: bool = False) -> None:
+    """Progress bars on a terminal redraw in place; in a log file (CI, `> run.log 2>&1`) each redraw is a new
+    line. Off a terminal, gac's own bars (tqdm) update at most every PROGRESS_INTERVAL_S (TQDM_MININTERVAL; a
+    value the user set wins) and the bars of transformers and huggingface_hub are off."""
+    on_terminal = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+    if on_terminal and not quiet:
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    interval = float(os.environ.get("TQDM_MININTERVAL") or PROGRESS_INTERVAL_S)
+    import tqdm.std
+
+    if not getattr(tqdm.std.tqdm, "_gac_throttled", False):  # every bar class derives from tqdm.std.tqdm
+        init = tqdm.std.tqdm.__init__
+
+        def throttled_init(self, *args, **kwargs):
+            kwargs.setdefault("mininterval", interval)
+            init(self, *args, **kwargs)
+
+        tqdm.std.tqdm.__init__ = throttled_init
+        tqdm.std.tqdm._gac_throttled = True
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # transformers not installed (gac select needs only the standard library)
+        pass
 
 
 def setup_logging(quiet: bool = False) -> None:
     from rich.logging import RichHandler
 
+    quiet_progress_when_redirected(quiet)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
                         handlers=[RichHandler(show_path=False, show_time=False)], force=True)
     for noisy in ("transformers", "accelerate", "huggingface_hub"):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from gac.cli.options import Int
 from gac.errors import GacError
 
 
@@ -42,15 +43,15 @@ def parse_dims(text: str, flag: str = "--dims") -> tuple[int, ...]:
               help="GEMM N/K and low-rank dims to sweep (inclusive), e.g. 96:160,4032:4160.")
 @click.option("--head-dims", "head_dims_text", metavar="START:STOP[:STEP],...",
               help="SDPA head dims to sweep, e.g. 64:256:8 (default 64..128; --model: around its head_dim).")
-@click.option("--hidden", type=int, help="The GEMMs' fixed dim and the low-rank pair's in/out (default 1024).")
-@click.option("--heads", type=int, help="SDPA heads (default 8).")
-@click.option("--batch", type=int, help="SDPA batch (default 1).")
-@click.option("--context", type=int, help="SDPA key/value length at decode, M=1 (default 512; prefill attends over M).")
+@click.option("--hidden", type=Int(1, 65536, example=1024), help="The GEMMs' fixed dim and the low-rank pair's in/out (default 1024).")
+@click.option("--heads", type=Int(1, 1024, example=8), help="SDPA heads (default 8).")
+@click.option("--batch", type=Int(1, 4096, example=1), help="SDPA batch (default 1).")
+@click.option("--context", type=Int(1, 1048576, example=512), help="SDPA key/value length at decode, M=1 (default 512; prefill attends over M).")
 @click.option("--plan", type=click.Path(dir_okay=False, path_type=Path),
               help="Sweep windows around each weight's dim in this selection plan.")
 @click.option("--model", "model_spec", help="Sweep windows around every dim this model has (alias, dir, .gguf).")
-@click.option("--m", "m", type=click.IntRange(min=1), help="Prefill tokens M (default 512; 1024 with --quick).")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: torch's current count).")
+@click.option("--m", "m", type=Int(1, 131072, example=512), help="Prefill tokens M (default 512; 1024 with --quick).")
+@click.option("--threads", type=Int(1, 4096, example=4), help="CPU threads (default: torch's current count).")
 @click.option("--force", is_flag=True, help="Measure again even when a cached profile with this sweep exists.")
 @click.option("--no-plot", is_flag=True, help="Do not write the PNG plots.")
 def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads, batch, context, plan, model_spec,
@@ -61,11 +62,16 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
     """
     import dataclasses
 
+    from gac import validate
     from gac.align.profiled import spec_from_model, spec_from_plan
     from gac.hw import profile as hp
 
     if sum(x is not None for x in (dims_text, plan, model_spec)) > 1:
-        raise GacError("give one of --dims, --plan or --model, not several")
+        raise GacError("--dims, --plan and --model exclude each other: give only one of them")
+    if out is not None:
+        validate.output_file(out, "--out")  # before the sweep, not after
+    if model_spec is not None:
+        validate.local_model_typo(model_spec)
     head_dims = parse_dims(head_dims_text, "--head-dims") if head_dims_text else None
     sizes = {k: v for k, v in dict(hidden=hidden, lowrank_in=hidden, lowrank_out=hidden, heads=heads, batch=batch,
                                    context=context).items() if v is not None}
@@ -76,7 +82,13 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
     if dims_text:
         spec = dataclasses.replace(spec, dims=parse_dims(dims_text))
     if plan:
-        spec = spec_from_plan(plan, spec)
+        from gac.cli.select import read_plan_file
+
+        try:
+            spec = spec_from_plan(read_plan_file(plan), spec)
+        except GacError as e:
+            raise GacError(f"{plan}: {e}: fix the plan (format: README, `gac select`)" if str(plan) not in str(e)
+                           else str(e)) from None
     if model_spec:
         from gac.models.loading import load_model
 

@@ -1,9 +1,11 @@
-"""`gac repair MODEL --out DIR`: zero-pad irregular ranks and MLP widths, exact outputs. torch imported lazily."""
+"""`gac repair MODEL --out DIR`: zero-pad irregular ranks and MLP widths, same outputs
+(exact in exact arithmetic, within fp32 reassociation error in floating point). torch imported lazily."""
 
 from __future__ import annotations
 
 import click
 
+from gac.cli.options import Int
 from gac.errors import GacError
 
 STRATEGIES = ("minimal", "optimal")  # mirrors gac.repair.repair.STRATEGIES without importing torch
@@ -16,8 +18,8 @@ def _parse_align(text: str | None) -> int | None:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise GacError(f"bad --align {text!r}: give a positive integer, e.g. --align 8")
+    if not 1 <= value <= 1024:
+        raise GacError(f"bad --align {text!r}: give a positive integer up to 1024, e.g. --align 8")
     return value
 
 
@@ -39,15 +41,29 @@ def _noise(t: dict, limit_pct: float = 20.0) -> str:
 @click.option("--align", "align_text", metavar="N", help="Pad to multiples of N (wins over --strategy) [default: 8].")
 @click.option("--strategy", type=click.Choice(STRATEGIES), help="minimal: align 8; optimal: align 16.")
 @click.option("--profile", type=click.Path(dir_okay=False), help="Hardware profile JSON: fastest aligned size >= d.")
+@click.option("--allow-profile-mismatch", is_flag=True,
+              help="Use a --profile measured for another dtype or device type (a warning instead of an error).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--no-latency", is_flag=True, help="Skip timing prefill before vs after.")
-@click.option("--prefill-tokens", type=click.IntRange(min=1), help="Prefill length for latency [default: 512].")
-def command(model, out, align_text, strategy, profile, force, no_latency, prefill_tokens) -> None:
+@click.option("--prefill-tokens", type=Int(1, 131072, example=512), help="Prefill length for latency [default: 512].")
+def command(model, out, align_text, strategy, profile, allow_profile_mismatch, force, no_latency, prefill_tokens) -> None:
     """Zero-pad MODEL's irregular low-rank ranks and MLP widths to aligned sizes (same outputs) and save it."""
     from gac.cli.output import setup_logging
 
+    from gac import validate
+
     align = _parse_align(align_text)
     setup_logging(quiet=True)
+    validate.output_dir(out, "--out", force=force)
+    validate.local_model_typo(model)
+    validate.enough_space(out, validate.weights_size(model))  # the padded model is a little larger
+    if profile is not None:
+        from gac.hw.profile import load_profile
+        from gac.schema import check_profile_matches
+
+        # repair loads, checks and times the model on the CPU in float32
+        check_profile_matches(load_profile(profile), profile, device="cpu", dtype="float32",
+                              allow=allow_profile_mismatch)
     from gac.evaluate.latency import LatencyConfig
     from gac.repair import repair_dir
 

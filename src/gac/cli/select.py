@@ -6,8 +6,6 @@ Imports neither torch nor anything that does, so the command starts fast.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,15 @@ from gac.errors import GacError
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of the summary.")
 def select_cmd(plan: Path, out: Path | None, as_json: bool) -> None:
     """Pick one aligned dim per weight of PLAN.json within its parameter budget."""
-    result = select(plan)
+    from gac.validate import output_file
+
+    if out is not None:
+        output_file(out, "--out")  # before the solve, not after
+    data = read_plan_file(plan)
+    try:
+        result = select(data)
+    except GacError as e:
+        raise GacError(f"{plan}: {e}: fix the plan (format: README, `gac select`)") from None
     if out is not None:
         write_json_atomic(out, result.to_dict())
     if as_json:
@@ -37,24 +43,21 @@ def select_cmd(plan: Path, out: Path | None, as_json: bool) -> None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so readers see the old file or the new one, never half of it."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise GacError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise GacError(f"cannot write {path}: {e.strerror or e}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON so readers see the old file or the new one, never half of it (signal-safe, see gac.atomic)."""
+    from gac.atomic import write_text
+
+    write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_plan_file(plan: Path) -> Any:
+    """The plan's JSON, read with a size and nesting bound (a /dev/zero or a 100k-deep plan is one line)."""
+    from gac.validate import read_json
+
+    fix = "pass a plan JSON object with 'budget' and 'weights'"
+    data = read_json(plan, "plan", "PLAN.json", fix=fix)
+    if not isinstance(data, dict):
+        raise GacError(f"plan {plan} is a JSON {type(data).__name__}, not an object: {fix}")
+    return data
 
 
 def _print_summary(result: SelectionResult, out: Path | None) -> None:

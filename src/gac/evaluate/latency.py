@@ -20,6 +20,14 @@ class LatencyConfig:
     decode_rounds: int = 32
     seed: int = 0
 
+    def __post_init__(self):
+        from gac.validate import integer
+
+        integer(self.prefill_tokens, "--prefill-tokens", example=512)
+        for name in ("batch", "decode_context", "prefill_rounds", "decode_rounds"):
+            integer(getattr(self, name), name, example=getattr(LatencyConfig, name))
+        integer(self.warmup, "warmup", minimum=0, example=2)
+
 
 def _tokens(model, batch: int, seq: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -285,46 +284,24 @@ def run_profile(spec: SweepSpec | None, *, device: str = "cpu", dtype: str = "fl
 
 
 def save_profile(profile: Mapping, path: str | os.PathLike) -> Path:
-    """Write atomically (temp file + os.replace); one line per key and per op entry so the file stays readable."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write atomically and signal-safe; one line per key and per op entry so the file stays readable."""
+    from gac.atomic import write_text
+
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in profile.items() if k != "ops"]
     ops = ",\n".join("    " + json.dumps(e) for e in profile.get("ops", []))
     lines.append(f'  "ops": [\n{ops}\n  ]')
-    text = "{\n" + ",\n".join(lines) + "\n}\n"
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a profile is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text(Path(path), "{\n" + ",\n".join(lines) + "\n}\n")  # a profile is meant to be shared: 0644
 
 
 def load_profile(path: str | os.PathLike) -> dict:
-    """Read and check a profile file; GacError with a one-line message when it is missing or invalid."""
+    """Read and check a profile file (bounded read, schema in gac.schema); one-line GacError when invalid."""
+    from gac.schema import check_profile
+    from gac.validate import read_json
+
     path = Path(path)
-    if not path.is_file():
-        raise GacError(f"profile {path} not found; create it with `gac profile --out {path}`")
-    try:
-        profile = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise GacError(f"cannot read profile {path}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise GacError(f"profile {path} is not valid JSON ({e.msg}, line {e.lineno}); re-run `gac profile`") from None
-    if not isinstance(profile, dict) or "gac_profile" not in profile:
-        raise GacError(f"{path} is not a gac profile (no \"gac_profile\" key)")
-    if profile["gac_profile"] != PROFILE_VERSION:
-        raise GacError(f"profile {path} has format {profile['gac_profile']!r}; this gac reads {PROFILE_VERSION}")
-    for i, e in enumerate(profile.get("ops") or []):
-        if not isinstance(e, dict) or not {"op", "m", "dims", "ms"} <= e.keys() or len(e["dims"]) != len(e["ms"]):
-            raise GacError(f"profile {path}: op entry {i} is malformed (needs op, m, dims, ms of equal length)")
-    if not profile.get("ops"):
-        raise GacError(f"profile {path} has no measurements (empty \"ops\")")
-    return profile
+    if not path.exists():
+        raise GacError(f"profile {path} not found: create it with `gac profile --out {path}`")
+    return check_profile(read_json(path, "profile", "--profile", fix="re-run `gac profile`"), path)
 
 
 def _slug(text: str) -> str:

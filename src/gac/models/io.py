@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,21 +58,11 @@ def save(model, tokenizer, out_dir, *, plan: dict, extra_files: dict | None = No
     plan: plan_record(...), written as gac_plan.json.
     extra_files: {file name: str or bytes} written beside the model (report.json, report.md, plots).
     """
+    from gac.atomic import atomic_dir
+
     out = check_out_dir(out_dir, force).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
+    with atomic_dir(out, force=force) as tmp:  # signal-safe: no hidden .partial or .old leftovers
         _write(model, tokenizer, tmp, plan, extra_files or {})
-        if out.exists():  # --force: swap in the new directory, then drop the old one
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -99,10 +87,15 @@ def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict) -> None:
 
 
 def read_plan(path) -> dict:
+    from gac.validate import read_json
+
     try:
-        return json.loads((Path(path) / PLAN_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise GacError(f"{path} is not a gac model directory ({PLAN_FILE} unreadable): pass a directory gac wrote") from e
+        plan = read_json(Path(path) / PLAN_FILE, PLAN_FILE, "the model directory")
+    except GacError as e:
+        raise GacError(f"{path} is not a readable gac model directory ({e}); pass a directory gac wrote") from None
+    if not isinstance(plan, dict):
+        raise GacError(f"{path}: {PLAN_FILE} is not a JSON object: restore it or re-run `gac compress`")
+    return plan
 
 
 def load(path, *, dtype: str = "float32", device: str = "cpu"):
@@ -119,9 +112,26 @@ def load(path, *, dtype: str = "float32", device: str = "cpu"):
     config = AutoConfig.from_pretrained(path)
     adapter_for(config)  # a supported family, or one line saying which are
     cls = gac_class(config.model_type)
-    model = cls.from_pretrained(path, dtype=torch_dtype(dtype)).to(device).eval()
+    from gac.models import verify
+
+    verify.check_structure(getattr(config, "gac_structure", None), str(path))
+    verify.check_config(config, str(path))
+    verify.check_weight_files(path)
+    try:
+        model, info = cls.from_pretrained(path, dtype=torch_dtype(dtype), output_loading_info=True,
+                                          ignore_mismatched_sizes=True)  # mismatches are reported below
+    except (AttributeError, KeyError, ValueError, TypeError, RuntimeError) as e:  # structure names no such module
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise GacError(f"{path}: gac_structure does not fit the {config.model_type} model ({first}): the output is "
+                       "damaged or edited; restore it or re-run `gac compress`") from None
+    verify.check_loading_info(info, str(path))  # the structure must account for every tensor, both ways
+    if info.get("unexpected_keys"):
+        raise GacError(f"{path}: its weights hold tensors its gac_structure does not place (e.g. "
+                       f"{sorted(info['unexpected_keys'])[0]}): the output is damaged or edited; re-run `gac compress`")
+    model = model.to(device).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
         tokenizer = None
+    verify.check_tokenizer_fits(model, tokenizer, str(path))
     return LoadedModel(model, tokenizer, str(path))

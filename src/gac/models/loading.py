@@ -9,6 +9,7 @@ from pathlib import Path
 from gac.errors import GacError
 from gac.hw.device import check_device, torch_dtype
 from gac.models.io import LoadedModel, is_gac_dir, load
+from gac.models.verify import check_gac_files
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,23 @@ def _check_architecture(config) -> None:
 
 
 def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
-    """Load `spec` for inference. Every failure a user can fix becomes a one-line GacError."""
+    """Load `spec` for inference. Every failure a user can fix becomes a one-line GacError, and what was loaded
+    is verified (gac.models.verify): no tensor missing or of the wrong shape, no silent random initialization."""
+    try:
+        return _load_model(spec, dtype=dtype, device=device)
+    except GacError:
+        raise
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever transformers, torch or tokenizers raise on a bad checkpoint
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise GacError(f"could not load model {spec!r} ({type(e).__name__}: {first}): check that its config, "
+                       "weights and tokenizer belong together, or re-download it") from e
+
+
+def _load_model(spec: str, *, dtype: str, device: str) -> LoadedModel:
+    from gac.validate import local_model_typo
+
     check_device(device)
     torch_dt = torch_dtype(dtype)
     path = Path(spec).expanduser()
@@ -46,19 +63,53 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> Loa
     elif path.is_dir():
         if not (path / "config.json").is_file():
             raise GacError(f"{path} has no config.json: pass a Hugging Face model directory, a .gguf file or an alias")
+        check_gac_files(path)
         loaded = load(path, dtype=dtype, device="cpu") if is_gac_dir(path) else _load_hf(str(path), torch_dt, source=spec)
     elif path.exists():
         raise GacError(f"{spec} is not a model directory or a .gguf file: pass a Hugging Face model directory, "
                        "a .gguf file or an alias")
     elif "/" in spec and not spec.startswith((".", "/", "~")) and spec.count("/") == 1:
+        local_model_typo(spec)
+        first = Path(spec.split("/")[0])
+        if first.is_dir():  # `models/tiyn` with ./models here: a path typo, not a hub id
+            raise GacError(f"model {spec!r} not found: {first}/ has no {spec.split('/', 1)[1]!r}; pass an existing path")
+        _check_hub(spec)
         loaded = _load_hf(spec, torch_dt, source=spec, hub=True)
     else:
+        local_model_typo(spec)
         raise GacError(
             f"unknown model {spec!r}: pass an alias ({', '.join(EMBEDDED)}), a model directory, a .gguf file or a hub id"
         )
     loaded.model.to(device)
     loaded.model.eval()
     return loaded
+
+
+def _check_hub(repo: str) -> None:
+    """A hub id neither cached nor reachable fails in a second, naming both readings (path typo or hub id)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(repo, "config.json"), str):
+            return  # cached: transformers loads it from the cache
+    except Exception:  # noqa: BLE001 - an invalid repo id; transformers reports it
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        reachable = False
+    else:
+        url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+        try:
+            socket.create_connection((url.hostname, url.port or 443), timeout=5).close()
+            reachable = True
+        except OSError:
+            reachable = False
+    if not reachable:
+        raise GacError(f"model {repo!r} is not a local path, not in the Hugging Face cache, and the hub is "
+                       "unreachable: check the path, or download it where you have network")
 
 
 def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None, hub: bool = False) -> LoadedModel:
@@ -75,7 +126,12 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
             ) from e
         raise GacError(f"could not read the model config of {source!r} ({str(e).splitlines()[0]}): pass a valid "
                        "model directory or .gguf file") from e
+    from gac.models import verify
+
     _check_architecture(config)
+    verify.check_config(config, source)
+    if not hub and not gguf_file:
+        verify.check_weight_files(where)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
     except (OSError, ValueError, TypeError) as e:
@@ -84,7 +140,10 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
             f"beside the weights"
         ) from e
     log.info("loading %s", source)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dt, **kwargs)
+    model, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dt, output_loading_info=True,
+                                                       ignore_mismatched_sizes=True, **kwargs)  # reported below
+    verify.check_loading_info(info, source)
+    verify.check_tokenizer_fits(model, tokenizer, source)
     if gguf_file:
         # GGUF weights were dequantized on load: from here on it is a plain dense model, saved as safetensors.
         model.hf_quantizer = None

@@ -1,0 +1,43 @@
+"""Option types whose bad values fail at parse time, before any work, as one line naming the fix."""
+
+from __future__ import annotations
+
+import click
+
+from gac.errors import GacError
+
+
+class Int(click.ParamType):
+    """An integer in [minimum, maximum]; `hint` (optional) replaces the generic advice."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int = 1, maximum: int | None = None, *, example: int, hint: str = ""):
+        self.minimum, self.maximum, self.example, self.hint = minimum, maximum, example, hint
+
+    def convert(self, value, param, ctx):
+        flag = param.opts[0] if param is not None and param.opts else "value"
+        try:
+            number = value if isinstance(value, int) else int(str(value).strip(), 10)
+        except ValueError:
+            number = None
+        if number is not None and number >= self.minimum and (self.maximum is None or number <= self.maximum):
+            return number
+        limits = f">= {self.minimum}" if self.maximum is None else f"from {self.minimum} to {self.maximum}"
+        hint = self.hint or f"give an integer {limits}, e.g. {flag} {self.example}"
+        raise GacError(f"bad {flag} {value!r}: {hint}")
+
+
+class Real(click.ParamType):
+    """A finite float in the open interval (low, high)."""
+
+    name = "number"
+
+    def __init__(self, low: float | None = None, high: float | None = None, *, example: float, what: str = ""):
+        self.low, self.high, self.example, self.what = low, high, example, what
+
+    def convert(self, value, param, ctx):
+        from gac.validate import real
+
+        flag = param.opts[0] if param is not None and param.opts else "value"
+        return real(value, flag, low=self.low, high=self.high, example=self.example)
