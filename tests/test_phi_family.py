@@ -40,3 +40,18 @@ def test_phi_compresses_and_round_trips(tiny_phi_dir, tmp_path, monkeypatch, com
         with torch.inference_mode():
             got = model(ids, use_cache=False).logits
         assert float((got - want).abs().max()) <= 1e-5 * scale
+
+
+def test_phi_pruned_unaligned_output_repairs_to_the_same_function(tiny_phi_dir, tmp_path):
+    from gac.models.groups import groups_of
+    from gac.models.io import load
+    from gac.repair import repair_dir
+
+    raw = tmp_path / "raw"
+    compress(fast_config(tiny_phi_dir, compressor="prune", ratio=0.3, out=str(raw), align=False, evaluate=False,
+                         compressor_options={"importance": "magnitude", "layers": "all", "head_mode": "none"}))
+    widths = [g.dim for g in groups_of(load(raw).model, "mlp")]
+    assert any(w % 8 for w in widths)  # the compressor's own widths are irregular
+    out = repair_dir(str(raw), str(tmp_path / "fixed"), align=8, measure_latency=False)
+    assert out.report["logits_check"]["argmax_identical"] and out.report["logits_check"]["max_rel_error"] < 1e-5
+    assert all(g.dim % 8 == 0 for g in groups_of(load(out.out).model, "mlp"))
