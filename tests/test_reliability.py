@@ -3,7 +3,6 @@ permissions of outputs, quiet progress off a terminal, and the profile schema on
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal

@@ -74,7 +74,7 @@ def plot_profile(
         path = out_dir / f"{prefix}_{op}.png"
         from gac.atomic import write_file
 
-        write_file(path, lambda p: fig.savefig(p, dpi=110))  # signal-safe: no half-written PNG
+        write_file(path, lambda p, fig=fig: fig.savefig(p, dpi=110))  # signal-safe: no half-written PNG
         plt.close(fig)
         paths.append(path)
         logger.info("wrote %s", path)
