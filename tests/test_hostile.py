@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import struct
 from pathlib import Path
@@ -100,6 +99,21 @@ def make_model(kind: str, base: Path, tmp: Path) -> Path:
         (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
             "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
             "model.norm.weight": "model-00002-of-00002.safetensors"}}))
+    elif kind == "garbage-tokenizer":
+        (d / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nonsense"}}')
+    elif kind == "invalid-config":
+        (d / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
+    elif kind == "nested-config":
+        (d / "config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    elif kind == "string-hidden":
+        _edit_config(d, hidden_size="64")
+    elif kind == "int-weights":
+        state = {k: (v * 100).to(torch.int32) for k, v in _state(d).items()}
+        _save_state(d, state)
+    elif kind == "nan-weights":
+        state = _state(d)
+        state["model.layers.0.mlp.down_proj.weight"][0, 0] = float("nan")
+        _save_state(d, state)
     else:
         raise ValueError(kind)
     return d
@@ -285,6 +299,12 @@ CASES = {
     "compress unknown activation": ["compress", "--model", "model:unknown-activation", "--out", "{out}", *FAST],
     "compress missing tensor": ["compress", "--model", "model:missing-tensor", "--out", "{out}", *FAST],
     "compress missing shard": ["compress", "--model", "model:sharded-missing-shard", "--out", "{out}", *FAST],
+    "compress garbage tokenizer": ["compress", "--model", "model:garbage-tokenizer", "--out", "{out}", *FAST],
+    "compress invalid config JSON": ["compress", "--model", "model:invalid-config", "--out", "{out}", *FAST],
+    "compress deeply nested config": ["compress", "--model", "model:nested-config", "--out", "{out}", *FAST],
+    "compress string hidden size": ["compress", "--model", "model:string-hidden", "--out", "{out}", *FAST],
+    "compress integer weights": ["compress", "--model", "model:int-weights", "--out", "{out}", *FAST],
+    "compress NaN weights": ["compress", "--model", "model:nan-weights", "--out", "{out}", *FAST],
     "compress relative path typo": ["compress", "--model", "models/tiyn", "--out", "{out}", *FAST],
     "compress dotted path typo": ["compress", "--model", "./tiny-lama", "--out", "{out}", *FAST],
     # ---- select
@@ -344,6 +364,10 @@ CASES = {
     "inspect gac output missing tensor": ["inspect", "gac:missing-tensor"],
     "inspect gac output nested plan": ["inspect", "gac:plan-nested"],
     "inspect missing tensor": ["inspect", "model:missing-tensor"],
+    "inspect model is /dev/zero": ["inspect", "/dev/zero"],
+    "inspect NaN weights": ["inspect", "model:nan-weights"],
+    "inspect integer weights": ["inspect", "model:int-weights"],
+    "inspect model is a text file": ["inspect", "file:a-file"],
     # ---- repair
     "repair out exists": ["repair", "{gac}", "--out", "{tmp}", "--no-latency"],
     "repair out under a file": ["repair", "{gac}", "--out", "file:a-file/r", "--no-latency"],

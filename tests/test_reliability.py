@@ -3,7 +3,6 @@ permissions of outputs, quiet progress off a terminal, and the profile schema on
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -198,3 +197,33 @@ def test_a_full_disk_is_refused_before_the_work(tmp_path, tiny_model_dir, monkey
     monkeypatch.setattr(validate.shutil, "disk_usage", lambda p: sh._ntuple_diskusage(10**9, 10**9, 1000))
     with pytest.raises(GacError, match="not enough space .* free space or choose another --out"):
         validate.enough_space(tmp_path / "out", validate.weights_size(str(tiny_model_dir)))
+
+
+def test_bare_gac_prints_the_help():
+    from click.testing import CliRunner
+
+    from gac.cli import main
+
+    result = CliRunner().invoke(main, [], prog_name="gac")
+    assert result.exit_code == 0 and "Usage: gac" in result.stdout and not result.stderr
+
+
+def test_a_bug_is_still_one_line_with_exit_1(monkeypatch):
+    from click.testing import CliRunner
+
+    import gac.align.plan
+    from gac.cli import main
+
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("gac.cli.select.select", boom)
+    monkeypatch.delenv("GAC_TRACEBACK", raising=False)
+    plan = Path(gac.align.plan.__file__)  # any readable file: the plan is read as JSON before select() runs
+    result = CliRunner().invoke(main, ["select", str(plan)], prog_name="gac")
+    assert result.exit_code == 2  # not JSON: refused before the bug is reached
+    runner_plan = Path(__file__).parent / "data" / "legacy-0.1.0" / "gac_plan.json"
+    result = CliRunner().invoke(main, ["select", str(runner_plan)], prog_name="gac")
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: unexpected ZeroDivisionError: division by zero: this is a gac bug")

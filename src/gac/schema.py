@@ -39,17 +39,6 @@ def check_profile(profile, path) -> dict:
         raise GacError(f"{path} is not a gac profile (no \"gac_profile\" key): pass a file written by `gac profile`")
     if profile["gac_profile"] != PROFILE_VERSION:
         bad(f"format {profile['gac_profile']!r}, this gac reads {PROFILE_VERSION}")
-    if profile.get("dtype") not in DTYPES:
-        bad(f"\"dtype\" is {profile.get('dtype')!r}, not one of {', '.join(DTYPES)}")
-    if profile.get("device") not in DEVICES:
-        bad(f"\"device\" is {profile.get('device')!r}, not one of {', '.join(DEVICES)}")
-    for key in ("device_name", "torch", "date"):
-        if key in profile and not isinstance(profile[key], str):
-            bad(f"\"{key}\" must be a string, got {type(profile[key]).__name__}")
-    if "threads" in profile and not (_int(profile["threads"]) and profile["threads"] >= 1):
-        bad(f"\"threads\" must be a positive integer, got {profile['threads']!r}")
-    if "spec" in profile and not isinstance(profile["spec"], dict):
-        bad("\"spec\" must be an object")
     ops = profile.get("ops")
     if not isinstance(ops, list):
         bad("\"ops\" must be a list of sweeps")
@@ -72,7 +61,7 @@ def check_profile(profile, path) -> dict:
         if len(set(dims)) != len(dims):
             bad(f"{where}: \"dims\" has duplicates")
         if not isinstance(ms, list) or len(ms) != len(dims):
-            bad(f"{where}: \"ms\" must be a list as long as \"dims\" ({len(dims)})")
+            bad(f"{where} is malformed: \"ms\" must be a list as long as \"dims\" ({len(dims)})")
         for d, t in zip(dims, ms):
             if not _positive_ms(t):
                 bad(f"{where}: latency at dim {d} is {t!r}; latencies must be finite positive numbers")
@@ -80,6 +69,17 @@ def check_profile(profile, path) -> dict:
             if key in e and not (isinstance(e[key], list) and len(e[key]) == len(dims)
                                  and all(_positive_ms(t) for t in e[key])):
                 bad(f"{where}: \"{key}\" must be finite positive numbers, one per dim")
+    if profile.get("dtype") not in DTYPES:
+        bad(f"\"dtype\" is {profile.get('dtype')!r}, not one of {', '.join(DTYPES)}")
+    if profile.get("device") not in DEVICES:
+        bad(f"\"device\" is {profile.get('device')!r}, not one of {', '.join(DEVICES)}")
+    for key in ("device_name", "torch", "date"):
+        if key in profile and not isinstance(profile[key], str):
+            bad(f"\"{key}\" must be a string, got {type(profile[key]).__name__}")
+    if "threads" in profile and not (_int(profile["threads"]) and profile["threads"] >= 1):
+        bad(f"\"threads\" must be a positive integer, got {profile['threads']!r}")
+    if "spec" in profile and not isinstance(profile["spec"], dict):
+        bad("\"spec\" must be an object")
     return profile
 
 

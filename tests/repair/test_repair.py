@@ -153,12 +153,12 @@ def test_width_padded_back_to_the_config_leaves_no_stale_entry(tmp_path):
             setattr(mlp, proj, torch.nn.Linear(w.shape[1], w.shape[0], bias=False))
             getattr(mlp, proj).weight.copy_(w)
     recorded = {"linear": {"model.layers.0.mlp.gate_proj": [150, 64], "model.layers.0.mlp.up_proj": [150, 64],
-                           "model.layers.0.mlp.down_proj": [64, 150]}}
+                           "model.layers.0.mlp.down_proj": [64, 150]}, "custom": {"kept": 1}}
     model.config.gac_structure = recorded
     ids = _ids()
     before = _logits(model, ids)
     result = repair(model, align=32)
-    assert result.structure == {}  # 160 is the config's own width again: no stale entry
+    assert result.structure == {"custom": {"kept": 1}}  # 160 is the config's own width again; unknown keys kept
     out = io.save(model, tiny_tokenizer(), tmp_path / "m", plan={"gac_plan": 1})
     _assert_same_outputs(_logits(io.load(out).model, ids), before)
 

@@ -29,6 +29,9 @@ class _Group(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:  # bare `gac` (or a group without a verb): the help
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
         except click.UsageError as e:
             click.echo(usage_line(e), err=True)
             sys.exit(2)

@@ -67,7 +67,7 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
     from gac.hw import profile as hp
 
     if sum(x is not None for x in (dims_text, plan, model_spec)) > 1:
-        raise GacError("--dims, --plan and --model exclude each other: give only one of them")
+        raise GacError("--dims, --plan and --model exclude each other: give only one of --dims, --plan or --model")
     if out is not None:
         validate.output_file(out, "--out")  # before the sweep, not after
     if model_spec is not None:

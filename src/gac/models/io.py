@@ -134,4 +134,5 @@ def load(path, *, dtype: str = "float32", device: str = "cpu"):
     except (OSError, ValueError):
         tokenizer = None
     verify.check_tokenizer_fits(model, tokenizer, str(path))
+    verify.check_finite(model, str(path))
     return LoadedModel(model, tokenizer, str(path))

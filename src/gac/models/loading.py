@@ -134,7 +134,7 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
         verify.check_weight_files(where)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-    except (OSError, ValueError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError, a KeyError from a damaged tokenizer.json
         raise GacError(
             f"no usable tokenizer for {source!r}: put the tokenizer files (tokenizer.json or tokenizer.model) "
             f"beside the weights"
@@ -144,6 +144,7 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
                                                        ignore_mismatched_sizes=True, **kwargs)  # reported below
     verify.check_loading_info(info, source)
     verify.check_tokenizer_fits(model, tokenizer, source)
+    verify.check_finite(model, source)
     if gguf_file:
         # GGUF weights were dequantized on load: from here on it is a plain dense model, saved as safetensors.
         model.hf_quantizer = None

@@ -49,8 +49,7 @@ def structure_of(model) -> dict:
         elif is_grouped_lowrank(m):
             live["grouped_lowrank"][name] = [int(r) for r in m.ranks]
     covered["lowrank"] = covered["grouped_lowrank"] = modules
-    recorded = getattr(config, "gac_structure", None) or {}
-    merged = {key: copy.deepcopy(v) for key, v in recorded.items() if key in KEYS}  # loading refuses others
+    merged = copy.deepcopy(getattr(config, "gac_structure", None) or {})  # unknown keys: kept, ignored on load
     for key, entries in live.items():
         kept = {n: v for n, v in merged.get(key, {}).items() if n not in covered[key]}
         merged[key] = {**kept, **entries}

@@ -49,12 +49,31 @@ def _check_safetensors(path: Path) -> None:
     try:
         with safe_open(str(path), framework="pt") as f:
             keys = list(f.keys())
+            dtypes = {k: f.get_slice(k).get_dtype() for k in keys if k.endswith(".weight")}
     except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, ...: a damaged file either way
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise GacError(f"{path} is not a readable safetensors file ({first}): it is truncated or damaged; "
                        "re-download or re-save the model") from None
     if not keys:
         raise GacError(f"{path} holds no tensors: re-download or re-save the model")
+    odd = {k: t for k, t in dtypes.items() if t not in FLOAT_DTYPES}
+    if odd:
+        name, dtype = sorted(odd.items())[0]
+        raise GacError(f"{path}: weight {name} is stored as {dtype}, not floating point (integer or quantized "
+                       "weights are not supported): pass the float16/bfloat16/float32 checkpoint")
+
+
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors header names
+
+
+def check_finite(model, source: str) -> None:
+    """NaN or inf in a weight: a damaged checkpoint, which would otherwise fail deep inside an SVD."""
+    import torch
+
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            raise GacError(f"{source}: weight {name} holds NaN or infinite values: the checkpoint is damaged; "
+                           "re-download or re-save the model")
 
 
 def _check_pickle(path: Path) -> None:
@@ -188,10 +207,10 @@ def check_structure(structure, source: str) -> dict:
 
     if not isinstance(structure, dict):
         bad("is not an object")
-    kinds = {"linear", "attention", "lowrank", "grouped_lowrank"}
-    if set(structure) - kinds:
-        bad(f"has unknown keys {sorted(set(structure) - kinds)}")
+    kinds = {"linear", "attention", "lowrank", "grouped_lowrank"}  # other keys: kept, not applied (newer gac)
     for kind, entries in structure.items():
+        if kind not in kinds:
+            continue
         if not isinstance(entries, dict) or not all(isinstance(k, str) and k for k in entries):
             bad(f"\"{kind}\" is not an object of module names")
         for name, v in entries.items():

@@ -4,7 +4,7 @@ What is padded (exact: the model computes the same function, see gac.padding):
   - the inner rank of every LowRankLinear (A gets zero rows, B zero columns);
   - the MLP intermediate width of each layer whose width is irregular (gate/up rows, down columns, together).
 What is not padded, on purpose: the attention head_dim and head widths (a zero-padded head_dim changes the
-softmax scale 1/sqrt(head_dim) and the head reshape, so outputs would not be bit-exact), and the hidden size
+softmax scale 1/sqrt(head_dim) and the head reshape, so the function itself would change), and the hidden size
 (RMSNorm averages over it). Those dims are listed in the result as left misaligned when they are.
 """
 
@@ -147,9 +147,10 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
     """Zero-pad, in place, every LowRankLinear rank and every irregular MLP width to an aligned size.
 
     align: the multiple to pad to (wins over strategy); strategy: "minimal" (8) or "optimal" (16); profile: a
-    hardware profile (dict or JSON path) that picks, for each dim d, the fastest measured aligned size among the
-    next few >= d (within 2% the smallest wins); dims the profile does not cover get the next multiple.
-    Attention head_dim and the hidden size are never padded (not bit-exact: the softmax scale and RMSNorm
+    hardware profile (dict or JSON path) that picks, for each dim d, the smallest aligned size >= d that no larger
+    size within the next few beats by more than 2% (selection's cliff rule); dims the profile does not cover get
+    the next multiple.
+    Attention head_dim and the hidden size are never padded (the function would change: the softmax scale and RMSNorm
     depend on them); the result lists them under left_misaligned when they are not aligned.
     Returns the new config.gac_structure (also set on model.config; read off the live model, merged over what
     the config already recorded) and the before/after statistics.
