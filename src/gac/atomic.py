@@ -41,22 +41,27 @@ def _raise(signum, frame):
 
 
 @contextlib.contextmanager
-def terminate_as_interrupt():
-    """SIGTERM/SIGHUP -> Terminated while inside (main thread only; elsewhere a no-op)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def _handling(signals, handler):
+    """`handler` for `signals` while inside, the previous handlers after (main thread only; elsewhere a no-op)."""
     previous = {}
-    for s in HANDLED:
-        try:
-            previous[s] = signal.signal(s, _raise)
-        except (OSError, ValueError):
-            pass
+    if threading.current_thread() is threading.main_thread():
+        for s in signals:
+            try:
+                previous[s] = signal.signal(s, handler)
+            except (OSError, ValueError):
+                pass
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, handler_before in previous.items():
+            signal.signal(s, handler_before)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM/SIGHUP -> Terminated while inside (main thread only; elsewhere a no-op)."""
+    with _handling(HANDLED, _raise):
+        yield
 
 
 @contextlib.contextmanager
@@ -64,23 +69,11 @@ def critical():
     """Hold SIGINT/SIGTERM/SIGHUP during a short step that must not be cut in half; a signal that arrives
     meanwhile is re-raised right after. (Python-level deferral, not a thread signal mask: in a process with
     other threads, as torch's, the kernel may deliver a masked signal to another thread.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     pending: list[int] = []
-    previous = {}
-    for s in HELD:
-        try:
-            previous[s] = signal.signal(s, lambda signum, frame: pending.append(signum))
-        except (OSError, ValueError):
-            pass
-    try:
+    with _handling(HELD, lambda signum, frame: pending.append(signum)):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if pending:
-            signal.raise_signal(pending[0])  # now handled as usual: Terminated, KeyboardInterrupt, or exit
+    if pending:
+        signal.raise_signal(pending[0])  # now handled as usual: Terminated, KeyboardInterrupt, or exit
 
 
 def _umask() -> int:
