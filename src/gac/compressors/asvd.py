@@ -9,7 +9,7 @@ import torch
 
 from gac.compressors.base import LowRankCompressor
 from gac.errors import GacError
-from gac.importance import check_proxy
+from gac.importance import LOWRANK_IMPORTANCE, check_proxy
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class ASVDConfig:
         if not 0.0 <= self.alpha <= 2.0:
             raise GacError(f"asvd alpha {self.alpha} is outside [0, 2]: use e.g. --alpha 0.5")
         if self.importance is not None:
-            check_proxy(self.importance)
+            check_proxy(self.importance, LOWRANK_IMPORTANCE)
 
 
 class ASVDCompressor(LowRankCompressor):

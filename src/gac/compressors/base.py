@@ -8,6 +8,9 @@ import numpy as np
 import torch
 
 from gac.compressors.allocation import DENSE, allocate_ranks
+from gac.compressors.loss_model import (allocate_by_curves, lowrank_loss_curve, lowrank_options, slope_at,
+                                        truncation_factors)
+from gac.errors import GacError
 from gac.linalg import ScaledSVD, factorize_from_svd, lowrank_params, max_useful_rank, scaled_svd
 
 
@@ -25,6 +28,7 @@ class WeightAnalysis:
     in_features: int
     svd: ScaledSVD
     score: float  # importance per parameter, normalized to mean 1 over the weights of a model
+    curve: np.ndarray | None = None  # predicted loss increase at rank 0..max_dim (importance "output"), else None
 
     @property
     def numel(self) -> int:
@@ -49,19 +53,59 @@ class WeightAnalysis:
     def marginal_score(self, rank: int) -> float:
         """Importance per parameter at rank d*: the share of this weight's importance the next singular
         direction carries, per parameter it costs. This is the slope of the loss model at d*, so the knapsack's
-        linear objective is a first-order model of quality around the compressor's own dims."""
+        linear objective is a first-order model of quality around the compressor's own dims.
+        With a loss curve (importance "output"): the predicted loss decrease per parameter over d* +- SLOPE_SPAN."""
+        if self.curve is not None:
+            losses, costs = self.options()
+            return slope_at(losses, costs, min(rank, self.max_dim), SLOPE_SPAN)
         energy = self.svd.energy_fraction
         return self.score * self.numel * float(energy[min(rank, energy.numel() - 1)]) / self.params_per_dim
 
+    allow_dense = True  # whether keeping the weight whole is one of its options
+
+    def options(self) -> tuple[np.ndarray, np.ndarray]:
+        """(predicted loss, parameters) of rank 0..max_dim, then dense when allowed (needs `curve`)."""
+        return lowrank_options(self.curve, self.in_features, self.out_features, self.allow_dense)
+
     def params(self, rank: int | None) -> int:
         return self.numel if rank is DENSE else lowrank_params(self.in_features, self.out_features, rank)
+
+
+SLOPE_SPAN = 8  # ranks either side of d* for the knapsack's slope: GAC's candidates lie one alignment step away
+
+
+def output_curve(svd: ScaledSVD, stats, out_fisher: torch.Tensor, cap: int, rows: slice | None = None) -> np.ndarray:
+    """The loss model's curve (gac.compressors.loss_model) of one factorization, from calibration statistics:
+    X^T X / tokens and the output-gradient Fisher of the rows it covers."""
+    gram = stats.xtx.to(svd.Vh.device) / max(stats.tokens, 1)
+    f = out_fisher if rows is None else out_fisher[rows]
+    return lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, gram, f.to(svd.U.device)), cap)
+
+
+def output_fishers(model, names: list[str], stats: dict, windows, progress: bool) -> dict:
+    """{name: output-gradient Fisher [out]}: cached in stats[name].extra["out_fisher"] when a caller put it there,
+    else measured by one gradient pass over the calibration windows."""
+    from gac.importance import output_fisher
+
+    if all("out_fisher" in stats[n].extra for n in names):
+        return {n: stats[n].extra["out_fisher"] for n in names}
+    if windows is None:
+        raise GacError("importance 'output' needs the calibration windows for its output-gradient pass")
+    return output_fisher(model, windows, names, progress=progress)
 
 
 class LowRankCompressor:
     """Factorize every compressible linear as b(a(x)). Subclasses define the input scaling and the importance."""
 
     name = "lowrank"
-    needs_xtx = False
+    own_xtx = False  # whether the factorization itself needs X^T X
+
+    @property
+    def needs_xtx(self) -> bool:
+        """Calibration must collect X^T X: for the factorization, or for the "output" loss model."""
+        from gac.importance import OUTPUT
+
+        return self.own_xtx or self.proxy == OUTPUT
 
     def __init__(self, config):
         self.config = config
@@ -74,9 +118,9 @@ class LowRankCompressor:
     @property
     def needs_windows(self) -> bool:
         """Whether analyze needs the calibration windows (a gradient pass for taylor or fisher)."""
-        from gac.importance import GRADIENT_PROXIES
+        from gac.importance import GRADIENT_PROXIES, OUTPUT
 
-        return self.proxy in GRADIENT_PROXIES
+        return self.proxy in (*GRADIENT_PROXIES, OUTPUT)
 
     # --- what subclasses change -------------------------------------------------------------
     def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor | None:
@@ -109,7 +153,14 @@ class LowRankCompressor:
             w = model.get_submodule(name).weight.detach()  # [out, in]
             svd = scaled_svd(w, self.input_scale(w, stats.get(name)))
             out.append(WeightAnalysis(name, w.shape[0], w.shape[1], svd, 0.0))
-        if self.proxy is None:
+        from gac.importance import OUTPUT
+
+        if self.proxy == OUTPUT:
+            fishers = output_fishers(model, names, stats, windows, progress)
+            for a in out:
+                a.curve = output_curve(a.svd, stats[a.name], fishers[a.name], a.max_dim)
+            scores = [float(a.curve[0]) / a.numel for a in out]  # predicted loss of the weight removed, per parameter
+        elif self.proxy is None:
             scores = self.importance(model, out, stats, probe, keep, progress)
         else:
             from gac.importance import weight_scores
@@ -122,6 +173,8 @@ class LowRankCompressor:
 
     def allocate(self, analyses: list[WeightAnalysis], budget: int) -> dict[str, int | None]:
         """The compressor's own (unconstrained) ranks under the budget; None keeps a weight dense."""
+        if all(a.curve is not None for a in analyses):
+            return allocate_by_loss_model(analyses, budget)
         ranks = allocate_ranks(
             [a.svd.energy_fraction.cpu().numpy() for a in analyses],
             [a.score for a in analyses],
@@ -144,3 +197,14 @@ class LowRankCompressor:
             lowrank[a.name] = int(r)
         return {"lowrank": lowrank}
 
+
+
+def allocate_by_loss_model(units, budget: int) -> dict[str, int | None]:
+    """Ranks (or DENSE) minimizing the summed predicted loss of the units' curves under the budget; every unit
+    keeps at least rank 1 (units: WeightAnalysis-like, with curve, options(), max_dim, params_per_dim)."""
+    options = [u.options() for u in units]
+    floor = sum(u.params_per_dim for u in units)
+    if floor > budget:
+        raise GacError(f"budget of {budget} parameters cannot give every weight rank 1 ({floor} needed): lower --ratio")
+    picks = allocate_by_curves([o[0] for o in options], [o[1] for o in options], budget, start=[1] * len(units))
+    return {u.name: (DENSE if j > u.max_dim else int(j)) for u, j in zip(units, picks)}

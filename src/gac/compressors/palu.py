@@ -25,11 +25,11 @@ class PaluConfig:
     importance: str = "fisher"  # proxy for the per-group score that drives the rank allocation
 
     def __post_init__(self):
-        from gac.importance import check_proxy
+        from gac.importance import LOWRANK_IMPORTANCE, check_proxy
 
         if self.group_size < 1:
             raise GacError(f"palu group size {self.group_size} must be >= 1, e.g. --group-size 1")
-        check_proxy(self.importance)
+        check_proxy(self.importance, LOWRANK_IMPORTANCE)
 
 
 @dataclass
@@ -39,11 +39,12 @@ class GroupAnalysis(WeightAnalysis):
     module: str = ""
     group: int = 0
     row0: int = 0
+    allow_dense = False  # a group's rank stops at break-even: the grouped factorization has no dense member
 
 
 class PaluCompressor(LowRankCompressor):
     name = "palu"
-    needs_xtx = True
+    own_xtx = True
 
     @property
     def proxy(self) -> str:
@@ -61,22 +62,39 @@ class PaluCompressor(LowRankCompressor):
             raise GacError(f"palu group size {self.config.group_size} does not divide the "
                            f"{geometry.num_kv_heads} KV heads: choose a divisor")
         rows = self.config.group_size * geometry.head_dim
+        from gac.compressors.base import output_curve, output_fishers
+        from gac.importance import OUTPUT
+
         names = self.targets(names)
-        scores = measure(self.proxy, model, names, stats=stats, windows=windows, progress=progress)
+        if self.proxy == OUTPUT:
+            fishers = output_fishers(model, names, stats, windows, progress)
+        else:
+            scores = measure(self.proxy, model, names, stats=stats, windows=windows, progress=progress)
         units = []
         for name in names:
             w = model.get_submodule(name).weight.detach()  # [kv * head_dim, hidden]
             S = whiten(stats[name].xtx.to(w.device))
             for g, row0 in enumerate(range(0, w.shape[0], rows)):
-                score = float(scores[name].out[row0:row0 + rows].double().sum())
-                units.append(GroupAnalysis(f"{name}#g{g}", rows, w.shape[1], scaled_svd(w[row0:row0 + rows], S),
-                                           score / (rows * w.shape[1]), module=name, group=g, row0=row0))
+                unit = GroupAnalysis(f"{name}#g{g}", rows, w.shape[1], scaled_svd(w[row0:row0 + rows], S), 0.0,
+                                     module=name, group=g, row0=row0)
+                if self.proxy == OUTPUT:
+                    unit.curve = output_curve(unit.svd, stats[name], fishers[name], unit.max_dim,
+                                              slice(row0, row0 + rows))
+                    score = float(unit.curve[0])
+                else:
+                    score = float(scores[name].out[row0:row0 + rows].double().sum())
+                unit.score = score / (rows * w.shape[1])
+                units.append(unit)
         mean = float(np.mean([u.score for u in units])) or 1.0
         for u in units:
             u.score = max(u.score / mean, 1e-12)
         return units
 
     def allocate(self, units, budget):
+        if all(u.curve is not None for u in units):
+            from gac.compressors.base import allocate_by_loss_model
+
+            return allocate_by_loss_model(units, budget)
         ranks = allocate_ranks([u.svd.energy_fraction.cpu().numpy() for u in units], [u.score for u in units],
                                [(u.out_features, u.in_features) for u in units], budget, allow_dense=False)
         return {u.name: r for u, r in zip(units, ranks)}

@@ -18,14 +18,14 @@ class SVDLLMConfig:
 
     def __post_init__(self):
         if self.importance is not None:
-            from gac.importance import check_proxy
+            from gac.importance import LOWRANK_IMPORTANCE, check_proxy
 
-            check_proxy(self.importance)
+            check_proxy(self.importance, LOWRANK_IMPORTANCE)
 
 
 class SVDLLMCompressor(LowRankCompressor):
     name = "svd_llm"
-    needs_xtx = True
+    own_xtx = True
 
     def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor:
         return whiten(stats.xtx.to(weight.device))  # [in, in] float64, lower-triangular
