@@ -70,9 +70,15 @@ def study_one(model, calib, held_out, names, stats, compressor: str, importance:
     cfg = CompressConfig(compressor=compressor, ratio=args.ratio, progress=False)
     comp = make_compressor(compressor, importance=importance)
     targets = comp.targets(names) if hasattr(comp, "targets") else names
+    units_file = args.cache / f"units-{compressor}-{importance}.pt"
     t = time.time()
-    units = comp.analyze(model, targets, stats, probe=None, keep=1 - args.ratio, progress=False,
-                         windows=calib if comp.needs_windows else None)
+    if units_file.is_file():
+        units = torch.load(units_file, weights_only=False)
+    else:
+        units = comp.analyze(model, targets, stats, probe=None, keep=1 - args.ratio, progress=False,
+                             windows=calib if comp.needs_windows else None)
+        if args.keep_units:
+            torch.save(units, units_file)
     t_analyze = time.time() - t
     budget = math.floor((1 - args.ratio) * sum(u.numel for u in units))
     t = time.time()
@@ -84,6 +90,8 @@ def study_one(model, calib, held_out, names, stats, compressor: str, importance:
            "seconds_allocate": round(t_alloc, 2), "budget": budget}
     curves = [u for u in units if u.curve is not None]
     for variant, d in dims.items():
+        if variant not in args.variants.split(","):
+            continue
         used = sum(u.params(d[u.name]) for u in units)
         if curves:
             row[f"{variant}_predicted"] = float(sum(
@@ -110,6 +118,8 @@ def main():
                    help="compressor:importance pairs, comma-separated")
     p.add_argument("--calib-eval", type=int, default=4, help="calibration windows for the calibration perplexity")
     p.add_argument("--no-eval", action="store_true", help="skip held-out perplexity")
+    p.add_argument("--keep-units", action="store_true", help="cache the analyzed units (SVDs, curves) on disk")
+    p.add_argument("--variants", default="unaligned,gac")
     args = p.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

@@ -72,6 +72,14 @@ def build_plan(units, dims: dict, budget: int, cfg: CompressConfig, candidates_f
                                if abs(d - dims[u.name]) <= cfg.window * cfg.alignment]
         elif candidates_for is not None:
             w["candidates"] = candidates_for(u, dims[u.name], cfg.window)
+        if getattr(u, "curve", None) is not None:  # a loss model: the knapsack weighs its predicted loss exactly
+            from gac.align.candidates import aligned_candidates
+
+            if "candidates" not in w:
+                w["candidates"] = aligned_candidates(w["dim"], cfg.alignment, window=cfg.window,
+                                                     min_dim=w["min_dim"], max_dim=w["max_dim"])
+            loss = u.options()[0]
+            w["values"] = [float(loss[dims[u.name]] - loss[min(d, u.max_dim)]) for d in w["candidates"]]
         weights.append(w)
     return {"budget": budget - untouched, "alignment": cfg.alignment, "window": cfg.window, "weights": weights}
 

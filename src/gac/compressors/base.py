@@ -77,6 +77,8 @@ SLOPE_SPAN = 8  # ranks either side of d* for the knapsack's slope: GAC's candid
 def output_curve(svd: ScaledSVD, stats, out_fisher: torch.Tensor, cap: int, rows: slice | None = None) -> np.ndarray:
     """The loss model's curve (gac.compressors.loss_model) of one factorization, from calibration statistics:
     X^T X / tokens and the output-gradient Fisher of the rows it covers."""
+    if stats.xtx is None:
+        raise GacError("importance 'output' needs X^T X from calibration: calibrate with xtx=compressor.needs_xtx")
     gram = stats.xtx.to(svd.Vh.device) / max(stats.tokens, 1)
     f = out_fisher if rows is None else out_fisher[rows]
     return lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, gram, f.to(svd.U.device)), cap)

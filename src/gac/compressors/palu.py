@@ -1,6 +1,6 @@
 """PaLU: low-rank key/value projections with heads grouped. Each group of `group_size` KV heads shares one
-down-projection (its latent) and has its own up-projection; ranks are allocated per group by Fisher importance.
-The irregular dims are the per-group ranks inside the factorization. SVDs are whitened by the layer's inputs
+down-projection (its latent) and has its own up-projection; ranks are allocated per group by gac's loss model
+(compressors/loss_model.py). The irregular dims are the per-group ranks inside the factorization. SVDs are whitened by the layer's inputs
 (as in SVD-LLM), so each group's truncation is optimal on calibration data. gac keeps the full K/V in the cache:
 the latent-cache attention kernel of the PaLU paper is out of scope; parameters and GEMM shapes are what change."""
 
@@ -22,7 +22,7 @@ KV = ("self_attn.k_proj", "self_attn.v_proj")
 @dataclass(frozen=True)
 class PaluConfig:
     group_size: int = 1  # KV heads per group (1: per-head ranks; num_kv_heads: one rank per projection)
-    importance: str = "fisher"  # proxy for the per-group score that drives the rank allocation
+    importance: str = "output"  # the loss model, or a proxy for the per-group score, that drives the rank allocation
 
     def __post_init__(self):
         from gac.importance import LOWRANK_IMPORTANCE, check_proxy

@@ -14,7 +14,9 @@ from gac.linalg import whiten
 
 @dataclass(frozen=True)
 class SVDLLMConfig:
-    importance: str | None = "fisher"  # per-weight score proxy (docs/RESULTS.md: ppl 18.4 at 0.15); None: measured sensitivity
+    # "output": gac's loss model (compressors/loss_model.py, docs/RESULTS.md: ppl 16.8 at 0.15); a proxy name scales the
+    # whitened spectral energy instead (fisher: ppl 18.5); None: measured sensitivity
+    importance: str | None = "output"
 
     def __post_init__(self):
         if self.importance is not None:
