@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +72,8 @@ class WeightAnalysis:
     def params(self, rank: int | None) -> int:
         return self.numel if rank is DENSE else lowrank_params(self.in_features, self.out_features, rank)
 
+
+log = logging.getLogger(__name__)
 
 SLOPE_SPAN = 8  # ranks either side of d* for the knapsack's slope: GAC's candidates lie one alignment step away
 
@@ -159,8 +163,10 @@ class LowRankCompressor:
 
         if self.proxy == OUTPUT:
             fishers = output_fishers(model, names, stats, windows, progress)
+            start = time.perf_counter()
             for a in out:
                 a.curve = output_curve(a.svd, stats[a.name], fishers[a.name], a.max_dim)
+            log.info("loss model: %d curves in %.1f s", len(out), time.perf_counter() - start)
             scores = [float(a.curve[0]) / a.numel for a in out]  # predicted loss of the weight removed, per parameter
         elif self.proxy is None:
             scores = self.importance(model, out, stats, probe, keep, progress)

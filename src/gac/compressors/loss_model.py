@@ -28,17 +28,20 @@ def truncation_factors(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, scale
     scale: None, [in] (W S = W diag(scale)) or [in, in] lower-triangular (W S = W @ scale).
     gram: C = E[x x^T] [in, in] (or its diagonal [in], a cheaper approximation).
     out_fisher: f [out] (None: every output channel counts 1, i.e. the plain output error)."""
-    U, s, Vh = U.double(), S.double(), Vh.double()
+    # The k x in x in product dominates; float32 is ample for a diagonal (or no) transform. A whitening transform
+    # is ill-conditioned and Q ~ I comes from cancellation: that case stays in float64.
+    dtype = torch.float64 if scale is not None and scale.dim() == 2 else torch.float32
     if scale is None:
-        A = Vh
+        A = Vh.to(dtype)
     elif scale.dim() == 1:
-        A = Vh / scale.double()
+        A = Vh.to(dtype) / scale.to(dtype)
     else:
-        A = torch.linalg.solve_triangular(scale.double(), Vh, upper=False, left=False)  # Vh S^-1
-    gram = gram.double()
-    Q = (A * gram) @ A.T if gram.dim() == 1 else A @ gram @ A.T
-    P = U.T @ U if out_fisher is None else (U.T * out_fisher.double()) @ U
-    return s, P, Q
+        A = torch.linalg.solve_triangular(scale.double(), Vh.double(), upper=False, left=False)  # Vh S^-1
+    gram = gram.to(dtype)
+    Q = (A * gram) @ A.T if gram.dim() == 1 else (A @ gram) @ A.T
+    U = U.to(dtype)
+    P = U.T @ U if out_fisher is None else (U.T * out_fisher.to(dtype)) @ U
+    return S.double(), P.double(), Q.double()
 
 
 def lowrank_loss_curve(s, P, Q, cap: int | None = None) -> np.ndarray:

@@ -39,7 +39,14 @@ class GroupAnalysis(WeightAnalysis):
     module: str = ""
     group: int = 0
     row0: int = 0
-    allow_dense = False  # a group's rank stops at break-even: the grouped factorization has no dense member
+    allow_dense = False  # the grouped factorization has no dense member
+
+    @property
+    def max_dim(self) -> int:
+        """Up to full rank, past break-even: a group cannot be kept dense, but rank = its rows (whole heads, an
+        aligned dim) reconstructs it exactly; capping at break-even (57 of 64 here) left GAC only 56 for every
+        group the allocation wanted whole."""
+        return min(self.out_features, self.in_features)
 
 
 class PaluCompressor(LowRankCompressor):
