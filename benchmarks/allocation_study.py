@@ -7,6 +7,12 @@ output-gradient Fisher per linear, the weight-gradient Fisher scores of the old 
 allocates from the cache for each compressor and allocation, builds the unaligned and gac variants exactly as
 `gac compress` does (gac.api.analyze_and_select's budget and selection), and measures calibration-loss and held-out
 perplexity. Choices are made by calibration perplexity; held-out figures are reported, never tuned on.
+
+The figures of docs/RESULTS.md (2026-11-23) came from:
+    allocation_study.py --stats-only                      # stats.pt: X^T X, mean |x|, output Fisher (one pass each)
+    allocation_study.py --keep-units --runs svd_llm:output,palu:output
+    allocation_study.py --runs asvd:output                # (also the main job: gac compress --compressor asvd)
+Rows are appended to <cache>/results.jsonl with the ranks chosen.
 """
 
 from __future__ import annotations
@@ -61,7 +67,6 @@ def perplexity_of(model, windows) -> float:
 def study_one(model, calib, held_out, names, stats, compressor: str, importance: str, args) -> dict:
     """Allocate from the cached statistics as `gac compress` does, build unaligned and gac, measure them."""
     import copy
-    import dataclasses
     import math
 
     from gac.api import CompressConfig, _select_within_budget

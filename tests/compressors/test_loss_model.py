@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from gac.compressors.loss_model import (allocate_by_curves, lower_hull, lowrank_loss_curve, lowrank_options,
-                                        slope_at, truncation_factors)
+from gac.compressors.loss_model import (
+    allocate_by_curves,
+    lower_hull,
+    lowrank_loss_curve,
+    lowrank_options,
+    slope_at,
+    truncation_factors,
+)
 from gac.linalg import factorize_from_svd, scaled_svd, whiten
 
 
@@ -37,7 +43,7 @@ def test_curve_is_the_fisher_weighted_output_error_of_the_materialized_factoriza
 
 
 def test_curve_without_fisher_or_gram_is_the_tail_energy():
-    W, X, _ = _data(1)
+    W, _, _ = _data(1)
     svd = scaled_svd(W)
     s, P, Q = truncation_factors(svd.U, svd.S, svd.Vh, None, torch.ones(W.shape[1], dtype=torch.float64))
     curve = lowrank_loss_curve(s, P, Q)

@@ -10,10 +10,21 @@ import numpy as np
 import torch
 
 from gac.compressors.allocation import DENSE, allocate_ranks
-from gac.compressors.loss_model import (allocate_by_curves, lowrank_loss_curve, lowrank_options, slope_at,
-                                        truncation_factors)
+from gac.compressors.loss_model import (
+    allocate_by_curves,
+    lowrank_loss_curve,
+    lowrank_options,
+    slope_at,
+    truncation_factors,
+)
 from gac.errors import GacError
-from gac.linalg import ScaledSVD, factorize_from_svd, lowrank_params, max_useful_rank, scaled_svd
+from gac.linalg import (
+    ScaledSVD,
+    factorize_from_svd,
+    lowrank_params,
+    max_useful_rank,
+    scaled_svd,
+)
 
 
 @dataclass
@@ -204,7 +215,6 @@ class LowRankCompressor:
             replace_with_lowrank(model, a.name, A, B)
             lowrank[a.name] = int(r)
         return {"lowrank": lowrank}
-
 
 
 def allocate_by_loss_model(units, budget: int) -> dict[str, int | None]:
