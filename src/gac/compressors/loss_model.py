@@ -28,9 +28,9 @@ def truncation_factors(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, scale
     scale: None, [in] (W S = W diag(scale)) or [in, in] lower-triangular (W S = W @ scale).
     gram: C = E[x x^T] [in, in] (or its diagonal [in], a cheaper approximation).
     out_fisher: f [out] (None: every output channel counts 1, i.e. the plain output error)."""
-    # The k x in x in product dominates; float32 is ample for a diagonal (or no) transform. A whitening transform
-    # is ill-conditioned and Q ~ I comes from cancellation: that case stays in float64.
-    dtype = torch.float64 if scale is not None and scale.dim() == 2 else torch.float32
+    # float64 throughout: a whitening transform is ill-conditioned and its Q ~ I comes from cancellation (the
+    # figures in docs/RESULTS.md were measured this way; float32 would do for a diagonal transform on an accelerator).
+    dtype = torch.float64
     if scale is None:
         A = Vh.to(dtype)
     elif scale.dim() == 1:
