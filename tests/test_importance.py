@@ -169,3 +169,44 @@ def test_lowrank_compressors_take_any_proxy(name, proxy, setup):
     other_comp = make_compressor(name, importance=other)
     default = other_comp.analyze(model, other_comp.groups(model), stats, windows=windows, progress=False)
     assert [a.score for a in default] != [a.score for a in analyses]  # the proxy replaced the other score
+
+
+def test_output_fisher_matches_autograd_and_restores_the_model(setup):
+    """E_t[(dl_t/dy_tj)^2] per output channel: the hooked pass equals the per-token-loss gradient of the output."""
+    from gac.importance import output_fisher
+
+    model, names, windows, _, _ = setup
+    name = names[5]
+    ids = windows[:2]
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    got = output_fisher(model, ids, [name], batch_size=2, progress=False)[name]
+    captured = {}
+    handle = model.get_submodule(name).register_forward_hook(lambda m, i, o: captured.setdefault("y", o))
+    try:
+        with torch.enable_grad():
+            out = model(ids, labels=ids, use_cache=False)
+            n = ids.shape[0] * (ids.shape[1] - 1)
+            g = torch.autograd.grad(out.loss * n, captured["y"])[0]  # [b, seq, out]
+    finally:
+        handle.remove()
+    expected = g.double().square().reshape(-1, g.shape[-1]).sum(0) / n
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-12 * float(expected.max()))
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_output_loss_model_allocates_within_budget(setup):
+    """importance "output" (the default of asvd): curves per weight, ranks within the budget, knapsack slopes."""
+    model, names, windows, _, _ = setup
+    comp = make_compressor("asvd")
+    assert comp.needs_xtx and comp.needs_windows
+    stats = calibrate(model, windows, names, batch_size=2, xtx=True, progress=False)
+    units = comp.analyze(model, comp.groups(model), stats, windows=windows, progress=False)
+    assert all(u.curve is not None and len(u.curve) == u.max_dim + 1 for u in units)
+    budget = int(0.7 * sum(u.numel for u in units))
+    ranks = comp.allocate(units, budget)
+    assert sum(u.params(ranks[u.name]) for u in units) <= budget
+    assert all(r is None or 1 <= r <= u.max_dim for u, r in zip(units, ranks.values()))
+    assert all(u.marginal_score(u.max_dim // 2) >= 0 for u in units)
+    with pytest.raises(GacError, match="unknown importance"):
+        make_compressor("prune", importance="output")

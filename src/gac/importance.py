@@ -23,13 +23,17 @@ from gac.errors import GacError
 
 PROXIES = ("magnitude", "activation", "taylor", "fisher")
 GRADIENT_PROXIES = ("taylor", "fisher")
+# Low-rank compressors also take "output": no per-element proxy but the loss model of gac.compressors.loss_model
+# (each weight's output error under truncation, weighted by the output-gradient Fisher of its output channels).
+OUTPUT = "output"
+LOWRANK_IMPORTANCE = (OUTPUT, *PROXIES)
 
 log = logging.getLogger(__name__)
 
 
-def check_proxy(proxy: str) -> str:
-    if proxy not in PROXIES:
-        raise GacError(f"unknown importance {proxy!r}: choose one of {', '.join(PROXIES)}")
+def check_proxy(proxy: str, allowed: tuple[str, ...] = PROXIES) -> str:
+    if proxy not in allowed:
+        raise GacError(f"unknown importance {proxy!r}: choose one of {', '.join(allowed)}")
     return proxy
 
 
@@ -187,3 +191,61 @@ def weight_scores(proxy: str, model, names: list[str], *, stats: dict | None = N
     """Importance per parameter of each named weight (the knapsack's s_i before normalization)."""
     scores = measure(proxy, model, names, stats=stats, windows=windows, progress=progress)
     return [scores[n].total / model.get_submodule(n).weight.numel() for n in names]
+
+
+def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size: int = 2,
+                  progress: bool = True) -> dict[str, torch.Tensor]:
+    """{name: [out] float64}: E_t[(dl_t/dy_tj)^2] per output channel j of each named linear, the empirical Fisher of
+    the per-token language-modelling loss l_t with respect to the linear's output y_t, over the calibration windows.
+
+    Only activation gradients are computed (no weight requires grad: the embeddings' output is the leaf), so the
+    pass costs about one forward and one backward. Layer by layer, the same figures come from a reverse sweep that
+    recomputes one decoder layer from its stored input and back-propagates the gradient of its output."""
+    device = next(model.parameters()).device
+    sums: dict[str, torch.Tensor] = {}
+    tokens = 0
+    handles = []
+
+    def make_hook(name):
+        def forward_hook(_module, _inputs, output):
+            if not output.requires_grad:
+                return
+
+            def grad_hook(g):
+                g2 = g.detach().double().square().reshape(-1, g.shape[-1]).sum(0)  # [out]
+                sums[name] = sums[name] + g2 if name in sums else g2
+
+            output.register_hook(grad_hook)
+
+        return forward_hook
+
+    def leaf(_module, _inputs, output):
+        return output.detach().requires_grad_(True)
+
+    params = list(model.parameters())
+    saved = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        handles.append(model.get_input_embeddings().register_forward_hook(leaf))
+        for name in names:
+            handles.append(model.get_submodule(name).register_forward_hook(make_hook(name)))
+        with (torch.inference_mode(False), torch.enable_grad(),
+              tqdm(total=len(windows), desc="output gradients", unit="window", disable=not progress) as bar):
+            for batch in windows.split(batch_size):
+                ids = batch.to(device)  # [b, seq]
+                n = ids.shape[0] * (ids.shape[1] - 1)  # predicted tokens: loss * n is the sum of per-token losses
+                loss = model(ids, labels=ids, use_cache=False).loss * n
+                loss.backward()
+                del loss
+                tokens += n
+                bar.update(len(ids))
+    finally:
+        for h in handles:
+            h.remove()
+        for p, flag in zip(params, saved):
+            p.requires_grad_(flag)
+    missing = [n for n in names if n not in sums]
+    if missing:
+        raise RuntimeError(f"the output-gradient pass reached no gradient for {len(missing)} linears, e.g. {missing[0]}")
+    return {name: s / max(tokens, 1) for name, s in sums.items()}

@@ -116,6 +116,22 @@ def test_plan_round_trips_through_to_dict():
     assert plan.weights[0].candidates == (4, 8)
 
 
+def test_values_replace_the_linear_objective_and_round_trip():
+    # linear scores would keep "a" (score 2) at 16 and cut "b" to 8; the values say the opposite is cheaper
+    weights = [{"name": "a", "dim": 12, "score": 2.0, "params_per_dim": 10, "candidates": [16, 8],
+                "values": [0.5, -0.1]},
+               {"name": "b", "dim": 12, "score": 1.0, "params_per_dim": 10, "candidates": [8, 16],
+                "values": [-3.0, 0.2]}]
+    plan = Plan.from_dict(_plan(budget=240, weights=weights))
+    assert plan.weights[0].values == (-0.1, 0.5)  # sorted with their candidates
+    assert Plan.from_dict(plan.to_dict()) == plan
+    assert select(plan).dims == {"a": 8, "b": 16}
+    with pytest.raises(GacError, match="one number per"):
+        Plan.from_dict(_plan(weights=[{**weights[0], "values": [1.0]}]))
+    with pytest.raises(GacError, match="need the candidates"):
+        Plan.from_dict(_plan(weights=[{"name": "c", "dim": 3, "score": 1, "params_per_dim": 1, "values": [1.0]}]))
+
+
 def test_integral_float_budget_is_accepted():
     assert Plan.from_dict(_plan(budget=1e5)).budget == 100_000
 

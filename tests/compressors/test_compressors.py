@@ -32,7 +32,7 @@ def setup(tiny):
 def _analyze(name, model, names, windows, probe=None):
     # with a probe, asvd's measured sensitivity (importance=None) is the path under test; else its default
     comp = make_compressor(name, importance=None) if probe is not None and name == "asvd" else make_compressor(name)
-    stats = calibrate(model, windows, names, batch_size=2, progress=False)
+    stats = calibrate(model, windows, names, batch_size=2, xtx=comp.needs_xtx, progress=False)
     return comp, comp.analyze(model, comp.groups(model), stats, probe=probe, progress=False, windows=windows)
 
 

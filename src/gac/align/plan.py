@@ -29,6 +29,8 @@ class WeightSpec:
     """One compressible weight: |W(d)| = fixed_params + d * params_per_dim; d* and score come from the compressor.
 
     Given `candidates` are used as they are; otherwise aligned dims near `dim` within [min_dim, max_dim].
+    `values` (optional, with `candidates`): the objective gained at each candidate relative to d*, e.g. minus
+    the predicted loss change from a compressor's loss model; without it the gain is linear, score * (|W(d)| - |W(d*)|).
     """
 
     name: str
@@ -39,6 +41,7 @@ class WeightSpec:
     candidates: tuple[int, ...] | None = None
     min_dim: int | None = None
     max_dim: int | None = None
+    values: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -60,7 +63,16 @@ class WeightSpec:
             dims = sorted({_integer(d, f"{where}: candidate", minimum=0) for d in self.candidates})
             if not dims:
                 raise GacError(f"{where}: candidates is empty; list at least one dim or leave the key out")
+            if self.values is not None:
+                if isinstance(self.values, (str, bytes, Mapping)) or not isinstance(self.values, Iterable):
+                    raise GacError(f"{where}: values must be a list of numbers, one per candidate")
+                pairs = dict(zip(self.candidates, self.values))
+                if len(list(self.values)) != len(list(self.candidates)) or len(pairs) != len(dims):
+                    raise GacError(f"{where}: values must list one number per (distinct) candidate")
+                put("values", tuple(_real(pairs[d], f"{where}: value") for d in dims))
             put("candidates", tuple(dims))
+        elif self.values is not None:
+            raise GacError(f"{where}: values need the candidates they belong to")
 
     def params(self, dim: int) -> int:
         """|W(d)|: the parameter count of this weight at dim `dim`."""
@@ -123,6 +135,7 @@ class Plan:
                     candidates=w.get("candidates"),
                     min_dim=w.get("min_dim"),
                     max_dim=w.get("max_dim"),
+                    values=w.get("values"),
                 )
             )
         return cls(
@@ -158,6 +171,8 @@ class Plan:
                 entry["fixed_params"] = w.fixed_params
             if w.candidates is not None:
                 entry["candidates"] = list(w.candidates)
+            if w.values is not None:
+                entry["values"] = list(w.values)
             for key in ("min_dim", "max_dim"):
                 if getattr(w, key) is not None:
                     entry[key] = getattr(w, key)
@@ -199,7 +214,8 @@ def select(plan: Plan | Mapping[str, Any] | str | os.PathLike) -> SelectionResul
     dims = [_candidates(w, plan) for w in plan.weights]
     costs = [[w.params(d) for d in ds] for w, ds in zip(plan.weights, dims)]
     # s_i * (|W(d)| - |W(d*)|): the fixed params cancel, which keeps large counts out of the float maths.
-    values = [[w.score * w.params_per_dim * (d - w.dim) for d in ds] for w, ds in zip(plan.weights, dims)]
+    values = [list(w.values) if w.values is not None else [w.score * w.params_per_dim * (d - w.dim) for d in ds]
+              for w, ds in zip(plan.weights, dims)]
     smallest = sum(min(row) for row in costs)
     if smallest > plan.budget:
         raise InfeasibleBudget(

@@ -2,13 +2,15 @@
 is widened only when the budget cannot be met, and the fallback from profile candidates to the static rule.
 
 A unit is what a compressor returns per dimension group: `unit.group` (gac.models.groups.DimGroup: params per
-dim, grid, bounds) and `unit.marginal_score(d)` (its loss model's slope at d, importance per parameter).
+dim, grid, bounds), `unit.marginal_score(d)` (importance per parameter at d) and `unit.loss_gains(d, candidates)`
+(the predicted loss saved at each candidate, from the compressor's loss model; None without one).
 """
 
 from __future__ import annotations
 
 import logging
 
+from gac.align.candidates import aligned_candidates
 from gac.align.plan import SelectionResult, select
 from gac.errors import InfeasibleBudget
 
@@ -34,6 +36,12 @@ def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, c
             w["candidates"] = [x for x in g.grid() if abs(x - d) <= window * alignment]
         elif candidates_for is not None:
             w["candidates"] = candidates_for(u, d, window)
+        else:
+            w["candidates"] = aligned_candidates(d, alignment, window=window, min_dim=w["min_dim"],
+                                                 max_dim=w["max_dim"])
+        gains = u.loss_gains(d, w["candidates"])  # a loss model: the knapsack weighs its predicted loss exactly
+        if gains is not None:
+            w["values"] = gains
         weights.append(w)
     return {"budget": budget - untouched, "alignment": alignment, "window": window, "weights": weights}
 

@@ -7,7 +7,7 @@ import click
 from gac.cli.options import Int, Real
 
 COMPRESSORS = ("svd", "asvd", "svd_llm", "palu", "prune")  # mirrors gac.compressors.REGISTRY without importing torch
-IMPORTANCE = ("magnitude", "activation", "taylor", "fisher")  # mirrors gac.importance.PROXIES
+IMPORTANCE = ("output", "magnitude", "activation", "taylor", "fisher")  # mirrors gac.importance.LOWRANK_IMPORTANCE
 FLAGS = {"alpha": "--alpha", "importance": "--importance", "layers": "--prune-layers", "head_mode": "--head-mode",
          "group_size": "--group-size"}
 
@@ -67,8 +67,8 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
 @click.option("--alpha", type=Real(example=0.5), help="asvd: activation scaling exponent [default: 0.5].")
 @click.option("--importance", type=click.Choice(IMPORTANCE),
-              help="Importance proxy (channels/heads to keep, per-weight score) [default: prune taylor; asvd, "
-                   "svd_llm and palu fisher; svd magnitude].")
+              help="Importance (channels/heads to keep, per-weight score); output: gac's loss model, low-rank "
+                   "compressors only [default: prune taylor; asvd, svd_llm and palu output; svd magnitude].")
 @click.option("--prune-layers",
               help="prune: layers to prune, e.g. 1-28, 2,4,6 or all [default: all but the first and last].")
 @click.option("--head-mode", type=click.Choice(["group", "uniform", "none"]),

@@ -9,19 +9,21 @@ import torch
 
 from gac.compressors.base import LowRankCompressor
 from gac.errors import GacError
-from gac.importance import check_proxy
+from gac.importance import LOWRANK_IMPORTANCE, check_proxy
 
 
 @dataclass(frozen=True)
 class ASVDConfig:
     alpha: float = 0.5  # ASVD's scaling exponent; 0 is plain SVD
-    importance: str | None = "fisher"  # per-weight score proxy (docs/PROXIES.md: best at 0.15); None: measured sensitivity
+    # "output": gac's loss model (compressors/loss_model.py, docs/RESULTS.md: ppl 25 at 0.15); a proxy name scales the
+    # scaled spectral energy instead (fisher: ppl 56); None: measured sensitivity
+    importance: str | None = "output"
 
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 2.0:
             raise GacError(f"asvd alpha {self.alpha} is outside [0, 2]: use e.g. --alpha 0.5")
         if self.importance is not None:
-            check_proxy(self.importance)
+            check_proxy(self.importance, LOWRANK_IMPORTANCE)
 
 
 class ASVDCompressor(LowRankCompressor):

@@ -10,14 +10,22 @@ A compressor works on dimension groups (gac.models.groups) and never spells a mo
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from gac.compressors.allocation import DENSE, allocate_ranks
+from gac.compressors.loss_model import (allocate_by_curves, lowrank_loss_curve, lowrank_options, slope_at,
+                                        truncation_factors)
+from gac.errors import GacError
 from gac.linalg import ScaledSVD, factorize_from_svd, scaled_svd
 from gac.models.groups import DimGroup, RankGroup, groups_of, linears_of
+
+log = logging.getLogger(__name__)
+SLOPE_SPAN = 8  # ranks either side of d* for the plan's score: GAC's candidates lie one alignment step away
 
 
 @dataclass
@@ -71,12 +79,29 @@ class Unit:
         """Importance per parameter at dim d* for the knapsack (the loss model's slope there)."""
         return self.score
 
+    def loss_gains(self, dim: int, candidates: list[int]) -> list[float] | None:
+        """The predicted loss saved at each candidate relative to d* (the knapsack's values), or None: no loss
+        model, the knapsack uses the linear score * (|W(d)| - |W(d*)|)."""
+        return None
+
 
 @dataclass
 class LowRankUnit(Unit):
-    """A rank group with the spectrum of its (scaled) weight."""
+    """A rank group with the spectrum of its (scaled) weight and, with importance "output", the loss model's
+    curve: predicted loss increase at rank 0..max_dim (gac.compressors.loss_model)."""
 
     svd: ScaledSVD | None = None
+    curve: np.ndarray | None = None
+
+    def options(self) -> tuple[np.ndarray, np.ndarray]:
+        """(predicted loss, parameters) of rank 0..max_dim, then dense when the group allows it."""
+        return lowrank_options(self.curve, self.in_features, self.out_features, self.group.allows_dense)
+
+    def loss_gains(self, dim: int, candidates: list[int]) -> list[float] | None:
+        if self.curve is None:
+            return None
+        loss = self.options()[0]
+        return [float(loss[dim] - loss[min(d, self.max_dim)]) for d in candidates]
 
     @property
     def in_features(self) -> int:
@@ -89,7 +114,11 @@ class LowRankUnit(Unit):
     def marginal_score(self, rank: int) -> float:
         """The share of this weight's importance the next singular direction carries, per parameter it costs:
         the slope of the loss model at d*, so the knapsack's linear objective is a first-order model of quality
-        around the compressor's own dims."""
+        around the compressor's own dims. With a loss curve: its predicted loss decrease per parameter over
+        d* +- SLOPE_SPAN (the knapsack then reads each candidate's loss off the curve itself, loss_gains)."""
+        if self.curve is not None:
+            losses, costs = self.options()
+            return slope_at(losses, costs, min(rank, self.max_dim), SLOPE_SPAN)
         energy = self.svd.energy_fraction
         return self.score * self.numel * float(energy[min(rank, energy.numel() - 1)]) / self.params_per_dim
 
@@ -98,7 +127,14 @@ class Compressor:
     """What every compressor shares: its config, its importance proxy, materialization through surgery."""
 
     name = "compressor"
-    needs_xtx = False
+    own_xtx = False  # whether the cut itself needs X^T X (whitening)
+
+    @property
+    def needs_xtx(self) -> bool:
+        """Calibration must collect X^T X: for the cut, or for the "output" loss model."""
+        from gac.importance import OUTPUT
+
+        return self.own_xtx or self.proxy == OUTPUT
 
     def __init__(self, config):
         self.config = config
@@ -111,9 +147,9 @@ class Compressor:
     @property
     def needs_windows(self) -> bool:
         """Whether analyze needs the calibration windows (a gradient pass for taylor or fisher)."""
-        from gac.importance import GRADIENT_PROXIES
+        from gac.importance import GRADIENT_PROXIES, OUTPUT
 
-        return self.proxy in GRADIENT_PROXIES
+        return self.proxy in (*GRADIENT_PROXIES, OUTPUT)
 
     def groups(self, model) -> list[DimGroup]:
         raise NotImplementedError
@@ -177,11 +213,16 @@ class LowRankCompressor(Compressor):
         importance; keep: 1 - ratio; windows: the calibration windows, for a gradient-based proxy)."""
         from tqdm.auto import tqdm
 
+        from gac.importance import OUTPUT
+
         units = []
         for g in tqdm(groups, desc=f"{self.name}: factorizing", unit="weight", disable=not progress):
             w = model.get_submodule(g.linear).weight.detach()  # [out, in]
             units.append(LowRankUnit(g, svd=scaled_svd(w, self.input_scale(w, stats.get(g.linear)))))
-        if self.proxy is None:
+        if self.proxy == OUTPUT:
+            add_loss_curves(model, units, stats, windows, progress)
+            scores = [float(u.curve[0]) / u.numel for u in units]  # predicted loss of the weight removed, per param
+        elif self.proxy is None:
             scores = self.importance(model, units, stats, probe, keep, progress)
         else:
             from gac.importance import weight_scores
@@ -192,11 +233,14 @@ class LowRankCompressor(Compressor):
 
     def allocate(self, units: list[LowRankUnit], budget: int) -> dict[str, int | None]:
         """The compressor's own (unconstrained) ranks under the budget; None keeps a weight dense."""
+        if all(u.curve is not None for u in units):
+            return allocate_by_loss_model(units, budget)
         ranks = allocate_ranks(
             [u.svd.energy_fraction.cpu().numpy() for u in units],
             [u.score for u in units],
             [(u.out_features, u.in_features) for u in units],
             budget,
+            allow_dense=units[0].group.allows_dense if units else True,
         )
         return {u.name: r for u, r in zip(units, ranks)}
 
@@ -206,4 +250,39 @@ class LowRankCompressor(Compressor):
         return Factors(*factorize_from_svd(unit.svd, dim))
 
 
-__all__ = ["DENSE", "Compressor", "LowRankCompressor", "LowRankUnit", "Unit", "normalize_scores"]
+def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progress: bool) -> None:
+    """Each unit's loss-model curve, from calibration statistics: X^T X / tokens of its input and the
+    output-gradient Fisher of the rows it covers (one gradient pass, unless a caller cached it in stats)."""
+    from gac.importance import output_fisher
+
+    names = linears_of([u.group for u in units])
+    if all("out_fisher" in stats[n].extra for n in names):
+        fishers = {n: stats[n].extra["out_fisher"] for n in names}
+    elif windows is None:
+        raise GacError("importance 'output' needs the calibration windows for its output-gradient pass")
+    else:
+        fishers = output_fisher(model, windows, names, progress=progress)
+    start = time.perf_counter()
+    for u in units:
+        g, svd, linear_stats = u.group, u.svd, stats[u.group.linear]
+        if linear_stats.xtx is None:
+            raise GacError("importance 'output' needs X^T X from calibration: calibrate with xtx=compressor.needs_xtx")
+        gram = linear_stats.xtx.to(svd.Vh.device) / max(linear_stats.tokens, 1)
+        f = fishers[g.linear][g.rows].to(svd.U.device)
+        u.curve = lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, gram, f), u.max_dim)
+    log.info("loss model: %d curves in %.1f s", len(units), time.perf_counter() - start)
+
+
+def allocate_by_loss_model(units: list[LowRankUnit], budget: int) -> dict[str, int | None]:
+    """Ranks (or DENSE) minimizing the summed predicted loss of the units' curves under the budget; every unit
+    keeps at least rank 1."""
+    options = [u.options() for u in units]
+    floor = sum(u.params_per_dim for u in units)
+    if floor > budget:
+        raise GacError(f"budget of {budget} parameters cannot give every weight rank 1 ({floor} needed): lower --ratio")
+    picks = allocate_by_curves([o[0] for o in options], [o[1] for o in options], budget, start=[1] * len(units))
+    return {u.name: (DENSE if j > u.max_dim else int(j)) for u, j in zip(units, picks)}
+
+
+__all__ = ["DENSE", "Compressor", "LowRankCompressor", "LowRankUnit", "Unit", "add_loss_curves",
+           "allocate_by_loss_model", "normalize_scores"]

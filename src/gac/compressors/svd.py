@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gac.compressors.base import LowRankCompressor
-from gac.importance import check_proxy
+from gac.importance import LOWRANK_IMPORTANCE, check_proxy
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,7 @@ class SVDConfig:
 
     def __post_init__(self):
         if self.importance is not None:
-            check_proxy(self.importance)
+            check_proxy(self.importance, LOWRANK_IMPORTANCE)
 
 
 class SVDCompressor(LowRankCompressor):

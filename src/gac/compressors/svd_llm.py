@@ -14,18 +14,20 @@ from gac.linalg import whiten
 
 @dataclass(frozen=True)
 class SVDLLMConfig:
-    importance: str | None = "fisher"  # per-weight score proxy (docs/RESULTS.md: ppl 18.4 at 0.15); None: measured sensitivity
+    # "output": gac's loss model (compressors/loss_model.py, docs/RESULTS.md: ppl 16.8 at 0.15); a proxy name scales the
+    # whitened spectral energy instead (fisher: ppl 18.5); None: measured sensitivity
+    importance: str | None = "output"
 
     def __post_init__(self):
         if self.importance is not None:
-            from gac.importance import check_proxy
+            from gac.importance import LOWRANK_IMPORTANCE, check_proxy
 
-            check_proxy(self.importance)
+            check_proxy(self.importance, LOWRANK_IMPORTANCE)
 
 
 class SVDLLMCompressor(LowRankCompressor):
     name = "svd_llm"
-    needs_xtx = True
+    own_xtx = True
 
     def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor:
         return whiten(stats.xtx.to(weight.device))  # [in, in] float64, lower-triangular
