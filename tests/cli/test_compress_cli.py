@@ -43,7 +43,7 @@ def _error_cases(tiny_model_dir, tmp_path):
         "empty text": ([*base, "--out", str(tmp_path / "d"), "--calib-file", str(empty)], "empty"),
         "alpha": ([*base, "--compressor", "asvd", "--alpha", "5", "--out", str(tmp_path / "e")], "alpha"),
         "infeasible budget": ([*base, "--compressor", "svd", "--ratio", "0.99", "--out", str(tmp_path / "a")],
-                              "lower --ratio"),
+                              "or lower"),  # names the largest feasible ratio
     }
 
 
