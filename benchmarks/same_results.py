@@ -1,0 +1,63 @@
+"""Dims and held-out perplexity of every variant, per compressor, for comparing two commits of gac.
+
+    python benchmarks/same_results.py --out before/ asvd svd_llm palu prune     # on one commit
+    python benchmarks/same_results.py --out after/ asvd svd_llm palu prune      # on the other
+    python benchmarks/same_results.py --compare before/ after/
+
+Each run is gac.api.compress on the embedded model at --ratio (default text, evaluation on; latency cut to one
+round, since only dims, parameters and perplexity are compared). Equal means equal to the last bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def run(compressors: list[str], out: Path, ratio: float) -> None:
+    from gac.api import CompressConfig, compress
+    from gac.evaluate.latency import LatencyConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in compressors:
+        start = time.time()
+        latency = LatencyConfig(warmup=0, prefill_rounds=1, decode_rounds=1, prefill_tokens=64)
+        r = compress(CompressConfig(compressor=name, ratio=ratio, progress=False, latency=latency)).report
+        v = r["variants"]
+        record = {key: {k: v[k][key] for k in v} for key in ("ppl", "params", "aligned_fraction")}
+        record.update(budget=r["budget_params"], dims=r["dims"], seconds=round(time.time() - start))
+        (out / f"{name}.json").write_text(json.dumps(record, indent=1))
+        print(name, record["ppl"], record["params"], f"{record['seconds']} s", flush=True)
+
+
+def compare(a: Path, b: Path) -> None:
+    for path in sorted(a.glob("*.json")):
+        other = b / path.name
+        if not other.is_file():
+            print(f"{path.stem}: only in {a}")
+            continue
+        x, y = json.loads(path.read_text()), json.loads(other.read_text())
+        same = {key: x[key] == y[key] for key in ("dims", "params", "ppl")}
+        print(f"{path.stem}: " + ", ".join(f"{k} {'equal' if v else 'DIFFERENT'}" for k, v in same.items()),
+              f"(ppl {y['ppl']})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("compressors", nargs="*", default=["asvd", "svd_llm", "palu", "prune"])
+    parser.add_argument("--out", type=Path, help="directory for one JSON per compressor")
+    parser.add_argument("--ratio", type=float, default=0.15)
+    parser.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), help="compare two --out directories")
+    args = parser.parse_args()
+    if args.compare:
+        compare(*args.compare)
+    elif args.out:
+        run(args.compressors, args.out, args.ratio)
+    else:
+        parser.error("give --out DIR (run) or --compare A B")
+
+
+if __name__ == "__main__":
+    main()
