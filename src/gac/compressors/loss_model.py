@@ -15,10 +15,10 @@ holds for asvd, svd_llm and palu (and would for any other factorization given it
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 import torch
+
+from gac.compressors.allocation import greedy_steps
 
 
 def truncation_factors(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, scale: torch.Tensor | None,
@@ -92,26 +92,12 @@ def allocate_by_curves(curves: list[np.ndarray], costs: list[np.ndarray], budget
     if used > budget:
         raise ValueError(f"the smallest options cost {used:.0f} > budget {budget:.0f}")
     hulls = [lower_hull(np.asarray(costs[i], float), np.asarray(curves[i], float), start[i]) for i in range(n)]
-    step = [1] * n  # position in hull[i] of the next vertex
-
-    def push(heap, i):
-        h = hulls[i]
-        if step[i] < len(h):
-            a, b = pos[i], h[step[i]]
-            dc = float(costs[i][b] - costs[i][a])
-            heapq.heappush(heap, (-(float(curves[i][a] - curves[i][b]) / max(dc, 1e-12)), i, b, dc))
-
-    heap: list = []
-    for i in range(n):
-        push(heap, i)
-    while heap:
-        _, i, b, dc = heapq.heappop(heap)
-        if used + dc > budget:
-            continue  # this unit's next hull step does not fit; the fill below may still move it part way
-        used += dc
-        pos[i] = b
-        step[i] += 1
-        push(heap, i)
+    # the hull's segments are steps with non-increasing loss decrease per parameter: the one greedy allocator
+    gains = [np.array([float(curves[i][a] - curves[i][b]) for a, b in zip(h, h[1:])]) for i, h in enumerate(hulls)]
+    steps = [np.array([costs[i][b] - costs[i][a] for a, b in zip(h, h[1:])]) for i, h in enumerate(hulls)]
+    taken = greedy_steps(gains, steps, used, budget)
+    pos = [h[t] for h, t in zip(hulls, taken)]
+    used = float(sum(costs[i][pos[i]] for i in range(n)))
     # fill: single points past the current option, best loss decrease per parameter first, while any fits
     while True:
         best = None
