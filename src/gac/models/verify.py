@@ -96,20 +96,16 @@ def _check_pickle(path: Path) -> None:
 def check_weight_files(d) -> str:
     """Check the weights in directory `d` before loading; returns "safetensors" or "pickle"."""
     d = Path(d)
-    if (d / SAFE_INDEX).is_file():
-        for s in _shards(d, SAFE_INDEX, "safetensors"):
-            _check_safetensors(s)
-        return "safetensors"
-    if (d / SAFETENSORS).exists():
-        _check_safetensors(d / SAFETENSORS)
-        return "safetensors"
-    if (d / PICKLE_INDEX).is_file():
-        for s in _shards(d, PICKLE_INDEX, "checkpoint"):
-            _check_pickle(s)
-        return "pickle"
-    if (d / PICKLE).exists():
-        _check_pickle(d / PICKLE)
-        return "pickle"
+    formats = (("safetensors", SAFE_INDEX, SAFETENSORS, "safetensors", _check_safetensors),
+               ("pickle", PICKLE_INDEX, PICKLE, "checkpoint", _check_pickle))
+    for kind, index, single, label, check in formats:  # safetensors first, as transformers prefers them
+        if (d / index).is_file():
+            for shard in _shards(d, index, label):
+                check(shard)
+            return kind
+        if (d / single).exists():
+            check(d / single)
+            return kind
     raise GacError(f"{d} has a config.json but no weights ({SAFETENSORS} or {PICKLE}): copy the weight files "
                    "beside config.json")
 
