@@ -100,11 +100,17 @@ def test_signal_during_a_directory_write_leaves_nothing(tmp_path, signum):
     from gac.atomic import atomic_dir, terminate_as_interrupt
 
     out = tmp_path / "out"
-    with terminate_as_interrupt(), pytest.raises(KeyboardInterrupt):
-        with atomic_dir(out) as tmp:
-            (tmp / "model.safetensors").write_bytes(b"x" * 1000)
-            os.kill(os.getpid(), signum)
-            time.sleep(2)  # the signal arrives before this ends
+    # Python's own SIGINT handler, as in a terminal: a job started in the background (`cmd &`, some CI runners)
+    # inherits SIGINT ignored, and Python then keeps it ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with terminate_as_interrupt(), pytest.raises(KeyboardInterrupt):
+            with atomic_dir(out) as tmp:
+                (tmp / "model.safetensors").write_bytes(b"x" * 1000)
+                os.kill(os.getpid(), signum)
+                time.sleep(2)  # the signal arrives before this ends
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert list(tmp_path.iterdir()) == []
 
 
