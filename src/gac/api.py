@@ -203,9 +203,8 @@ def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig) -> 
 
 
 def _report_header(cfg: CompressConfig, source: str, compressible: int, budget: int, torch) -> dict:
-    import transformers
-
     from gac.hw.device import device_name
+    from gac.models.io import versions
 
     return {
         "model": source, "compressor": cfg.compressor, "ratio": cfg.ratio, "alignment": cfg.alignment,
@@ -213,15 +212,9 @@ def _report_header(cfg: CompressConfig, source: str, compressible: int, budget: 
         "compressible_params": compressible, "budget_params": budget,
         "compressor_options": dict(cfg.compressor_options), "profile": cfg.profile,
         "latency": dataclasses.asdict(cfg.latency), "eval_tokens": cfg.text.eval_windows * cfg.text.seq_len,
-        "versions": {"gac": _gac_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "versions": versions(),
         "threads": torch.get_num_threads(),
     }
-
-
-def _gac_version() -> str:
-    from gac import __version__
-
-    return __version__
 
 
 def _save(model, tokenizer, cfg: CompressConfig, report: dict, compressor) -> Path:
@@ -232,7 +225,7 @@ def _save(model, tokenizer, cfg: CompressConfig, report: dict, compressor) -> Pa
 
     plan = plan_record(
         variant=report["saved_variant"], source_model=report["model"], alignment=cfg.alignment,
-        dims=report["dims"][report["saved_variant"]], versions=report["versions"],
+        dims=report["dims"][report["saved_variant"]],
         compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)}, ratio=cfg.ratio,
         compressible_params=report["compressible_params"], budget_params=report["budget_params"],
     )

@@ -21,20 +21,22 @@ class LoadedModel:
     source: str  # what the user asked for
 
 
-def plan_record(*, variant: str, source_model: str, alignment: int | None, dims: dict, versions: dict | None = None,
-                **extra) -> dict:
+def versions() -> dict:
+    """The versions recorded in report.json and gac_plan.json."""
+    import torch
+    import transformers
+
+    from gac import __version__
+
+    return {"gac": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def plan_record(*, variant: str, source_model: str, alignment: int | None, dims: dict, **extra) -> dict:
     """The content of gac_plan.json, the one writer of its keys: variant ("gac", "unaligned", "repaired"),
     source_model, alignment, dims per group, versions, and what the verb adds (compressor, ratio, budget_params,
     strategy, overhead, profile, source_plan...)."""
-    if versions is None:
-        import torch
-        import transformers
-
-        from gac import __version__
-
-        versions = {"gac": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
     return {"gac_plan": PLAN_VERSION, "variant": variant, "source_model": source_model, "alignment": alignment,
-            "dims": dims, "versions": versions, **extra}
+            "dims": dims, "versions": versions(), **extra}
 
 
 def is_gac_dir(path) -> bool:
@@ -124,10 +126,7 @@ def load(path, *, dtype: str = "float32", device: str = "cpu"):
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise GacError(f"{path}: gac_structure does not fit the {config.model_type} model ({first}): the output is "
                        "damaged or edited; restore it or re-run `gac compress`") from None
-    verify.check_loading_info(info, str(path))  # the structure must account for every tensor, both ways
-    if info.get("unexpected_keys"):
-        raise GacError(f"{path}: its weights hold tensors its gac_structure does not place (e.g. "
-                       f"{sorted(info['unexpected_keys'])[0]}): the output is damaged or edited; re-run `gac compress`")
+    verify.check_loading_info(info, str(path), gac_output=True)  # the structure must place every tensor, both ways
     model = model.to(device).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)

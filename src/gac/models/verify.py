@@ -135,8 +135,9 @@ def check_config(config, source: str) -> None:
         bad(f"names an unknown activation hidden_act = {act!r}")
 
 
-def check_loading_info(info: dict, source: str) -> None:
-    """transformers' output_loading_info: a missing or mismatched tensor is an error, never a random init."""
+def check_loading_info(info: dict, source: str, *, gac_output: bool = False) -> None:
+    """transformers' output_loading_info: a missing or mismatched tensor is an error, never a random init. A tensor
+    the model does not use is a warning, except in a gac output, whose structure must place every tensor."""
     def listed(keys) -> str:
         keys = sorted(str(k if isinstance(k, str) else k[0]) for k in keys)
         return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
@@ -154,6 +155,9 @@ def check_loading_info(info: dict, source: str) -> None:
     if errors:
         raise GacError(f"{source}: loading failed ({str(errors[0]).splitlines()[0]}): re-download the model")
     unexpected = info.get("unexpected_keys") or ()
+    if unexpected and gac_output:
+        raise GacError(f"{source}: its weights hold tensors its gac_structure does not place (e.g. "
+                       f"{sorted(unexpected)[0]}): the output is damaged or edited; re-run `gac compress`")
     if unexpected:
         log.warning("%s: ignored %d tensor(s) the model does not use (%s)", source, len(unexpected),
                     listed(unexpected))
