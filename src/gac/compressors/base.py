@@ -136,6 +136,8 @@ class Compressor:
 
         return self.own_xtx or self.proxy == OUTPUT
 
+    factorization = "svd"  # how low-rank compressors take their spectra: gac.linalg.FACTORIZATIONS
+
     def __init__(self, config):
         self.config = config
 
@@ -218,7 +220,7 @@ class LowRankCompressor(Compressor):
         units = []
         for g in tqdm(groups, desc=f"{self.name}: factorizing", unit="weight", disable=not progress):
             w = model.get_submodule(g.linear).weight.detach()  # [out, in]
-            units.append(LowRankUnit(g, svd=scaled_svd(w, self.input_scale(w, stats.get(g.linear)))))
+            units.append(LowRankUnit(g, svd=scaled_svd(w, self.input_scale(w, stats.get(g.linear)), self.factorization)))
         if self.proxy == OUTPUT:
             add_loss_curves(model, units, stats, windows, progress)
             scores = [float(u.curve[0]) / u.numel for u in units]  # predicted loss of the weight removed, per param

@@ -47,7 +47,7 @@ class PaluCompressor(LowRankCompressor):
         units = []
         for g in groups:
             w = model.get_submodule(g.linear).weight.detach()[g.rows]  # [rows, hidden]
-            units.append(LowRankUnit(g, svd=scaled_svd(w, whitened[g.linear])))
+            units.append(LowRankUnit(g, svd=scaled_svd(w, whitened[g.linear], self.factorization)))
         if self.proxy == OUTPUT:
             add_loss_curves(model, units, stats, windows, progress)
             scores = [float(u.curve[0]) / u.numel for u in units]  # predicted loss of the group removed, per param
