@@ -474,8 +474,11 @@ def plot_sweeps(profile: dict, path: Path) -> Path:
 
 
 def _headline_row(folder: Path, rec: dict, name: str, c: dict, point: str = "1x1024") -> str:
+    """One row of the headline table at prefill `point` (a --tiny run: its first point)."""
     ratios, v = c["bench"]["ratios_vs_first"], c["variants"]
-    un, gac = ratios["unaligned"]["prefill"].get(point), ratios["gac"]["prefill"].get(point)
+    if point not in ratios["gac"]["prefill"]:
+        point = next(iter(ratios["gac"]["prefill"]))
+    un, gac = ratios["unaligned"]["prefill"][point], ratios["gac"]["prefill"][point]
     how = "saved dims" if c.get("reused_dims") else c.get("allocation", "compressor")
     return (f"| {folder.name} | {rec['preset']} | {name} | {how} | {v['unaligned']['aligned_fraction']:.2f} | "
             f"{v['gac']['flop_ratio_vs_baseline']:.3f} | {un:.3f} | {gac:.3f} | **{un / gac:.2f}x** | "
