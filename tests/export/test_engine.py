@@ -34,14 +34,18 @@ def _round_trip(path, model, tokens):
     return rel, same
 
 
-def _export(model, tokenizer, source, path, type_="f16"):
-    """(report, geometry): the f16 GGUF at path.f16.gguf, quantized to `type_` at path when not f16."""
-    f16 = path.with_suffix(".f16.gguf")
-    geo = write_f16(LoadedModel(model, tokenizer, source), f16)
-    if type_ == "f16":
-        return type_report(tensor_types(f16, [], geo), "f16"), geo, f16
-    fallbacks = quantize(f16, path, type_, threads=2)
-    return type_report(tensor_types(path, fallbacks, geo), type_), geo, path
+def _export(model, tokenizer, source, path):
+    """(f16 report, geometry, path): the model as an f16 GGUF at `path`."""
+    geo = write_f16(LoadedModel(model, tokenizer, source), path)
+    return type_report(tensor_types(path, [], geo), "f16"), geo, path
+
+
+def _quantize(f16_export, type_):
+    """The type report of the f16 export quantized to `type_` beside it."""
+    _, geo, f16 = f16_export
+    out = f16.with_name(f"{f16.stem}-{type_}.gguf")
+    fallbacks = quantize(f16, out, type_, threads=2)
+    return type_report(tensor_types(out, fallbacks, geo), type_)
 
 
 def _names(report, cause):
@@ -81,8 +85,7 @@ def smollm(llama_cpp, tmp_path_factory):
     d = tmp_path_factory.mktemp("smollm-gguf")
     exports = {name: _export(m, loaded.tokenizer, "smollm2-135m", d / f"{name.replace(':', '-')}.gguf")
                for name, m in models.items()}
-    return {"models": models, "exports": exports, "tokens": held_out[0, :ROUND_TRIP_TOKENS].tolist(), "dir": d,
-            "tokenizer": loaded.tokenizer}
+    return {"models": models, "exports": exports, "tokens": held_out[0, :ROUND_TRIP_TOKENS].tolist()}
 
 
 @pytest.mark.integration
@@ -109,9 +112,8 @@ def test_embedded_round_trip_f16_logits_match_gac(smollm, variant):
 @pytest.mark.integration
 @pytest.mark.parametrize("type_", ["q8_0", "q4_k_m"])
 def test_embedded_quantized_fallbacks_by_cause(smollm, type_):
-    d, m, tok = smollm["dir"], smollm["models"], smollm["tokenizer"]
     block = {"q8_0": 32, "q4_k_m": 256}[type_]
-    reports = {name: _export(m[name], tok, "smollm2-135m", d / f"{name.replace(':', '-')}-{type_}.gguf", type_)[0]
+    reports = {name: _quantize(smollm["exports"][name], type_)
                for name in ("baseline", "unaligned", f"gac:llama.cpp:{type_}")}
     unaligned, gac, base = reports["unaligned"], reports[f"gac:llama.cpp:{type_}"], reports["baseline"]
     pruned = [f for f in unaligned["fallbacks"] if f["cause"] == "pruned width"]
@@ -146,8 +148,8 @@ def test_hidden_multiple_of_256_gac_has_no_fallback_at_q4_k_m(llama_cpp, tiny_mo
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     calib, _ = load_windows(tokenizer, TextConfig(seq_len=64, calib_windows=2, eval_windows=1))
     variants = pruned_variants(model, calib, ratio=0.15, targets=("llama.cpp:q4_k_m",))
-    reports = {name: _export(m, tokenizer, str(tiny_model_dir), tmp_path / f"{name.replace(':', '-')}.gguf",
-                             "q4_k_m")[0] for name, m in variants.items()}
+    reports = {name: _quantize(_export(m, tokenizer, str(tiny_model_dir), tmp_path / f"{name.replace(':', '-')}.gguf"),
+                               "q4_k_m") for name, m in variants.items()}
     assert reports["gac:llama.cpp:q4_k_m"]["fallbacks"] == []
     assert "Q4_K" in reports["gac:llama.cpp:q4_k_m"]["types"]
     assert _names(reports["unaligned"], "pruned width")  # taylor's own widths are not multiples of 256
