@@ -40,10 +40,23 @@ def test_tables_sum_the_ops_that_change_and_keep_cliffs():
     gemm_n = {d: d / 100 for d in needs[("gemm_n", (("k", 64),))]}
     gemm_n[16] = 1.0
     gemm_k = {d: d / 200 for d in needs[("gemm_k", (("n", 64),))]}
-    table = build_tables(mlp, 8, {("gemm_n", (("k", 64),)): gemm_n, ("gemm_k", (("n", 64),)): gemm_k})[mlp[0].name]
+    tables, original = build_tables(mlp, 8, {("gemm_n", (("k", 64),)): gemm_n, ("gemm_k", (("n", 64),)): gemm_k})
+    table = tables[mlp[0].name]
     assert table[8] == pytest.approx(2 * 0.08 + 8 / 200)  # gate and up (N = w), down (K = w)
     assert table[16] > table[24]  # the cliff survives
-    assert table[FULL] == pytest.approx(2 * 1.6 + 160 / 200)
+    assert table[FULL] == pytest.approx(2 * 1.6 + 160 / 200) == original[mlp[0].name]
+
+
+def test_palu_original_is_a_share_of_the_dense_projection():
+    m = tiny_model()
+    groups = groups_of(m, "head_rank", heads_per_group=1)[:2]  # the two KV groups of one k_proj, 16 rows each
+    needs = sweep_needs(groups, 8)
+    assert needs[("gemm_n", (("k", 64),))] == {16, 32}  # the shared down GEMM at N = 2 r, and dense N = 32
+    ops = {key: {d: float(d) for d in dims} for key, dims in needs.items()}
+    tables, original = build_tables(groups, 8, ops)
+    assert FULL not in tables[groups[0].name]
+    assert original[groups[0].name] == pytest.approx(32 / 2)  # half the dense k_proj GEMM
+    assert tables[groups[0].name][8] == pytest.approx(16 / 2 + 8)  # half of down at N = 16, plus its up GEMM
 
 
 def test_rank_group_dense_is_one_gemm_and_lowrank_both():
@@ -55,13 +68,18 @@ def test_rank_group_dense_is_one_gemm_and_lowrank_both():
 
 
 def test_constant_and_json_round_trip():
-    model = LatencyModel(Phase("decode", 1, 512), {"a": {8: 1.0, FULL: 2.0}, "b": {16: 0.5, FULL: 3.0}})
+    model = LatencyModel(Phase("decode", 1, 512), {"a": {8: 1.0, FULL: 2.0}, "b": {16: 0.5, 32: 1.0}},
+                         {"a": 2.0, "b": 3.0})  # b has no FULL candidate (a PaLU group) but an original time
     cal = model.calibrated(10.0)
     assert cal.constant_ms == pytest.approx(5.0)
     assert cal.predict({}) == pytest.approx(10.0)  # the original predicts what was measured
     assert cal.predict({"a": 8, "b": 16}) == pytest.approx(6.5)
+    over = model.calibrated(4.0)  # the sweeps sum to 5 ms: scaled to fit the model, never a negative constant
+    assert over.constant_ms == 0.0 and over.predict({}) == pytest.approx(4.0)
+    assert over.predict({"a": 8}) == pytest.approx(0.8 * (1.0 + 3.0))
     back = LatencyModel.from_json(cal.to_json())
     assert back.tables == cal.tables and back.phase == cal.phase and back.constant_ms == cal.constant_ms
+    assert back.original == cal.original
 
 
 def test_measured_model_covers_every_candidate():

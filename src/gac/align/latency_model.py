@@ -69,28 +69,39 @@ class LatencyModel:
     """{group: {candidate dim or None: predicted ms}} at one phase, and the measured constant."""
 
     phase: Phase
-    tables: dict[str, dict]
+    tables: dict[str, dict]  # the candidates' predicted ms
+    original: dict[str, float]  # each group as the original model has it (also tables[g][FULL] where a candidate)
     constant_ms: float = 0.0
     meta: dict = field(default_factory=dict)  # device, dtype, torch, how the constant was measured
 
     def full_ms(self) -> float:
         """Predicted time of every group as the original model has it."""
-        return math.fsum(t[FULL] for t in self.tables.values())
+        return math.fsum(self.original.values())
 
     def predict(self, dims: dict) -> float:
         """Whole-model ms for {group: dim or None}; groups not named keep their original size."""
-        return self.constant_ms + math.fsum(t[dims.get(name, FULL)] for name, t in self.tables.items())
+        return self.constant_ms + math.fsum(self.original[g] if dims.get(g) is None else t[dims[g]]
+                                            for g, t in self.tables.items())
 
     def calibrated(self, baseline_ms: float) -> LatencyModel:
-        """The same tables with the constant set so that the original model predicts `baseline_ms` (measured)."""
-        meta = {**self.meta, "baseline_ms": baseline_ms}
-        return LatencyModel(self.phase, self.tables, baseline_ms - self.full_ms(), meta)
+        """The model with its constant set so that the original predicts `baseline_ms` (measured). When the op
+        sweeps add up to more than the whole model (launch overheads of tiny shapes, a busy CPU), the tables are
+        scaled down to fit it with a zero constant, and meta["table_scale"] says by how much."""
+        full = self.full_ms()
+        scale = baseline_ms / full if full > baseline_ms > 0 else 1.0
+        if scale != 1.0:
+            log.warning("the op sweeps add up to %.3g ms, more than the %.3g ms measured for the whole model: "
+                        "tables scaled by %.3f", full, baseline_ms, scale)
+        tables = {g: {d: ms * scale for d, ms in t.items()} for g, t in self.tables.items()}
+        original = {g: ms * scale for g, ms in self.original.items()}
+        meta = {**self.meta, "baseline_ms": baseline_ms, "table_scale": scale}
+        return LatencyModel(self.phase, tables, original, max(baseline_ms - full * scale, 0.0), meta)
 
     def to_json(self) -> str:
         tables = {g: {("full" if d is None else str(d)): ms for d, ms in t.items()} for g, t in self.tables.items()}
         return json.dumps({"gac_latency_model": 1, **self.phase.to_dict(), "batch": self.phase.batch,
                            "seq": self.phase.seq, "constant_ms": self.constant_ms, "meta": self.meta,
-                           "tables": tables}, indent=1)
+                           "original": self.original, "tables": tables}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> LatencyModel:
@@ -99,7 +110,8 @@ class LatencyModel:
             raise GacError("not a gac latency model (no gac_latency_model: 1 key)")
         tables = {g: {(None if k == "full" else int(k)): float(ms) for k, ms in t.items()}
                   for g, t in d["tables"].items()}
-        return cls(Phase(d["phase"], d["batch"], d["seq"]), tables, float(d["constant_ms"]), d.get("meta", {}))
+        return cls(Phase(d["phase"], d["batch"], d["seq"]), tables, {g: float(ms) for g, ms in d["original"].items()},
+                   float(d["constant_ms"]), d.get("meta", {}))
 
 
 # ---- which ops change with each group's dim ----------------------------------------------------------------
@@ -167,35 +179,32 @@ def sweep_needs(groups: list[DimGroup], alignment: int) -> dict:
     needs = defaultdict(set)
     for g in groups:
         dense, terms = group_terms(g, per_linear.get(getattr(g, "linear", ""), 1))
+        for term, x in dense or [(t, t.dim(g.max_dim)) for t in terms]:  # the original layout
+            needs[(term.op, term.shape)].add(x)
         for d in candidate_dims(g, alignment):
-            if d is FULL and dense:
-                for term, x in dense:
-                    needs[(term.op, term.shape)].add(x)
-                continue
-            for term in terms:
-                needs[(term.op, term.shape)].add(term.dim(g.max_dim if d is FULL else d))
+            if d is not FULL:
+                for term in terms:
+                    needs[(term.op, term.shape)].add(term.dim(d))
     return needs
 
 
-def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict, sdpa_ms: dict | None = None) -> dict:
-    """{group: {candidate: ms}} from measured op tables {(op, shape): {dim: ms}}; sdpa_ms: {group: ms of its layer's
-    attention at full heads} (head groups only)."""
+def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict,
+                 sdpa_ms: dict | None = None) -> tuple[dict, dict]:
+    """({group: {candidate: ms}}, {group: ms as the original has it}) from measured op tables
+    {(op, shape): {dim: ms}}; sdpa_ms: {group: ms of its layer's attention at full heads} (head groups only)."""
     per_linear = _per_linear(groups)
-    tables = {}
+    tables, original = {}, {}
     for g in groups:
         dense, terms = group_terms(g, per_linear.get(getattr(g, "linear", ""), 1))
-        table = {}
-        for d in candidate_dims(g, alignment):
-            if d is FULL and dense:
-                ms = math.fsum(t.weight * op_tables[(t.op, t.shape)][x] for t, x in dense)
-            else:
-                x = g.max_dim if d is FULL else d
-                ms = math.fsum(t.weight * op_tables[(t.op, t.shape)][t.dim(x)] for t in terms)
-                if sdpa_share(g) and sdpa_ms:
-                    ms += sdpa_ms[g.name] * x / g.max_dim
-            table[d] = ms
-        tables[g.name] = table
-    return tables
+
+        def at(x: int) -> float:
+            ms = math.fsum(t.weight * op_tables[(t.op, t.shape)][t.dim(x)] for t in terms)
+            return ms + (sdpa_ms[g.name] * x / g.max_dim if sdpa_share(g) and sdpa_ms else 0.0)
+
+        original[g.name] = (math.fsum(t.weight * op_tables[(t.op, t.shape)][x] for t, x in dense) if dense
+                            else at(g.max_dim))
+        tables[g.name] = {d: original[g.name] if d is FULL else at(d) for d in candidate_dims(g, alignment)}
+    return tables, original
 
 
 # ---- measuring: one cached profile sweep per op and shape --------------------------------------------------
@@ -250,4 +259,4 @@ def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: in
 
     meta = {"device": device, "device_name": device_name(device), "dtype": dtype, "torch": torch.__version__,
             "alignment": alignment, "repeats": repeats}
-    return LatencyModel(phase, build_tables(groups, alignment, op_tables, sdpa_ms), 0.0, meta)
+    return LatencyModel(phase, *build_tables(groups, alignment, op_tables, sdpa_ms), 0.0, meta)

@@ -125,8 +125,9 @@ def select_for_speedup(items: list[LatencyItem], *, baseline_ms: float, constant
     groups_budget = baseline_ms / speedup - constant_ms if budget_ms is None else budget_ms
     floor = fastest_ms(items)
     if floor > groups_budget:
-        best = baseline_ms / (constant_ms + floor)
+        best = math.floor(baseline_ms / (constant_ms + floor) * 100) / 100  # rounded down: reachable as printed
+        advice = f"ask for --speedup {best:.2f} or less" if best > 1.0 else "no choice of dims is predicted faster"
         raise GacError(f"speedup {speedup:g}x is out of reach{where}: the fastest dims predict "
-                       f"{constant_ms + floor:.1f} ms against {baseline_ms:.1f} ms, a best reachable speedup of "
-                       f"{math.floor(best * 100) / 100:.2f}x; ask for --speedup {math.floor(best * 100) / 100:.2f} or less")
+                       f"{constant_ms + floor:.4g} ms against {baseline_ms:.4g} ms, a best reachable speedup of "
+                       f"{best:.2f}x; {advice}")
     return solve_latency(items, groups_budget, param_cap=param_cap)
