@@ -126,7 +126,7 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         built = copy.deepcopy(model)
         compressor.materialize(built, units, outcome.dims)
         row = {"target": target, "loop_s": time.perf_counter() - t0, "rounds": outcome.rounds,
-               "reached": outcome.final["reached"], **measure(model, built.eval(), cfg, held_out,
+               "reached": outcome.final["reached"], "dims": outcome.dims, **measure(model, built.eval(), cfg, held_out,
                                                                outcome.latency_model, outcome.dims)}
         out["latency"].append(row)
         log.info("%s latency %.2fx: measured %.3fx (predicted %.2f ms, measured %.2f ms, error %+.1f%%, A/A %.1f%%)%s",
