@@ -88,6 +88,8 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
     for row in rounds:  # the solver's prediction never exceeds the budget it was given
         assert row["gac_predicted_ms"] - r["latency_objective"]["constant_ms"] <= row["budget_ms"] + 1e-9
     assert r["saved_variant"] == "gac"
+    md = (out / "report.md").read_text()
+    assert "speedup 1.05x at prefill 1x16" in md and "measured speedup" in md and "reached" in md
     assert all(d % 8 == 0 for d in r["dims"]["gac"].values())  # the wide candidates are aligned dims
 
 
