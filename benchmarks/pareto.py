@@ -165,8 +165,8 @@ def environment(args) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"# Latency vs parameter objective: {result['model']}, {result['args']['phase']} {result['args']['shape']}",
              "", f"{result['env']}", "",
-             "| compressor | objective | target / ratio | rounds | predicted ms | measured ms | error | measured speedup "
-             "| A/A floor | ppl |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             ("| compressor | objective | target / ratio | rounds | predicted ms | measured ms | error | measured speedup "
+              "| A/A floor | ppl |"), "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def f(x, spec):
         return "n/a" if x is None else format(x, spec)

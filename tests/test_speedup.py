@@ -14,6 +14,7 @@ from gac.errors import GacError
 from gac.speedup import SpeedupConfig, parse_shape
 from tests.test_api import fast_config
 
+
 def _linear_latency(groups, phase, *, alignment=8, **_):
     """A latency model whose op times grow with the dim, so any target below the groups' share is reachable."""
     from gac.align.latency_model import LatencyModel, build_tables, sweep_needs
@@ -63,7 +64,7 @@ def short_then_reached(monkeypatch):
     return fake
 
 
-FAST = dict(seq=16, timing_rounds=3, profile_repeats=3, rounds=2)
+FAST = {"seq": 16, "timing_rounds": 3, "profile_repeats": 3, "rounds": 2}
 
 
 @pytest.mark.parametrize("compressor", ["asvd", "palu", "prune"])
@@ -72,7 +73,7 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
     options = {"layers": "all"} if compressor == "prune" else {}
     cfg = fast_config(tiny_model_dir, compressor=compressor, out=str(out), compressor_options=options,
                       speedup=SpeedupConfig(1.05, **FAST))
-    result = compress(cfg)
+    compress(cfg)
     r = json.loads((out / "report.json").read_text())
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16"}
     assert r["ratio"] is None and set(r["variants"]) == {"baseline", "gac"}
@@ -108,8 +109,8 @@ def test_unreachable_speedup_is_one_line(tiny_model_dir, linear_latency, short_t
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("bad", [dict(speedup=1.0), dict(speedup=float("nan")), dict(phase="train"),
-                                 dict(batch=0), dict(rounds=0)])
+@pytest.mark.parametrize("bad", [{"speedup": 1.0}, {"speedup": float("nan")}, {"phase": "train"}, {"batch": 0},
+                                 {"rounds": 0}])
 def test_bad_speedup_options(bad):
     with pytest.raises(GacError):
         SpeedupConfig(**{"speedup": 1.2, **bad})

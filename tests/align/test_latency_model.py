@@ -3,8 +3,15 @@
 
 import pytest
 
-from gac.align.latency_model import (FULL, LatencyModel, Phase, build_tables, candidate_dims, measure_latency_model,
-                                     sweep_needs)
+from gac.align.latency_model import (
+    FULL,
+    LatencyModel,
+    Phase,
+    build_tables,
+    candidate_dims,
+    measure_latency_model,
+    sweep_needs,
+)
 from gac.errors import GacError
 from gac.models.groups import groups_of
 from tests.conftest import tiny_model

@@ -188,6 +188,11 @@ def sweep_needs(groups: list[DimGroup], alignment: int) -> dict:
     return needs
 
 
+def _terms_ms(terms: list[Term], d: int, op_tables: dict, extra_ms: float) -> float:
+    """The group's terms at dim d, summed from the op tables, plus `extra_ms` (its share of SDPA)."""
+    return math.fsum(t.weight * op_tables[(t.op, t.shape)][t.dim(d)] for t in terms) + extra_ms
+
+
 def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict,
                  sdpa_ms: dict | None = None) -> tuple[dict, dict]:
     """({group: {candidate: ms}}, {group: ms as the original has it}) from measured op tables
@@ -196,14 +201,11 @@ def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict,
     tables, original = {}, {}
     for g in groups:
         dense, terms = group_terms(g, per_linear.get(getattr(g, "linear", ""), 1))
-
-        def at(x: int) -> float:
-            ms = math.fsum(t.weight * op_tables[(t.op, t.shape)][t.dim(x)] for t in terms)
-            return ms + (sdpa_ms[g.name] * x / g.max_dim if sdpa_share(g) and sdpa_ms else 0.0)
-
+        sdpa = sdpa_ms[g.name] if sdpa_share(g) and sdpa_ms else 0.0
         original[g.name] = (math.fsum(t.weight * op_tables[(t.op, t.shape)][x] for t, x in dense) if dense
-                            else at(g.max_dim))
-        tables[g.name] = {d: original[g.name] if d is FULL else at(d) for d in candidate_dims(g, alignment)}
+                            else _terms_ms(terms, g.max_dim, op_tables, sdpa * 1.0))
+        tables[g.name] = {d: original[g.name] if d is FULL else _terms_ms(terms, d, op_tables, sdpa * d / g.max_dim)
+                          for d in candidate_dims(g, alignment)}
     return tables, original
 
 

@@ -31,9 +31,10 @@ def latency_objective(speedup, phase, shape, *, ratio, no_align, profile):
         if phase is not None or shape is not None:
             raise GacError("--phase and --shape set the latency objective: give --speedup too, e.g. --speedup 1.2")
         return None
-    for given, flag, why in ((ratio, "--ratio", "the parameter objective"), (profile, "--profile", "parameter "
-                             "candidates; --speedup measures its own tables"), (no_align or None, "--no-align",
-                             "the compressor's own dims under a ratio")):
+    excluded = ((ratio, "--ratio", "the parameter objective"),
+                (profile, "--profile", "parameter candidates; --speedup measures its own tables"),
+                (no_align or None, "--no-align", "the compressor's own dims under a ratio"))
+    for given, flag, why in excluded:
         if given is not None:
             raise GacError(f"--speedup and {flag} exclude each other ({flag} is for {why}): give one of them")
     from gac.speedup import SpeedupConfig, parse_shape
