@@ -37,6 +37,7 @@ class CompressConfig:
     device: str = "cpu"
     factorization: str = "auto"  # svd | gram (eigh of the Gram matrix in fp64) | auto: gram on CUDA, svd on CPU
     compressor_options: dict = field(default_factory=dict)
+    speedup: object | None = None  # gac.speedup.SpeedupConfig: latency as the objective (--speedup), not a ratio
     text: TextConfig = TextConfig()
     latency: LatencyConfig = LatencyConfig()
     evaluate: bool = True
@@ -55,6 +56,8 @@ class CompressConfig:
         get_target(self.target)  # a known target, or one line naming them
         if self.target and self.profile:
             raise GacError("--target and --profile both choose the candidates: pass one of them")
+        if self.target and self.speedup is not None:
+            raise GacError("--target applies to the parameter objective (--ratio), not to --speedup: pass one of them")
 
     @property
     def factorization_method(self) -> str:
@@ -102,7 +105,8 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Se
     compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
     compressor.factorization = cfg.factorization_method
     groups = compressor.groups(model)
-    _check_feasible(groups, cfg)
+    if cfg.speedup is None:
+        _check_feasible(groups, cfg)
     names = linears_of(groups)
     stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
     probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
@@ -111,6 +115,12 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Se
                                **grads)
     del stats
     compressible = sum(u.group.numel for u in units)
+    if cfg.speedup is not None:  # latency as the objective: no parameter budget
+        from gac.speedup import select_by_latency
+
+        outcome = select_by_latency(model, compressor, units, cfg.speedup, alignment=cfg.alignment, device=cfg.device,
+                                    dtype=cfg.dtype, progress=cfg.progress)
+        return Selected(compressor, units, names, compressible, compressible, {"gac": outcome.dims}, outcome)
     budget = math.floor((1.0 - cfg.ratio) * compressible)
     unaligned = compressor.allocate(units, budget)
 
@@ -178,7 +188,9 @@ def compress(cfg: CompressConfig) -> CompressResult:
     report["variants"] = _evaluate(models, names, held_out, cfg)
     report["dims"] = {v: reduced_dims(d) for v, d in selected.dims.items()}
     report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
-    saved = "gac" if cfg.align else "unaligned"
+    saved = "gac" if cfg.align or cfg.speedup is not None else "unaligned"
+    if cfg.speedup is not None:
+        selected.selection.annotate(report)
     report["saved_variant"] = saved
     if selected.target is not None:
         report["target"] = selected.target
@@ -238,7 +250,8 @@ def _report_header(cfg: CompressConfig, source: str, compressible: int, budget: 
     from gac.models.io import versions
 
     return {
-        "model": source, "compressor": cfg.compressor, "ratio": cfg.ratio, "alignment": cfg.alignment,
+        "model": source, "compressor": cfg.compressor, "ratio": None if cfg.speedup else cfg.ratio,
+        "alignment": cfg.alignment,
         "device": cfg.device, "device_name": device_name(cfg.device), "dtype": cfg.dtype,
         "compressible_params": compressible, "budget_params": budget,
         "compressor_options": dict(cfg.compressor_options), "profile": cfg.profile,
@@ -257,7 +270,7 @@ def _save(model, tokenizer, cfg: CompressConfig, report: dict, compressor) -> Pa
     plan = plan_record(
         variant=report["saved_variant"], source_model=report["model"], alignment=cfg.alignment,
         dims=report["dims"][report["saved_variant"]],
-        compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)}, ratio=cfg.ratio,
+        compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)}, ratio=report["ratio"],
         compressible_params=report["compressible_params"], budget_params=report["budget_params"], target=cfg.target,
     )
     png = io.BytesIO()

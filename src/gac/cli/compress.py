@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gac.cli.objective import latency_objective, speedup_options
 from gac.cli.options import Int, Real
 
 COMPRESSORS = ("svd", "asvd", "svd_llm", "palu", "prune")  # mirrors gac.compressors.REGISTRY without importing torch
@@ -55,6 +56,7 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--model", help="smollm2-135m (default, embedded), a HF model dir, a .gguf file, or a hub id.")
 @click.option("--compressor", type=click.Choice(COMPRESSORS), help="Dimension-reducing compressor [default: asvd].")
 @click.option("--ratio", type=Real(0, 1, example=0.15), help="Share of compressible parameters to remove, in (0, 1) [default: 0.15].")
+@speedup_options
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output model directory.")
 @click.option("--align", "alignment", type=Int(1, 1024, example=8, hint="give a positive integer up to 1024, usually a power of two, e.g. --align 8"), help="Alignment multiple for candidate dims [default: 8].")
 @click.option("--no-align", is_flag=True, help="Save the compressor's own (unaligned) dims instead of GAC's.")
@@ -89,9 +91,10 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--no-eval", is_flag=True, help="Skip perplexity and latency (parameters and alignment only).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def command(model, compressor, ratio, out, alignment, no_align, profile, target, allow_profile_mismatch, dtype, device,
-            factorization, alpha, importance, prune_layers, head_mode, group_size, calib_file, eval_file, seq_len,
-            calib_windows, eval_windows, prefill_tokens, no_eval, force, quiet):
+def command(model, compressor, ratio, speedup, phase, shape, out, alignment, no_align, profile, target,
+            allow_profile_mismatch, dtype, device, factorization, alpha, importance, prune_layers, head_mode,
+            group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
+            quiet):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
 
@@ -104,11 +107,13 @@ def command(model, compressor, ratio, out, alignment, no_align, profile, target,
     options = _given(alpha=alpha, importance=importance, layers=prune_layers, head_mode=head_mode,
                      group_size=group_size)
     _check_options(compressor or CompressConfig.compressor, options)
+    objective = latency_objective(speedup, phase, shape, ratio=ratio, no_align=no_align, profile=profile)
     cfg = CompressConfig(
         **_given(model=model, compressor=compressor, ratio=ratio, out=out, alignment=alignment, profile=profile,
                  target=target, dtype=dtype, device=device, factorization=factorization),
         align=not no_align,
         compressor_options=options,
+        speedup=objective,
         text=TextConfig(**_given(calib_file=calib_file, eval_file=eval_file, seq_len=seq_len,
                                  calib_windows=calib_windows, eval_windows=eval_windows)),
         latency=LatencyConfig(**_given(prefill_tokens=prefill_tokens)),

@@ -19,8 +19,10 @@ def _fmt(x, spec):
 def report_markdown(r: dict) -> str:
     v = r["variants"]
     unaligned = v.get("unaligned", {})
+    obj = r.get("objective")
+    goal = f"speedup {obj['speedup']}x at {obj['phase']} {obj['shape']}" if obj else f"ratio {r['ratio']}"
     lines = [
-        f"# gac compress: {r['model']}, {r['compressor']}, ratio {r['ratio']}",
+        f"# gac compress: {r['model']}, {r['compressor']}, {goal}",
         "",
         f"device {r['device']} ({r.get('device_name', '')}), dtype {r['dtype']}, alignment {r['alignment']}; "
         f"budget {r['budget_params']:,} of {r['compressible_params']:,} compressible parameters.",
@@ -51,6 +53,17 @@ def report_markdown(r: dict) -> str:
         f"Perplexity: {r.get('eval_tokens', '?')} held-out tokens, the same windows for every variant.",
         f"Saved variant: {r.get('saved_variant', '?')}.",
     ]
+    if obj:
+        lines += ["", f"Latency objective at {obj['phase']} {obj['shape']} (interleaved with the baseline and an A/A twin):"]
+        for name in ("baseline", "gac"):
+            x = v.get(name, {})
+            if x.get("measured_ms") is not None:
+                lines.append(f"- {name}: predicted {x['predicted_ms']:.2f} ms, measured {x['measured_ms']:.2f} ms "
+                             f"({x['prediction_error_pct']:+.1f}%)")
+        lo = r.get("latency_objective", {})
+        lines.append(f"- measured speedup {lo.get('measured_speedup', float('nan')):.3f}x against {obj['speedup']}x "
+                     f"({'reached' if lo.get('reached') else 'short'}; A/A floor {lo.get('aa_floor_pct', float('nan')):.1f}%, "
+                     f"{len(lo.get('rounds', []))} round(s))")
     return "\n".join(lines) + "\n"
 
 

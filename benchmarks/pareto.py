@@ -1,0 +1,248 @@
+"""Latency objective vs parameter objective (issue 16): for each compressor, one calibration and one latency table,
+then `--speedup` at every target (closed loop: predicted vs measured ms) and `--ratio` at every ratio, each model
+timed side by side with the baseline (A/A floor) and, for a trained model, its held-out perplexity. Writes
+pareto.json, pareto.md and pareto.png (perplexity against measured speedup, both objectives) to --out.
+
+  python benchmarks/pareto.py --out docs/pareto-cpu                    # embedded SmolLM2-135M, this CPU
+  python benchmarks/pareto.py --model random-smollm2 --device cuda --dtype bfloat16 --shape 1x1024 --out DIR
+Random-weight models (random-smollm2, random-tiny) are for latency only: their perplexity means nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+log = logging.getLogger("pareto")
+
+
+def load(args):
+    """(model, calib [n, S] tokens, held-out windows or None, source)."""
+    import torch
+
+    from gac.data import TextConfig, load_windows
+    from gac.hw.device import torch_dtype
+
+    if args.model.startswith("random-"):
+        from gpu_evidence import PRESETS, build_model, decay_spectra
+
+        model = build_model(PRESETS[args.model.removeprefix("random-")], device=args.device,
+                            dtype=torch_dtype(args.dtype), seed=0)
+        decay_spectra(model, 1.0, seed=0)  # trained-like decaying spectra, so ranks vary between weights
+        g = torch.Generator().manual_seed(1)
+        calib = torch.randint(0, model.config.vocab_size, (args.calib_windows, args.seq_len), generator=g)
+        return model, calib, None, args.model
+    from gac.models.loading import load_model
+
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    calib, held_out = load_windows(loaded.tokenizer, TextConfig(seq_len=args.seq_len, calib_windows=args.calib_windows,
+                                                                 eval_windows=args.eval_windows))
+    return loaded.model, calib, held_out, loaded.source
+
+
+def analyze(model, calib, name: str, device: str):
+    """The compressor and its units (one calibration, spectra and loss model), as gac compress computes them."""
+    from gac.calibrate import calibrate
+    from gac.compressors import make_compressor
+    from gac.models.groups import linears_of
+
+    small = name == "prune" and model.config.num_hidden_layers < 3  # the default keeps the first and last layers
+    compressor = make_compressor(name, **({"layers": "all"} if small else {}))
+    compressor.factorization = "gram" if device.startswith("cuda") else "svd"
+    groups = compressor.groups(model)
+    stats = calibrate(model, calib, linears_of(groups), xtx=compressor.needs_xtx, progress=False)
+    probe = calib[:1, : min(256, calib.shape[1])]
+    grads = {"windows": calib} if compressor.needs_windows else {}
+    units = compressor.analyze(model, groups, stats, probe=probe, keep=0.85, progress=False, **grads)
+    return compressor, units
+
+
+def ratio_dims(compressor, units, ratio: float, alignment: int) -> dict:
+    """The parameter objective's dims (gac compress --ratio): the compressor's d*, then aligned by the knapsack."""
+    from gac.align.select import select_within_budget
+
+    budget = math.floor((1.0 - ratio) * sum(u.group.numel for u in units))
+    dims = compressor.allocate(units, budget)
+    return {**dims, **select_within_budget(units, dims, budget, alignment=alignment, window=1).dims}
+
+
+def measure(model, built, cfg, held_out, lm=None, dims=None) -> dict:
+    """Side-by-side timing of baseline and variant with an A/A twin; perplexity of the variant when trained."""
+    from gac.evaluate.perplexity import perplexity
+    from gac.speedup import time_at_phase
+
+    t = time_at_phase({"baseline": model, "gac": built}, cfg)
+    base, var, twin = t["baseline"].median_ms, t["gac"].median_ms, t["baseline (A/A)"].median_ms
+    row = {"baseline_ms": base, "measured_ms": var, "measured_speedup": base / var,
+           "aa_floor_pct": 100 * abs(twin / base - 1), "spread_pct": t["gac"].spread_pct}
+    if lm is not None:
+        row["predicted_ms"] = lm.predict(dims) * base / lm.predict({})  # rescaled to this round's baseline
+        row["error_pct"] = 100 * (row["predicted_ms"] / var - 1)
+    if held_out is not None:
+        row["ppl"] = perplexity(built, held_out, desc="ppl", progress=False)
+    return row
+
+
+def run_compressor(name, model, calib, held_out, args) -> dict:
+    from gac.align.latency_model import Phase, measure_latency_model
+    from gac.speedup import SpeedupConfig, select_by_latency
+
+    t0 = time.perf_counter()
+    compressor, units = analyze(model, calib, name, args.device)
+    analyze_s = time.perf_counter() - t0
+    batch, seq = (int(x) for x in args.shape.split("x"))
+    cfg = SpeedupConfig(args.targets[0], phase=args.phase, batch=batch, seq=seq, rounds=args.rounds,
+                        timing_rounds=args.timing_rounds)
+    t0 = time.perf_counter()
+    lm = measure_latency_model([u.group for u in units], Phase(args.phase, batch, seq), alignment=args.align,
+                               device=args.device, dtype=args.dtype, progress=False)
+    table_s = time.perf_counter() - t0
+    out = {"compressor": name, "analyze_s": analyze_s, "latency_table_s": table_s, "latency": [], "ratio": []}
+    if held_out is not None:
+        from gac.evaluate.perplexity import perplexity
+
+        out["baseline_ppl"] = perplexity(model, held_out, desc="ppl", progress=False)
+    for target in args.targets:
+        t0 = time.perf_counter()
+        try:
+            outcome = select_by_latency(model, compressor, units, dataclasses.replace(cfg, speedup=target),
+                                        alignment=args.align, device=args.device, dtype=args.dtype, progress=False)
+        except Exception as e:  # noqa: BLE001 - an unreachable target is a result too
+            out["latency"].append({"target": target, "error": str(e)})
+            log.info("%s %.2fx: %s", name, target, e)
+            continue
+        built = copy.deepcopy(model)
+        compressor.materialize(built, units, outcome.dims)
+        row = {"target": target, "loop_s": time.perf_counter() - t0, "rounds": outcome.rounds,
+               "reached": outcome.final["reached"], "dims": outcome.dims, **measure(model, built.eval(), cfg, held_out,
+                                                               outcome.latency_model, outcome.dims)}
+        out["latency"].append(row)
+        log.info("%s latency %.2fx: measured %.3fx (predicted %.2f ms, measured %.2f ms, error %+.1f%%, A/A %.1f%%)%s",
+                 name, target, row["measured_speedup"], row["predicted_ms"], row["measured_ms"], row["error_pct"],
+                 row["aa_floor_pct"], f", ppl {row['ppl']:.2f}" if "ppl" in row else "")
+        del built
+    lm = lm.calibrated(measure(model, model, cfg, None)["baseline_ms"])
+    for ratio in args.ratios:
+        dims = ratio_dims(compressor, units, ratio, args.align)
+        built = copy.deepcopy(model)
+        compressor.materialize(built, units, dims)
+        row = {"ratio": ratio, **measure(model, built.eval(), cfg, held_out, lm, dims)}
+        out["ratio"].append(row)
+        log.info("%s ratio %.2f: measured %.3fx (predicted error %+.1f%%)%s", name, ratio, row["measured_speedup"],
+                 row["error_pct"], f", ppl {row['ppl']:.2f}" if "ppl" in row else "")
+        del built
+    return out
+
+
+def environment(args) -> dict:
+    import torch
+    import transformers
+
+    env = {"argv": sys.argv, "python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__, "machine": platform.machine(), "cpus": os.cpu_count(),
+           "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    try:
+        env["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        pass
+    if args.device.startswith("cuda"):
+        env["gpu"] = torch.cuda.get_device_name()
+    return env
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Latency vs parameter objective: {result['model']}, {result['args']['phase']} {result['args']['shape']}",
+             "", f"{result['env']}", "",
+             ("| compressor | objective | target / ratio | rounds | predicted ms | measured ms | error | measured speedup "
+              "| A/A floor | ppl |"), "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def f(x, spec):
+        return "n/a" if x is None else format(x, spec)
+
+    for c in result["compressors"]:
+        lines.append(f"| {c['compressor']} | baseline | | | | | | 1.000x | | {f(c.get('baseline_ppl'), '.2f')} |")
+        for r in c["latency"]:
+            if "error" in r:
+                lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | | | | | {r['error']} | | |")
+                continue
+            lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | {len(r['rounds'])} | "
+                         f"{r['predicted_ms']:.2f} | {r['measured_ms']:.2f} | {r['error_pct']:+.1f}% | "
+                         f"{r['measured_speedup']:.3f}x | {r['aa_floor_pct']:.1f}% | {f(r.get('ppl'), '.2f')} |")
+        for r in c["ratio"]:
+            lines.append(f"| {c['compressor']} | params | {r['ratio']:.2f} | | {r['predicted_ms']:.2f} | "
+                         f"{r['measured_ms']:.2f} | {r['error_pct']:+.1f}% | {r['measured_speedup']:.3f}x | "
+                         f"{r['aa_floor_pct']:.1f}% | {f(r.get('ppl'), '.2f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for c in result["compressors"]:
+        for kind, marker in (("latency", "o-"), ("ratio", "s--")):
+            rows = sorted((r for r in c[kind] if "ppl" in r), key=lambda r: r["measured_speedup"])
+            if rows:
+                ax.plot([r["measured_speedup"] for r in rows], [r["ppl"] for r in rows], marker,
+                        label=f"{c['compressor']} {'--speedup' if kind == 'latency' else '--ratio'}")
+    ax.set_xlabel(f"measured speedup ({result['args']['phase']} {result['args']['shape']})")
+    ax.set_ylabel("held-out perplexity")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--compressors", nargs="+", default=["asvd", "svd_llm", "palu", "prune"])
+    p.add_argument("--targets", nargs="+", type=float, default=[1.05, 1.1, 1.2, 1.3, 1.4])
+    p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.2, 0.3, 0.4])
+    p.add_argument("--phase", default="prefill", choices=["prefill", "decode"])
+    p.add_argument("--shape", default="1x512")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--align", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--timing-rounds", type=int, default=10)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--calib-windows", type=int, default=16)
+    p.add_argument("--eval-windows", type=int, default=24)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, calib, held_out, source = load(args)
+    result = {"model": source, "args": vars(args), "env": environment(args), "compressors": []}
+    for name in args.compressors:
+        result["compressors"].append(run_compressor(name, model, calib, held_out, args))
+        (out / "pareto.json").write_text(json.dumps(result, indent=1))  # written as it goes
+        (out / "pareto.md").write_text(markdown(result))
+    result["env"]["loadavg_end"] = environment(args).get("loadavg")
+    (out / "pareto.json").write_text(json.dumps(result, indent=1))
+    (out / "pareto.md").write_text(markdown(result))
+    if held_out is not None:
+        plot(result, out / "pareto.png")
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""Predicted latency of every dimension group at every candidate dim, at one phase and shape: the kernel sweeps of
+`gac profile` measured at each group's real shapes, summed over the ops that change with the group's dim, plus a
+measured constant for everything that does not (embeddings, norms, logits, untouched layers).
+
+The model is additive: predict(dims) = constant_ms + sum_g table_g[dims[g]]. Tables keep every measured entry,
+non-monotone ones included (cliffs are the point). A candidate None is the group left as the original has it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from gac.errors import GacError
+from gac.models.groups import DimGroup, HeadGroup, HeadRankGroup, RankGroup, WidthGroup
+
+log = logging.getLogger(__name__)
+PHASES = ("prefill", "decode")
+FULL = None  # candidate key: the group as the original model has it (dense weight, whole width, every head)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Where latency is predicted: prefill of batch x seq tokens, or one decode step per sequence of a batch over a
+    KV cache of `seq` tokens."""
+
+    name: str = "prefill"
+    batch: int = 1
+    seq: int = 512
+
+    def __post_init__(self):
+        if self.name not in PHASES:
+            raise GacError(f"unknown phase {self.name!r}: choose prefill or decode, e.g. --phase prefill")
+        if int(self.batch) != self.batch or int(self.seq) != self.seq or self.batch < 1 or self.seq < 1:
+            raise GacError(f"bad shape {self.batch}x{self.seq}: give BxS with positive integers, e.g. --shape 1x512")
+
+    @property
+    def m(self) -> int:
+        """Rows of every projection GEMM: all tokens at prefill, one per sequence at decode."""
+        return self.batch * self.seq if self.name == "prefill" else self.batch
+
+    @property
+    def shape(self) -> str:
+        return f"{self.batch}x{self.seq}"
+
+    def to_dict(self) -> dict:
+        return {"phase": self.name, "shape": self.shape}
+
+
+@dataclass(frozen=True)
+class Term:
+    """One op whose time changes with a group's dim: `weight` x the op's time at dim `scale_num * d // scale_den`
+    (e.g. a query projection's N is group_size x the KV width)."""
+
+    op: str  # gemm_n | gemm_k | lowrank | sdpa
+    shape: tuple  # sorted (key, value) pairs of the op's fixed sizes
+    mult: int = 1  # the swept dim is mult * d
+    weight: float = 1.0
+
+    def dim(self, d: int) -> int:
+        return self.mult * d
+
+
+@dataclass
+class LatencyModel:
+    """{group: {candidate dim or None: predicted ms}} at one phase, and the measured constant."""
+
+    phase: Phase
+    tables: dict[str, dict]  # the candidates' predicted ms
+    original: dict[str, float]  # each group as the original model has it (also tables[g][FULL] where a candidate)
+    constant_ms: float = 0.0
+    meta: dict = field(default_factory=dict)  # device, dtype, torch, how the constant was measured
+
+    def full_ms(self) -> float:
+        """Predicted time of every group as the original model has it."""
+        return math.fsum(self.original.values())
+
+    def predict(self, dims: dict) -> float:
+        """Whole-model ms for {group: dim or None}; groups not named keep their original size."""
+        return self.constant_ms + math.fsum(self.original[g] if dims.get(g) is None else t[dims[g]]
+                                            for g, t in self.tables.items())
+
+    def calibrated(self, baseline_ms: float) -> LatencyModel:
+        """The model with its constant set so that the original predicts `baseline_ms` (measured). When the op
+        sweeps add up to more than the whole model (launch overheads of tiny shapes, a busy CPU), the tables are
+        scaled down to fit it with a zero constant, and meta["table_scale"] says by how much."""
+        full = self.full_ms()
+        scale = baseline_ms / full if full > baseline_ms > 0 else 1.0
+        if scale != 1.0:
+            log.warning("the op sweeps add up to %.3g ms, more than the %.3g ms measured for the whole model: "
+                        "tables scaled by %.3f", full, baseline_ms, scale)
+        tables = {g: {d: ms * scale for d, ms in t.items()} for g, t in self.tables.items()}
+        original = {g: ms * scale for g, ms in self.original.items()}
+        meta = {**self.meta, "baseline_ms": baseline_ms, "table_scale": scale}
+        return LatencyModel(self.phase, tables, original, max(baseline_ms - full * scale, 0.0), meta)
+
+    def to_json(self) -> str:
+        tables = {g: {("full" if d is None else str(d)): ms for d, ms in t.items()} for g, t in self.tables.items()}
+        return json.dumps({"gac_latency_model": 1, **self.phase.to_dict(), "batch": self.phase.batch,
+                           "seq": self.phase.seq, "constant_ms": self.constant_ms, "meta": self.meta,
+                           "original": self.original, "tables": tables}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> LatencyModel:
+        d = json.loads(text)
+        if d.get("gac_latency_model") != 1:
+            raise GacError("not a gac latency model (no gac_latency_model: 1 key)")
+        tables = {g: {(None if k == "full" else int(k)): float(ms) for k, ms in t.items()}
+                  for g, t in d["tables"].items()}
+        return cls(Phase(d["phase"], d["batch"], d["seq"]), tables, {g: float(ms) for g, ms in d["original"].items()},
+                   float(d["constant_ms"]), d.get("meta", {}))
+
+
+# ---- which ops change with each group's dim ----------------------------------------------------------------
+
+
+def _shape(**sizes) -> tuple:
+    return tuple(sorted(sizes.items()))
+
+
+def group_terms(group: DimGroup, groups_per_linear: int = 1) -> tuple[list | None, list[Term]]:
+    """(dense, terms): the ops whose time changes with the group's dim d, and for a group whose original layout is
+    not its terms at full dim (a dense weight), the (term, swept dim) pairs that time that layout (else None)."""
+    if isinstance(group, HeadRankGroup):  # PaLU: a 1/G share of the shared down GEMM [G r, in], its own up GEMM
+        G = groups_per_linear
+        dense = [(Term("gemm_n", _shape(k=group.in_features), weight=1.0 / G), G * group.out_features)]
+        return dense, [Term("gemm_n", _shape(k=group.in_features), mult=G, weight=1.0 / G),
+                       Term("gemm_k", _shape(n=group.out_features))]
+    if isinstance(group, RankGroup):  # b(a(x)): both GEMMs of the pair; dense: one GEMM [out, in]
+        dense = [(Term("gemm_n", _shape(k=group.in_features)), group.out_features)]
+        return dense, [Term("lowrank", _shape(**{"in": group.in_features, "out": group.out_features}))]
+    if isinstance(group, WidthGroup):  # producers [w, hidden] (N = w), consumers [hidden, w] (K = w)
+        return None, [Term("gemm_n", _shape(k=group.hidden), weight=len(group.producers)),
+                      Term("gemm_k", _shape(n=group.hidden), weight=len(group.consumers))]
+    if isinstance(group, HeadGroup):  # q rows and o columns: group_size x the KV width in group mode
+        gs = group.group_size if group.mode == "group" else 1
+        terms = [Term("gemm_n", _shape(k=group.hidden), mult=gs), Term("gemm_k", _shape(n=group.hidden), mult=gs)]
+        if group.mode == "group":  # k and v lose the same KV width
+            terms.append(Term("gemm_n", _shape(k=group.hidden), weight=2))
+        return None, terms
+    raise GacError(f"{group.name}: no latency terms for groups of kind {group.kind!r}")
+
+
+def sdpa_share(group: DimGroup) -> float:
+    """Share of the layer's attention (SDPA) time a head group keeps at its dim d is d / max_dim: SDPA's cost is
+    linear in the number of query heads. 0 for groups that keep every head."""
+    return 1.0 if isinstance(group, HeadGroup) else 0.0
+
+
+def candidate_dims(group: DimGroup, alignment: int) -> list:
+    """The wide candidate range: every multiple of `alignment` (whole heads for head groups) from the smallest up to
+    the largest dim that still saves something, then FULL (the original) where the group may stay as it is."""
+    if group.step > 1:
+        dims = list(group.grid())
+    else:
+        dims = [d for d in range(alignment, group.max_dim + 1, alignment) if d >= group.min_dim]
+    if isinstance(group, HeadRankGroup):
+        return dims or [group.max_dim]  # a grouped factorization has no dense member
+    if isinstance(group, RankGroup):
+        return dims + [FULL]
+    return [d for d in dims if d < group.max_dim] + [FULL]
+
+
+def _per_linear(groups) -> dict:
+    """{linear: number of PaLU head groups sharing its down-projection}."""
+    counts = defaultdict(int)
+    for g in groups:
+        if isinstance(g, HeadRankGroup):
+            counts[g.linear] += 1
+    return counts
+
+
+def sweep_needs(groups: list[DimGroup], alignment: int) -> dict:
+    """{(op, shape): set of swept dims} every group's candidates need."""
+    per_linear = _per_linear(groups)
+    needs = defaultdict(set)
+    for g in groups:
+        dense, terms = group_terms(g, per_linear.get(getattr(g, "linear", ""), 1))
+        for term, x in dense or [(t, t.dim(g.max_dim)) for t in terms]:  # the original layout
+            needs[(term.op, term.shape)].add(x)
+        for d in candidate_dims(g, alignment):
+            if d is not FULL:
+                for term in terms:
+                    needs[(term.op, term.shape)].add(term.dim(d))
+    return needs
+
+
+def _terms_ms(terms: list[Term], d: int, op_tables: dict, extra_ms: float) -> float:
+    """The group's terms at dim d, summed from the op tables, plus `extra_ms` (its share of SDPA)."""
+    return math.fsum(t.weight * op_tables[(t.op, t.shape)][t.dim(d)] for t in terms) + extra_ms
+
+
+def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict,
+                 sdpa_ms: dict | None = None) -> tuple[dict, dict]:
+    """({group: {candidate: ms}}, {group: ms as the original has it}) from measured op tables
+    {(op, shape): {dim: ms}}; sdpa_ms: {group: ms of its layer's attention at full heads} (head groups only)."""
+    per_linear = _per_linear(groups)
+    tables, original = {}, {}
+    for g in groups:
+        dense, terms = group_terms(g, per_linear.get(getattr(g, "linear", ""), 1))
+        sdpa = sdpa_ms[g.name] if sdpa_share(g) and sdpa_ms else 0.0
+        original[g.name] = (math.fsum(t.weight * op_tables[(t.op, t.shape)][x] for t, x in dense) if dense
+                            else _terms_ms(terms, g.max_dim, op_tables, sdpa * 1.0))
+        tables[g.name] = {d: original[g.name] if d is FULL else _terms_ms(terms, d, op_tables, sdpa * d / g.max_dim)
+                          for d in candidate_dims(g, alignment)}
+    return tables, original
+
+
+# ---- measuring: one cached profile sweep per op and shape --------------------------------------------------
+
+
+def _sizes(op: str, shape: dict):
+    from gac.hw.profile import FixedSizes
+
+    if op == "gemm_n":
+        return FixedSizes(hidden=shape["k"])
+    if op == "gemm_k":
+        return FixedSizes(hidden=shape["n"])
+    return FixedSizes(lowrank_in=shape["in"], lowrank_out=shape["out"])
+
+
+def _sdpa_spec(group: HeadGroup, phase: Phase, repeats: int):
+    """SDPA of the layer's full heads at the phase: prefill over its own seq tokens (causal), or one query token per
+    sequence over a KV cache of seq tokens."""
+    from gac.hw.profile import FixedSizes, SweepSpec
+
+    sizes = FixedSizes(batch=phase.batch, heads=group.num_heads, context=phase.seq)
+    m = phase.seq if phase.name == "prefill" else 1
+    return SweepSpec(ops=("sdpa",), head_dims=(group.head_dim,), m_values=(m,), sizes=sizes, warmup=2,
+                     repeats=repeats)
+
+
+def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: int = 8, device: str = "cpu",
+                          dtype: str = "float32", repeats: int = 11, progress: bool = True) -> LatencyModel:
+    """Sweep every op and shape the groups' candidates need at the phase's M (cached per device, dtype, torch and
+    spec, the spec holding M and the shapes), and return the model with a zero constant (see `calibrated`)."""
+    from gac.align.profiled import _cached_sweep
+    from gac.hw.device import device_name
+    from gac.hw.profile import SweepSpec
+
+    if not groups:
+        raise GacError("no dimension groups to predict latency for")
+    op_tables = {}
+    for (op, shape), dims in sorted(sweep_needs(groups, alignment).items()):
+        spec = SweepSpec(ops=(op,), dims=tuple(sorted(dims)), m_values=(phase.m,), sizes=_sizes(op, dict(shape)),
+                         warmup=2, repeats=repeats)
+        log.info("latency table: %s %s at M=%d, %d dims", op, dict(shape), phase.m, len(dims))
+        entry = _cached_sweep(spec, device=device, dtype=dtype, progress=progress)["ops"][0]
+        op_tables[(op, shape)] = {int(d): float(ms) for d, ms in zip(entry["dims"], entry["ms"])}
+    sdpa_ms, sdpa_cache = {}, {}
+    for g in groups:
+        if isinstance(g, HeadGroup):
+            spec = _sdpa_spec(g, phase, repeats)
+            if spec not in sdpa_cache:
+                sdpa_cache[spec] = _cached_sweep(spec, device=device, dtype=dtype, progress=progress)["ops"][0]["ms"][0]
+            sdpa_ms[g.name] = sdpa_cache[spec]
+    import torch
+
+    meta = {"device": device, "device_name": device_name(device), "dtype": dtype, "torch": torch.__version__,
+            "alignment": alignment, "repeats": repeats}
+    return LatencyModel(phase, *build_tables(groups, alignment, op_tables, sdpa_ms), 0.0, meta)

@@ -1,0 +1,43 @@
+"""`gac compress`'s objective options: --ratio (parameters) or --speedup with --phase and --shape (latency)."""
+
+from __future__ import annotations
+
+import click
+
+from gac.cli.options import Real
+
+SPEEDUP_OPTIONS = (
+    click.option("--speedup", type=Real(1, example=1.2),
+                 help="Latency as the objective: the best model predicted and measured to run this many times faster "
+                      "than the original at --phase and --shape (excludes --ratio)."),
+    click.option("--phase", type=click.Choice(["prefill", "decode"]),
+                 help="--speedup: time a prefill, or one decode step per sequence [default: prefill]."),
+    click.option("--shape", help="--speedup: BATCHxTOKENS, tokens prefilled or held in the KV cache [default: 1x512]."),
+)
+
+
+def speedup_options(f):
+    for option in reversed(SPEEDUP_OPTIONS):
+        f = option(f)
+    return f
+
+
+def latency_objective(speedup, phase, shape, *, ratio, no_align, profile):
+    """gac.speedup.SpeedupConfig from the options, or None for the parameter objective; one-line GacError when
+    options that exclude each other are given together."""
+    from gac.errors import GacError
+
+    if speedup is None:
+        if phase is not None or shape is not None:
+            raise GacError("--phase and --shape set the latency objective: give --speedup too, e.g. --speedup 1.2")
+        return None
+    excluded = ((ratio, "--ratio", "the parameter objective"),
+                (profile, "--profile", "parameter candidates; --speedup measures its own tables"),
+                (no_align or None, "--no-align", "the compressor's own dims under a ratio"))
+    for given, flag, why in excluded:
+        if given is not None:
+            raise GacError(f"--speedup and {flag} exclude each other ({flag} is for {why}): give one of them")
+    from gac.speedup import SpeedupConfig, parse_shape
+
+    batch, seq = parse_shape(shape) if shape is not None else (SpeedupConfig.batch, SpeedupConfig.seq)
+    return SpeedupConfig(speedup, **({"phase": phase} if phase else {}), batch=batch, seq=seq)

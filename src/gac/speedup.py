@@ -1,0 +1,171 @@
+"""`--speedup S`: the best model (by the compressor's loss model) predicted to run S times faster than the original at
+one phase and shape, then built and timed side by side with the original; when it measures short, the latency
+budget is tightened by the measured residual and the choice solved again (a few rounds at most)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+
+from gac.errors import GacError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SpeedupConfig:
+    """The latency objective of `gac compress --speedup S [--phase prefill|decode] [--shape BxS]`."""
+
+    speedup: float = 1.2
+    phase: str = "prefill"
+    batch: int = 1
+    seq: int = 512  # prefill tokens per sequence, or the decode KV-cache length
+    rounds: int = 3  # closed-loop rounds at most (solve, build, time)
+    timing_rounds: int = 10  # interleaved calls per model and closed-loop round
+    profile_repeats: int = 11  # timed calls per swept dim of the latency tables
+
+    def __post_init__(self):
+        from gac.align.latency_model import Phase
+
+        if not (isinstance(self.speedup, (int, float)) and math.isfinite(self.speedup) and self.speedup > 1.0):
+            raise GacError(f"speedup {self.speedup} must be a number above 1, e.g. --speedup 1.2")
+        Phase(self.phase, self.batch, self.seq)  # checks phase and shape
+        if self.rounds < 1 or self.timing_rounds < 1 or self.profile_repeats < 1:
+            raise GacError("closed-loop rounds, timing rounds and profile repeats must be >= 1")
+
+    @property
+    def where(self) -> str:
+        return f" at {self.phase} {self.batch}x{self.seq}"
+
+    def objective(self) -> dict:
+        return {"kind": "latency", "speedup": self.speedup, "phase": self.phase, "shape": f"{self.batch}x{self.seq}"}
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """'1x512' -> (1, 512); one-line GacError otherwise."""
+    batch, sep, seq = str(text).lower().partition("x")
+    try:
+        b, s = int(batch), int(seq)
+    except ValueError:
+        b = s = 0
+    if not sep or b < 1 or s < 1:
+        raise GacError(f"bad --shape {text!r}: give BATCHxTOKENS with positive integers, e.g. --shape 1x512")
+    return b, s
+
+
+@dataclass
+class LatencyOutcome:
+    """What the closed loop chose and measured; `selection` of gac.api.Selected under --speedup."""
+
+    dims: dict  # {group: dim or None}
+    config: SpeedupConfig
+    latency_model: object  # gac.align.latency_model.LatencyModel, calibrated on the first baseline timing
+    rounds: list[dict] = field(default_factory=list)
+    final: dict = field(default_factory=dict)  # the kept round
+
+    def to_dict(self) -> dict:
+        return {"objective": self.config.objective(), "rounds": self.rounds, **self.final,
+                "constant_ms": self.latency_model.constant_ms, "dims": dict(self.dims)}
+
+    def annotate(self, report: dict) -> None:
+        """report.json's objective, and each variant's predicted and measured ms at the objective's shape."""
+        report["objective"] = self.config.objective()
+        report["latency_objective"] = {"rounds": self.rounds, "constant_ms": self.latency_model.constant_ms,
+                                       "reached": self.final.get("reached"), "aa_floor_pct": self.final.get("aa_floor_pct"),
+                                       "measured_speedup": self.final.get("measured_speedup")}
+        for variant in ("baseline", "gac"):
+            if variant in report.get("variants", {}):
+                v = report["variants"][variant]
+                v["predicted_ms"] = self.final[f"{variant}_predicted_ms"]
+                v["measured_ms"] = self.final[f"{variant}_measured_ms"]
+                v["prediction_error_pct"] = 100.0 * (v["predicted_ms"] / v["measured_ms"] - 1.0)
+
+
+def time_at_phase(models: dict, cfg: SpeedupConfig, *, aa: bool = True) -> dict:
+    """{name: Timing} at the objective's phase and shape, every model timed round-robin in one run; with `aa` the first
+    model is timed a second time as "<name> (A/A)", the noise floor."""
+    from gac.evaluate.latency import decode_call, prefill_call
+    from gac.hw.timing import time_interleaved
+
+    make = (lambda m: prefill_call(m, cfg.batch, cfg.seq)) if cfg.phase == "prefill" else \
+        (lambda m: decode_call(m, cfg.batch, cfg.seq))
+    calls = {name: make(m) for name, m in models.items()}
+    if aa:
+        first = next(iter(models))
+        calls[f"{first} (A/A)"] = make(models[first])
+    device = next(next(iter(models.values())).parameters()).device
+    rounds = cfg.timing_rounds if cfg.phase == "prefill" else 3 * cfg.timing_rounds
+    return time_interleaved(calls, device=device, warmup=2, rounds=rounds, graph_calls=1)
+
+
+def latency_items(units, latency_model) -> list:
+    """One knapsack item per unit: its candidates, their predicted ms, retained quality and parameters."""
+    from gac.align.latency_objective import LatencyItem
+    from gac.compressors.quality import quality_values
+
+    items = []
+    for u in units:
+        table = latency_model.tables[u.name]
+        cands = list(table)
+        items.append(LatencyItem(u.name, tuple(cands), tuple(table[d] for d in cands),
+                                 tuple(quality_values(u, cands)), tuple(u.params(d) for d in cands)))
+    return items
+
+
+def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment: int, device: str, dtype: str,
+                      progress: bool = True) -> LatencyOutcome:
+    """Measure the latency tables, calibrate their constant on the original model, then solve, build and time up to
+    `cfg.rounds` times, tightening the budget by the measured shortfall each time."""
+    from gac.align.latency_model import Phase, measure_latency_model
+    from gac.align.latency_objective import fastest_ms, select_for_speedup
+
+    phase = Phase(cfg.phase, cfg.batch, cfg.seq)
+    lm = measure_latency_model([u.group for u in units], phase, alignment=alignment, device=device, dtype=dtype,
+                               repeats=cfg.profile_repeats, progress=progress)
+    calibration = dataclasses.replace(cfg, timing_rounds=max(cfg.timing_rounds, 5))  # a median robust to a spike
+    baseline_ms = time_at_phase({"baseline": model}, calibration, aa=False)["baseline"].median_ms
+    lm = lm.calibrated(baseline_ms)
+    log.info("latency model%s: baseline %.2f ms measured, groups %.2f ms predicted, constant %.2f ms", cfg.where,
+             baseline_ms, lm.full_ms(), lm.constant_ms)
+    items = latency_items(units, lm)
+    outcome = LatencyOutcome({}, cfg, lm)
+    budget = baseline_ms / cfg.speedup - lm.constant_ms  # for the groups' part of the model
+    kept = None
+    for k in range(cfg.rounds):
+        choice = select_for_speedup(items, baseline_ms=baseline_ms, constant_ms=lm.constant_ms, speedup=cfg.speedup,
+                                    where=cfg.where, budget_ms=budget)
+        built = copy.deepcopy(model)
+        compressor.materialize(built, units, choice.dims)
+        t = time_at_phase({"baseline": model, "gac": built.eval()}, cfg)
+        base, var, twin = t["baseline"].median_ms, t["gac"].median_ms, t["baseline (A/A)"].median_ms
+        del built
+        target = base / cfg.speedup
+        row = {"round": k + 1, "budget_ms": budget, "baseline_predicted_ms": lm.predict({}),
+               "gac_predicted_ms": lm.constant_ms + choice.predicted_ms, "baseline_measured_ms": base,
+               "gac_measured_ms": var, "aa_floor_pct": 100.0 * abs(twin / base - 1.0),
+               "measured_speedup": base / var, "target_ms": target, "reached": var <= target,
+               "params": choice.params, "value": choice.value}
+        outcome.rounds.append(row)
+        log.info("round %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; target %.2fx, "
+                 "A/A floor %.1f%%)", k + 1, cfg.where, row["gac_predicted_ms"], var, base, base / var, cfg.speedup,
+                 row["aa_floor_pct"])
+        if kept is None or row["reached"] or (not kept[1]["reached"] and var / base < kept[1]["gac_measured_ms"] /
+                                               kept[1]["baseline_measured_ms"]):
+            kept = (choice, row)
+        if row["reached"]:
+            break
+        # tighten by the measured residual: the shortfall, rescaled to the baseline the model was calibrated on
+        budget -= var * baseline_ms / base - baseline_ms / cfg.speedup
+        if budget < fastest_ms(items):
+            log.warning("the tightened budget is below the fastest dims: stopping after round %d", k + 1)
+            break
+    choice, row = kept
+    if not row["reached"]:
+        log.warning("no round reached %.2fx%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)", cfg.speedup,
+                    cfg.where, row["measured_speedup"], row["aa_floor_pct"])
+    outcome.dims = dict(choice.dims)
+    outcome.final = row
+    return outcome

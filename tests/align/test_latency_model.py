@@ -1,0 +1,98 @@
+"""The latency model: which ops each group's dim changes, its wide candidate range, tables built from op sweeps
+(non-monotone entries kept), the measured constant, and the saved form."""
+
+import pytest
+
+from gac.align.latency_model import (
+    FULL,
+    LatencyModel,
+    Phase,
+    build_tables,
+    candidate_dims,
+    measure_latency_model,
+    sweep_needs,
+)
+from gac.errors import GacError
+from gac.models.groups import groups_of
+from tests.conftest import tiny_model
+
+
+def test_phase_rows_and_bad_input():
+    assert Phase("prefill", 2, 512).m == 1024 and Phase("decode", 16, 512).m == 16
+    with pytest.raises(GacError, match="phase"):
+        Phase("train", 1, 512)
+    with pytest.raises(GacError, match="shape"):
+        Phase("prefill", 0, 512)
+
+
+def test_candidates_span_small_dims_to_full_width():
+    m = tiny_model()
+    rank = groups_of(m, "rank")[0]  # q_proj 64x64: break-even rank 31
+    assert candidate_dims(rank, 8) == [8, 16, 24, FULL]
+    mlp = groups_of(m, "mlp")[0]  # width 160
+    dims = candidate_dims(mlp, 8)
+    assert dims[0] == 8 and dims[-2] == 152 and dims[-1] is FULL and len(dims) == 20
+    heads = groups_of(m, "heads")[0]  # 2 KV groups of head_dim 16
+    assert candidate_dims(heads, 8) == [16, FULL]
+    palu = groups_of(m, "head_rank", heads_per_group=1)[0]  # no dense member
+    assert candidate_dims(palu, 8) == [8, 16]
+
+
+def test_tables_sum_the_ops_that_change_and_keep_cliffs():
+    m = tiny_model()
+    mlp = groups_of(m, "mlp")[:1]
+    needs = sweep_needs(mlp, 8)
+    assert set(needs) == {("gemm_n", (("k", 64),)), ("gemm_k", (("n", 64),))}
+    # gemm_n has a cliff at 16 (slower than 24): the table must keep it, not smooth it away
+    gemm_n = {d: d / 100 for d in needs[("gemm_n", (("k", 64),))]}
+    gemm_n[16] = 1.0
+    gemm_k = {d: d / 200 for d in needs[("gemm_k", (("n", 64),))]}
+    tables, original = build_tables(mlp, 8, {("gemm_n", (("k", 64),)): gemm_n, ("gemm_k", (("n", 64),)): gemm_k})
+    table = tables[mlp[0].name]
+    assert table[8] == pytest.approx(2 * 0.08 + 8 / 200)  # gate and up (N = w), down (K = w)
+    assert table[16] > table[24]  # the cliff survives
+    assert table[FULL] == pytest.approx(2 * 1.6 + 160 / 200) == original[mlp[0].name]
+
+
+def test_palu_original_is_a_share_of_the_dense_projection():
+    m = tiny_model()
+    groups = groups_of(m, "head_rank", heads_per_group=1)[:2]  # the two KV groups of one k_proj, 16 rows each
+    needs = sweep_needs(groups, 8)
+    assert needs[("gemm_n", (("k", 64),))] == {16, 32}  # the shared down GEMM at N = 2 r, and dense N = 32
+    ops = {key: {d: float(d) for d in dims} for key, dims in needs.items()}
+    tables, original = build_tables(groups, 8, ops)
+    assert FULL not in tables[groups[0].name]
+    assert original[groups[0].name] == pytest.approx(32 / 2)  # half the dense k_proj GEMM
+    assert tables[groups[0].name][8] == pytest.approx(16 / 2 + 8)  # half of down at N = 16, plus its up GEMM
+
+
+def test_rank_group_dense_is_one_gemm_and_lowrank_both():
+    m = tiny_model()
+    q = groups_of(m, "rank")[:1]
+    needs = sweep_needs(q, 8)
+    assert needs[("lowrank", (("in", 64), ("out", 64)))] == {8, 16, 24}
+    assert needs[("gemm_n", (("k", 64),))] == {64}
+
+
+def test_constant_and_json_round_trip():
+    model = LatencyModel(Phase("decode", 1, 512), {"a": {8: 1.0, FULL: 2.0}, "b": {16: 0.5, 32: 1.0}},
+                         {"a": 2.0, "b": 3.0})  # b has no FULL candidate (a PaLU group) but an original time
+    cal = model.calibrated(10.0)
+    assert cal.constant_ms == pytest.approx(5.0)
+    assert cal.predict({}) == pytest.approx(10.0)  # the original predicts what was measured
+    assert cal.predict({"a": 8, "b": 16}) == pytest.approx(6.5)
+    over = model.calibrated(4.0)  # the sweeps sum to 5 ms: scaled to fit the model, never a negative constant
+    assert over.constant_ms == 0.0 and over.predict({}) == pytest.approx(4.0)
+    assert over.predict({"a": 8}) == pytest.approx(0.8 * (1.0 + 3.0))
+    back = LatencyModel.from_json(cal.to_json())
+    assert back.tables == cal.tables and back.phase == cal.phase and back.constant_ms == cal.constant_ms
+    assert back.original == cal.original
+
+
+def test_measured_model_covers_every_candidate():
+    m = tiny_model()
+    groups = groups_of(m, "heads")[:1] + groups_of(m, "mlp")[:1]
+    lm = measure_latency_model(groups, Phase("prefill", 1, 16), repeats=1, progress=False)
+    for g in groups:
+        assert set(lm.tables[g.name]) == set(candidate_dims(g, 8))
+        assert all(ms > 0 for ms in lm.tables[g.name].values())
