@@ -74,9 +74,10 @@ class Selected:
     profile_excluded: dict | None = None  # {unit name: {dim: reason}}: aligned dims the profile ruled out
 
 
-def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Selected:
+def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, source=None) -> Selected:
     """Calibrate on `calib` [n, seq], let the compressor find its dims d* under the budget, then select aligned
-    dims with the knapsack (candidates from the static rule or a hardware profile). The model is not changed."""
+    dims with the knapsack (candidates from the static rule or a hardware profile). The model is not changed.
+    source: a gac.models.lazy weight source for the layer-by-layer pipeline (None: the whole model at once)."""
     from gac.align.select import select_within_budget
     from gac.calibrate import calibrate
     from gac.compressors import make_compressor
@@ -86,12 +87,17 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Se
     groups = compressor.groups(model)
     _check_feasible(groups, cfg)
     names = linears_of(groups)
-    stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
-    probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
-    grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
-    units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress,
-                               **grads)
-    del stats
+    if source is not None:
+        from gac.pipeline.analyze import analyze_layerwise
+
+        units = analyze_layerwise(model, source, compressor, groups, calib, keep=1.0 - cfg.ratio, progress=cfg.progress)
+    else:
+        stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
+        probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
+        grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
+        units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress,
+                                   **grads)
+        del stats
     compressible = sum(u.group.numel for u in units)
     budget = math.floor((1.0 - cfg.ratio) * compressible)
     unaligned = compressor.allocate(units, budget)
