@@ -71,7 +71,14 @@ def save(model, tokenizer, out_dir, *, plan: dict, extra_files: dict | None = No
     return out
 
 
-def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict, max_shard_size=SHARD_SIZE) -> None:
+def write_beside_weights(model, tokenizer, d, *, plan: dict, extra_files: dict | None = None) -> None:
+    """Everything of a saved model but its weights (config with the structure, tokenizer, modeling code, plan,
+    extra files) into directory `d`: for weights written layer by layer (gac.models.sharded)."""
+    _write(model, tokenizer, Path(d), plan, extra_files or {}, weights=False)
+
+
+def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict, max_shard_size=SHARD_SIZE,
+           weights: bool = True) -> None:
     from gac.models.modeling_gac import gac_class
     from gac.models.structure import structure_of
 
@@ -80,7 +87,12 @@ def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict, max_shard_s
     name = gac_class(config.model_type).__name__
     config.auto_map = {"AutoModelForCausalLM": f"modeling_gac.{name}"}
     config.architectures = [name]
-    model.save_pretrained(d, safe_serialization=True, max_shard_size=max_shard_size)
+    if weights:
+        model.save_pretrained(d, safe_serialization=True, max_shard_size=max_shard_size)
+    else:
+        config.save_pretrained(d)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(d)
     if tokenizer is not None:
         tokenizer.save_pretrained(d)
     shutil.copyfile(Path(__file__).with_name(MODELING_FILE), d / MODELING_FILE)

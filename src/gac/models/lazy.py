@@ -109,3 +109,34 @@ class LazyCheckpoint:
         prefix = self.adapter.layer_prefix(i)
         for name, _ in list(self.model.get_submodule(prefix).named_parameters()):
             set_module_tensor_to_device(self.model, f"{prefix}.{name}", "meta")
+
+
+def open_source(spec: str, *, dtype: str = "float32", device: str = "cpu"):
+    """(weight source, tokenizer, model name) for the layer-by-layer pipeline: a safetensors model directory is
+    read lazily (LazyCheckpoint, checked as a whole load would be), anything else (alias, .gguf) loaded whole."""
+    from gac.hw.device import check_device
+    from gac.models.loading import load_model
+
+    path = Path(spec).expanduser()
+    if not (path.is_dir() and (path / "config.json").is_file() and _has_safetensors(path)):
+        loaded = load_model(spec, dtype=dtype, device=device)
+        return Resident(loaded.model), loaded.tokenizer, loaded.source
+    if check_device(device).type != "cpu":
+        raise GacError("the layer-by-layer pipeline runs on the CPU here: pass --device cpu")
+    from transformers import AutoTokenizer
+
+    from gac.models import verify
+
+    verify.check_weight_files(path)
+    source = LazyCheckpoint(path, dtype)
+    verify.check_config(source.model.config, spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError, a KeyError from a damaged tokenizer.json
+        raise GacError(f"no usable tokenizer for {spec!r}: put the tokenizer files beside the weights") from e
+    verify.check_tokenizer_fits(source.model, tokenizer, spec)
+    return source, tokenizer, spec
+
+
+def _has_safetensors(d: Path) -> bool:
+    return (d / SAFE_INDEX).is_file() or (d / SAFE_SINGLE).is_file()

@@ -86,3 +86,9 @@ def materialize_layerwise(model, source, compressor, units, dims: dict, calib: t
         compressor.release_factors(layer_units)
         source.release_layer(i)
     return {v: s.eval() for v, s in shells.items()}
+
+
+def outer_tensors(model) -> dict:
+    """{name: tensor} of everything outside the decoder layers (embeddings, final norm, head), as saved."""
+    prefix = _layers_parent(model)[0] + "." + _layers_parent(model)[2] + "."
+    return {k: v for k, v in model.state_dict().items() if not k.startswith(prefix)}
