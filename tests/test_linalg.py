@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from gac.linalg import factorize, factorize_from_svd, lowrank_params, max_useful_rank, scaled_svd
+from gac.linalg import factorize, factorize_from_svd, lowrank_params, max_useful_rank, scaled_svd, whiten
 
 SHAPES = [(8, 6), (6, 8), (24, 16)]  # [out, in]: tall, wide, and the one used with a scale
 
@@ -117,3 +117,39 @@ def test_invalid_rank_raises(rank):
         factorize(W, rank)
     with pytest.raises(ValueError, match="rank"):
         factorize_from_svd(scaled_svd(W, _scale(6)), rank)
+
+
+@pytest.mark.parametrize("shape", [(24, 16), (16, 24), (20, 20)])
+@pytest.mark.parametrize("scaled", ["none", "diag", "whiten"])
+def test_gram_factorization_matches_svd(shape, scaled):
+    """The Gram path gives the same spectrum and the same rank-r approximations as the exact SVD."""
+    g = torch.Generator().manual_seed(sum(shape))
+    w = torch.randn(*shape, generator=g)
+    scale = None
+    if scaled == "diag":
+        scale = torch.rand(shape[1], generator=g) + 0.1
+    elif scaled == "whiten":
+        x = torch.randn(4 * shape[1], shape[1], generator=g)
+        scale = whiten(x.T @ x)
+    exact, gram = scaled_svd(w, scale, "svd"), scaled_svd(w, scale, "gram")
+    assert gram.S.shape == exact.S.shape and gram.U.shape == exact.U.shape and gram.Vh.shape == exact.Vh.shape
+    assert torch.allclose(gram.S.double(), exact.S.double(), rtol=1e-4, atol=1e-5 * float(exact.S[0]))
+    for rank in (1, min(shape) // 2, min(shape)):
+        a1, b1 = factorize_from_svd(exact, rank)
+        a2, b2 = factorize_from_svd(gram, rank)
+        ref = (b1 @ a1).double()
+        assert float(((b2 @ a2).double() - ref).norm() / ref.norm()) < 1e-4
+
+
+def test_gram_factorization_of_rank_deficient_matrix_has_no_nans():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(12, 3, generator=g) @ torch.randn(3, 10, generator=g)  # rank 3
+    svd = scaled_svd(w, None, "gram")
+    assert torch.isfinite(svd.U).all() and torch.isfinite(svd.Vh).all()
+    a, b = factorize_from_svd(svd, 3)
+    assert float((b @ a - w).norm() / w.norm()) < 1e-4
+
+
+def test_unknown_factorization_is_refused():
+    with pytest.raises(ValueError, match="unknown factorization"):
+        scaled_svd(torch.ones(3, 2), None, "qr")

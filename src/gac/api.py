@@ -34,6 +34,7 @@ class CompressConfig:
     profile: str | None = None  # hardware profile JSON driving the candidates
     dtype: str = "float32"
     device: str = "cpu"
+    factorization: str = "auto"  # svd | gram (eigh of the Gram matrix in fp64) | auto: gram on CUDA, svd on CPU
     compressor_options: dict = field(default_factory=dict)
     text: TextConfig = TextConfig()
     latency: LatencyConfig = LatencyConfig()
@@ -48,6 +49,15 @@ class CompressConfig:
             raise GacError(f"ratio {self.ratio} is outside (0, 1): pass the share of parameters to remove, e.g. --ratio 0.15")
         if self.alignment < 1:
             raise GacError(f"alignment {self.alignment} must be a positive integer, e.g. --align 8")
+        if self.factorization not in ("auto", "svd", "gram"):
+            raise GacError(f"unknown factorization {self.factorization!r}: choose auto, svd or gram")
+
+    @property
+    def factorization_method(self) -> str:
+        """The factorization `auto` resolves to: the Gram path on CUDA (cuSOLVER's SVD is slow), exact SVD else."""
+        if self.factorization != "auto":
+            return self.factorization
+        return "gram" if str(self.device).startswith("cuda") else "svd"
 
 
 @dataclass
@@ -86,6 +96,7 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, sourc
     from gac.models.groups import linears_of
 
     compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
+    compressor.factorization = cfg.factorization_method
     groups = compressor.groups(model)
     _check_feasible(groups, cfg)
     names = linears_of(groups)

@@ -26,9 +26,37 @@ class ScaledSVD:
         return e / e.sum().clamp_min(torch.finfo(torch.float64).tiny)
 
 
-def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None) -> ScaledSVD:
+FACTORIZATIONS = ("svd", "gram")
+
+
+def gram_svd(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD (U, S, Vh) of a [m, n] from the eigendecomposition of its smaller Gram matrix, in float64.
+
+    eigh of an [k, k] Gram matrix (k = min(m, n)) is several times faster than an SVD of the [m, n] matrix on
+    both CPU and GPU. Squaring the matrix costs precision only in the smallest singular values (relative error
+    ~ eps64 * (s_max / s)^2), far below what a rank cut keeps. Returned in a's dtype."""
+    x = a.double()
+    tall = x.shape[0] >= x.shape[1]
+    gram = x.T @ x if tall else x @ x.T  # [k, k]
+    evals, evecs = torch.linalg.eigh(gram)  # ascending
+    evals, evecs = evals.flip(0), evecs.flip(1)
+    S = evals.clamp_min(0).sqrt()  # [k], descending
+    inv = torch.where(S > S[0] * 1e-12, 1.0 / S, torch.zeros_like(S))  # null directions get zero vectors
+    if tall:
+        V = evecs  # [n, k]
+        U = (x @ V) * inv  # [m, k]
+    else:
+        U = evecs  # [m, k]
+        V = (x.T @ U) * inv  # [n, k]
+    return U.to(a.dtype), S.to(a.dtype), V.T.contiguous().to(a.dtype)
+
+
+def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: str = "svd") -> ScaledSVD:
     """SVD of weight @ S in float32: S = diag(scale) for a positive per-input-channel scale [in] (ASVD), or a
-    lower-triangular whitening matrix [in, in] (SVD-LLM, from `whiten`)."""
+    lower-triangular whitening matrix [in, in] (SVD-LLM, from `whiten`). method "gram" takes it from the
+    eigendecomposition of the smaller Gram matrix in float64 (`gram_svd`), "svd" from torch.linalg.svd."""
+    if method not in FACTORIZATIONS:
+        raise ValueError(f"unknown factorization {method!r}: choose one of {', '.join(FACTORIZATIONS)}")
     w = weight.detach().float()  # [out, in]
     s = None
     if scale is not None and scale.dim() == 1:
@@ -38,7 +66,7 @@ def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None) -> Scale
         # Whitening matrices can be ill-conditioned: keep this path in float64 (the factors are cast on copy).
         s = scale.detach().double()  # [in, in]
         w = w.double() @ s
-    U, S, Vh = torch.linalg.svd(w, full_matrices=False)
+    U, S, Vh = gram_svd(w) if method == "gram" else torch.linalg.svd(w, full_matrices=False)
     return ScaledSVD(U, S, Vh, s)
 
 

@@ -1,5 +1,6 @@
 """gac bench on two tiny models: every point and the decode figure for every model, ratios vs the first, plot."""
 
+import dataclasses
 import math
 
 import pytest
@@ -27,7 +28,7 @@ def test_every_point_and_model_has_positive_figures(result):
     for row in [p["results"] for p in result["points"]] + [result["decode"]]:
         assert set(row) == {"base", "same", "other"}
         for t in row.values():
-            assert set(t) == {"median_ms", "p10_ms", "p90_ms"}
+            assert {"median_ms", "p10_ms", "p90_ms", "method"} <= set(t) and t["method"] == "wall"
             assert 0 < t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
     for key in ("device", "device_name", "dtype", "torch", "threads", "date"):
         assert result[key], key
@@ -57,8 +58,8 @@ def test_ratios_of_equal_medians_are_one():
     fake = {"points": [{"batch": 1, "seq": 16, "results": {"a": t, "a#2": t, "b": slow}}],
             "decode": {"a": t, "a#2": t, "b": slow}}
     ratios = ratios_vs_first(fake)
-    assert ratios["a#2"] == {"prefill": {"1x16": 1.0}, "decode": 1.0}
-    assert ratios["b"] == {"prefill": {"1x16": 2.0}, "decode": 2.0}
+    assert ratios["a#2"] == {"prefill": {"1x16": 1.0}, "decode": 1.0, "decode_by_batch": {"1": 1.0}}
+    assert ratios["b"] == {"prefill": {"1x16": 2.0}, "decode": 2.0, "decode_by_batch": {"1": 2.0}}
 
 
 def test_markdown_and_plot(result, tmp_path):
@@ -80,3 +81,30 @@ def test_mixed_dtypes_are_refused():
 
     with cpu_threads(1), pytest.raises(GacError, match="same --device and --dtype"):
         bench({"a": tiny_model(), "b": tiny_model().to(torch.bfloat16)}, TINY_BENCH)
+
+
+def test_aa_control_and_decode_batches():
+    with cpu_threads(1):
+        model = tiny_model()
+        cfg = BenchConfig(points=((1, 8),), decode_context=8, decode_batches=(1, 3), warmup=1, rounds=3,
+                          decode_rounds=3)
+        result = bench({"base": model, "other": tiny_model(seed=1)}, cfg)
+    assert result["models"] == ["base", "other"] and set(result["decode"]) == {"base", "other"}
+    assert [d["batch"] for d in result["decode_points"]] == [1, 3]
+    for p in [*result["points"], *result["decode_points"]]:
+        assert set(p["results"]) == {"base", "other"}  # the A/A twin is kept apart from the models
+        assert p["aa"]["a"] == p["results"]["base"] and p["aa"]["b"]["median_ms"] > 0
+    pairs = [p["aa"] for p in [*result["points"], *result["decode_points"]]]
+    assert result["aa_floor_pct"] == pytest.approx(
+        max(abs(a["b"]["median_ms"] / a["a"]["median_ms"] - 1) * 100 for a in pairs))
+    assert set(result["ratios_vs_first"]["other"]["decode_by_batch"]) == {"1", "3"}
+    md = bench_table_markdown(result)
+    assert "A/A control" in md and "decode b3" in md
+    without = bench({"base": model}, dataclasses.replace(cfg, aa=False, decode_batches=(1,)))
+    assert without["aa_floor_pct"] is None and "aa" not in without["points"][0]
+
+
+@pytest.mark.parametrize("bad", [(), (0,), (1, -2)])
+def test_bad_decode_batches(bad):
+    with pytest.raises(GacError, match="decode batches"):
+        BenchConfig(decode_batches=bad)

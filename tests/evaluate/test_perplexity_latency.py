@@ -72,3 +72,25 @@ def test_measure_latency_reports_every_key_for_every_model(tiny):
         assert all(math.isfinite(v) for v in row.values())
         assert row["prefill_ms"] > 0 and row["decode_ms_per_token"] > 0
         assert row["prefill_spread_pct"] >= 0 and row["decode_spread_pct"] >= 0
+
+
+@pytest.mark.parametrize("model_type", ["llama", "phi"])
+def test_decode_step_is_the_same_token_at_the_same_position_every_call(model_type):
+    """The timed decode step appends one token at position `context` of a static cache, every call alike, and its
+    logits equal a full forward's at that position; prefill keeps the last position's logits only."""
+    from gac.evaluate.latency import _tokens, decode_call, prefill_call
+
+    model = tiny_model(model_type)
+    batch, context = 2, 8
+    call = decode_call(model, batch, context, seed=3)
+    ids = _tokens(model, batch, context + 1, 3)  # the tokens decode_call uses
+    with torch.inference_mode():
+        first, second = call().logits, call().logits  # [B, 1, V]
+        ref = model(ids, use_cache=False).logits[:, -1:]  # [B, 1, V]
+        pre = prefill_call(model, batch, context + 1, seed=3)().logits
+    assert first.shape == (batch, 1, model.config.vocab_size)
+    assert torch.equal(first, second)
+    scale = float(ref.abs().max())
+    assert torch.allclose(first, ref, rtol=1e-4, atol=1e-4 * scale)
+    assert pre.shape == (batch, 1, model.config.vocab_size)
+    assert torch.allclose(pre, ref, rtol=1e-4, atol=1e-4 * scale)

@@ -52,3 +52,41 @@ def test_cpu_threads_restores_even_on_error():
     with pytest.raises(ValueError):
         with cpu_threads(0):
             pass
+
+
+def test_launch_bound_only_for_eager_cuda_timings_the_host_kept_up_with():
+    assert Timing(1.0, 0.9, 1.1, 0.9, 5, "events", host_ms=0.95).launch_bound
+    assert not Timing(1.0, 0.9, 1.1, 0.9, 5, "events", host_ms=0.2).launch_bound
+    assert not Timing(1.0, 0.9, 1.1, 0.9, 5, "graph").launch_bound
+    assert not Timing(1.0, 0.9, 1.1, 0.9, 5, "wall").launch_bound
+
+
+def test_graph_calls_ignored_on_cpu():
+    calls = []
+    t = time_callable(lambda: calls.append(1), warmup=1, repeats=3, graph_calls=8)
+    assert t.method == "wall" and t.n == 3 and len(calls) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph_calls", [0, 16])
+def test_cuda_graph_timing_amortizes_launches(graph_calls):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x = torch.randn(64, 64, device="cuda")
+    t = time_callable(lambda: x @ x, device="cuda", warmup=2, repeats=10, graph_calls=graph_calls)
+    assert t.method == ("graph" if graph_calls else "events") and t.median_ms > 0
+    if graph_calls:
+        assert t.host_ms is None
+    else:
+        assert t.host_ms is not None and t.launch_bound  # a 64x64 matmul is far faster than its launch
+
+
+@pytest.mark.gpu
+def test_uncapturable_callable_falls_back_to_events():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x = torch.randn(8, device="cuda")
+    t = time_callable(lambda: float(x.sum()), device="cuda", warmup=1, repeats=3, graph_calls=4)  # host sync
+    assert t.method == "events" and t.n == 3
+    y = torch.randn(32, 32, device="cuda")
+    assert time_callable(lambda: y @ y, device="cuda", warmup=1, repeats=3, graph_calls=4).method == "graph"

@@ -28,6 +28,17 @@ def parse_points(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(points)
 
 
+def parse_batches(text: str) -> tuple[int, ...]:
+    """'1,16' -> (1, 16)."""
+    try:
+        batches = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        batches = ()
+    if not batches or min(batches) < 1:
+        raise GacError(f"bad --decode-batches {text!r}: give positive batch sizes joined by commas, e.g. 1,16")
+    return batches
+
+
 def model_labels(specs: tuple[str, ...]) -> list[str]:
     """Short unique names for the table: a directory's or file's name, else the spec; repeats get #2, #3."""
     labels: list[str] = []
@@ -101,25 +112,32 @@ def print_table(result: dict) -> None:
     if not console.is_terminal:  # logs and pipes get the full table, not an 80-column squeeze
         console = Console(width=160)
     console.print(table)
+    if result.get("aa_floor_pct") is not None:
+        console.print(f"A/A control: {names[0]} timed twice in the same rounds differs by up to "
+                      f"{result['aa_floor_pct']:.1f}%: the noise floor of these ratios.")
 
 
 @click.command("bench")
 @click.argument("models", nargs=-1, required=True, metavar="MODEL [MODEL...]")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="[default: bfloat16 on cuda, float32 on cpu].")
 @click.option("--points", "points_text", metavar="BxS[,BxS...]",
               help="Prefill points, batch x sequence [default: 1x128,1x512,1x1024,4x512].")
 @click.option("--rounds", type=Int(1, 100000, example=10), help="Prefill runs per model and point [default: 10].")
+@click.option("--decode-batches", "decode_batches_text", metavar="B[,B...]",
+              help="Batch sizes at which decode is timed, e.g. 1,16 [default: 1].")
+@click.option("--no-aa", is_flag=True, help="Leave out the A/A control (the first model timed twice).")
 @click.option("--threads", type=Int(1, 4096, example=4), help="CPU threads (default: torch's current count).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for bench.json, bench.md and bench_latency.png.")
 @click.option("--quiet", is_flag=True, help="No progress logging.")
-def command(models, device, dtype, points_text, rounds, threads, out, quiet) -> None:
+def command(models, device, dtype, points_text, rounds, decode_batches_text, no_aa, threads, out, quiet) -> None:
     """Time prefill and decode of every MODEL side by side (interleaved, same run, same inputs)."""
     from gac.cli.output import setup_logging
     from gac.evaluate.bench import BenchConfig, bench
     from gac.hw.timing import cpu_threads
-    from gac.hw.device import check_device
+    from gac.hw.device import check_device, default_dtype
 
     from gac import validate
 
@@ -133,8 +151,11 @@ def command(models, device, dtype, points_text, rounds, threads, out, quiet) -> 
         given["points"] = parse_points(points_text)
     if rounds is not None:
         given["rounds"] = rounds
-    cfg = BenchConfig(**given)  # bad input fails here, before any model is loaded
+    if decode_batches_text is not None:
+        given["decode_batches"] = parse_batches(decode_batches_text)
+    cfg = BenchConfig(**given, aa=not no_aa)  # bad input fails here, before any model is loaded
     check_device(device)
+    dtype = dtype or default_dtype(device)
     labels = model_labels(models)
     with cpu_threads(threads):
         loaded = {label: _load(spec, dtype=dtype, device=device) for label, spec in zip(labels, models)}

@@ -65,6 +65,9 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
               help="Use a --profile measured for another dtype or device type (a warning instead of an error).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="[default: float32]")
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
+@click.option("--factorization", type=click.Choice(["auto", "svd", "gram"]),
+              help="Low-rank spectra from an exact SVD, or from eigh of the smaller Gram matrix in float64 (several "
+                   "times faster, equal up to rounding in the kept directions) [default: auto: gram on CUDA].")
 @click.option("--alpha", type=Real(example=0.5), help="asvd: activation scaling exponent [default: 0.5].")
 @click.option("--importance", type=click.Choice(IMPORTANCE),
               help="Importance (channels/heads to keep, per-weight score); output: gac's loss model, low-rank "
@@ -84,8 +87,8 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--no-eval", is_flag=True, help="Skip perplexity and latency (parameters and alignment only).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def command(model, compressor, ratio, out, alignment, no_align, profile, allow_profile_mismatch, dtype, device, alpha, importance,
-            prune_layers, head_mode, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows,
+def command(model, compressor, ratio, out, alignment, no_align, profile, allow_profile_mismatch, dtype, device,
+            factorization, alpha, importance, prune_layers, head_mode, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows,
             prefill_tokens, no_eval, force, quiet):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
@@ -101,7 +104,7 @@ def command(model, compressor, ratio, out, alignment, no_align, profile, allow_p
     _check_options(compressor or CompressConfig.compressor, options)
     cfg = CompressConfig(
         **_given(model=model, compressor=compressor, ratio=ratio, out=out, alignment=alignment, profile=profile,
-                 dtype=dtype, device=device),
+                 dtype=dtype, device=device, factorization=factorization),
         align=not no_align,
         compressor_options=options,
         text=TextConfig(**_given(calib_file=calib_file, eval_file=eval_file, seq_len=seq_len,

@@ -35,7 +35,8 @@ def parse_dims(text: str, flag: str = "--dims") -> tuple[int, ...]:
 
 @click.command("profile")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="[default: bfloat16 on cuda, float32 on cpu].")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Profile JSON to write (default: the cache file for this device, dtype and torch).")
 @click.option("--quick", is_flag=True, help="Small sweep (dims 96..128, M=1024 and 1), under a minute on a CPU.")
@@ -76,9 +77,10 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
     sizes = {k: v for k, v in dict(hidden=hidden, lowrank_in=hidden, lowrank_out=hidden, heads=heads, batch=batch,
                                    context=context).items() if v is not None}
     spec = _given(hp.SweepSpec.quick() if quick else hp.SweepSpec(), head_dims, sizes)  # checked before any loading
-    from gac.hw.device import check_device
+    from gac.hw.device import check_device, default_dtype
 
     check_device(device)
+    dtype = dtype or default_dtype(device)
     if dims_text:
         spec = dataclasses.replace(spec, dims=parse_dims(dims_text))
     if plan:

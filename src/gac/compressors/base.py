@@ -137,6 +137,8 @@ class Compressor:
 
         return self.own_xtx or self.proxy == OUTPUT
 
+    factorization = "svd"  # how low-rank compressors take their spectra: gac.linalg.FACTORIZATIONS
+
     def __init__(self, config):
         self.config = config
 
@@ -253,7 +255,7 @@ class LowRankCompressor(Compressor):
 
         for u in tqdm(units, desc=f"{self.name}: factorizing", unit="weight", disable=not progress):
             w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [out, in]
-            u.svd = scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)))
+            u.svd = scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)), self.factorization)
 
     def release_factors(self, units: list[LowRankUnit]) -> None:
         """Keep the singular values only (selection reads the spectrum), not U, Vh and the input transform."""

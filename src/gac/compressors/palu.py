@@ -67,7 +67,7 @@ class PaluCompressor(LowRankCompressor):
             if g.linear not in whitened:
                 whitened[g.linear] = whiten(stats[g.linear].xtx.to(model.get_submodule(g.linear).weight.device))
             w = model.get_submodule(g.linear).weight.detach()[g.rows]  # [rows, hidden]
-            u.svd = scaled_svd(w, whitened[g.linear])
+            u.svd = scaled_svd(w, whitened[g.linear], self.factorization)
 
 
 CONFIG, COMPRESSOR = PaluConfig, PaluCompressor

@@ -20,6 +20,8 @@ class BenchConfig:
 
     points: tuple[tuple[int, int], ...] = ((1, 128), (1, 512), (1, 1024), (4, 512))  # prefill (batch, seq)
     decode_context: int = 128  # tokens in the KV cache before decode steps are timed
+    decode_batches: tuple[int, ...] = (1,)  # decode is timed at each of these batch sizes
+    aa: bool = True  # A/A control: the first model timed a second time, side by side, as the noise floor
     warmup: int = 2
     rounds: int = 10  # prefill calls per model and point
     decode_rounds: int = 32  # decode steps per model
@@ -31,6 +33,10 @@ class BenchConfig:
             raise GacError(f"bad bench points {self.points!r}: give (batch, seq) pairs of positive integers, "
                            f"e.g. --points 1x128,1x512")
         object.__setattr__(self, "points", points)
+        batches = tuple(self.decode_batches)
+        if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
+            raise GacError(f"bad decode batches {self.decode_batches!r}: give positive integers, e.g. (1, 16)")
+        object.__setattr__(self, "decode_batches", batches)
         if self.decode_context < 1:
             raise GacError(f"decode context {self.decode_context} must be at least 1 token")
         if self.warmup < 0 or self.rounds < 1 or self.decode_rounds < 1:
@@ -42,8 +48,21 @@ def point_key(batch: int, seq: int) -> str:
     return f"{batch}x{seq}"
 
 
-def _timing_dict(t) -> dict[str, float]:
-    return {"median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms}
+AA_SUFFIX = " (A/A)"
+
+
+def _timing_dict(t) -> dict:
+    d = {"median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "method": t.method}
+    if t.launch_bound:
+        d["launch_bound"] = True  # eager CUDA timing the host kept up with: leave it out of claims
+    return d
+
+
+def _split_aa(timings: dict, first: str) -> tuple[dict, dict | None]:
+    """(the models' timings, the A/A pair {first, twin}) from one interleaved run."""
+    twin = timings.pop(first + AA_SUFFIX, None)
+    rows = {n: _timing_dict(t) for n, t in timings.items()}
+    return rows, (None if twin is None else {"a": rows[first], "b": _timing_dict(twin)})
 
 
 def _placement(models: dict) -> tuple[object, object]:
@@ -73,26 +92,38 @@ def bench(models: dict, cfg: BenchConfig = BenchConfig()) -> dict:
     device, dtype = _placement(models)
     lat = LatencyConfig(batch=1, decode_context=cfg.decode_context, warmup=cfg.warmup,
                         prefill_rounds=cfg.rounds, decode_rounds=cfg.decode_rounds, seed=cfg.seed)
-    points = []
+    first = next(iter(models))
+    timed = {**models, first + AA_SUFFIX: models[first]} if cfg.aa else dict(models)
+    points, decode_points = [], []
     for batch, seq in cfg.points:
-        log.info("prefill %s: timing %s side by side", point_key(batch, seq), ", ".join(models))
-        timings = prefill_timings(models, batch, seq, lat)
-        points.append({"batch": batch, "seq": seq, "results": {n: _timing_dict(t) for n, t in timings.items()}})
-    log.info("decode after %d tokens: timing %s side by side", cfg.decode_context, ", ".join(models))
-    decode = {n: _timing_dict(t) for n, t in decode_timings(models, lat).items()}
+        log.info("prefill %s: timing %s side by side", point_key(batch, seq), ", ".join(timed))
+        rows, aa = _split_aa(prefill_timings(timed, batch, seq, lat), first)
+        points.append({"batch": batch, "seq": seq, "results": rows, **({"aa": aa} if aa else {})})
+    for batch in cfg.decode_batches:
+        log.info("decode at batch %d after %d tokens: timing %s side by side", batch, cfg.decode_context,
+                 ", ".join(timed))
+        rows, aa = _split_aa(decode_timings(timed, dataclasses.replace(lat, batch=batch)), first)
+        decode_points.append({"batch": batch, "context": cfg.decode_context, "results": rows,
+                              **({"aa": aa} if aa else {})})
     result = {
         "device": str(device), "device_name": device_name(device), "dtype": str(dtype).removeprefix("torch."),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "config": dataclasses.asdict(cfg), "models": list(models),
-        "points": points, "decode": decode,
+        "points": points, "decode": decode_points[0]["results"], "decode_points": decode_points,
     }
+    result["aa_floor_pct"] = aa_floor_pct(result)
     result["ratios_vs_first"] = ratios_vs_first(result)
     return result
 
 
+def _decode_points(result: dict) -> list[dict]:
+    return result.get("decode_points") or [{"batch": 1, "results": result["decode"]}]
+
+
 def ratios_vs_first(result: dict) -> dict:
-    """{model: {"prefill": {"BxS": median / first model's median}, "decode": ...}}: latency ratios (speed-up = 1/x)."""
+    """{model: {"prefill": {"BxS": median / first model's median}, "decode": ..., "decode_by_batch": {"B": ...}}}:
+    latency ratios (speed-up = 1/x); "decode" is the first decode batch."""
     names = list(result["decode"])
     first = names[0]
 
@@ -102,46 +133,71 @@ def ratios_vs_first(result: dict) -> dict:
 
     return {
         name: {"prefill": {point_key(p["batch"], p["seq"]): ratio(p["results"], name) for p in result["points"]},
-               "decode": ratio(result["decode"], name)}
+               "decode": ratio(result["decode"], name),
+               "decode_by_batch": {str(d["batch"]): ratio(d["results"], name) for d in _decode_points(result)}}
         for name in names
     }
 
 
+def aa_floor_pct(result: dict) -> float | None:
+    """The noise floor: the largest |median ratio - 1| between the first model and its A/A twin over every
+    prefill and decode point, in percent (None without an A/A block)."""
+    pairs = [p["aa"] for p in [*result["points"], *result.get("decode_points", [])] if p.get("aa")]
+    if not pairs:
+        return None
+    return max(abs(p["b"]["median_ms"] / p["a"]["median_ms"] - 1) * 100 for p in pairs if p["a"]["median_ms"] > 0)
+
+
 def _cell(t: dict) -> str:
-    return f"{t['median_ms']:.2f} ({t['p10_ms']:.2f}-{t['p90_ms']:.2f})"
+    mark = " (launch-bound)" if t.get("launch_bound") else ""
+    return f"{t['median_ms']:.2f} ({t['p10_ms']:.2f}-{t['p90_ms']:.2f}){mark}"
 
 
 def bench_table_markdown(result: dict) -> str:
-    """Two markdown tables: medians with their 10-90 percentile band, and latency ratios vs the first model."""
+    """Markdown: medians with their 10-90 percentile band, latency ratios vs the first model, the A/A floor."""
     names = list(result["decode"])
     keys = [point_key(p["batch"], p["seq"]) for p in result["points"]]
+    decodes = _decode_points(result)
+    dkeys = [f"decode b{d['batch']}" for d in decodes]
     cfg = result.get("config", {})
+    methods = sorted({t.get("method", "?") for p in [*result["points"], *decodes] for t in p["results"].values()})
     lines = [
         f"# gac bench: {', '.join(names)}",
         "",
         f"{result['device']} ({result['device_name']}), {result['dtype']}, {result['threads']} threads, "
-        f"torch {result['torch']}, {result['date']}.",
-        f"Prefill: median ms (p10-p90) of {cfg.get('rounds', '?')} interleaved runs per batch x sequence point. "
-        f"Decode: ms per token after {cfg.get('decode_context', '?')} cached tokens, "
-        f"{cfg.get('decode_rounds', '?')} steps. All models timed round-robin in one run.",
+        f"torch {result['torch']}, {result['date']}; timing: {', '.join(methods)}.",
+        f"Prefill (logits of the last position only): median ms (p10-p90) of {cfg.get('rounds', '?')} interleaved "
+        f"runs per batch x sequence point. Decode: ms per step of one token per sequence on a static cache of "
+        f"{cfg.get('decode_context', '?')} tokens, {cfg.get('decode_rounds', '?')} steps. All models timed "
+        "round-robin in one run.",
         "",
-        "| model | " + " | ".join(f"prefill {k} ms" for k in keys) + " | decode ms/token |",
-        "|---|" + "---:|" * (len(keys) + 1),
+        "| model | " + " | ".join(f"prefill {k} ms" for k in keys) + "".join(f" | {k} ms" for k in dkeys) + " |",
+        "|---|" + "---:|" * (len(keys) + len(dkeys)),
     ]
     for name in names:
-        cells = [_cell(p["results"][name]) for p in result["points"]] + [_cell(result["decode"][name])]
+        cells = [_cell(p["results"][name]) for p in result["points"]] + [_cell(d["results"][name]) for d in decodes]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     ratios = result["ratios_vs_first"]
     lines += [
         "",
         f"Latency ratio vs {names[0]} (below 1 is faster; speed-up = 1 / ratio):",
         "",
-        "| model | " + " | ".join(keys) + " | decode |",
-        "|---|" + "---:|" * (len(keys) + 1),
+        "| model | " + " | ".join(keys) + "".join(f" | {k}" for k in dkeys) + " |",
+        "|---|" + "---:|" * (len(keys) + len(dkeys)),
     ]
     for name in names:
         r = ratios[name]
-        lines.append(f"| {name} | " + " | ".join(f"{r['prefill'][k]:.3f}" for k in keys) + f" | {r['decode']:.3f} |")
+        by_batch = r.get("decode_by_batch") or {"1": r["decode"]}
+        cells = [f"{r['prefill'][k]:.3f}" for k in keys] + [f"{by_batch[str(d['batch'])]:.3f}" for d in decodes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    floor = result.get("aa_floor_pct")
+    if floor is not None:
+        per = [f"{point_key(p['batch'], p['seq'])} {p['aa']['b']['median_ms'] / p['aa']['a']['median_ms']:.3f}"
+               for p in result["points"] if p.get("aa")]
+        per += [f"decode b{d['batch']} {d['aa']['b']['median_ms'] / d['aa']['a']['median_ms']:.3f}"
+                for d in decodes if d.get("aa")]
+        lines += ["", f"A/A control ({names[0]} timed twice in the same rounds): ratios {', '.join(per)}; noise floor "
+                      f"{floor:.1f}% (differences smaller than this are noise)."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,9 @@
-"""Model-level latency: prefill (batch x sequence) and decode per token, every model timed side by side."""
+"""Model-level latency: prefill (batch x sequence) and decode per token, every model timed side by side.
+
+Prefill computes logits for the last position only (as a server does before sampling; perplexity keeps all of
+them): full-vocabulary logits for every position would dilute the layers' share of the time. Decode appends one
+token to a static KV cache of `decode_context` tokens. On CUDA each call is replayed from a CUDA graph so the
+events time the GPU, not Python's launches (a call that cannot be captured is timed eagerly and flagged)."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gac.errors import GacError
 from gac.hw.timing import Timing, time_interleaved
 
 
@@ -19,6 +25,7 @@ class LatencyConfig:
     prefill_rounds: int = 10
     decode_rounds: int = 32
     seed: int = 0
+    cuda_graphs: bool = True  # on CUDA, time graph replays (False: eager calls, launch-bound for small models)
 
     def __post_init__(self):
         from gac.validate import integer
@@ -36,35 +43,58 @@ def _tokens(model, batch: int, seq: int, seed: int) -> torch.Tensor:
 
 
 def prefill_call(model, batch: int, seq: int, seed: int = 0) -> Callable[[], object]:
-    """One forward pass over [batch, seq] tokens without a cache."""
+    """One forward pass over [batch, seq] tokens without a cache, logits for the last position only."""
     device = next(model.parameters()).device
-    ids = _tokens(model, batch, seq, seed).to(device)
-    return lambda: model(ids, use_cache=False)
+    ids = _tokens(model, batch, seq, seed).to(device)  # [B, S]
+    return lambda: model(ids, use_cache=False, logits_to_keep=1)
 
 
 def decode_call(model, batch: int, context: int, seed: int = 0) -> Callable[[], object]:
-    """One decode step per call: the KV cache is prefilled once, then each call appends one token."""
-    from transformers import DynamicCache
+    """One decode step per call at a fixed position: a static KV cache holds `context` tokens (prefilled once) and
+    each call writes the next token's keys and values at position `context` (the same work every call)."""
+    from transformers import StaticCache
 
     device = next(model.parameters()).device
-    ids = _tokens(model, batch, context + 1, seed).to(device)
-    cache = DynamicCache(config=model.config)
+    ids = _tokens(model, batch, context + 1, seed).to(device)  # [B, context + 1]
+    cache = StaticCache(config=model.config, max_cache_len=context + 1)  # per-layer shapes taken at first use
     with torch.inference_mode():
-        model(ids[:, :context], past_key_values=cache, use_cache=True)
+        model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    # Each static layer counts the tokens it holds on the device; rewinding the counters before every step keeps
+    # the step at position `context` (a device op, so a CUDA graph replays it too).
+    counters = [c for c in (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", ()))
+                if isinstance(c, torch.Tensor)]
+    if not counters:
+        import transformers
+
+        raise GacError(f"transformers {transformers.__version__}'s StaticCache keeps no per-layer position counter: "
+                       "decode timing needs transformers 5.x (pip install -U transformers)")
     step = ids[:, context:]  # [B, 1]
-    return lambda: model(step, past_key_values=cache, use_cache=True)
+    position = torch.tensor([context], device=device)
+
+    def call():
+        for c in counters:
+            c.fill_(context)
+        return model(step, past_key_values=cache, cache_position=position, use_cache=True, logits_to_keep=1)
+
+    return call
+
+
+def _graph_calls(cfg: LatencyConfig) -> int:
+    return 1 if cfg.cuda_graphs else 0  # a forward launches hundreds of kernels: one per replay amortizes them
 
 
 def prefill_timings(models: dict, batch: int, seq: int, cfg: LatencyConfig) -> dict[str, Timing]:
     device = next(iter(models.values())).device
     calls = {name: prefill_call(m, batch, seq, cfg.seed) for name, m in models.items()}
-    return time_interleaved(calls, device=device, warmup=cfg.warmup, rounds=cfg.prefill_rounds)
+    return time_interleaved(calls, device=device, warmup=cfg.warmup, rounds=cfg.prefill_rounds,
+                            graph_calls=_graph_calls(cfg))
 
 
 def decode_timings(models: dict, cfg: LatencyConfig) -> dict[str, Timing]:
     device = next(iter(models.values())).device
     calls = {name: decode_call(m, cfg.batch, cfg.decode_context, cfg.seed) for name, m in models.items()}
-    return time_interleaved(calls, device=device, warmup=cfg.warmup, rounds=cfg.decode_rounds)
+    return time_interleaved(calls, device=device, warmup=cfg.warmup, rounds=cfg.decode_rounds,
+                            graph_calls=_graph_calls(cfg))
 
 
 def measure_latency(models: dict, cfg: LatencyConfig = LatencyConfig()) -> dict[str, dict[str, float]]:

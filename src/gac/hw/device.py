@@ -54,3 +54,8 @@ def device_name(device) -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "cpu"
+
+
+def default_dtype(device) -> str:
+    """bfloat16 on CUDA (tensor cores, the dtype models are served in), float32 elsewhere."""
+    return "bfloat16" if str(device).startswith("cuda") else "float32"

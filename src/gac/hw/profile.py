@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 PROFILE_VERSION = 1
 OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank")
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")  # tried in this order
-MAX_HEAD_DIM = 1024  # above any model's attention head (usually 64-256); catches GEMM ranges given as head dims
+MAX_HEAD_DIM = 1024
+CUDA_CHUNK = 32  # dims timed round-robin together on CUDA, each with input sets over twice the L2  # above any model's attention head (usually 64-256); catches GEMM ranges given as head dims
 
 
 @dataclass(frozen=True)
@@ -155,14 +156,26 @@ class _Point:
 
     fn: Callable[[], object]
     backend: str | None
+    copies: int
+
+
+MAX_COPIES = 256
+
+
+def _copies(shapes: list[tuple[int, ...]], device: torch.device, dtype: torch.dtype, buffers: int) -> int:
+    """Input sets to rotate through: on CUDA enough that together they exceed twice the L2 cache, so every call
+    reads its operands from device memory as a real model's layers do (cached weights would flatter small M)."""
+    if device.type != "cuda":
+        return 1
+    set_bytes = sum(torch.Size(s).numel() for s in shapes) * torch.empty((), dtype=dtype).element_size()
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+    return int(min(MAX_COPIES, max(buffers, -(-2 * l2 // max(set_bytes, 1)) + 1)))
 
 
 def _build_point(op: str, m: int, dim: int, shape, *, device, dtype, buffers: int, gen) -> _Point:
-    copies = buffers if device.type == "cuda" else 1
-    inputs = [
-        tuple(torch.randn(s, generator=gen, device=device, dtype=dtype) for s in _tensor_shapes(op, m, dim, shape))
-        for _ in range(copies)
-    ]
+    shapes = _tensor_shapes(op, m, dim, shape)
+    copies = _copies(shapes, device, dtype, buffers)
+    inputs = [tuple(torch.randn(s, generator=gen, device=device, dtype=dtype) for s in shapes) for _ in range(copies)]
     kernel = _kernel(op, causal=op == "sdpa" and m == shape.get("seq") and m > 1)
     backend = _first_sdpa_backend(kernel, inputs[0], device) if op == "sdpa" else None
     state = {"i": 0}
@@ -171,7 +184,7 @@ def _build_point(op: str, m: int, dim: int, shape, *, device, dtype, buffers: in
         state["i"] = (state["i"] + 1) % copies
         return kernel(*inputs[state["i"]])
 
-    return _Point(call, backend)
+    return _Point(call, backend, copies)
 
 
 def _entries(spec: SweepSpec) -> list[tuple[str, int, tuple[int, ...]]]:
@@ -180,27 +193,34 @@ def _entries(spec: SweepSpec) -> list[tuple[str, int, tuple[int, ...]]]:
 
 def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
     shape = _entry_shape(op, m, spec.sizes)
-    ms, p10, p90, backends = [], [], [], []
-    for start in range(0, len(dims), spec.chunk):
-        chunk = dims[start : start + spec.chunk]
+    ms, p10, p90, backends, methods = [], [], [], [], set()
+    chunk_size = min(spec.chunk, CUDA_CHUNK) if device.type == "cuda" else spec.chunk  # bounded device memory
+    for start in range(0, len(dims), chunk_size):
+        chunk = dims[start : start + chunk_size]
         points = {d: _build_point(op, m, d, shape, device=device, dtype=dtype, buffers=spec.buffers, gen=gen)
                   for d in chunk}
         by_backend: dict[str | None, dict[str, Callable]] = {}
         for d, p in points.items():
             by_backend.setdefault(p.backend, {})[str(d)] = p.fn
         timings = {}
+        # On CUDA a sample is one replay of a CUDA graph holding a call on every input set (at least 8 calls),
+        # divided by the calls: the launch cost is amortized and the events time the kernels.
+        graph_calls = max(8, max(p.copies for p in points.values())) if device.type == "cuda" else 0
         for backend, fns in by_backend.items():  # pinned once per group, outside the timed calls
             with _sdpa_context(backend):
-                timings.update(time_interleaved(fns, device=device, warmup=spec.warmup, rounds=spec.repeats))
+                timings.update(time_interleaved(fns, device=device, warmup=spec.warmup, rounds=spec.repeats,
+                                                graph_calls=graph_calls))
         for d in chunk:
             t = timings[str(d)]
+            methods.add(t.method)
             ms.append(round(t.median_ms, 6))
             p10.append(round(t.p10_ms, 6))
             p90.append(round(t.p90_ms, 6))
             backends.append(points[d].backend)
+        del points, by_backend  # free this chunk's input sets before the next is built
         bar.update(len(chunk))
     entry = {"op": op, "shape": shape, "m": m, "backend": max(set(backends), key=backends.count),
-             "dims": list(dims), "ms": ms, "p10_ms": p10, "p90_ms": p90}
+             "dims": list(dims), "ms": ms, "p10_ms": p10, "p90_ms": p90, "timing": "+".join(sorted(methods))}
     if len(set(backends)) > 1:
         entry["backends"] = backends  # per dim, when the SDPA backend changes along the sweep
     return entry
