@@ -95,7 +95,7 @@ def forecast(config, *, compressor: str = "asvd", ratio: float = 0.15, dtype: st
     xtx = compressor in NEEDS_XTX or (lowrank and proxy == "output")
     reverse = proxy in ("output", "taylor", "fisher")
     tokens = calib_windows * seq_len
-    act = 4  # float32 hidden states: the model's dtype for bf16, but stats and grads upcast; conservative
+    act = b  # hidden states in the model's dtype
     layer_factors = sum(_factor_bytes(o, i) for o, i in s.linears()) if lowrank else 0
     layer_xtx = sum(8 * i * i for _, i in s.linears()) if xtx else 0
     big_o, big_i = max(s.linears(), key=lambda oi: oi[0] * oi[1])
@@ -113,7 +113,7 @@ def forecast(config, *, compressor: str = "asvd", ratio: float = 0.15, dtype: st
             "one layer's factors": layer_factors,
             "one layer's X^T X": layer_xtx,
             "loss model / whitening (largest weight)": max(curve, whiten),
-            "stored activations": (s.layers + 2 if reverse else 2) * tokens * s.hidden * act,
+            "activations and gradients in flight": (3 if reverse else 1) * tokens * s.hidden * act,  # others on disk
             "layer activations and logits": transient + logits,
             "runtime": RUNTIME_BYTES,
         }
@@ -129,6 +129,8 @@ def forecast(config, *, compressor: str = "asvd", ratio: float = 0.15, dtype: st
         }
     compressible = s.layers * sum(o * i for o, i in s.linears())
     disk = int((s.params - compressible * ratio) * b)
+    if layerwise and reverse:
+        disk += s.layers * tokens * s.hidden * act  # each layer's stored input, in a temporary directory
     forward_flops = 2 * tokens * (s.params - s.outer_params) + 2 * tokens * s.vocab * s.hidden
     passes = (1 + 3 + 1) if reverse else 2  # analysis (forward; reverse: forward + recompute + backward), materialize
     svd_flops = s.layers * sum(12 * o * i * min(o, i) for o, i in s.linears()) * (2 if layerwise else 1) if lowrank else 0
@@ -202,7 +204,7 @@ def plan_memory(cfg) -> bool:
 def describe(f: Forecast) -> str:
     """The dry run's printout: peak per device, disk, time, and what the peak is made of."""
     lines = [f"pipeline: {f.pipeline}", f"peak memory (cpu): {f.peak_bytes / GIB:.1f} GiB",
-             f"model weights: {f.weights_bytes / GIB:.1f} GiB", f"disk needed (output): {f.disk_bytes / GIB:.1f} GiB",
+             f"model weights: {f.weights_bytes / GIB:.1f} GiB", f"disk needed (output and temporary): {f.disk_bytes / GIB:.1f} GiB",
              f"rough time: {_duration(f.seconds)}", "peak made of:"]
     lines += [f"  {name}: {size / GIB:.2f} GiB" for name, size in f.parts.items()]
     return "\n".join(lines)

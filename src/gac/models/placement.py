@@ -29,8 +29,9 @@ def parse_max_memory(spec: str | dict | None) -> dict | None:
             raise GacError(f"bad --max-memory device {device!r}: use cpu, disk or a GPU index, e.g. cpu=8GiB,0=20GiB")
         if device.startswith("cuda:") and device[5:].isdigit():
             key = int(device[5:])
+        size = str(size).strip()
         try:
-            out[key] = convert_file_size_to_int(str(size).strip())
+            out[key] = int(size) if size.isdigit() else convert_file_size_to_int(size)  # bytes, or 8GiB, 500MB
         except (ValueError, TypeError, AttributeError):
             out[key] = -1
         if out[key] <= 0:

@@ -94,12 +94,18 @@ def _forward_sweep(model, source, compressor, by_layer, calib, keep, progress) -
 def _reverse_sweep(model, source, compressor, by_layer, calib, keep, progress) -> list:
     n_layers = layer_count(model)
     batches = embed(model, calib, GRAD_BATCH)
-    inputs = []  # inputs[i][k]: layer i's input of batch k [b, seq, D]
+    with ActivationStore(spill=source.lazy) as inputs:  # inputs[i][k]: layer i's input of batch k [b, seq, D]
+        units = _reverse_sweep_stored(model, source, compressor, by_layer, batches, inputs, keep, progress)
+    return units
+
+
+def _reverse_sweep_stored(model, source, compressor, by_layer, batches, inputs, keep, progress) -> list:
+    n_layers = layer_count(model)
     with torch.no_grad():
         for i in tqdm(range(n_layers), desc="layers (forward)", unit="layer", disable=not progress):
             source.load_layer(i)
             layer = layer_module(model, i)
-            inputs.append([b.hidden for b in batches])
+            inputs[i] = [b.hidden for b in batches]
             for b in batches:
                 b.hidden = run_layer(layer, b, i)
             source.release_layer(i)
@@ -121,10 +127,11 @@ def _reverse_sweep(model, source, compressor, by_layer, calib, keep, progress) -
         saved = [p.requires_grad for p in layer.parameters()]
         for p in layer.parameters():
             p.requires_grad_(False)  # activation gradients only (collect_gradients turns on the weights it needs)
+        stored = inputs[i]
         with (collect_stats(model, names, xtx=compressor.needs_xtx) as stats,
               _gradient_hooks(model, names, compressor.proxy) as grad_sums, torch.enable_grad()):
             for k, b in enumerate(batches):
-                h = inputs[i][k].detach().requires_grad_(True)
+                h = stored[k].detach().clone().requires_grad_(True)
                 run_layer(layer, b, i, h).backward(grads[k])
                 grads[k] = h.grad
         for p, flag in zip(layer.parameters(), saved):
@@ -134,12 +141,52 @@ def _reverse_sweep(model, source, compressor, by_layer, calib, keep, progress) -
                 stats[n].extra["out_fisher"] = grad_sums[n] / max(tokens, 1)
             else:
                 stats[n].extra["grads"] = grad_sums[n]
-        inputs[i] = None
+        del stored, inputs[i]
         if by_layer[i]:
             units_by_layer[i] = _analyze_layer(model, compressor, by_layer[i], stats, keep)
         del stats
         source.release_layer(i)
     return [u for i in sorted(units_by_layer) for u in units_by_layer[i]]
+
+
+class ActivationStore:
+    """Each layer's stored input for the reverse sweep: in memory, or (spill) one file per layer in a temporary
+    directory, read back memory-mapped, so that memory does not grow with depth. Removed on exit."""
+
+    def __init__(self, spill: bool):
+        self.spill = spill
+        self.items: dict = {}
+
+    def __enter__(self):
+        if self.spill:
+            import tempfile
+
+            self.dir = tempfile.TemporaryDirectory(prefix="gac-activations-")
+        return self
+
+    def __exit__(self, *exc):
+        self.items.clear()
+        if self.spill:
+            self.dir.cleanup()
+
+    def __setitem__(self, i: int, tensors: list) -> None:
+        if not self.spill:
+            self.items[i] = tensors
+            return
+        from pathlib import Path
+
+        path = Path(self.dir.name) / f"layer-{i}.pt"
+        torch.save([t.contiguous() for t in tensors], path)
+        self.items[i] = path
+
+    def __getitem__(self, i: int) -> list:
+        item = self.items[i]
+        return torch.load(item, mmap=True, weights_only=True) if self.spill else item
+
+    def __delitem__(self, i: int) -> None:
+        item = self.items.pop(i)
+        if self.spill:
+            item.unlink()
 
 
 def _gradient_hooks(model, names, proxy):
