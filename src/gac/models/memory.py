@@ -97,33 +97,46 @@ def forecast(config, *, compressor: str = "asvd", ratio: float = 0.15, dtype: st
     tokens = calib_windows * seq_len
     act = b  # hidden states in the model's dtype
     layer_factors = sum(_factor_bytes(o, i) for o, i in s.linears()) if lowrank else 0
-    layer_xtx = sum(8 * i * i for _, i in s.linears()) if xtx else 0
+    # linears fed by one activation share one X^T X (q/k/v, gate/up): inputs of width hidden, q width, intermediate
+    layer_xtx = sum(8 * i * i for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
+    own_xtx = layer_xtx if compressor in NEEDS_XTX else 0  # materialization recollects it only to whiten
     big_o, big_i = max(s.linears(), key=lambda oi: oi[0] * oi[1])
     k = min(big_o, big_i)
     curve = 8 * (2 * k * k + 2 * k * big_i + big_i * big_i) if lowrank and proxy == "output" else 0
     whiten = 8 * (big_o * big_i + big_i * big_i) if compressor in NEEDS_XTX else 0  # float64 W S and S
+    svd_work = 3 * 4 * big_o * big_i if lowrank else 0  # float32 copy, scaled copy, LAPACK workspace
     batch = 2 if reverse else 4
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
     logits = 3 * batch * seq_len * s.vocab * 4 if reverse else 0  # float logits, their grad, softmax
+    flight = (3 if reverse else 1) * tokens * s.hidden * act  # hidden states and gradients; stored inputs on disk
     weights = s.params * b
-    if layerwise:
-        parts = {
+    if layerwise:  # the larger of the two sweeps: analysis, materialization
+        analysis = {
             "outer weights": s.outer_params * b,
-            "one layer (weights and cut copies)": 3 * s.layer_params * b,
+            "one layer's weights": s.layer_params * b,
             "one layer's factors": layer_factors,
             "one layer's X^T X": layer_xtx,
-            "loss model / whitening (largest weight)": max(curve, whiten),
-            "activations and gradients in flight": (3 if reverse else 1) * tokens * s.hidden * act,  # others on disk
-            "layer activations and logits": transient + logits,
+            "SVD / loss model / whitening work (largest weight)": svd_work + max(curve, whiten),
+            "activations in flight": flight + max(transient, logits),
             "runtime": RUNTIME_BYTES,
         }
+        materialize = {
+            "outer weights": s.outer_params * b,
+            "one layer's weights and its two cut copies": 3 * s.layer_params * b,
+            "one layer's factors": layer_factors,
+            "one layer's X^T X": own_xtx,
+            "SVD / loss model / whitening work (largest weight)": svd_work + whiten,
+            "activations in flight": tokens * s.hidden * act + transient,
+            "runtime": RUNTIME_BYTES,
+        }
+        parts = max(analysis, materialize, key=lambda p: sum(p.values()))
     else:
         parts = {
             "weights": weights,
             "two variants (copies)": 2 * int(weights * (1 - ratio * 0.8)),
             "all factors": s.layers * layer_factors,
             "all X^T X": s.layers * layer_xtx,
-            "loss model / whitening (largest weight)": max(curve, whiten),
+            "SVD / loss model / whitening work (largest weight)": svd_work + max(curve, whiten),
             "activations and logits": transient * s.layers // 4 + logits + 4 * tokens * s.hidden * act,
             "runtime": RUNTIME_BYTES,
         }
