@@ -10,7 +10,6 @@ import torch
 
 from gac.api import CompressConfig, compress
 from gac.data import TextConfig
-from gac.errors import GacError
 from gac.models.io import load
 from gac.models.lazy import LazyCheckpoint
 from tests.conftest import tiny_model, tiny_tokenizer
@@ -72,9 +71,40 @@ def test_layerwise_output_loads_offloaded(source_dir, tmp_path):
         assert torch.allclose(placed(ids).logits, whole(ids).logits, atol=1e-5)
 
 
-def test_lazy_model_with_evaluation_is_refused(source_dir, tmp_path):
-    cfg = CompressConfig(model=str(source_dir), compressor="svd", ratio=0.2, text=TEXT, progress=False,
-                         out=str(tmp_path / "out"), layerwise=True)
-    with pytest.raises(GacError, match="--no-eval"):
-        compress(cfg)
-    assert not (tmp_path / "out").exists()
+def test_layerwise_perplexity_equals_whole_model(source_dir, tmp_path):
+    from gac.evaluate.latency import LatencyConfig
+
+    base = dict(model=str(source_dir), compressor="asvd", ratio=0.2, text=TEXT, progress=False,
+                latency=LatencyConfig(warmup=0, prefill_rounds=1, decode_rounds=1, prefill_tokens=8))
+    whole = compress(CompressConfig(**base)).report["variants"]
+    lazy = compress(CompressConfig(**base, layerwise=True)).report["variants"]
+    assert set(lazy) == {"baseline", "unaligned", "gac"}
+    for variant in whole:
+        assert lazy[variant]["ppl"] == pytest.approx(whole[variant]["ppl"], rel=1e-5)
+        assert lazy[variant]["prefill_ms"] is None  # latency needs the model whole: not measured layer by layer
+    assert whole["gac"]["ppl"] != pytest.approx(whole["baseline"]["ppl"], rel=1e-3)  # the variants differ
+
+
+def test_cli_layerwise_with_a_memory_budget(source_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from transformers import AutoConfig
+
+    from gac.models.memory import forecast
+
+    config = AutoConfig.from_pretrained(source_dir)
+    sizes = [forecast(config, compressor="svd", ratio=0.2, calib_windows=4, seq_len=32, layerwise=lw,
+                      flops_per_s=1e10).peak_bytes for lw in (True, False)]
+    assert sizes[0] < sizes[1]
+    budget = (sizes[0] + sizes[1]) // 2  # the whole model would not fit, layer by layer does
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "gac", "compress", "--model", str(source_dir), "--compressor", "svd",
+                        "--ratio", "0.2", "--out", str(out), "--seq-len", "32", "--calib-windows", "4",
+                        "--eval-windows", "2", "--prefill-tokens", "8", "--quiet", "--max-memory", f"cpu={budget}"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["pipeline"] == "layerwise"
+    assert all(v["ppl"] > 1 for v in report["variants"].values())
+    assert (out / "model.safetensors.index.json").is_file()

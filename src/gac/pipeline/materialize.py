@@ -53,16 +53,19 @@ def release_module(module: nn.Module) -> None:
 
 
 def materialize_layerwise(model, source, compressor, units, dims: dict, calib: torch.Tensor, *,
-                          writer=None, progress: bool = True) -> dict:
+                          writer=None, held_out: torch.Tensor | None = None, progress: bool = True) -> dict:
     """{variant: model} for each variant of dims ({variant: {unit name: dim or None}}), cut layer by layer.
 
     The calibration windows are run through the original layers again to recompute each layer's factors (the
     analysis kept spectra only). writer: (variant, gac.models.sharded.ShardWriter) to stream that variant's
-    layers to; every variant's layers are then released as soon as they are written (shapes kept, for counting)."""
+    layers to; every variant's layers are then released as soon as they are written (shapes kept, for counting).
+    held_out: evaluation windows [n, seq] run through the baseline's and every variant's layers on the way; their
+    perplexities are returned under the key "ppl" ({variant or "baseline": float})."""
     by_layer = groups_by_layer(model, [u.group for u in units])
     unit_of = {u.group.name: u for u in units}
     shells = {v: shell_of(model) for v in dims}
     batches = embed(model, calib, CALIB_BATCH)
+    evals = None if held_out is None else {v: embed(model, held_out, CALIB_BATCH) for v in ("baseline", *dims)}
     for i in tqdm(range(layer_count(model)), desc="materializing", unit="layer", disable=not progress):
         source.load_layer(i)
         layer = layer_module(model, i)
@@ -73,10 +76,14 @@ def materialize_layerwise(model, source, compressor, units, dims: dict, calib: t
                 b.hidden = run_layer(layer, b, i)  # through the original layer, as whole-model calibration
         compressor.factorize_units(model, layer_units, stats)
         del stats
+        if evals is not None:
+            _advance(layer, evals["baseline"], i)
         for variant, shell in shells.items():
             parent_path, _, attr = _layers_parent(shell)
             getattr(shell.get_submodule(parent_path), attr)[i] = shared_copy(layer)
             compressor.materialize_units(shell, layer_units, dims[variant])
+            if evals is not None:
+                _advance(layer_module(shell, i), evals[variant], i)
             if writer is not None:
                 cut = layer_module(shell, i)
                 if variant == writer[0]:
@@ -85,7 +92,31 @@ def materialize_layerwise(model, source, compressor, units, dims: dict, calib: t
                 release_module(cut)
         compressor.release_factors(layer_units)
         source.release_layer(i)
-    return {v: s.eval() for v, s in shells.items()}
+    models = {v: s.eval() for v, s in shells.items()}
+    if evals is not None:
+        models["ppl"] = {v: _perplexity(model, eval_batches) for v, eval_batches in evals.items()}
+    return models
+
+
+@torch.no_grad()
+def _advance(layer: nn.Module, batches: list, i: int) -> None:
+    for b in batches:
+        b.hidden = run_layer(layer, b, i)  # [b, seq, D]
+
+
+@torch.no_grad()
+def _perplexity(model, batches: list) -> float:
+    """exp(mean next-token NLL) from the last layer's outputs, as gac.evaluate.perplexity computes it whole."""
+    import math
+
+    from gac.pipeline.layers import loss_from_last_hidden
+
+    nll, count = 0.0, 0
+    for b in batches:
+        n = b.ids.shape[0] * (b.ids.shape[1] - 1)  # predicted tokens; the loss is their mean
+        nll += float(loss_from_last_hidden(model, b.ids, b.hidden)) * n
+        count += n
+    return math.exp(nll / count)
 
 
 def outer_tensors(model) -> dict:
