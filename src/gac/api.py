@@ -171,6 +171,7 @@ def compress(cfg: CompressConfig) -> CompressResult:
     compressible, budget, names = selected.compressible, selected.budget, selected.names
 
     report = _report_header(cfg, loaded.source, compressible, budget, torch)
+    report["pipeline"] = "whole"
     report["variants"] = _evaluate(models, names, held_out, cfg)
     report["dims"] = {v: reduced_dims(d) for v, d in selected.dims.items()}
     report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}

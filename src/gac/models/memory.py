@@ -41,7 +41,7 @@ class Shapes:
     tied: bool
 
     @classmethod
-    def of(cls, config) -> "Shapes":
+    def of(cls, config) -> Shapes:
         adapter = adapter_for(config)
         geo = adapter.geometry(config)
         return cls(adapter.layer_count(config), config.hidden_size, adapter.intermediate_size(config),

@@ -24,7 +24,13 @@ from gac.compressors.base import LowRankCompressor
 from gac.errors import GacError
 from gac.importance import GRADIENT_PROXIES, OUTPUT, collect_gradients, output_grad_sums
 from gac.models.groups import linears_of
-from gac.pipeline.layers import embed, layer_count, layer_module, loss_from_last_hidden, run_layer
+from gac.pipeline.layers import (
+    embed,
+    layer_count,
+    layer_module,
+    loss_from_last_hidden,
+    run_layer,
+)
 
 log = logging.getLogger(__name__)
 CALIB_BATCH = 4  # windows per forward batch, as gac.calibrate.calibrate
@@ -92,7 +98,6 @@ def _forward_sweep(model, source, compressor, by_layer, calib, keep, progress) -
 
 
 def _reverse_sweep(model, source, compressor, by_layer, calib, keep, progress) -> list:
-    n_layers = layer_count(model)
     batches = embed(model, calib, GRAD_BATCH)
     with ActivationStore(spill=source.lazy) as inputs:  # inputs[i][k]: layer i's input of batch k [b, seq, D]
         units = _reverse_sweep_stored(model, source, compressor, by_layer, batches, inputs, keep, progress)

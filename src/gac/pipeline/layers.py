@@ -85,14 +85,14 @@ def embed(model, windows: torch.Tensor, batch_size: int) -> list[Batch]:
     for ids in windows.split(batch_size):
         calls: list = []
         stand_ins = [_Capture(calls, last=(i == n - 1)) for i in range(n)]
-        hidden = {}
-        stand_ins[0].register_forward_pre_hook(lambda _m, args: hidden.setdefault("h", args[0]))
+        first: list = []  # the hidden states layer 0 receives
+        stand_ins[0].register_forward_pre_hook(lambda _m, args, seen=first: seen.append(args[0]))
         with swapped_layers(model, stand_ins):
             try:
                 model(ids.to(device), use_cache=False)
             except _Stop:
                 pass
-        batches.append(Batch(ids, hidden["h"], calls))
+        batches.append(Batch(ids, first[0], calls))
     return batches
 
 

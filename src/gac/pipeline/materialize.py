@@ -16,7 +16,13 @@ from gac.calibrate import collect_stats
 from gac.models.adapters import adapter_for
 from gac.models.groups import linears_of
 from gac.pipeline.analyze import CALIB_BATCH, groups_by_layer
-from gac.pipeline.layers import embed, layer_count, layer_module, run_layer, swapped_layers
+from gac.pipeline.layers import (
+    embed,
+    layer_count,
+    layer_module,
+    run_layer,
+    swapped_layers,
+)
 
 log = logging.getLogger(__name__)
 
