@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from gac.calibrate import collect_stats
 from gac.models.adapters import adapter_for
 from gac.models.groups import linears_of
+from gac.models.lazy import return_freed_memory
 from gac.pipeline.analyze import CALIB_BATCH, groups_by_layer
 from gac.pipeline.layers import (
     embed,
@@ -98,6 +99,8 @@ def materialize_layerwise(model, source, compressor, units, dims: dict, calib: t
                 release_module(cut)
         compressor.release_factors(layer_units)
         source.release_layer(i)
+        if writer is not None:
+            return_freed_memory()
     models = {v: s.eval() for v, s in shells.items()}
     if evals is not None:
         models["ppl"] = {v: _perplexity(model, eval_batches) for v, eval_batches in evals.items()}
