@@ -48,10 +48,12 @@ PRESETS = {"llama8b": LLAMA3_8B, "smollm2": SMOLLM2_135M, "tiny": TINY}
 OPTIONS = {"llama8b": {"importance": "activation"}, "tiny": {"importance": "activation"}, "smollm2": {}}
 
 
-def options_for(preset: str, compressor: str) -> dict:
+def options_for(preset: str, compressor: str, head_mode: str | None = None) -> dict:
     """The compressor options of a preset; the 2-layer toy model prunes every layer (the default keeps the first
     and the last, as LLM-Pruner does)."""
     extra = {"layers": "all"} if preset == "tiny" and compressor == "prune" else {}
+    if compressor == "prune" and head_mode:
+        extra["head_mode"] = head_mode
     return {**OPTIONS[preset], **extra}
 POINTS = ((1, 128), (1, 512), (1, 1024), (1, 2048), (8, 128), (8, 512), (8, 1024), (8, 2048))
 TINY_POINTS = ((1, 32), (2, 32))
@@ -117,7 +119,10 @@ def _sweep_specs(tiny: bool):
 
 
 KERNEL_GEMMS = ((1024, 4096, 4096), (1024, 4096, 4091), (1024, 4096, 4088), (1024, 4091, 4096), (1024, 1531, 4096),
-                (1024, 1536, 4096), (1, 4096, 14336), (1, 4096, 14329))  # (M, K, N): Y [M, N] = X [M, K] W^T
+                (1024, 1536, 4096), (1, 4096, 14336), (1, 4096, 14329),
+                # a low-rank pair at a uniform 0.15 cut of Llama-3-8B's MLP: rank 2707 (unaligned) vs 2704
+                (1024, 4096, 2707), (1024, 4096, 2704), (1024, 2707, 14336), (1024, 2704, 14336))
+# (M, K, N): Y [M, N] = X [M, K] W^T
 KERNEL_HEAD_DIMS = (64, 112, 120, 121, 128)
 
 
@@ -165,6 +170,13 @@ def _backend(q, k, v, dev) -> str:
     from gac.hw.profile import _first_sdpa_backend
 
     return _first_sdpa_backend(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), (q, k, v), dev)
+
+
+def step_kernels(args) -> None:
+    from gac.hw.device import default_dtype, torch_dtype
+
+    dtype = args.dtype or default_dtype(args.device)
+    _dump(args.out / "kernels.json", {dtype: kernel_names(args.device, torch_dtype(dtype))})
 
 
 def step_sweeps(args) -> None:
@@ -225,6 +237,37 @@ def build_model(shape: dict, *, device: str, dtype, seed: int):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(LlamaConfig(**shape), dtype=dtype)
     return model.eval()
+
+
+def decay_spectra(model, power: float, seed: int) -> None:
+    """Give every decoder linear a decaying spectrum, as trained weights have (random weights' spectra are flat, so
+    a compressor would cut a few weights to rank ~1 and keep the rest whole): input column j, in a random order
+    per weight, is scaled by (1 + j)^-power."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.get_decoder().layers.modules():
+            if isinstance(module, torch.nn.Linear):
+                cols = module.in_features
+                scale = (1.0 + torch.randperm(cols, generator=g).double()).pow(-power)  # [in]
+                module.weight.mul_(scale.to(module.weight.device, module.weight.dtype))
+
+
+def uniform_allocation(ratio: float):
+    """An allocator giving every group the same kept share of its parameters (SVD-LLM's and LLM-Pruner's uniform
+    setting): dim = floor(((1 - ratio) * dense params - fixed) / params per dim), within the group's bounds. The
+    sum stays under gac's budget; gac then selects aligned dims under that same budget."""
+
+    def allocate(units, budget):
+        dims = {}
+        for u in units:
+            d = int(((1.0 - ratio) * u.numel - u.fixed_params) // u.params_per_dim)
+            dims[u.name] = max(u.min_dim, min(u.max_dim, d))
+        assert sum(u.params(d) for u, d in zip(units, dims.values())) <= budget
+        return dims
+
+    return allocate
 
 
 def _offload_factors(units) -> None:
@@ -296,7 +339,7 @@ def compress_variants(model, preset: str, compressor_name: str, args, stages: St
     saved = json.loads(dims_path.read_text()) if dims_path.exists() else {}
     cfg = CompressConfig(model=f"random-{preset}", compressor=compressor_name, ratio=args.ratio,
                          alignment=args.align, device=args.device,
-                         compressor_options=options_for(preset, compressor_name),
+                         compressor_options=options_for(preset, compressor_name, args.head_mode),
                          progress=False)
     compressor = make_compressor(compressor_name, **cfg.compressor_options)
     if args.reuse_dims and compressor_name in saved:
@@ -304,11 +347,13 @@ def compress_variants(model, preset: str, compressor_name: str, args, stages: St
         variants = variants_from_dims(model, compressor, entry["dims"])
         stages.done(f"{compressor_name}: variants from saved dims")
         return variants, {**entry, "reused_dims": True}
+    if args.allocation == "uniform":
+        compressor.allocate = uniform_allocation(args.ratio)
     g = torch.Generator().manual_seed(args.seed + 1)
     calib = torch.randint(0, model.config.vocab_size, (args.calib_windows, args.seq_len), generator=g)  # [n, S]
     selected = analyze_and_select(model, calib, cfg, compressor)
     stages.done(f"{compressor_name}: calibrate + analyze + select")
-    entry = {"compressor": compressor_name, "options": cfg.compressor_options, "factorization": cfg.factorization_method,
+    entry = {"compressor": compressor_name, "options": cfg.compressor_options, "allocation": args.allocation, "factorization": cfg.factorization_method,
              "calibration": f"{args.calib_windows} x {args.seq_len} random tokens",
              "compressible_params": selected.compressible, "budget_params": selected.budget,
              "dims": selected.dims, "seconds": dict(stages.seconds)}
@@ -354,10 +399,15 @@ def step_model(args) -> None:
                             rounds=args.rounds or (3 if tiny else 10), decode_rounds=3 if tiny else 30,
                             seed=args.seed)
     result_path, dims_path = args.out / f"{args.preset}.json", args.out / f"{args.preset}_dims.json"
-    record = {"preset": args.preset, "shape": shape, "random_weights": True, "dtype": dtype, "ratio": args.ratio,
+    if args.dims_file is not None and args.dims_file.resolve() != dims_path.resolve():
+        dims_path.write_text(args.dims_file.read_text())
+    record = {"preset": args.preset, "allocation": args.allocation, "head_mode": args.head_mode, "shape": shape, "random_weights": True, "dtype": dtype, "ratio": args.ratio,
               "alignment": args.align, "device": args.device, "compressors": {}}
     stages = Stages(args.device)
     model = build_model(shape, device=args.device, dtype=torch_dtype(dtype), seed=args.seed)
+    if args.decay:
+        decay_spectra(model, args.decay, args.seed)
+    record["spectra"] = f"column scale (1 + j)^-{args.decay}" if args.decay else "random (flat)"
     stages.done("build")
     for name in args.compressors.split(","):
         try:
@@ -382,48 +432,104 @@ def step_model(args) -> None:
 
 
 # ---- summary (here, on the results) ------------------------------------------------------------------------
+def _ranges(dims: list[int], gap: int = 64) -> list[list[int]]:
+    """Indices of `dims` split where consecutive swept dims are more than `gap` apart."""
+    out = [[0]]
+    for i in range(1, len(dims)):
+        (out[-1].append(i) if dims[i] - dims[i - 1] <= gap else out.append([i]))
+    return out
+
+
+def plot_sweeps(profile: dict, path: Path) -> Path:
+    """One panel per op entry and swept range: median ms per dim, multiples of 8 marked, p10-p90 band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(e, r) for e in profile["ops"] for r in _ranges(e["dims"])]
+    cols = 4
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+    for ax, (e, idx) in zip(axes.flat, panels):
+        dims = [e["dims"][i] for i in idx]
+        ms = [e["ms"][i] for i in idx]
+        ax.fill_between(dims, [e["p10_ms"][i] for i in idx], [e["p90_ms"][i] for i in idx], color="0.85")
+        ax.plot(dims, ms, color="0.5", lw=0.8)
+        aligned = [(d, t) for d, t in zip(dims, ms) if d % 8 == 0]
+        ax.scatter(*zip(*aligned), s=12, color="tab:blue", label="multiple of 8", zorder=3) if aligned else None
+        ax.set_title(f"{e['op']} m={e['m']} {e['shape']}", fontsize=8)
+        ax.set_ylim(bottom=0)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"{profile['device_name']}, {profile['dtype']}, torch {profile['torch']}, {profile['date'][:10]}: "
+                 "median ms per dim (CUDA-graph replays, inputs over 2x L2)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _headline_row(folder: Path, rec: dict, name: str, c: dict, point: str = "1x1024") -> str:
+    """One row of the headline table at prefill `point` (a --tiny run: its first point)."""
+    ratios, v = c["bench"]["ratios_vs_first"], c["variants"]
+    if point not in ratios["gac"]["prefill"]:
+        point = next(iter(ratios["gac"]["prefill"]))
+    un, gac = ratios["unaligned"]["prefill"][point], ratios["gac"]["prefill"][point]
+    how = "saved dims" if c.get("reused_dims") else c.get("allocation", "compressor")
+    return (f"| {folder.name} | {rec['preset']} | {name} | {how} | {v['unaligned']['aligned_fraction']:.2f} | "
+            f"{v['gac']['flop_ratio_vs_baseline']:.3f} | {un:.3f} | {gac:.3f} | **{un / gac:.2f}x** | "
+            f"{c['bench']['aa_floor_pct']:.1f}% |")
+
+
 def step_summary(args) -> None:
-    from gac.hw.plots import plot_profile
+    from gac.evaluate.bench import bench_table_markdown
 
     docs = args.docs
     docs.mkdir(parents=True, exist_ok=True)
+    head = ["| results | shapes | compressor | dims | unaligned: aligned share | FLOP ratio | unaligned / baseline "
+            "1x1024 | gac / baseline 1x1024 | unaligned / gac | A/A floor |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     lines = []
     for folder in args.dirs:
         sweeps = folder / "sweeps.json"
         if sweeps.exists():
             for dtype, entry in json.loads(sweeps.read_text()).items():
-                plot_profile(entry["profile"], docs, prefix=f"profile_{dtype}")
+                plot_sweeps(entry["profile"], docs / f"sweeps_{dtype}.png")
         for result in sorted(folder.glob("*.json")):
             rec = json.loads(result.read_text())
             if not isinstance(rec, dict) or "compressors" not in rec:
                 continue
             for name, c in rec["compressors"].items():
                 if "bench" not in c:
-                    lines.append(f"- {rec['preset']} {name}: {c.get('error', 'no bench')}")
+                    lines.append(f"- {folder.name} {rec['preset']} {name}: {c.get('error', 'no bench')}")
                     continue
-                from gac.evaluate.bench import bench_table_markdown
-
+                head.append(_headline_row(folder, rec, name, c))
                 v = c["variants"]
-                lines += [f"## {rec['preset']} ({rec['dtype']}), {name} at ratio {rec['ratio']}", "",
+                lines += [f"## {folder.name}: {rec['preset']} ({rec['dtype']}, {rec.get('spectra', 'random')} "
+                          f"weights), {name} at ratio {rec['ratio']}", "",
                           "| variant | decoder-layer params | FLOP ratio vs baseline | aligned dims |",
                           "|---|---:|---:|---:|"]
                 lines += [f"| {n} | {s['layer_params']:,} | {s['flop_ratio_vs_baseline']:.3f} | "
                           f"{s['aligned_fraction']:.2f} of {s['reduced_dims']} |" for n, s in v.items()]
-                lines += ["", bench_table_markdown(c["bench"]), ""]
-    text = "\n".join(lines) + "\n"
+                lines += ["", bench_table_markdown(c["bench"]).replace("# gac bench", "### bench"), ""]
+    text = "\n".join(["# GPU evidence", "", *head, "", *lines]) + "\n"
     write_text(docs / "SUMMARY.md", text)
-    print(text)
+    print("\n".join(head))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="step", required=True)
-    for name in ("env", "sweeps", "model"):
+    for name in ("env", "sweeps", "kernels", "model"):
         s = sub.add_parser(name)
         s.add_argument("--out", type=Path, required=True, help="results folder (created)")
         s.add_argument("--device", default=None, help="[default: cuda when available, else cpu]")
         s.add_argument("--tiny", action="store_true", help="toy sizes: the same steps on a CPU in seconds")
     sub.choices["env"].add_argument("--phase", default="before", choices=("before", "after"))
+    sub.choices["kernels"].add_argument("--dtype", default=None, help="[default: bfloat16 on cuda, float32 on cpu]")
     m = sub.choices["model"]
     m.add_argument("--preset", default="llama8b", choices=sorted(PRESETS))
     m.add_argument("--compressors", default="asvd,prune")
@@ -436,6 +542,11 @@ def parse_args(argv=None):
     m.add_argument("--seq-len", type=int, default=512)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--reuse-dims", action="store_true", help="go straight to the bench from a saved *_dims.json")
+    m.add_argument("--dims-file", type=Path, default=None, help="saved dims to start from [default: OUT/PRESET_dims.json]")
+    m.add_argument("--decay", type=float, default=0.0, help="decaying spectra: scale input column j by (1+j)^-DECAY")
+    m.add_argument("--allocation", default="compressor", choices=("compressor", "uniform"),
+                   help="the compressor's own allocation, or the same kept share for every weight")
+    m.add_argument("--head-mode", default=None, choices=("group", "uniform", "none"), help="prune's head mode")
     s = sub.add_parser("summary")
     s.add_argument("dirs", type=Path, nargs="+")
     s.add_argument("--docs", type=Path, default=Path("docs/gpu"))
@@ -453,7 +564,7 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
-    {"env": step_env, "sweeps": step_sweeps, "model": step_model, "summary": step_summary}[args.step](args)
+    {"env": step_env, "sweeps": step_sweeps, "kernels": step_kernels, "model": step_model, "summary": step_summary}[args.step](args)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def lowrank_loss_curve(s, P, Q, cap: int | None = None) -> np.ndarray:
     M = 0.5 * (s[:, None] * s[None, :]) * P * Q  # [k, k]
     tail = M.flip(0).cumsum(0).flip(0)  # tail[i, j] = sum_{i' >= i} M[i', j]
     rows = tail.flip(1).cumsum(1).flip(1)  # rows[i, j] = sum_{i' >= i, j' >= j} M
-    curve = rows.diagonal().clamp_min(0.0).numpy()  # [k]: r = 0..k-1
+    curve = rows.diagonal().clamp_min(0.0).cpu().numpy()  # [k]: r = 0..k-1
     curve = np.concatenate([curve, [0.0]])  # r = k: nothing truncated
     return np.minimum.accumulate(curve)[: cap + 1]  # more rank never predicts more loss
 

@@ -87,7 +87,9 @@ class _Clock:
 
 def capture_graph(fn: Callable[[], object], calls: int) -> Callable[[], object]:
     """`calls` back-to-back calls of `fn` captured in one CUDA graph; returns its replay. Raises RuntimeError when
-    `fn` cannot be captured (a host synchronization or a CPU tensor inside)."""
+    `fn` cannot be captured (a host synchronization or a CPU tensor inside). After a failed capture torch 2.11
+    refuses the default CUDA generator in this process ("Offset increment outside graph capture"): draw random
+    inputs before timing, as gac's benches do."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
