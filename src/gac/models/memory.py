@@ -216,7 +216,7 @@ def plan_memory(cfg) -> bool:
 
 def describe(f: Forecast) -> str:
     """The dry run's printout: peak per device, disk, time, and what the peak is made of."""
-    lines = [f"pipeline: {f.pipeline}", f"peak memory (cpu): {f.peak_bytes / GIB:.1f} GiB",
+    lines = [f"pipeline: {f.pipeline}", f"peak memory (cpu): {f.peak_bytes / GIB:.2f} GiB",
              f"model weights: {f.weights_bytes / GIB:.1f} GiB", f"disk needed (output and temporary): {f.disk_bytes / GIB:.1f} GiB",
              f"rough time: {_duration(f.seconds)}", "peak made of:"]
     lines += [f"  {name}: {size / GIB:.2f} GiB" for name, size in f.parts.items()]
