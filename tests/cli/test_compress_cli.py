@@ -42,13 +42,16 @@ def _error_cases(tiny_model_dir, tmp_path):
         "out exists": ([*base, "--out", str(exists)], "already exists"),
         "empty text": ([*base, "--out", str(tmp_path / "d"), "--calib-file", str(empty)], "empty"),
         "alpha": ([*base, "--compressor", "asvd", "--alpha", "5", "--out", str(tmp_path / "e")], "alpha"),
+        "unknown target": ([*base, "--compressor", "prune", "--target", "tensorrt:fp8", "--out", str(tmp_path / "a")],
+                           "unknown target"),
         "infeasible budget": ([*base, "--compressor", "svd", "--ratio", "0.99", "--out", str(tmp_path / "a")],
                               "or lower"),  # names the largest feasible ratio
     }
 
 
 @pytest.mark.parametrize("case", ["ratio", "zero ratio", "unknown model", "missing path", "missing tokenizer",
-                                  "out exists", "empty text", "alpha", "infeasible budget"])
+                                  "out exists", "empty text", "alpha", "unknown target",
+                                  "infeasible budget"])
 def test_user_errors_are_one_line(tiny_model_dir, tmp_path, case):
     args, expected = _error_cases(tiny_model_dir, tmp_path)[case]
     p = run_gac(*args)

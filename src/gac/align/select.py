@@ -21,7 +21,8 @@ MAX_EXTRA_WINDOW = 3  # the window grows by at most this many alignment steps
 def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, candidates_for=None) -> dict:
     """The selection plan (DESIGN.md contract) for the units the compressor reduced (dim None: left whole).
 
-    candidates_for(unit, d*, window) -> dims, from a hardware profile; None: the static rule of the plan.
+    candidates_for(unit, d*, window) -> dims, from a hardware profile or a deployment target (gac.align.targets,
+    which also covers head-grid groups); None: the static rule of the plan.
     Groups on a coarse grid (whole heads) offer their grid points within `window` alignment steps of d*."""
     untouched = sum(u.group.numel for u in units if dims[u.name] is None)
     weights = []
@@ -32,7 +33,9 @@ def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, c
         w = {"name": u.name, "dim": float(d), "score": u.marginal_score(d), "params_per_dim": g.params_per_dim,
              "fixed_params": g.fixed_params, "min_dim": max(g.min_dim, min(alignment, g.max_dim)),
              "max_dim": g.max_dim}
-        if g.step > 1:
+        if candidates_for is not None and getattr(candidates_for, "covers_grid", False):  # a target (targets.py)
+            w["candidates"] = candidates_for(u, d, window)
+        elif g.step > 1:
             w["candidates"] = [x for x in g.grid() if abs(x - d) <= window * alignment]
         elif candidates_for is not None:
             w["candidates"] = candidates_for(u, d, window)
@@ -58,7 +61,8 @@ def select_within_budget(units, dims: dict, budget: int, *, alignment: int, wind
     except InfeasibleBudget:
         if candidates_for is None:
             raise
-    log.warning("the profile's candidates cannot fit the budget: using the static alignment rule")
+    log.warning("the %s's candidates cannot fit the budget: using the static alignment rule",
+                "target" if getattr(candidates_for, "covers_grid", False) else "profile")
     return _widening(units, dims, budget, alignment, window, None)
 
 

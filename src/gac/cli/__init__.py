@@ -97,3 +97,5 @@ from gac.cli.repair import command as repair_cmd  # noqa: E402
 main.add_command(repair_cmd)
 from gac.cli.inspect import command as inspect_cmd  # noqa: E402
 main.add_command(inspect_cmd)
+from gac.cli.export import command as export_cmd  # noqa: E402
+main.add_command(export_cmd)

@@ -61,6 +61,8 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--profile", type=click.Path(dir_okay=False),
               help="Hardware profile JSON driving the candidates (from `gac profile`, any machine), or `auto`: "
                    "measure this device around the dims needed.")
+@click.option("--target", help="Deployment target whose alignment the dims must meet, e.g. llama.cpp:q4_k_m "
+                                "(also llama.cpp:q8_0, llama.cpp:q4_0); the knapsack keeps the same budget.")
 @click.option("--allow-profile-mismatch", is_flag=True,
               help="Use a --profile measured for another dtype or device type (a warning instead of an error).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="[default: float32]")
@@ -89,15 +91,15 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @click.option("--layerwise", is_flag=True,
               help="Layer by layer in bounded memory: a safetensors model directory is read one decoder layer at a "
-                   "time and the output streamed to shards (needs --no-eval for such a model).")
+                   "time and the output streamed to shards (perplexity measured layer by layer, latency not).")
 @click.option("--max-memory",
               help="Memory budget in accelerate's format, e.g. cpu=8GiB: layer by layer when the whole model would "
                    "not fit; refused before any work when even that would not.")
 @click.option("--dry-run", is_flag=True,
               help="Print the forecast (peak memory per device, disk, rough time) from the config alone and exit.")
-def command(model, compressor, ratio, out, alignment, no_align, profile, allow_profile_mismatch, dtype, device,
-            factorization, alpha, importance, prune_layers, head_mode, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows,
-            prefill_tokens, no_eval, force, quiet, layerwise, max_memory, dry_run):
+def command(model, compressor, ratio, out, alignment, no_align, profile, target, allow_profile_mismatch, dtype, device,
+            factorization, alpha, importance, prune_layers, head_mode, group_size, calib_file, eval_file, seq_len,
+            calib_windows, eval_windows, prefill_tokens, no_eval, force, quiet, layerwise, max_memory, dry_run):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
     from gac.errors import GacError
@@ -120,7 +122,7 @@ def command(model, compressor, ratio, out, alignment, no_align, profile, allow_p
     _check_options(compressor or CompressConfig.compressor, options)
     cfg = CompressConfig(
         **_given(model=model, compressor=compressor, ratio=ratio, out=out, alignment=alignment, profile=profile,
-                 dtype=dtype, device=device, factorization=factorization),
+                 target=target, dtype=dtype, device=device, factorization=factorization),
         align=not no_align,
         compressor_options=options,
         text=TextConfig(**_given(calib_file=calib_file, eval_file=eval_file, seq_len=seq_len,
@@ -139,4 +141,8 @@ def command(model, compressor, ratio, out, alignment, no_align, profile, allow_p
         return
     result = compress(cfg)
     print_report(result.report)
+    t = result.report.get("target")
+    if t:
+        click.echo(f"target {t['name']}: {t['met']} of {t['constrained']} constrained dims meet it "
+                   f"(unaligned: {t['unaligned_met']}); see report.md")
     click.echo(f"saved {result.report['saved_variant']} model, report.json, report.md and dims.png to {result.out}")

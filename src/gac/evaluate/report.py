@@ -42,6 +42,7 @@ def report_markdown(r: dict) -> str:
             f"| {name} | {x['params']:,} | {x['params'] / r['budget_params']:.3f} | {x['aligned_fraction']:.2f} | "
             f"{_fmt(x.get('ppl'), '.2f')} | {prefill} | {_fmt(x.get('decode_ms_per_token'), '.2f')} | {speed} |"
         )
+    lines += _target_lines(r.get("target"))
     lines += [
         "",
         f"Latency: median of {r.get('latency', {}).get('prefill_rounds', '?')} interleaved prefill runs "
@@ -51,3 +52,16 @@ def report_markdown(r: dict) -> str:
         f"Saved variant: {r.get('saved_variant', '?')}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _target_lines(t: dict | None) -> list[str]:
+    """Which dims the deployment target constrained, and why (report.json's "target")."""
+    if not t:
+        return []
+    lines = ["", f"Target {t['name']}: {t['met']} of {t['constrained']} constrained dims meet it in the gac variant "
+             f"({t.get('unaligned_met', '?')} in the unaligned one). Why: {t['why']}.", "",
+             "| group | kind | multiple | dim | row lengths | met |", "|---|---|---:|---:|---|---|"]
+    for name, g in t["groups"].items():
+        met = "yes" if g["met"] else f"no{': ' + g['unattainable'] if 'unattainable' in g else ''}"
+        lines.append(f"| {name} | {g['kind']} | {g['multiple']} | {g['dim']} | {g['row_lengths']} | {met} |")
+    return lines

@@ -35,6 +35,27 @@ class Layout:
 LLAMA = Layout()
 PHI = Layout(o="dense", producers=("fc1",), consumers=("fc2",), per_head_norm="q_layernorm")  # ungated MLP
 
+
+@dataclass(frozen=True)
+class GgufNames:
+    """llama.cpp's tensor names for a layout (`llama`/`deci` architectures), what `gac export` writes: each
+    field pairs with the Layout field of the same name; producers and consumers in the Layout's order."""
+
+    q: str = "attn_q"
+    k: str = "attn_k"
+    v: str = "attn_v"
+    o: str = "attn_output"
+    producers: tuple[str, ...] = ("ffn_gate", "ffn_up")
+    consumers: tuple[str, ...] = ("ffn_down",)
+    layer_norms: tuple[tuple[str, str], ...] = (("input_layernorm", "attn_norm"),
+                                                ("post_attention_layernorm", "ffn_norm"))
+    model: tuple[tuple[str, str], ...] = (("model.embed_tokens", "token_embd"), ("model.norm", "output_norm"),
+                                          ("lm_head", "output"))
+
+
+# model_type -> llama.cpp names, for the families llama.cpp runs as `llama` (or `deci` when layers differ)
+GGUF_FAMILIES = {"llama": GgufNames(), "mistral": GgufNames()}
+
 # model_type -> layout. Each needs a transformers `<Name>ForCausalLM` (see modeling_gac.py).
 FAMILIES = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA, "granite": LLAMA, "olmo2": LLAMA,
             "phi": PHI}
@@ -110,6 +131,24 @@ class Adapter:
 
     def intermediate_size(self, config) -> int:
         return config.intermediate_size
+
+    def gguf_names(self, config) -> dict[str, str]:
+        """{module name: GGUF tensor prefix} for every weight-bearing module (`.weight` follows both), e.g.
+        the first layer's q projection -> "blk.0.attn_q". A family llama.cpp cannot run is one line."""
+        names = GGUF_FAMILIES.get(self.model_type)
+        if names is None:
+            raise GacError(f"GGUF export supports the {', '.join(GGUF_FAMILIES)} families, not {self.model_type!r}: "
+                           "serve this model with transformers (gac.load) instead")
+        out = dict(names.model)
+        for layer in self.layers(config):
+            blk = f"blk.{layer.index}"
+            pairs = [(layer.q, names.q), (layer.k, names.k), (layer.v, names.v), (layer.o, names.o),
+                     *zip(layer.producers, names.producers, strict=True),
+                     *zip(layer.consumers, names.consumers, strict=True)]
+            prefix = f"{self.layout.layers_path}.{layer.index}"
+            pairs += [(f"{prefix}.{hf}", gg) for hf, gg in names.layer_norms]
+            out.update({hf: f"{blk}.{gg}" for hf, gg in pairs})
+        return out
 
     def per_head_norm(self, attention_module):
         """The attention's query norm module, if the family has one (None otherwise)."""

@@ -89,6 +89,11 @@ class DimGroup:
         """The dims this group has changed from the original model, judged for alignment."""
         return [] if self.dim is None or self.dim == self.full_dim else [self.dim]
 
+    def row_lengths(self, dim: int) -> list[int]:
+        """The input widths (a weight row's length: what a serving engine packs in blocks, e.g. llama.cpp's
+        32 or 256) of the member linears that `dim` sets: a width's consumers, a low-rank pair's second half."""
+        return [dim]
+
 
 @dataclass(frozen=True)
 class RankGroup(DimGroup):
@@ -193,6 +198,8 @@ class HeadGroup(DimGroup):
     group mode: kept KV width (kept KV groups x head_dim), each KV group with all its query heads;
     uniform mode: kept query width (num_kv_heads x kept heads per group x head_dim), k and v whole."""
 
+    kind: ClassVar[str] = "heads"
+
     block: str = ""
     q: str = ""
     k: str = ""
@@ -241,6 +248,10 @@ class HeadGroup(DimGroup):
     @property
     def profile_shape(self):
         return {"k": self.hidden}
+
+    def row_lengths(self, dim: int) -> list[int]:
+        """The o projection reads the kept query heads: KV width x group size (group mode), or the width."""
+        return [dim * self.group_size if self.mode == "group" else dim]
 
     def compressed_dims(self) -> list[int]:
         """The query and KV widths where they differ from the original's."""

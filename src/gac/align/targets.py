@@ -1,0 +1,103 @@
+"""Deployment targets: what alignment each kind of dimension group needs for a format or engine, as a table.
+
+A target maps a group kind ("mlp", "heads", "rank", "head_rank") to a multiple that every row length the group's
+dim sets must meet (`DimGroup.row_lengths`: the MLP width for the down projection, kept query heads x head_dim for
+the o projection, the rank for a low-rank pair's second half). `gac compress --target NAME` offers the knapsack
+only candidates that meet it, under the same parameter budget, and the report says which dims were constrained
+and why. A GPU's tile sizes or an engine's head sizes are further rows of the same table.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from gac.errors import GacError
+
+_Q32 = ("llama.cpp packs each weight row in blocks of 32 values for {t}; a row whose length (the down "
+        "projection's input, the MLP width; the o projection's, heads x head_dim) is not a multiple falls back "
+        "to f16")
+_K256 = ("llama.cpp's K-quants ({t}) pack each row in super-blocks of 256; a row whose length (the MLP width for "
+         "the down projection, heads x head_dim for the o projection) is not a multiple falls back to a 32-block "
+         "type (q5_0/q8_0), or to f16 when it is not a multiple of 32 either")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    multiples: dict = field(default_factory=dict)  # group kind -> multiple its row lengths must meet
+    why: str = ""
+
+    def multiple(self, kind: str) -> int | None:
+        return self.multiples.get(kind)
+
+    def allows(self, group, dim: int) -> bool:
+        """Row lengths that meet the multiple, or the group left whole: the unmodified model's own shape is not
+        the compression's to fix (e.g. whole heads whose query width can never be a multiple of 256)."""
+        m = self.multiple(group.kind)
+        return m is None or dim == group.full_dim or all(r % m == 0 for r in group.row_lengths(dim))
+
+    def allowed_dims(self, group) -> list[int]:
+        """The group's grid points the target allows (at least its full dim, where it has one)."""
+        return [d for d in group.grid() if self.allows(group, d)]
+
+    def candidates_for(self, alignment: int):
+        """A `candidates_for(unit, d*, window)` for gac.align.select.build_plan: the `window` allowed dims at or
+        below d* and the `window` above (also multiples of `alignment` where the group's grid is fine-grained);
+        a group no dim of which can meet the target keeps the static rule (and the report says so)."""
+        return _TargetCandidates(self, alignment)
+
+    def report(self, units, chosen: dict) -> dict:
+        """report.json's "target": the rule, and for every group the target constrained its multiple, the row
+        lengths of the chosen dim and whether they meet it (or why no dim of that group could)."""
+        groups = {}
+        for u in units:
+            g, d = u.group, chosen.get(u.name)
+            m = self.multiple(g.kind)
+            if m is None or d is None:
+                continue
+            entry = {"kind": g.kind, "multiple": m, "dim": int(d), "row_lengths": g.row_lengths(int(d)),
+                     "met": self.allows(g, int(d))}
+            if not any(x != g.full_dim for x in self.allowed_dims(g)):
+                entry["unattainable"] = (f"no reduced {g.kind} dim on this group's grid (step {g.step}) gives row "
+                                         f"lengths that are multiples of {m}: only the whole group meets it")
+            groups[u.name] = entry
+        return {"name": self.name, "multiples": dict(self.multiples), "why": self.why, "groups": groups,
+                "met": sum(e["met"] for e in groups.values()), "constrained": len(groups)}
+
+
+class _TargetCandidates:
+    """Candidates that meet a target; opts into head-grid groups too (covers_grid)."""
+
+    covers_grid = True
+
+    def __init__(self, target: Target, alignment: int):
+        self.target, self.alignment = target, alignment
+
+    def __call__(self, unit, d, window: int) -> list[int]:
+        g = unit.group
+        fine = g.step == 1
+        step = self.alignment if fine else 1
+        allowed = [x for x in self.target.allowed_dims(g) if x % step == 0 and x >= min(self.alignment, g.max_dim)]
+        if not allowed:  # a rank group (no full dim) whose grid has no multiple: the static rule
+            allowed = [x for x in g.grid() if not fine or x % self.alignment == 0]
+        i = bisect.bisect_right(allowed, d)
+        return sorted(set(allowed[max(0, i - window):i] + allowed[i:i + window])) or allowed[-1:]
+
+
+TARGETS = {
+    "llama.cpp:q8_0": Target("llama.cpp:q8_0", {"mlp": 32, "heads": 32, "rank": 32, "head_rank": 32},
+                             _Q32.format(t="q8_0")),
+    "llama.cpp:q4_0": Target("llama.cpp:q4_0", {"mlp": 32, "heads": 32, "rank": 32, "head_rank": 32},
+                             _Q32.format(t="q4_0")),
+    "llama.cpp:q4_k_m": Target("llama.cpp:q4_k_m", {"mlp": 256, "heads": 256, "rank": 256, "head_rank": 256},
+                               _K256.format(t="q4_k_m")),
+}
+
+
+def get_target(name: str | None) -> Target | None:
+    if name is None:
+        return None
+    if name not in TARGETS:
+        raise GacError(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}")
+    return TARGETS[name]

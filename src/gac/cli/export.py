@@ -1,0 +1,45 @@
+"""`gac export MODEL --format gguf --out FILE.gguf [--type T]`: parses options, calls gac.export.export.export."""
+
+from __future__ import annotations
+
+import click
+
+from gac.cli.options import Int
+
+FORMATS = ("gguf",)
+
+
+def print_export(report: dict) -> None:
+    """One line for the file, the type counts, then every fallback with its cause."""
+    types = ", ".join(f"{n} {t}" for t, n in sorted(report["types"].items(), key=lambda kv: -kv[1]))
+    click.echo(f"{report['file']}: {report['arch']} GGUF, {report['requested']}, {report['bytes'] / 2**20:.1f} MiB; "
+               f"tensors: {types}")
+    fallbacks = report["fallbacks"]
+    if not fallbacks:
+        click.echo("no tensor fell back to another type")
+        return
+    click.echo(f"{len(fallbacks)} tensor(s) fell back (row length not a multiple of the type's block): "
+               + ", ".join(f"{n} {c}" for c, n in report["fallbacks_by_cause"].items()))
+    for f in fallbacks:
+        click.echo(f"  {f['name']}: row length {f['row_length']} ({f['cause']}): wanted {f['wanted']}, got {f['type']}")
+
+
+@click.command("export")
+@click.argument("model")
+@click.option("--format", "format_", type=click.Choice(FORMATS), default="gguf", show_default=True,
+              help="Output format (llama.cpp's GGUF).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output file (.gguf).")
+@click.option("--type", "type_", help="f16, q8_0, q4_0 or q4_k_m (llama.cpp's quantizer) [default: f16].")
+@click.option("--report", type=click.Path(dir_okay=False), help="Also write the per-tensor type report (JSON).")
+@click.option("--threads", type=Int(0, 1024, example=2), help="Quantizer threads [default: 0, all cores].")
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+def command(model, format_, out, type_, report, threads, force, quiet) -> None:
+    """Export MODEL (a gac output, an HF directory, a .gguf or an alias) for a serving engine (llama.cpp)."""
+    from gac.cli.output import setup_logging
+    from gac.export.export import ExportConfig, export
+
+    setup_logging(quiet)
+    given = {k: v for k, v in {"type": type_, "report": report, "threads": threads}.items() if v is not None}
+    result = export(ExportConfig(model=model, out=out, force=force, **given))
+    print_export(result.report)

@@ -1,0 +1,1 @@
+"""Export for serving engines: GGUF for llama.cpp (`llama` or `deci` architecture), quantized by llama.cpp."""

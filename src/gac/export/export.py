@@ -1,0 +1,126 @@
+"""`gac export`: a model (a gac output, an HF directory, a .gguf or the embedded alias) as a GGUF that llama.cpp
+serves, quantized by llama.cpp, with the per-tensor type report. The output file is written atomically."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from gac.errors import GacError
+from gac.export.quantize import check_type
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """Every default of `gac export`; the CLI passes only what the user gave."""
+
+    model: str
+    out: str
+    type: str = "f16"
+    report: str | None = None  # where to write the JSON type report (default: none)
+    threads: int = 0  # quantizer threads; 0: llama.cpp's default (all cores)
+    force: bool = False
+
+    def __post_init__(self):
+        check_type(self.type)
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    arch: str
+    report: dict  # gac.export.quantize.type_report + arch, per-layer geometry, file size
+
+
+def check_output(out: str, force: bool) -> Path:
+    """The output must be a .gguf path we may write (checked before any work)."""
+    from gac import validate
+
+    path = Path(out).expanduser()
+    if path.suffix != ".gguf":
+        raise GacError(f"--out {out} must end in .gguf: e.g. --out model-q4_k_m.gguf")
+    if path.exists() and not path.is_dir() and not force:
+        raise GacError(f"{out} already exists: choose another --out or pass --force to replace it")
+    return validate.output_file(path, "--out")
+
+
+def check_source(spec: str) -> None:
+    """A directory must be a model directory; a gac output must be one export can represent (checked before
+    the model is loaded where the plan says so)."""
+    from gac.models.io import is_gac_dir, read_plan
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise GacError(f"{spec} is neither a gac output nor a model directory (no config.json): pass a "
+                           "directory `gac compress` wrote, a Hugging Face model directory or a .gguf")
+        if is_gac_dir(path):
+            compressor = (read_plan(path).get("compressor") or {}).get("name")
+            if compressor in ("svd", "asvd", "svd_llm", "palu"):
+                raise GacError(f"{spec} was compressed with {compressor}, a low-rank (factorized) model that no "
+                               "llama.cpp architecture can represent: export a pruned model (`gac compress "
+                               "--compressor prune`) or serve this one with transformers (gac.load)")
+
+
+def write_f16(loaded, path: Path) -> object:
+    """The f16 GGUF of a loaded model at `path` (a plain write; callers make it atomic). Returns its Geometry."""
+    from gac.export.gguf_writer import write_gguf
+    from gac.export.tokenizer import tokenizer_fields
+
+    src = Path(loaded.source).expanduser()
+    fields = tokenizer_fields(loaded.source, src if src.is_dir() else None)
+    name = Path(loaded.source).name.removesuffix(".gguf") or "gac"
+    return write_gguf(loaded.model, path, tokenizer_fields=fields, name=name)
+
+
+def export(cfg: ExportConfig) -> ExportResult:
+    from gac.atomic import write_file, write_text
+    from gac.export.gguf_writer import check_exportable
+    from gac.export.quantize import llama_cpp_module, quantize, tensor_types, type_report
+    from gac.models.loading import load_model
+
+    out = check_output(cfg.out, cfg.force)
+    if cfg.report:
+        check_output_report(cfg.report, cfg.force)
+    check_source(cfg.model)
+    if cfg.type != "f16":
+        llama_cpp_module()  # installed, or one line, before the model is loaded
+    loaded = load_model(cfg.model, dtype="float32", device="cpu")
+    check_exportable(loaded.model)
+    state = {}
+
+    def write(tmp: Path) -> None:
+        if cfg.type == "f16":
+            state["geo"] = write_f16(loaded, tmp)
+            state["fallbacks"] = []
+            return
+        with tempfile.TemporaryDirectory(prefix=".gac-export-", dir=tmp.parent) as d:
+            f16 = Path(d) / "f16.gguf"
+            state["geo"] = write_f16(loaded, f16)
+            state["fallbacks"] = quantize(f16, tmp, cfg.type, threads=cfg.threads)
+
+    write_file(out, write)
+    geo = state["geo"]
+    report = type_report(tensor_types(out, state["fallbacks"], geo), cfg.type)
+    report = {"file": str(out), "bytes": out.stat().st_size, "arch": geo.arch, "source": loaded.source,
+              "hidden": geo.hidden, "ff": list(geo.ff), "heads": list(geo.heads), "kv_heads": list(geo.kv_heads),
+              **report}
+    if cfg.report:
+        write_text(cfg.report, json.dumps(report, indent=2), flag="--report")
+    return ExportResult(out, geo.arch, report)
+
+
+def check_output_report(report: str, force: bool) -> None:
+    from gac import validate
+
+    path = Path(report).expanduser()
+    if path.suffix != ".json":
+        raise GacError(f"--report {report} must end in .json")
+    if path.exists() and not path.is_dir() and not force:
+        raise GacError(f"{report} already exists: choose another --report or pass --force to replace it")
+    validate.output_file(path, "--report")

@@ -1,0 +1,83 @@
+"""Deployment targets: candidates whose row lengths meet the target's multiple, under the same budget, and the
+report of which dims were constrained and why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gac.align.targets import TARGETS, get_target
+from gac.errors import GacError
+from gac.models.groups import HeadGroup, WidthGroup
+
+
+class _Unit:
+    def __init__(self, group):
+        self.group = group
+        self.name = group.name
+
+
+def _mlp(dim=1400, full=1536):
+    return WidthGroup("l.mlp", dim, block="l.mlp", producers=("g", "u"), consumers=("d",), hidden=576, full=full)
+
+
+def _heads(kv_heads=3, heads=9, head_dim=64):  # SmolLM2's geometry: KV groups of 3 query heads
+    return HeadGroup("l.attn", kv_heads * head_dim, block="l.attn", q="q", k="k", v="v", o="o", hidden=576,
+                     num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, live_heads=heads,
+                     live_kv_heads=kv_heads)
+
+
+@pytest.mark.parametrize("name, multiple", [("llama.cpp:q8_0", 32), ("llama.cpp:q4_0", 32),
+                                            ("llama.cpp:q4_k_m", 256)])
+def test_mlp_candidates_are_multiples_of_the_block(name, multiple):
+    cands = get_target(name).candidates_for(8)(_Unit(_mlp()), 1400, 1)
+    assert cands and all(c % multiple == 0 for c in cands)
+    assert min(cands) <= 1400 < max(cands)  # one allowed width either side of d*
+
+
+def test_heads_whose_query_width_cannot_meet_256_stay_whole():
+    t = TARGETS["llama.cpp:q4_k_m"]
+    g = _heads()
+    assert g.row_lengths(128) == [384]  # 2 KV groups x 3 query heads x 64
+    assert t.allowed_dims(g) == [192]  # the whole block only: 576 is the model's own width
+    assert t.candidates_for(8)(_Unit(g), 128, 1) == [192]
+    r = t.report([_Unit(g)], {"l.attn": 192})
+    assert r["groups"]["l.attn"]["met"] and "unattainable" in r["groups"]["l.attn"]
+    assert TARGETS["llama.cpp:q8_0"].allows(g, 128)  # 384 = 12 x 32
+
+
+def test_report_counts_what_meets_the_target():
+    t = TARGETS["llama.cpp:q8_0"]
+    units = [_Unit(_mlp()), _Unit(_heads())]
+    r = t.report(units, {"l.mlp": 1401, "l.attn": None})  # heads left whole: not constrained
+    assert r["constrained"] == 1 and r["met"] == 0 and r["groups"]["l.mlp"]["row_lengths"] == [1401]
+    assert t.report(units, {"l.mlp": 1408, "l.attn": None})["met"] == 1
+
+
+def test_unknown_target_and_target_with_profile_are_one_line():
+    from gac.api import CompressConfig
+
+    with pytest.raises(GacError, match="unknown target"):
+        CompressConfig(target="tensorrt:fp8")
+    with pytest.raises(GacError, match="pass one of them"):
+        CompressConfig(target="llama.cpp:q8_0", profile="p.json")
+
+
+def test_compress_with_a_target_meets_it_under_the_same_budget(tiny_model_dir, tmp_path):
+    from gac.api import CompressConfig, compress
+    from gac.data import TextConfig
+
+    out = tmp_path / "t"
+    result = compress(CompressConfig(model=str(tiny_model_dir), compressor="prune", ratio=0.25, out=str(out),
+                                     target="llama.cpp:q8_0", evaluate=False, progress=False,
+                                     compressor_options={"layers": "all"},
+                                     text=TextConfig(seq_len=32, calib_windows=2, eval_windows=1)))
+    r = json.loads((out / "report.json").read_text())
+    assert r["target"]["name"] == "llama.cpp:q8_0" and r["target"]["constrained"] >= 1
+    assert r["target"]["met"] == r["target"]["constrained"]
+    assert all(all(x % 32 == 0 for x in g["row_lengths"]) for g in r["target"]["groups"].values())
+    assert r["variants"]["gac"]["params"] <= r["budget_params"]
+    assert "Target llama.cpp:q8_0" in (out / "report.md").read_text()
+    assert json.loads((out / "gac_plan.json").read_text())["target"] == "llama.cpp:q8_0"
+    assert result.report["dims"]["gac"].keys() == result.report["dims"]["unaligned"].keys()

@@ -1,0 +1,44 @@
+"""Fixtures of the export tests: llama.cpp's bindings (required under CI), pruned variants of small models."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def llama_cpp():
+    """llama-cpp-python; CI installs it (scripts/setup.sh llamacpp), so there a missing one fails, never skips."""
+    try:
+        import llama_cpp
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("llama-cpp-python is not installed: CI's set-up is `bash scripts/setup.sh llamacpp`")
+        pytest.skip("llama-cpp-python is not installed: bash scripts/setup.sh llamacpp")
+    return llama_cpp
+
+
+def pruned_variants(model, calib, *, ratio: float, targets: tuple[str, ...], layers="all") -> dict:
+    """{"unaligned": model, "gac:<target>": model, ...}: prune's own widths, and GAC's under each deployment
+    target, the same budget and the same analysis (calibrated once)."""
+    from gac.align.select import select_within_budget
+    from gac.align.targets import get_target
+    from gac.api import CompressConfig, analyze_and_select
+    from gac.data import TextConfig
+
+    cfg = CompressConfig(compressor="prune", ratio=ratio, target=targets[0], progress=False,
+                         compressor_options={"layers": layers}, text=TextConfig(seq_len=calib.shape[1]))
+    sel = analyze_and_select(model, calib, cfg)
+    dims = {"unaligned": sel.dims["unaligned"]}
+    for t in targets:
+        chosen = select_within_budget(sel.units, sel.dims["unaligned"], sel.budget, alignment=8, window=1,
+                                      candidates_for=get_target(t).candidates_for(8))
+        dims[f"gac:{t}"] = {**sel.dims["unaligned"], **chosen.dims}
+    out = {}
+    for name, d in dims.items():
+        m = copy.deepcopy(model)
+        sel.compressor.materialize(m, sel.units, d)
+        out[name] = m.eval()
+    return out
