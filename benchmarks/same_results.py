@@ -3,6 +3,7 @@
     python benchmarks/same_results.py --out before/ asvd svd_llm palu prune     # on one commit
     python benchmarks/same_results.py --out after/ asvd svd_llm palu prune      # on the other
     python benchmarks/same_results.py --compare before/ after/
+    python benchmarks/same_results.py --out layerwise/ --layerwise asvd prune   # the layer-by-layer pipeline
 
 Each run is gac.api.compress on the embedded model at --ratio (default text, evaluation on; latency cut to one
 round, since only dims, parameters and perplexity are compared). Equal means equal to the last bit.
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 
-def run(compressors: list[str], out: Path, ratio: float) -> None:
+def run(compressors: list[str], out: Path, ratio: float, layerwise: bool = False) -> None:
     from gac.api import CompressConfig, compress
     from gac.evaluate.latency import LatencyConfig
 
@@ -24,7 +25,8 @@ def run(compressors: list[str], out: Path, ratio: float) -> None:
     for name in compressors:
         start = time.time()
         latency = LatencyConfig(warmup=0, prefill_rounds=1, decode_rounds=1, prefill_tokens=64)
-        r = compress(CompressConfig(compressor=name, ratio=ratio, progress=False, latency=latency)).report
+        extra = {"layerwise": True} if layerwise else {}  # older commits have no layer-by-layer pipeline
+        r = compress(CompressConfig(compressor=name, ratio=ratio, progress=False, latency=latency, **extra)).report
         v = r["variants"]
         record = {key: {k: v[k][key] for k in v} for key in ("ppl", "params", "aligned_fraction")}
         record.update(budget=r["budget_params"], dims=r["dims"], seconds=round(time.time() - start))
@@ -50,11 +52,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="directory for one JSON per compressor")
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), help="compare two --out directories")
+    parser.add_argument("--layerwise", action="store_true", help="the layer-by-layer pipeline (gac.pipeline)")
     args = parser.parse_args()
     if args.compare:
         compare(*args.compare)
     elif args.out:
-        run(args.compressors, args.out, args.ratio)
+        run(args.compressors, args.out, args.ratio, args.layerwise)
     else:
         parser.error("give --out DIR (run) or --compare A B")
 

@@ -101,3 +101,16 @@ def test_name_that_sees_no_input_raises(tiny, names):
     with pytest.raises(RuntimeError, match="no input"):
         with collect_stats(tiny, names):
             pass
+
+
+def test_linears_fed_by_one_input_share_one_xtx(tiny):
+    """q, k and v (and gate and up) read the same activation: one X^T X accumulator serves them all, equal to the
+    sum over every batch of that input's X^T X."""
+    layer = adapter_for(tiny.config).layer(tiny.config, 0)
+    windows = _windows(tiny.config.vocab_size, n=4)
+    stats = calibrate(tiny, windows, layer.linears, batch_size=2, xtx=True, progress=False)
+    assert stats[layer.k].xtx is stats[layer.q].xtx and stats[layer.v].xtx is stats[layer.q].xtx
+    assert stats[layer.producers[1]].xtx is stats[layer.producers[0]].xtx
+    assert stats[layer.o].xtx is not stats[layer.q].xtx
+    x = _manual_inputs(tiny, [layer.k], windows)[layer.k]
+    assert torch.allclose(stats[layer.k].xtx, x.T @ x, rtol=1e-10, atol=1e-8)

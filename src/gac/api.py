@@ -43,6 +43,8 @@ class CompressConfig:
     evaluate: bool = True
     force: bool = False
     progress: bool = True
+    layerwise: bool = False  # the layer-by-layer pipeline (gac.pipeline): a model directory is read lazily
+    max_memory: str | None = None  # "cpu=8GiB,0=20GiB": the forecast must fit (gac.models.memory)
 
     def __post_init__(self):
         if not (isinstance(self.ratio, (int, float)) and 0.0 < self.ratio < 1.0):
@@ -58,6 +60,9 @@ class CompressConfig:
             raise GacError("--target and --profile both choose the candidates: pass one of them")
         if self.target and self.speedup is not None:
             raise GacError("--target applies to the parameter objective (--ratio), not to --speedup: pass one of them")
+        if self.speedup is not None and (self.layerwise or self.max_memory):
+            raise GacError("--speedup times the whole model on the device, so it cannot run layer by layer: drop "
+                           "--layerwise/--max-memory, or use --ratio")
 
     @property
     def factorization_method(self) -> str:
@@ -94,9 +99,10 @@ class Selected:
     target: dict | None = None  # report.json's "target": which dims the deployment target constrained, and why
 
 
-def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Selected:
+def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, source=None) -> Selected:
     """Calibrate on `calib` [n, seq], let the compressor find its dims d* under the budget, then select aligned
-    dims with the knapsack (candidates from the static rule or a hardware profile). The model is not changed."""
+    dims with the knapsack (candidates from the static rule or a hardware profile). The model is not changed.
+    source: a gac.models.lazy weight source for the layer-by-layer pipeline (None: the whole model at once)."""
     from gac.align.select import select_within_budget
     from gac.calibrate import calibrate
     from gac.compressors import make_compressor
@@ -108,12 +114,17 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None) -> Se
     if cfg.speedup is None:
         _check_feasible(groups, cfg)
     names = linears_of(groups)
-    stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
-    probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
-    grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
-    units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress,
-                               **grads)
-    del stats
+    if source is not None:
+        from gac.pipeline.analyze import analyze_layerwise
+
+        units = analyze_layerwise(model, source, compressor, groups, calib, keep=1.0 - cfg.ratio, progress=cfg.progress)
+    else:
+        stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
+        probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
+        grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
+        units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress,
+                                   **grads)
+        del stats
     compressible = sum(u.group.numel for u in units)
     if cfg.speedup is not None:  # latency as the objective: no parameter budget
         from gac.speedup import select_by_latency
@@ -175,6 +186,12 @@ def compress(cfg: CompressConfig) -> CompressResult:
 
         load_profile(cfg.profile)  # a bad profile fails now, not after calibration
 
+    if cfg.layerwise or cfg.max_memory:
+        from gac.models.memory import plan_memory
+
+        cfg = dataclasses.replace(cfg, layerwise=plan_memory(cfg))  # layer by layer when whole would not fit
+    if cfg.layerwise:
+        return _compress_layerwise(cfg, compressor)
     loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     model, tokenizer = loaded.model, loaded.tokenizer
     _check_uncompressed(model, cfg.model)
@@ -185,6 +202,7 @@ def compress(cfg: CompressConfig) -> CompressResult:
     compressible, budget, names = selected.compressible, selected.budget, selected.names
 
     report = _report_header(cfg, loaded.source, compressible, budget, torch)
+    report["pipeline"] = "whole"
     report["variants"] = _evaluate(models, names, held_out, cfg)
     report["dims"] = {v: reduced_dims(d) for v, d in selected.dims.items()}
     report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
@@ -203,6 +221,58 @@ def compress(cfg: CompressConfig) -> CompressResult:
     if cfg.out is not None:
         out = _save(models[saved], tokenizer, cfg, report, compressor)
     return CompressResult(report, out, models)
+
+
+def _compress_layerwise(cfg: CompressConfig, compressor) -> CompressResult:
+    """compress() layer by layer: a safetensors model directory is read lazily (gac.models.lazy), each variant cut
+    layer by layer and the saved one streamed to shards in the atomic output directory."""
+    import torch
+
+    from gac.atomic import atomic_dir
+    from gac.data import load_windows
+    from gac.models.io import check_out_dir, write_beside_weights
+    from gac.models.lazy import open_source
+    from gac.models.sharded import ShardWriter
+    from gac.pipeline.materialize import materialize_layerwise, outer_tensors
+
+    source, tokenizer, model_name = open_source(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    model = source.model
+    _check_uncompressed(model, cfg.model)
+    calib, held_out = load_windows(tokenizer, cfg.text)
+    selected = analyze_and_select(model, calib, cfg, compressor, source=source)
+    saved = "gac" if cfg.align else "unaligned"
+    report = _report_header(cfg, model_name, selected.compressible, selected.budget, torch)
+    report.update(pipeline="layerwise", saved_variant=saved)
+
+    def run(out_dir):
+        writer = ShardWriter(out_dir) if out_dir is not None else None
+        models = materialize_layerwise(model, source, selected.compressor, selected.units, selected.dims, calib,
+                                       writer=writer and (saved, writer), progress=cfg.progress,
+                                       held_out=held_out if cfg.evaluate else None)
+        ppl = models.pop("ppl", {})
+        if writer is not None:
+            writer.add(outer_tensors(models[saved]))
+            writer.close()
+        # perplexity layer by layer; latency needs a model whole on the device: null here (`gac bench` the output)
+        report["variants"] = _evaluate({"baseline": model, **models}, selected.names, held_out,
+                                       dataclasses.replace(cfg, evaluate=False))
+        for variant, value in ppl.items():
+            report["variants"][variant]["ppl"] = value
+        report["dims"] = {v: reduced_dims(d) for v, d in selected.dims.items()}
+        report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
+        if selected.target is not None:
+            report["target"] = selected.target
+        if out_dir is not None:
+            plan, files = _plan_and_files(models[saved], cfg, report, compressor)
+            write_beside_weights(models[saved], tokenizer, out_dir, plan=plan, extra_files=files)
+        return models
+
+    if cfg.out is None:
+        return CompressResult(report, None, {"baseline": model, **run(None)})
+    out = check_out_dir(cfg.out, cfg.force).resolve()
+    with atomic_dir(out, force=cfg.force) as tmp:
+        models = run(tmp)
+    return CompressResult(report, out, {"baseline": model, **models})
 
 
 def _check_feasible(groups, cfg: CompressConfig) -> None:
@@ -262,10 +332,18 @@ def _report_header(cfg: CompressConfig, source: str, compressible: int, budget: 
 
 
 def _save(model, tokenizer, cfg: CompressConfig, report: dict, compressor) -> Path:
+    from gac.models.io import save
+
+    plan, files = _plan_and_files(model, cfg, report, compressor)
+    return save(model, tokenizer, cfg.out, plan=plan, extra_files=files, force=cfg.force)
+
+
+def _plan_and_files(model, cfg: CompressConfig, report: dict, compressor) -> tuple[dict, dict]:
+    """gac_plan.json's content and the files saved beside the model (report.json, report.md, dims.png)."""
     from gac.evaluate.dims_plot import plot_dims
     from gac.evaluate.report import report_json, report_markdown
     from gac.models.dims import inspect_model
-    from gac.models.io import plan_record, save
+    from gac.models.io import plan_record
 
     plan = plan_record(
         variant=report["saved_variant"], source_model=report["model"], alignment=cfg.alignment,
@@ -276,4 +354,4 @@ def _save(model, tokenizer, cfg: CompressConfig, report: dict, compressor) -> Pa
     png = io.BytesIO()
     plot_dims(inspect_model(model, {cfg.alignment, 8, 16, 32}), png)
     files = {"report.json": report_json(report), "report.md": report_markdown(report), "dims.png": png.getvalue()}
-    return save(model, tokenizer, cfg.out, plan=plan, extra_files=files, force=cfg.force)
+    return plan, files

@@ -28,12 +28,13 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
     """Yield {name: LinearStats} filled by forward hooks while the block runs; hooks are removed on exit."""
     stats: dict[str, LinearStats] = {}
     handles = []
-    last = {}  # q/k/v (and gate/up) see the same input tensor: compute its X^T X once, add it to each
+    last = {}  # q/k/v (and gate/up) see the same input tensor: compute its X^T X once
+    shared = set()  # linears whose X^T X accumulator is another's (same input): one [in, in] fp64 sum, not three
 
     def input_xtx(raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if last.get("input") is not raw:
             xd = x.double()
-            last["input"], last["xtx"] = raw, xd.T @ xd  # [in, in]
+            last["input"], last["xtx"], last["owner"] = raw, xd.T @ xd, None  # [in, in]
         return last["xtx"]
 
     def make_hook(name, in_features):
@@ -43,12 +44,16 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
             s = stats.get(name)
             if s is None:
                 s = stats[name] = LinearStats(torch.zeros(in_features, dtype=torch.float32, device=x.device))
-                if xtx:
+                if xtx and last.get("input") is raw and last.get("owner") is not None:
+                    s.xtx = last["owner"].xtx  # the same sums as the first linear fed by this input
+                    shared.add(name)
+                elif xtx:
                     s.xtx = torch.zeros(in_features, in_features, dtype=torch.float64, device=x.device)
             s.abs_sum += x.abs().float().sum(0)
             s.tokens += x.shape[0]
-            if xtx:
+            if xtx and name not in shared:
                 s.xtx += input_xtx(raw, x)
+                last["owner"] = s
 
         return hook
 

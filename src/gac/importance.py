@@ -179,7 +179,10 @@ def measure(proxy: str, model, names: list[str], *, stats: dict | None = None, w
             progress: bool = True) -> dict[str, ChannelScores]:
     """Channel scores of `proxy` for the named linears, running the gradient pass when the proxy needs one."""
     grads = None
-    if check_proxy(proxy) in GRADIENT_PROXIES:
+    if check_proxy(proxy) in GRADIENT_PROXIES and stats and all("grads" in getattr(stats.get(n), "extra", {})
+                                                                   for n in names):
+        grads = {n: stats[n].extra["grads"] for n in names}  # computed layer by layer (gac.pipeline)
+    elif proxy in GRADIENT_PROXIES:
         if windows is None:
             raise GacError(f"importance {proxy!r} needs calibration windows for its gradient pass")
         grads = gradient_stats(model, windows, names, progress=progress)
@@ -202,8 +205,42 @@ def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size:
     pass costs about one forward and one backward. Layer by layer, the same figures come from a reverse sweep that
     recomputes one decoder layer from its stored input and back-propagates the gradient of its output."""
     device = next(model.parameters()).device
-    sums: dict[str, torch.Tensor] = {}
     tokens = 0
+    handles = []
+
+    def leaf(_module, _inputs, output):
+        return output.detach().requires_grad_(True)
+
+    params = list(model.parameters())
+    saved = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        handles.append(model.get_input_embeddings().register_forward_hook(leaf))
+        with (output_grad_sums(model, names) as sums, torch.inference_mode(False), torch.enable_grad(),
+              tqdm(total=len(windows), desc="output gradients", unit="window", disable=not progress) as bar):
+            for batch in windows.split(batch_size):
+                ids = batch.to(device)  # [b, seq]
+                n = ids.shape[0] * (ids.shape[1] - 1)  # predicted tokens: loss * n is the sum of per-token losses
+                loss = model(ids, labels=ids, use_cache=False).loss * n
+                loss.backward()
+                del loss
+                tokens += n
+                bar.update(len(ids))
+    finally:
+        for h in handles:
+            h.remove()
+        for p, flag in zip(params, saved):
+            p.requires_grad_(flag)
+    return {name: s / max(tokens, 1) for name, s in sums.items()}
+
+
+@contextmanager
+def output_grad_sums(model, names: list[str]):
+    """Yield {name: [out] float64}: sum over tokens of (dl/dy_j)^2 for each named linear's output y, filled by the
+    backward passes run inside the block (only outputs that require grad are tracked). Hooks removed on exit; a
+    linear whose output never received a gradient is an error."""
+    sums: dict[str, torch.Tensor] = {}
     handles = []
 
     def make_hook(name):
@@ -219,33 +256,13 @@ def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size:
 
         return forward_hook
 
-    def leaf(_module, _inputs, output):
-        return output.detach().requires_grad_(True)
-
-    params = list(model.parameters())
-    saved = [p.requires_grad for p in params]
     try:
-        for p in params:
-            p.requires_grad_(False)
-        handles.append(model.get_input_embeddings().register_forward_hook(leaf))
         for name in names:
             handles.append(model.get_submodule(name).register_forward_hook(make_hook(name)))
-        with (torch.inference_mode(False), torch.enable_grad(),
-              tqdm(total=len(windows), desc="output gradients", unit="window", disable=not progress) as bar):
-            for batch in windows.split(batch_size):
-                ids = batch.to(device)  # [b, seq]
-                n = ids.shape[0] * (ids.shape[1] - 1)  # predicted tokens: loss * n is the sum of per-token losses
-                loss = model(ids, labels=ids, use_cache=False).loss * n
-                loss.backward()
-                del loss
-                tokens += n
-                bar.update(len(ids))
+        yield sums
     finally:
         for h in handles:
             h.remove()
-        for p, flag in zip(params, saved):
-            p.requires_grad_(flag)
     missing = [n for n in names if n not in sums]
     if missing:
         raise RuntimeError(f"the output-gradient pass reached no gradient for {len(missing)} linears, e.g. {missing[0]}")
-    return {name: s / max(tokens, 1) for name, s in sums.items()}

@@ -152,7 +152,7 @@ def test_existing_file_refused_even_with_force(compressed, tmp_path):
     assert out.read_text() == "x"
 
 
-def _failing_write(model, tokenizer, d, plan, extra_files):
+def _failing_write(model, tokenizer, d, plan, extra_files, *_):
     (d / "config.json").write_text("{}")
     raise RuntimeError("disk full")
 

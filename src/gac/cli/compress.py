@@ -57,7 +57,7 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--compressor", type=click.Choice(COMPRESSORS), help="Dimension-reducing compressor [default: asvd].")
 @click.option("--ratio", type=Real(0, 1, example=0.15), help="Share of compressible parameters to remove, in (0, 1) [default: 0.15].")
 @speedup_options
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output model directory.")
+@click.option("--out", type=click.Path(file_okay=False), help="Output model directory (required unless --dry-run).")
 @click.option("--align", "alignment", type=Int(1, 1024, example=8, hint="give a positive integer up to 1024, usually a power of two, e.g. --align 8"), help="Alignment multiple for candidate dims [default: 8].")
 @click.option("--no-align", is_flag=True, help="Save the compressor's own (unaligned) dims instead of GAC's.")
 @click.option("--profile", type=click.Path(dir_okay=False),
@@ -91,15 +91,31 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--no-eval", is_flag=True, help="Skip perplexity and latency (parameters and alignment only).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
+@click.option("--layerwise", is_flag=True,
+              help="Layer by layer in bounded memory: a safetensors model directory is read one decoder layer at a "
+                   "time and the output streamed to shards (perplexity measured layer by layer, latency not).")
+@click.option("--max-memory",
+              help="Memory budget in accelerate's format, e.g. cpu=8GiB: layer by layer when the whole model would "
+                   "not fit; refused before any work when even that would not.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the forecast (peak memory per device, disk, rough time) from the config alone and exit.")
 def command(model, compressor, ratio, speedup, phase, shape, out, alignment, no_align, profile, target,
             allow_profile_mismatch, dtype, device, factorization, alpha, importance, prune_layers, head_mode,
             group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
-            quiet):
+            quiet, layerwise, max_memory, dry_run):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
+    from gac.errors import GacError
 
     setup_logging(quiet)
-    _check_inputs(model, out, force, profile, allow_profile_mismatch, device, dtype, calib_file, eval_file)
+    if max_memory is not None:
+        from gac.models.placement import parse_max_memory
+
+        parse_max_memory(max_memory)  # a bad budget fails now, in one line
+    if out is None and not dry_run:
+        raise GacError("missing --out: name the output model directory, e.g. --out out/model (or pass --dry-run)")
+    if not dry_run:
+        _check_inputs(model, out, force, profile, allow_profile_mismatch, device, dtype, calib_file, eval_file)
     from gac.api import CompressConfig, compress
     from gac.data import TextConfig
     from gac.evaluate.latency import LatencyConfig
@@ -120,7 +136,14 @@ def command(model, compressor, ratio, speedup, phase, shape, out, alignment, no_
         evaluate=not no_eval,
         force=force,
         progress=not quiet,
+        layerwise=layerwise,
+        max_memory=max_memory,
     )
+    if dry_run:
+        from gac.models.memory import describe, forecast_of, plan_memory
+
+        click.echo(describe(forecast_of(cfg, plan_memory(cfg))))
+        return
     result = compress(cfg)
     print_report(result.report)
     t = result.report.get("target")

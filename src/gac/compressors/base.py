@@ -35,6 +35,7 @@ class Unit:
 
     group: DimGroup
     score: float = 0.0
+    raw_score: float = 0.0  # the score before normalization (a layer-wise analysis normalizes over all layers at the end)
 
     @property
     def name(self) -> str:
@@ -159,10 +160,28 @@ class Compressor:
     def cut(self, unit: Unit, dim: int):
         raise NotImplementedError
 
+    def normalize(self, units: list[Unit], scores) -> list[Unit]:
+        """Scores per parameter made relative (mean 1 over `units`)."""
+        return normalize_scores(units, scores)
+
+    def factorize_units(self, model, units: list[Unit], stats: dict) -> None:
+        """Recompute what `cut` needs beyond the units' stored analysis (the low-rank factors), from the weights
+        and calibration statistics of the units' layer: the layer-wise pipeline keeps only spectra between
+        analysis and materialization. Nothing for compressors whose units hold all they cut by."""
+
+    def release_factors(self, units: list[Unit]) -> None:
+        """Drop what factorize_units recomputes, keeping what selection reads (spectra, curves, importances)."""
+
     def materialize(self, model, units: list[Unit], dims: dict) -> dict:
         """Cut every unit whose dim is not None into `model`, in place; returns the model's saved structure."""
-        from gac.models import surgery
         from gac.models.structure import structure_of
+
+        self.materialize_units(model, units, dims)
+        return structure_of(model)
+
+    def materialize_units(self, model, units: list[Unit], dims: dict) -> None:
+        """Cut every unit whose dim is not None into `model`, in place (through gac.models.surgery)."""
+        from gac.models import surgery
 
         cuts = []
         for u in units:
@@ -170,14 +189,13 @@ class Compressor:
                 u.group.check(dims[u.name])
                 cuts.append((u.group, self.cut(u, dims[u.name])))
         surgery.apply(model, cuts)
-        return structure_of(model)
 
 
 def normalize_scores(units: list[Unit], scores) -> list[Unit]:
     """Set each unit's score to its share of the mean (mean 1 over the units)."""
     mean = float(np.mean(scores)) or 1.0
     for u, s in zip(units, scores):
-        u.score = s / mean
+        u.score, u.raw_score = s / mean, s
     return units
 
 
@@ -217,10 +235,8 @@ class LowRankCompressor(Compressor):
 
         from gac.importance import OUTPUT
 
-        units = []
-        for g in tqdm(groups, desc=f"{self.name}: factorizing", unit="weight", disable=not progress):
-            w = model.get_submodule(g.linear).weight.detach()  # [out, in]
-            units.append(LowRankUnit(g, svd=scaled_svd(w, self.input_scale(w, stats.get(g.linear)), self.factorization)))
+        units = [LowRankUnit(g) for g in groups]
+        self.factorize_units(model, units, stats, progress=progress)
         if self.proxy == OUTPUT:
             add_loss_curves(model, units, stats, windows, progress)
             scores = [float(u.curve[0]) / u.numel for u in units]  # predicted loss of the weight removed, per param
@@ -231,7 +247,21 @@ class LowRankCompressor(Compressor):
 
             scores = weight_scores(self.proxy, model, linears_of(groups), stats=stats, windows=windows,
                                    progress=progress)
-        return normalize_scores(units, scores)
+        return self.normalize(units, scores)
+
+    def factorize_units(self, model, units: list[LowRankUnit], stats: dict, progress: bool = False) -> None:
+        """The scaled SVD of each unit's weight (rows), its input transform from the calibration statistics."""
+        from tqdm.auto import tqdm
+
+        for u in tqdm(units, desc=f"{self.name}: factorizing", unit="weight", disable=not progress):
+            w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [out, in]
+            u.svd = scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)), self.factorization)
+
+    def release_factors(self, units: list[LowRankUnit]) -> None:
+        """Keep the singular values only (selection reads the spectrum), not U, Vh and the input transform."""
+        for u in units:
+            if u.svd is not None:
+                u.svd = ScaledSVD(None, u.svd.S, None, None)
 
     def allocate(self, units: list[LowRankUnit], budget: int) -> dict[str, int | None]:
         """The compressor's own (unconstrained) ranks under the budget; None keeps a weight dense."""

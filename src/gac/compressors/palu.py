@@ -43,21 +43,31 @@ class PaluCompressor(LowRankCompressor):
         from gac.importance import OUTPUT, measure
 
         linears = linears_of(groups)
-        whitened = {n: whiten(stats[n].xtx.to(model.get_submodule(n).weight.device)) for n in linears}
-        units = []
-        for g in groups:
-            w = model.get_submodule(g.linear).weight.detach()[g.rows]  # [rows, hidden]
-            units.append(LowRankUnit(g, svd=scaled_svd(w, whitened[g.linear], self.factorization)))
+        units = [LowRankUnit(g) for g in groups]
+        self.factorize_units(model, units, stats)
         if self.proxy == OUTPUT:
             add_loss_curves(model, units, stats, windows, progress)
             scores = [float(u.curve[0]) / u.numel for u in units]  # predicted loss of the group removed, per param
         else:
             measured = measure(self.proxy, model, linears, stats=stats, windows=windows, progress=progress)
             scores = [float(measured[u.group.linear].out[u.group.rows].double().sum()) / u.numel for u in units]
+        return self.normalize(units, scores)
+
+    def normalize(self, units, scores):
         normalize_scores(units, scores)
         for u in units:
             u.score = max(u.score, 1e-12)
         return units
+
+    def factorize_units(self, model, units, stats, progress: bool = False) -> None:
+        """Each head group's rows, whitened by its linear's inputs (one Cholesky per linear)."""
+        whitened = {}
+        for u in units:
+            g = u.group
+            if g.linear not in whitened:
+                whitened[g.linear] = whiten(stats[g.linear].xtx.to(model.get_submodule(g.linear).weight.device))
+            w = model.get_submodule(g.linear).weight.detach()[g.rows]  # [rows, hidden]
+            u.svd = scaled_svd(w, whitened[g.linear], self.factorization)
 
 
 CONFIG, COMPRESSOR = PaluConfig, PaluCompressor

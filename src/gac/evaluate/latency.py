@@ -14,6 +14,7 @@ import torch
 
 from gac.errors import GacError
 from gac.hw.timing import Timing, time_interleaved
+from gac.models.placement import input_device
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def _tokens(model, batch: int, seq: int, seed: int) -> torch.Tensor:
 
 def prefill_call(model, batch: int, seq: int, seed: int = 0) -> Callable[[], object]:
     """One forward pass over [batch, seq] tokens without a cache, logits for the last position only."""
-    device = next(model.parameters()).device
+    device = input_device(model)
     ids = _tokens(model, batch, seq, seed).to(device)  # [B, S]
     return lambda: model(ids, use_cache=False, logits_to_keep=1)
 
@@ -54,7 +55,7 @@ def decode_call(model, batch: int, context: int, seed: int = 0) -> Callable[[], 
     each call writes the next token's keys and values at position `context` (the same work every call)."""
     from transformers import StaticCache
 
-    device = next(model.parameters()).device
+    device = input_device(model)
     ids = _tokens(model, batch, context + 1, seed).to(device)  # [B, context + 1]
     cache = StaticCache(config=model.config, max_cache_len=context + 1)  # per-layer shapes taken at first use
     with torch.inference_mode():
@@ -84,14 +85,14 @@ def _graph_calls(cfg: LatencyConfig) -> int:
 
 
 def prefill_timings(models: dict, batch: int, seq: int, cfg: LatencyConfig) -> dict[str, Timing]:
-    device = next(iter(models.values())).device
+    device = input_device(next(iter(models.values())))
     calls = {name: prefill_call(m, batch, seq, cfg.seed) for name, m in models.items()}
     return time_interleaved(calls, device=device, warmup=cfg.warmup, rounds=cfg.prefill_rounds,
                             graph_calls=_graph_calls(cfg))
 
 
 def decode_timings(models: dict, cfg: LatencyConfig) -> dict[str, Timing]:
-    device = next(iter(models.values())).device
+    device = input_device(next(iter(models.values())))
     calls = {name: decode_call(m, cfg.batch, cfg.decode_context, cfg.seed) for name, m in models.items()}
     return time_interleaved(calls, device=device, warmup=cfg.warmup, rounds=cfg.decode_rounds,
                             graph_calls=_graph_calls(cfg))

@@ -12,7 +12,9 @@ from tqdm.auto import tqdm
 def perplexity(model, windows: torch.Tensor, *, batch_size: int = 4, desc: str = "perplexity",
                progress: bool = True) -> float:
     """exp(mean next-token NLL) over all predicted tokens of windows [n, seq]."""
-    device = next(model.parameters()).device
+    from gac.models.placement import input_device
+
+    device = input_device(model)  # a model dispatched by accelerate moves the batch on from there
     nll, count = 0.0, 0
     for batch in tqdm(windows.split(batch_size), desc=desc, unit="batch", disable=not progress):
         batch = batch.to(device)

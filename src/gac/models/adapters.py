@@ -110,6 +110,15 @@ class Adapter:
         return LayerModules(i, attn, q, k, v, o, mlp, tuple(f"{mlp}.{p}" for p in lay.producers),
                             tuple(f"{mlp}.{p}" for p in lay.consumers))
 
+    def layer_prefix(self, i: int) -> str:
+        """The module path of decoder layer i, e.g. model.layers.3."""
+        return f"{self.layout.layers_path}.{i}"
+
+    @property
+    def layers_path(self) -> str:
+        """The module path of the ModuleList of decoder layers."""
+        return self.layout.layers_path
+
     def layers(self, config) -> list[LayerModules]:
         return [self.layer(config, i) for i in range(self.layer_count(config))]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gac.errors import GacError
+from gac.models.placement import SHARD_SIZE, Placement
 
 PLAN_FILE = "gac_plan.json"
 MODELING_FILE = "modeling_gac.py"
@@ -53,8 +54,10 @@ def check_out_dir(out_dir, force: bool) -> Path:
     return out
 
 
-def save(model, tokenizer, out_dir, *, plan: dict, extra_files: dict | None = None, force: bool = False) -> Path:
-    """Write the model to `out_dir` atomically: built in a sibling temp dir, then renamed into place.
+def save(model, tokenizer, out_dir, *, plan: dict, extra_files: dict | None = None, force: bool = False,
+         max_shard_size: str | int = SHARD_SIZE) -> Path:
+    """Write the model to `out_dir` atomically: built in a sibling temp dir, then renamed into place. Weights are
+    safetensors shards of at most `max_shard_size` with transformers' index (one file when they fit in one).
 
     The structure modeling_gac.py rebuilds on load is read off the live model (gac.models.structure).
     plan: plan_record(...), written as gac_plan.json.
@@ -64,11 +67,18 @@ def save(model, tokenizer, out_dir, *, plan: dict, extra_files: dict | None = No
 
     out = check_out_dir(out_dir, force).resolve()
     with atomic_dir(out, force=force) as tmp:  # signal-safe: no hidden .partial or .old leftovers
-        _write(model, tokenizer, tmp, plan, extra_files or {})
+        _write(model, tokenizer, tmp, plan, extra_files or {}, max_shard_size)
     return out
 
 
-def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict) -> None:
+def write_beside_weights(model, tokenizer, d, *, plan: dict, extra_files: dict | None = None) -> None:
+    """Everything of a saved model but its weights (config with the structure, tokenizer, modeling code, plan,
+    extra files) into directory `d`: for weights written layer by layer (gac.models.sharded)."""
+    _write(model, tokenizer, Path(d), plan, extra_files or {}, weights=False)
+
+
+def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict, max_shard_size=SHARD_SIZE,
+           weights: bool = True) -> None:
     from gac.models.modeling_gac import gac_class
     from gac.models.structure import structure_of
 
@@ -77,7 +87,12 @@ def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict) -> None:
     name = gac_class(config.model_type).__name__
     config.auto_map = {"AutoModelForCausalLM": f"modeling_gac.{name}"}
     config.architectures = [name]
-    model.save_pretrained(d, safe_serialization=True)
+    if weights:
+        model.save_pretrained(d, safe_serialization=True, max_shard_size=max_shard_size)
+    else:
+        config.save_pretrained(d)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(d)
     if tokenizer is not None:
         tokenizer.save_pretrained(d)
     shutil.copyfile(Path(__file__).with_name(MODELING_FILE), d / MODELING_FILE)
@@ -100,8 +115,13 @@ def read_plan(path) -> dict:
     return plan
 
 
-def load(path, *, dtype: str = "float32", device: str = "cpu"):
-    """Load a directory written by `save`: rebuild the compressed shapes from its config, then the weights."""
+def load(path, *, dtype: str = "float32", device: str = "cpu", device_map: str | None = None,
+         max_memory: str | dict | None = None, offload_folder: str | None = None):
+    """Load a directory written by `save`: rebuild the compressed shapes from its config, then the weights.
+
+    device_map="auto" (with optional max_memory, accelerate's format or "cpu=8GiB,0=20GiB") places the model
+    through accelerate over the GPUs, CPU and disk (offload_folder, a temporary directory by default) instead of
+    loading it whole onto `device`."""
     from transformers import AutoConfig, AutoTokenizer
 
     from gac.hw.device import check_device, torch_dtype
@@ -111,6 +131,7 @@ def load(path, *, dtype: str = "float32", device: str = "cpu"):
     path = Path(path)
     read_plan(path)
     check_device(device)
+    placement = Placement(device_map, max_memory, offload_folder)
     config = AutoConfig.from_pretrained(path)
     adapter_for(config)  # a supported family, or one line saying which are
     cls = gac_class(config.model_type)
@@ -121,13 +142,14 @@ def load(path, *, dtype: str = "float32", device: str = "cpu"):
     verify.check_weight_files(path)
     try:
         model, info = cls.from_pretrained(path, dtype=torch_dtype(dtype), output_loading_info=True,
-                                          ignore_mismatched_sizes=True)  # mismatches are reported below
+                                          ignore_mismatched_sizes=True,  # mismatches are reported below
+                                          **placement_kwargs(placement))
     except (AttributeError, KeyError, ValueError, TypeError, RuntimeError) as e:  # structure names no such module
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise GacError(f"{path}: gac_structure does not fit the {config.model_type} model ({first}): the output is "
                        "damaged or edited; restore it or re-run `gac compress`") from None
     verify.check_loading_info(info, str(path), gac_output=True)  # the structure must place every tensor, both ways
-    model = model.to(device).eval()
+    model = model.eval() if placement.dispatched else model.to(device).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
@@ -135,3 +157,17 @@ def load(path, *, dtype: str = "float32", device: str = "cpu"):
     verify.check_tokenizer_fits(model, tokenizer, str(path))
     verify.check_finite(model, str(path))
     return LoadedModel(model, tokenizer, str(path))
+
+
+def placement_kwargs(placement: Placement) -> dict:
+    """from_pretrained's placement arguments; a dispatched load without an offload folder gets a temporary one
+    (removed at exit), so disk offload works without asking."""
+    kwargs = placement.from_pretrained_kwargs()
+    if placement.dispatched and "offload_folder" not in kwargs:
+        import atexit
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="gac-offload-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        kwargs["offload_folder"] = folder
+    return kwargs

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from gac.errors import GacError
 from gac.hw.device import check_device, torch_dtype
-from gac.models.io import LoadedModel, is_gac_dir, load
+from gac.models.io import LoadedModel, is_gac_dir, load, placement_kwargs
+from gac.models.placement import Placement
 from gac.models.verify import check_gac_files
 
 log = logging.getLogger(__name__)
@@ -34,11 +35,13 @@ def _check_architecture(config) -> None:
     adapter_for(config)
 
 
-def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu",
+               placement: Placement | None = None) -> LoadedModel:
     """Load `spec` for inference. Every failure a user can fix becomes a one-line GacError, and what was loaded
-    is verified (gac.models.verify): no tensor missing or of the wrong shape, no silent random initialization."""
+    is verified (gac.models.verify): no tensor missing or of the wrong shape, no silent random initialization.
+    placement: accelerate's device map and memory caps for a model directory (gac.models.placement)."""
     try:
-        return _load_model(spec, dtype=dtype, device=device)
+        return _load_model(spec, dtype=dtype, device=device, placement=placement or Placement())
     except GacError:
         raise
     except (KeyboardInterrupt, MemoryError):
@@ -49,12 +52,14 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> Loa
                        "weights and tokenizer belong together, or re-download it") from e
 
 
-def _load_model(spec: str, *, dtype: str, device: str) -> LoadedModel:
+def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> LoadedModel:
     from gac.validate import local_model_typo
 
     check_device(device)
     torch_dt = torch_dtype(dtype)
     path = Path(spec).expanduser()
+    if placement.dispatched and (spec in EMBEDDED or path.is_file()):
+        raise GacError(f"--device-map applies to model directories (safetensors), not to {spec}: leave it out")
     if spec in EMBEDDED:
         gguf = embedded_gguf(spec)
         loaded = _load_hf(str(gguf.parent), torch_dt, gguf_file=gguf.name, source=spec)
@@ -64,7 +69,11 @@ def _load_model(spec: str, *, dtype: str, device: str) -> LoadedModel:
         if not (path / "config.json").is_file():
             raise GacError(f"{path} has no config.json: pass a Hugging Face model directory, a .gguf file or an alias")
         check_gac_files(path)
-        loaded = load(path, dtype=dtype, device="cpu") if is_gac_dir(path) else _load_hf(str(path), torch_dt, source=spec)
+        if is_gac_dir(path):
+            loaded = load(path, dtype=dtype, device="cpu", device_map=placement.device_map,
+                          max_memory=placement.max_memory, offload_folder=placement.offload_folder)
+        else:
+            loaded = _load_hf(str(path), torch_dt, source=spec, placement=placement)
     elif path.exists():
         raise GacError(f"{spec} is not a model directory or a .gguf file: pass a Hugging Face model directory, "
                        "a .gguf file or an alias")
@@ -80,7 +89,8 @@ def _load_model(spec: str, *, dtype: str, device: str) -> LoadedModel:
         raise GacError(
             f"unknown model {spec!r}: pass an alias ({', '.join(EMBEDDED)}), a model directory, a .gguf file or a hub id"
         )
-    loaded.model.to(device)
+    if not placement.dispatched:
+        loaded.model.to(device)
     loaded.model.eval()
     return loaded
 
@@ -112,7 +122,8 @@ def _check_hub(repo: str) -> None:
                        "unreachable: check the path, or download it where you have network")
 
 
-def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None, hub: bool = False) -> LoadedModel:
+def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None, hub: bool = False,
+             placement: Placement | None = None) -> LoadedModel:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
@@ -140,6 +151,8 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
             f"beside the weights"
         ) from e
     log.info("loading %s", source)
+    if placement is not None:
+        kwargs.update(placement_kwargs(placement))
     model, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dt, output_loading_info=True,
                                                        ignore_mismatched_sizes=True, **kwargs)  # reported below
     verify.check_loading_info(info, source)

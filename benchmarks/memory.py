@@ -1,0 +1,112 @@
+"""Peak resident memory of `gac compress` against depth: random Llama-shaped models of one width at several layer
+counts, each compressed in its own process; the growth from the shallowest to the deepest should stay under two
+layers' weights for the layer-by-layer pipeline (it grows by the whole model for the whole-model one).
+
+    python benchmarks/memory.py --layers 4 8 16 --hidden 1024 --out /tmp/gac-memory [--whole]
+    python benchmarks/memory.py --child DIR OUT [compress options...]       # one run (used by the above)
+
+Each run: asvd at 0.15, float32, --no-eval, 4 calibration windows of 128 tokens; peak RSS from getrusage in the
+child process; the dry-run forecast of the same run is printed beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPRESS = ["--compressor", "asvd", "--ratio", "0.15", "--no-eval", "--seq-len", "128", "--calib-windows", "4",
+            "--quiet", "--force"]
+
+
+def make_model(d: Path, layers: int, hidden: int, dtype: str = "float32") -> int:
+    """A random Llama-shaped model (Llama-3's proportions: MLP 3.5x, 4 query heads per KV head, head_dim 128) with
+    the tests' tokenizer; returns one layer's weight bytes."""
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import tiny_tokenizer
+
+    heads = max(1, hidden // 128)
+    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=int(3.5 * hidden), num_hidden_layers=layers,
+                                      num_attention_heads=heads, num_key_value_heads=max(1, heads // 4),
+                                      vocab_size=8192, max_position_embeddings=2048, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.save_pretrained(d, max_shard_size="2GB")
+    tiny_tokenizer().save_pretrained(d)
+    return sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())
+
+
+def child(model_dir: str, out: str, options: list[str]) -> None:
+    """Run one compression in this process and print its peak RSS and stage time as JSON."""
+    from click.testing import CliRunner
+
+    from gac.cli import main as cli
+
+    start = time.perf_counter()
+    result = CliRunner().invoke(cli, ["compress", "--model", model_dir, "--out", out, *options],
+                                catch_exceptions=False)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"exit": result.exit_code, "peak_rss": peak, "seconds": round(time.perf_counter() - start, 1),
+                      "tail": result.output[-300:]}))
+
+
+def run_one(model_dir: Path, out: Path, options: list[str]) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(model_dir), str(out), *options]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        raise SystemExit(p.stderr[-2000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def forecast_bytes(model_dir: Path, options: list[str]) -> int:
+    cmd = [sys.executable, "-m", "gac", "compress", "--model", str(model_dir), "--dry-run", *options]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("peak memory"))
+    return int(float(line.split(":")[1].split()[0]) * 2**30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/gac-memory"))
+    parser.add_argument("--whole", action="store_true", help="also run the whole-model pipeline")
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "OUT"))
+    args, rest = parser.parse_known_args()
+    if args.child:
+        child(*args.child, rest)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for layers in args.layers:
+        model_dir = args.out / f"llama-{args.hidden}x{layers}"
+        layer_bytes = make_model(model_dir, layers, args.hidden)
+        for pipeline in (["layerwise", "whole"] if args.whole else ["layerwise"]):
+            options = COMPRESS + (["--layerwise"] if pipeline == "layerwise" else [])
+            r = run_one(model_dir, args.out / "compressed", options)
+            r.update(layers=layers, pipeline=pipeline, layer_bytes=layer_bytes,
+                     forecast=forecast_bytes(model_dir, options))
+            rows.append(r)
+            print(f"{pipeline:9s} {layers:3d} layers: peak RSS {r['peak_rss'] / 2**20:8.0f} MiB, forecast "
+                  f"{r['forecast'] / 2**20:8.0f} MiB, {r['seconds']} s (exit {r['exit']})", flush=True)
+        shutil.rmtree(model_dir)
+    shutil.rmtree(args.out / "compressed", ignore_errors=True)
+    for pipeline in {r["pipeline"] for r in rows}:
+        mine = [r for r in rows if r["pipeline"] == pipeline]
+        growth = mine[-1]["peak_rss"] - mine[0]["peak_rss"]
+        print(f"{pipeline}: growth {mine[0]['layers']} -> {mine[-1]['layers']} layers: {growth / 2**20:.0f} MiB; "
+              f"two layers' weights: {2 * mine[0]['layer_bytes'] / 2**20:.0f} MiB")
+    (args.out / "memory.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

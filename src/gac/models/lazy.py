@@ -1,0 +1,159 @@
+"""Weights brought in one decoder layer at a time: a model directory's safetensors read lazily (memory-mapped, by
+tensor name), into a skeleton built on the meta device by accelerate; or a model already whole in memory.
+
+Both sources answer the same two calls, so the layer-wise pipeline never knows which it has:
+  load_layer(i)     the layer's weights, on the CPU, in the working dtype
+  release_layer(i)  back to the meta device (memory freed); a resident model keeps its weights
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from gac.errors import GacError
+from gac.models.adapters import adapter_for
+
+log = logging.getLogger(__name__)
+SAFE_INDEX = "model.safetensors.index.json"
+SAFE_SINGLE = "model.safetensors"
+
+
+class Resident:
+    """A model already loaded whole: every layer is there; loading and releasing are no-ops."""
+
+    lazy = False
+
+    def __init__(self, model):
+        self.model = model
+
+    def load_layer(self, i: int) -> None:
+        pass
+
+    def release_layer(self, i: int) -> None:
+        pass
+
+
+def weight_files(path) -> dict[str, Path]:
+    """{tensor name: safetensors file} of a model directory (sharded with an index, or one file)."""
+    d = Path(path)
+    if (d / SAFE_INDEX).is_file():
+        index = json.loads((d / SAFE_INDEX).read_text())
+        return {name: d / file for name, file in index["weight_map"].items()}
+    if (d / SAFE_SINGLE).is_file():
+        from safetensors import safe_open
+
+        with safe_open(d / SAFE_SINGLE, "pt") as f:
+            return dict.fromkeys(f.keys(), d / SAFE_SINGLE)
+    raise GacError(f"{d} has no safetensors weights ({SAFE_SINGLE} or {SAFE_INDEX}): layer-by-layer loading reads "
+                   "safetensors only; convert the checkpoint, or load it whole")
+
+
+class LazyCheckpoint:
+    """A model directory read layer by layer: embeddings, final norm and head loaded at once, each decoder layer's
+    weights only between load_layer and release_layer."""
+
+    lazy = True
+
+    def __init__(self, path, dtype: str = "float32"):
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from gac.hw.device import torch_dtype
+
+        self.path = Path(path)
+        self.dtype = torch_dtype(dtype)
+        config = AutoConfig.from_pretrained(self.path)
+        self.adapter = adapter_for(config)
+        self.files = weight_files(self.path)
+        with init_empty_weights():  # parameters on meta; buffers (rotary frequencies) real
+            self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
+        self.model.eval()
+        layers = self.adapter.layers_path + "."
+        self._load([n for n in self.files if not n.startswith(layers)])
+        self.model.tie_weights()
+        missing = [n for n, p in self.model.named_parameters() if p.device.type == "meta" and not n.startswith(layers)]
+        if missing:
+            raise GacError(f"{self.path}: no weights for {missing[0]} in the safetensors files: the checkpoint is "
+                           "incomplete or of another architecture")
+
+    def _load(self, names: list[str]) -> None:
+        from accelerate.utils import set_module_tensor_to_device
+        from safetensors import safe_open
+
+        by_file: dict[Path, list[str]] = {}
+        for n in names:
+            by_file.setdefault(self.files[n], []).append(n)
+        known = {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
+        known |= {n for n, _ in self.model.named_buffers()}
+        for file, keys in by_file.items():
+            with safe_open(file, "pt", device="cpu") as f:
+                for key in keys:
+                    if key not in known:
+                        continue  # e.g. a saved rotary buffer the model recomputes
+                    set_module_tensor_to_device(self.model, key, "cpu", value=f.get_tensor(key), dtype=self.dtype)
+
+    def load_layer(self, i: int) -> None:
+        prefix = self.adapter.layer_prefix(i) + "."
+        self._load([n for n in self.files if n.startswith(prefix)])
+        layer = self.model.get_submodule(prefix[:-1])
+        missing = [n for n, p in layer.named_parameters() if p.device.type == "meta"]
+        if missing:
+            raise GacError(f"{self.path}: no weights for {prefix}{missing[0]} in the safetensors files: the "
+                           "checkpoint is incomplete or of another architecture")
+
+    def release_layer(self, i: int) -> None:
+        from accelerate.utils import set_module_tensor_to_device
+
+        prefix = self.adapter.layer_prefix(i)
+        for name, _ in list(self.model.get_submodule(prefix).named_parameters()):
+            set_module_tensor_to_device(self.model, f"{prefix}.{name}", "meta")
+        return_freed_memory()
+
+
+def return_freed_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc's malloc_trim). Layer-sized tensors fall under glibc's dynamic
+    mmap threshold once a few have been freed, so without this the heap keeps each released layer's pages and the
+    resident size creeps up with depth. A no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl): nothing to trim
+        pass
+
+
+def open_source(spec: str, *, dtype: str = "float32", device: str = "cpu"):
+    """(weight source, tokenizer, model name) for the layer-by-layer pipeline: a safetensors model directory is
+    read lazily (LazyCheckpoint, checked as a whole load would be), anything else (alias, .gguf) loaded whole."""
+    from gac.hw.device import check_device
+    from gac.models.loading import load_model
+
+    path = Path(spec).expanduser()
+    if not (path.is_dir() and (path / "config.json").is_file() and _has_safetensors(path)):
+        loaded = load_model(spec, dtype=dtype, device=device)
+        return Resident(loaded.model), loaded.tokenizer, loaded.source
+    if check_device(device).type != "cpu":
+        raise GacError("the layer-by-layer pipeline runs on the CPU here: pass --device cpu")
+    from transformers import AutoTokenizer
+
+    from gac.models import verify
+
+    verify.check_weight_files(path)
+    source = LazyCheckpoint(path, dtype)
+    verify.check_config(source.model.config, spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:
+        raise GacError(f"no usable tokenizer for {spec!r}: put the tokenizer files beside the weights") from e
+    verify.check_tokenizer_fits(source.model, tokenizer, spec)
+    return source, tokenizer, spec
+
+
+def _has_safetensors(d: Path) -> bool:
+    return (d / SAFE_INDEX).is_file() or (d / SAFE_SINGLE).is_file()

@@ -1,0 +1,231 @@
+"""The memory, disk and time forecast of `gac compress`, from the model's config alone (no weight is read): what
+`--dry-run` prints and what `--max-memory` is checked against.
+
+Peak resident memory of each pipeline, in bytes, b = bytes per parameter of the working dtype:
+  whole model   weights + two variants (deep copies) + every weight's SVD factors (fp32) + every linear's X^T X
+                (fp64, when collected) + activations
+  layer-wise    embeddings/head + one layer's weights (and its cut copies) + that layer's factors and X^T X + the
+                loss model's float64 work for its largest weight + stored calibration activations (every layer's
+                input, for the reverse sweep) + the head's logits of one batch
+plus the interpreter with torch and transformers imported (measured ~0.6 GB on CPU). Time: forward-pass FLOPs
+over the calibration tokens (analysis and materialization passes) and SVD FLOPs (~12 m n k per m x n weight, twice
+layer-wise: analysis and materialization), at this device's measured matmul rate. Rough by design: within a few
+tens of per cent (docs/RESULTS.md compares it with measured peaks)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+
+from gac.errors import GacError
+from gac.models.adapters import adapter_for
+
+log = logging.getLogger(__name__)
+GIB = 2**30
+RUNTIME_BYTES = int(0.6 * GIB)  # python + torch + transformers + tokenizer, measured on this CPU
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+NEEDS_XTX = {"svd_llm", "palu"}  # the cut itself whitens; asvd/svd_llm/palu's default loss model needs X^T X too
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What the forecast reads off a config."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    q_width: int
+    kv_width: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def of(cls, config) -> Shapes:
+        adapter = adapter_for(config)
+        geo = adapter.geometry(config)
+        return cls(adapter.layer_count(config), config.hidden_size, adapter.intermediate_size(config),
+                   geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim, config.vocab_size,
+                   bool(getattr(config, "tie_word_embeddings", False)))
+
+    def linears(self) -> list[tuple[int, int]]:
+        """[out, in] of one layer's compressible linears (gated MLP: gate and up; an ungated one is close)."""
+        h, i = self.hidden, self.intermediate
+        return [(self.q_width, h), (self.kv_width, h), (self.kv_width, h), (h, self.q_width), (i, h), (i, h), (h, i)]
+
+    @property
+    def layer_params(self) -> int:
+        return sum(o * i for o, i in self.linears()) + 2 * self.hidden
+
+    @property
+    def outer_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.outer_params
+
+
+@dataclass(frozen=True)
+class Forecast:
+    pipeline: str  # "whole" or "layerwise"
+    peak_bytes: int  # resident memory on the compute device (the CPU here)
+    weights_bytes: int
+    disk_bytes: int  # the output directory
+    seconds: float
+    parts: dict  # name -> bytes, what the peak is made of
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _factor_bytes(o: int, i: int) -> int:
+    k = min(o, i)
+    return 4 * (o * k + k + k * i)  # U, S, Vh in float32
+
+
+def forecast(config, *, compressor: str = "asvd", ratio: float = 0.15, dtype: str = "float32",
+             calib_windows: int = 16, seq_len: int = 512, layerwise: bool = True, importance: str | None = None,
+             flops_per_s: float | None = None) -> Forecast:
+    """Predicted peak memory, output size and time of compressing a model of this config."""
+    s = Shapes.of(config)
+    b = BYTES[dtype]
+    lowrank = compressor != "prune"
+    proxy = importance or ("taylor" if compressor == "prune" else "magnitude" if compressor == "svd" else "output")
+    xtx = compressor in NEEDS_XTX or (lowrank and proxy == "output")
+    reverse = proxy in ("output", "taylor", "fisher")
+    tokens = calib_windows * seq_len
+    act = b  # hidden states in the model's dtype
+    layer_factors = sum(_factor_bytes(o, i) for o, i in s.linears()) if lowrank else 0
+    # linears fed by one activation share one X^T X (q/k/v, gate/up): inputs of width hidden, q width, intermediate
+    layer_xtx = sum(8 * i * i for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
+    own_xtx = layer_xtx if compressor in NEEDS_XTX else 0  # materialization recollects it only to whiten
+    big_o, big_i = max(s.linears(), key=lambda oi: oi[0] * oi[1])
+    k = min(big_o, big_i)
+    curve = 8 * (2 * k * k + 2 * k * big_i + big_i * big_i) if lowrank and proxy == "output" else 0
+    whiten = 8 * (big_o * big_i + big_i * big_i) if compressor in NEEDS_XTX else 0  # float64 W S and S
+    svd_work = 3 * 4 * big_o * big_i if lowrank else 0  # float32 copy, scaled copy, LAPACK workspace
+    batch = 2 if reverse else 4
+    transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
+    logits = 3 * batch * seq_len * s.vocab * 4 if reverse else 0  # float logits, their grad, softmax
+    flight = (3 if reverse else 1) * tokens * s.hidden * act  # hidden states and gradients; stored inputs on disk
+    weights = s.params * b
+    if layerwise:  # the larger of the two sweeps: analysis, materialization
+        analysis = {
+            "outer weights": s.outer_params * b,
+            "one layer's weights": s.layer_params * b,
+            "one layer's factors": layer_factors,
+            "one layer's X^T X": layer_xtx,
+            "SVD / loss model / whitening work (largest weight)": svd_work + max(curve, whiten),
+            "activations in flight": flight + max(transient, logits),
+            "runtime": RUNTIME_BYTES,
+        }
+        materialize = {
+            "outer weights": s.outer_params * b,
+            "one layer's weights and its two cut copies": 3 * s.layer_params * b,
+            "one layer's factors": layer_factors,
+            "one layer's X^T X": own_xtx,
+            "SVD / loss model / whitening work (largest weight)": svd_work + whiten,
+            "activations in flight": tokens * s.hidden * act + transient,
+            "runtime": RUNTIME_BYTES,
+        }
+        parts = max(analysis, materialize, key=lambda p: sum(p.values()))
+    else:
+        parts = {
+            "weights": weights,
+            "two variants (copies)": 2 * int(weights * (1 - ratio * 0.8)),
+            "all factors": s.layers * layer_factors,
+            "all X^T X": s.layers * layer_xtx,
+            "SVD / loss model / whitening work (largest weight)": svd_work + max(curve, whiten),
+            "activations and logits": transient * s.layers // 4 + logits + 4 * tokens * s.hidden * act,
+            "runtime": RUNTIME_BYTES,
+        }
+    compressible = s.layers * sum(o * i for o, i in s.linears())
+    disk = int((s.params - compressible * ratio) * b)
+    if layerwise and reverse:
+        disk += s.layers * tokens * s.hidden * act  # each layer's stored input, in a temporary directory
+    forward_flops = 2 * tokens * (s.params - s.outer_params) + 2 * tokens * s.vocab * s.hidden
+    passes = (1 + 3 + 1) if reverse else 2  # analysis (forward; reverse: forward + recompute + backward), materialize
+    svd_flops = s.layers * sum(12 * o * i * min(o, i) for o, i in s.linears()) * (2 if layerwise else 1) if lowrank else 0
+    rate = flops_per_s or matmul_rate()
+    return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk,
+                    (forward_flops * passes + svd_flops) / rate, {k: int(v) for k, v in parts.items()})
+
+
+def matmul_rate(seconds: float = 0.3) -> float:
+    """This CPU's float32 matmul rate in FLOP/s, measured for `seconds` on 1024 x 1024 products."""
+    import time
+
+    import torch
+
+    a = torch.randn(1024, 1024)
+    a @ a  # warm-up
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ a
+        n += 1
+    return 2 * 1024**3 * n / (time.perf_counter() - start)
+
+
+def config_of(spec: str):
+    """The transformers config of a model spec (alias, directory, .gguf) without reading its weights."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from gac.models.loading import EMBEDDED, embedded_gguf
+
+    if spec in EMBEDDED:
+        gguf = embedded_gguf(spec)
+        return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    if path.is_dir() and (path / "config.json").is_file():
+        return AutoConfig.from_pretrained(str(path))
+    if path.is_file() and path.suffix == ".json":
+        return AutoConfig.from_pretrained(str(path))
+    raise GacError(f"no config for {spec!r}: pass a model directory, a .gguf file, a config.json or an alias")
+
+
+def forecast_of(cfg, layerwise: bool) -> Forecast:
+    """The forecast for a CompressConfig (gac.api)."""
+    opts = cfg.compressor_options
+    return forecast(config_of(cfg.model), compressor=cfg.compressor, ratio=cfg.ratio, dtype=cfg.dtype,
+                    calib_windows=cfg.text.calib_windows, seq_len=cfg.text.seq_len, layerwise=layerwise,
+                    importance=opts.get("importance"))
+
+
+def plan_memory(cfg) -> bool:
+    """Whether to run layer by layer: as asked (--layerwise), or because the whole-model forecast exceeds
+    --max-memory's CPU budget; a layer-wise forecast beyond it is refused before any work."""
+    from gac.models.placement import parse_max_memory
+
+    limit = (parse_max_memory(cfg.max_memory) or {}).get("cpu")
+    layerwise = cfg.layerwise
+    if limit is not None and not layerwise and forecast_of(cfg, False).peak_bytes > limit:
+        log.info("the whole-model pipeline would exceed --max-memory cpu=%.1fGiB: running layer by layer", limit / GIB)
+        layerwise = True
+    if limit is not None and layerwise:
+        need = forecast_of(cfg, True).peak_bytes
+        if need > limit:
+            raise GacError(f"the layer-by-layer pipeline needs about {need / GIB:.1f} GiB but --max-memory allows "
+                           f"{limit / GIB:.1f} GiB for cpu: fewer --calib-windows, a shorter --seq-len or bfloat16")
+    return layerwise
+
+
+def describe(f: Forecast) -> str:
+    """The dry run's printout: peak per device, disk, time, and what the peak is made of."""
+    lines = [f"pipeline: {f.pipeline}", f"peak memory (cpu): {f.peak_bytes / GIB:.2f} GiB",
+             f"model weights: {f.weights_bytes / GIB:.1f} GiB", f"disk needed (output and temporary): {f.disk_bytes / GIB:.1f} GiB",
+             f"rough time: {_duration(f.seconds)}", "peak made of:"]
+    lines += [f"  {name}: {size / GIB:.2f} GiB" for name, size in f.parts.items()]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(1, math.ceil(seconds))} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,0 +1,88 @@
+"""Where a big model's weights live: accelerate's device maps and per-device memory caps (`--device-map auto`,
+`--max-memory cpu=8GiB,0=20GiB`), and the shard size of saved outputs. Parsing and checks only: placement itself is
+accelerate's (through transformers' `from_pretrained(device_map=..., max_memory=..., offload_folder=...)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gac.errors import GacError
+
+SHARD_SIZE = "2GB"  # max_shard_size of saved outputs (transformers' format: shards + model.safetensors.index.json)
+DEVICE_MAPS = ("auto", "balanced", "sequential")
+
+
+def parse_max_memory(spec: str | dict | None) -> dict | None:
+    """accelerate's max_memory {device: bytes} from "cpu=8GiB,0=20GiB" (GPU indices as integers, "disk" allowed),
+    or None. A bad entry is one line naming the format."""
+    if spec is None or isinstance(spec, dict) and not spec:
+        return None
+    from accelerate.utils import convert_file_size_to_int
+
+    pairs = spec.items() if isinstance(spec, dict) else (
+        part.partition("=")[::2] for part in str(spec).split(",") if part.strip())
+    out = {}
+    for device, size in pairs:
+        device = str(device).strip()
+        key = int(device) if device.isdigit() else device
+        if not (isinstance(key, int) or key in ("cpu", "disk", "mps")) and not device.startswith("cuda:"):
+            raise GacError(f"bad --max-memory device {device!r}: use cpu, disk or a GPU index, e.g. cpu=8GiB,0=20GiB")
+        if device.startswith("cuda:") and device[5:].isdigit():
+            key = int(device[5:])
+        size = str(size).strip()
+        try:
+            out[key] = int(size) if size.isdigit() else convert_file_size_to_int(size)  # bytes, or 8GiB, 500MB
+        except (ValueError, TypeError, AttributeError):
+            out[key] = -1
+        if out[key] <= 0:
+            raise GacError(f"bad --max-memory size {size!r} for {device}: use a size such as 8GiB or 500MB, "
+                           "e.g. cpu=8GiB,0=20GiB")
+    if not out:
+        raise GacError(f"bad --max-memory {spec!r}: use device=size pairs, e.g. cpu=8GiB,0=20GiB")
+    return out
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How to place a model's weights on load: None = all on one `device` (gac's default); "auto" (or balanced,
+    sequential) = accelerate's dispatch over GPUs, CPU and disk within `max_memory`, offloading the rest to
+    `offload_folder` (a temporary directory when none is given)."""
+
+    device_map: str | None = None
+    max_memory: dict | None = None  # {0: bytes, "cpu": bytes, ...}, accelerate's format
+    offload_folder: str | None = None
+
+    def __post_init__(self):
+        if self.device_map is not None and self.device_map not in DEVICE_MAPS:
+            raise GacError(f"unknown --device-map {self.device_map!r}: use one of {', '.join(DEVICE_MAPS)}")
+        object.__setattr__(self, "max_memory", parse_max_memory(self.max_memory))
+
+    @property
+    def dispatched(self) -> bool:
+        return self.device_map is not None
+
+    def from_pretrained_kwargs(self) -> dict:
+        """The keyword arguments of transformers' from_pretrained for this placement ({} for one device)."""
+        if not self.dispatched:
+            return {}
+        kwargs = {"device_map": self.device_map}
+        if self.max_memory is not None:
+            kwargs["max_memory"] = dict(self.max_memory)
+        if self.offload_folder is not None:
+            kwargs["offload_folder"] = self.offload_folder
+        return kwargs
+
+
+def input_device(model):
+    """The device the model's inputs go to: the embeddings' (a dispatched model's first parameters may be on
+    `meta` while offloaded), else the first parameter's."""
+    import torch
+
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(emb, "weight", None)
+    if weight is not None and weight.device.type != "meta":
+        return weight.device
+    for p in model.parameters():
+        if p.device.type != "meta":
+            return p.device
+    return torch.device("cpu")

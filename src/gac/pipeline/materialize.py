@@ -1,0 +1,134 @@
+"""Layer-wise materialization: every variant cut one decoder layer at a time from the same analysis, without copying
+the model. A variant is a shell sharing the original's tensors; only the cut linears of a layer are new. With a
+writer, the saved variant's layer is written out as soon as it is cut and every shell's layer is released (the
+model never exists whole in memory)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from gac.calibrate import collect_stats
+from gac.models.adapters import adapter_for
+from gac.models.groups import linears_of
+from gac.models.lazy import return_freed_memory
+from gac.pipeline.analyze import CALIB_BATCH, groups_by_layer
+from gac.pipeline.layers import (
+    embed,
+    layer_count,
+    layer_module,
+    run_layer,
+    swapped_layers,
+)
+
+log = logging.getLogger(__name__)
+
+
+def shared_copy(module: nn.Module) -> nn.Module:
+    """A copy of the module tree sharing every parameter and buffer with `module` (no tensor is copied)."""
+    memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return copy.deepcopy(module, memo)
+
+
+def shell_of(model) -> nn.Module:
+    """A copy of `model` sharing its tensors, with its decoder layers still those of `model` (replaced one by one)."""
+    layers = [layer_module(model, i) for i in range(layer_count(model))]
+    with swapped_layers(model, []):  # not even the layers' module objects are copied
+        shell = shared_copy(model)
+    parent_path, _, attr = _layers_parent(model)
+    setattr(shell.get_submodule(parent_path), attr, nn.ModuleList(layers))
+    return shell
+
+
+def _layers_parent(model):
+    return adapter_for(model.config).layers_path.rpartition(".")
+
+
+def release_module(module: nn.Module) -> None:
+    """Every parameter and buffer of `module` moved to the meta device (its memory freed; shapes kept)."""
+    for sub in module.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is not None:
+                sub._parameters[name] = nn.Parameter(p.detach().to("meta"), requires_grad=False)
+        for name, b in list(sub._buffers.items()):
+            if b is not None:
+                sub._buffers[name] = b.to("meta")
+
+
+def materialize_layerwise(model, source, compressor, units, dims: dict, calib: torch.Tensor, *,
+                          writer=None, held_out: torch.Tensor | None = None, progress: bool = True) -> dict:
+    """{variant: model} for each variant of dims ({variant: {unit name: dim or None}}), cut layer by layer.
+
+    The calibration windows are run through the original layers again to recompute each layer's factors (the
+    analysis kept spectra only). writer: (variant, gac.models.sharded.ShardWriter) to stream that variant's
+    layers to; every variant's layers are then released as soon as they are written (shapes kept, for counting).
+    held_out: evaluation windows [n, seq] run through the baseline's and every variant's layers on the way; their
+    perplexities are returned under the key "ppl" ({variant or "baseline": float})."""
+    by_layer = groups_by_layer(model, [u.group for u in units])
+    unit_of = {u.group.name: u for u in units}
+    shells = {v: shell_of(model) for v in dims}
+    batches = embed(model, calib, CALIB_BATCH)
+    evals = None if held_out is None else {v: embed(model, held_out, CALIB_BATCH) for v in ("baseline", *dims)}
+    for i in tqdm(range(layer_count(model)), desc="materializing", unit="layer", disable=not progress):
+        source.load_layer(i)
+        layer = layer_module(model, i)
+        layer_units = [unit_of[g.name] for g in by_layer[i]]
+        names = linears_of(by_layer[i])
+        with collect_stats(model, names, xtx=compressor.own_xtx) as stats, torch.no_grad():
+            for b in batches:
+                b.hidden = run_layer(layer, b, i)  # through the original layer, as whole-model calibration
+        compressor.factorize_units(model, layer_units, stats)
+        del stats
+        if evals is not None:
+            _advance(layer, evals["baseline"], i)
+        for variant, shell in shells.items():
+            parent_path, _, attr = _layers_parent(shell)
+            getattr(shell.get_submodule(parent_path), attr)[i] = shared_copy(layer)
+            compressor.materialize_units(shell, layer_units, dims[variant])
+            if evals is not None:
+                _advance(layer_module(shell, i), evals[variant], i)
+            if writer is not None:
+                cut = layer_module(shell, i)
+                if variant == writer[0]:
+                    prefix = adapter_for(model.config).layer_prefix(i)
+                    writer[1].add({f"{prefix}.{k}": v for k, v in cut.state_dict().items()})
+                release_module(cut)
+        compressor.release_factors(layer_units)
+        source.release_layer(i)
+        if writer is not None:
+            return_freed_memory()
+    models = {v: s.eval() for v, s in shells.items()}
+    if evals is not None:
+        models["ppl"] = {v: _perplexity(model, eval_batches) for v, eval_batches in evals.items()}
+    return models
+
+
+@torch.no_grad()
+def _advance(layer: nn.Module, batches: list, i: int) -> None:
+    for b in batches:
+        b.hidden = run_layer(layer, b, i)  # [b, seq, D]
+
+
+@torch.no_grad()
+def _perplexity(model, batches: list) -> float:
+    """exp(mean next-token NLL) from the last layer's outputs, as gac.evaluate.perplexity computes it whole."""
+    import math
+
+    from gac.pipeline.layers import loss_from_last_hidden
+
+    nll, count = 0.0, 0
+    for b in batches:
+        n = b.ids.shape[0] * (b.ids.shape[1] - 1)  # predicted tokens; the loss is their mean
+        nll += float(loss_from_last_hidden(model, b.ids, b.hidden)) * n
+        count += n
+    return math.exp(nll / count)
+
+
+def outer_tensors(model) -> dict:
+    """{name: tensor} of everything outside the decoder layers (embeddings, final norm, head), as saved."""
+    prefix = _layers_parent(model)[0] + "." + _layers_parent(model)[2] + "."
+    return {k: v for k, v in model.state_dict().items() if not k.startswith(prefix)}

@@ -1,0 +1,88 @@
+"""The memory forecast and `gac compress --dry-run`: from the config alone, growing with one layer, not with depth,
+for the layer-by-layer pipeline; --max-memory picks the pipeline or refuses before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import transformers
+
+from gac.api import CompressConfig
+from gac.errors import GacError
+from gac.models.memory import GIB, Shapes, forecast, plan_memory
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "configs"
+RATE = 1e11  # FLOP/s: fixed so the tests do not time this machine
+
+
+def llama(layers: int, hidden: int = 1024):
+    return transformers.LlamaConfig(hidden_size=hidden, intermediate_size=int(3.5 * hidden), num_hidden_layers=layers,
+                                    num_attention_heads=hidden // 128, num_key_value_heads=hidden // 512,
+                                    vocab_size=8192, tie_word_embeddings=False)
+
+
+def test_shapes_count_llama_3_8b_parameters():
+    config = transformers.AutoConfig.from_pretrained(DOCS / "llama-3-8b")
+    assert Shapes.of(config).params == pytest.approx(8.03e9, rel=0.01)  # Llama-3-8B has 8.03 B parameters
+
+
+def test_layerwise_forecast_grows_with_one_layer_not_depth():
+    shallow, deep = (forecast(llama(n), flops_per_s=RATE) for n in (4, 16))
+    layer_bytes = 4 * Shapes.of(llama(1)).layer_params
+    assert 0 <= deep.peak_bytes - shallow.peak_bytes < 2 * layer_bytes
+    whole_shallow, whole_deep = (forecast(llama(n), layerwise=False, flops_per_s=RATE) for n in (4, 16))
+    assert whole_deep.peak_bytes - whole_shallow.peak_bytes > 12 * layer_bytes  # the whole model grows with depth
+    assert deep.seconds > shallow.seconds > 0
+    assert whole_deep.disk_bytes < 4 * Shapes.of(llama(16)).params  # the output is smaller than the fp32 model
+    assert deep.disk_bytes > whole_deep.disk_bytes  # layer by layer, stored activations go to disk
+
+
+def test_bfloat16_halves_the_weights():
+    f32, bf16 = (forecast(llama(8), dtype=d, flops_per_s=RATE) for d in ("float32", "bfloat16"))
+    assert bf16.weights_bytes * 2 == f32.weights_bytes
+    assert bf16.disk_bytes < f32.disk_bytes
+
+
+def test_max_memory_picks_layerwise_or_refuses(tmp_path):
+    d = tmp_path / "cfg"
+    llama(16).save_pretrained(d)
+    cfg = CompressConfig(model=str(d), evaluate=False)
+    whole = forecast(llama(16), layerwise=False, flops_per_s=RATE).peak_bytes
+    layerwise = forecast(llama(16), flops_per_s=RATE).peak_bytes
+    assert layerwise < whole
+    roomy = dataclasses.replace(cfg, max_memory=f"cpu={whole + GIB}")
+    assert plan_memory(roomy) is False  # fits whole: the whole-model pipeline
+    tight = dataclasses.replace(cfg, max_memory=f"cpu={(layerwise + whole) // 2}")
+    assert plan_memory(tight) is True
+    with pytest.raises(GacError, match="needs about"):
+        plan_memory(dataclasses.replace(cfg, max_memory=f"cpu={layerwise // 2}"))
+
+
+def run_gac(*args):
+    return subprocess.run([sys.executable, "-m", "gac", *args], capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "llama-3-70b"])
+def test_dry_run_prints_the_forecast(name):
+    p = run_gac("compress", "--model", str(DOCS / name), "--dtype", "bfloat16", "--layerwise", "--dry-run")
+    assert p.returncode == 0, p.stderr
+    for key in ("peak memory (cpu)", "disk needed", "rough time", "pipeline: layerwise"):
+        assert key in p.stdout
+    peak = float(next(x for x in p.stdout.splitlines() if x.startswith("peak memory")).split(":")[1].split()[0])
+    weights = float(next(x for x in p.stdout.splitlines() if x.startswith("model weights")).split(":")[1].split()[0])
+    assert peak < weights  # never holds the model
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--max-memory", "cpu=lots", "--dry-run"], "max-memory size"),
+    (["--max-memory", "gpu=1GiB", "--dry-run"], "max-memory device"),
+    ([], "missing --out"),
+])
+def test_bad_memory_options_are_one_line(args, match):
+    p = run_gac("compress", "--model", str(DOCS / "llama-3-8b"), *args)
+    assert p.returncode == 2
+    assert match in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -1,0 +1,83 @@
+"""The layer-by-layer pipeline gives what the whole-model pipeline gives: the same dims (every compressor, every kind
+of importance, gradients included), the same scores and the same compressed models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gac.api import CompressConfig, analyze_and_select, materialize_variants
+from gac.compressors import make_compressor
+from gac.errors import GacError
+from gac.evaluate.perplexity import perplexity
+from gac.models.lazy import Resident
+from gac.pipeline.analyze import analyze_layerwise
+from gac.pipeline.materialize import materialize_layerwise
+from tests.conftest import tiny_model
+
+CALIB = torch.randint(0, 320, (6, 32), generator=torch.Generator().manual_seed(1))  # [n, seq]
+HELD_OUT = torch.randint(0, 320, (3, 32), generator=torch.Generator().manual_seed(2))
+
+CASES = [
+    ("svd", {}),  # magnitude, forward sweep only
+    ("asvd", {}),  # the loss model: output-gradient Fisher from the reverse sweep
+    ("svd_llm", {}),
+    ("palu", {}),
+    ("prune", {"layers": "all"}),  # taylor: weight gradients from the reverse sweep
+    ("prune", {"layers": "1", "importance": "fisher", "head_mode": "none"}),  # a layer with no unit
+    ("asvd", {"importance": "taylor"}),
+    ("palu", {"importance": "fisher"}),
+    ("svd_llm", {"importance": "activation"}),
+]
+
+
+@pytest.mark.parametrize("name, options", CASES, ids=[f"{n}-{'-'.join(map(str, o.values())) or 'default'}"
+                                                       for n, o in CASES])
+def test_layerwise_equals_whole_model(name, options):
+    model = tiny_model()
+    cfg = CompressConfig(compressor=name, ratio=0.2, compressor_options=options, progress=False)
+    whole = analyze_and_select(model, CALIB, cfg)
+    layerwise = analyze_and_select(model, CALIB, cfg, source=Resident(model))
+    assert layerwise.dims == whole.dims
+    assert [u.name for u in layerwise.units] == [u.name for u in whole.units]
+    for a, b in zip(whole.units, layerwise.units):
+        assert b.score == pytest.approx(a.score, rel=1e-5)  # normalized over all layers, as the whole model's
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    expected = materialize_variants(model, whole)
+    got = materialize_layerwise(model, Resident(model), layerwise.compressor, layerwise.units, layerwise.dims,
+                                CALIB, progress=False)
+    assert set(got) == {"unaligned", "gac"}
+    for variant in got:
+        ref, out = expected[variant].state_dict(), got[variant].state_dict()
+        assert set(out) == set(ref)
+        assert all(torch.allclose(out[k], ref[k], rtol=1e-4, atol=1e-6) for k in ref), variant
+        assert perplexity(got[variant], HELD_OUT, progress=False) == pytest.approx(
+            perplexity(expected[variant], HELD_OUT, progress=False), rel=1e-5)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the original is untouched
+
+
+def test_layerwise_keeps_spectra_only():
+    model = tiny_model()
+    compressor = make_compressor("svd_llm")
+    units = analyze_layerwise(model, Resident(model), compressor, compressor.groups(model), CALIB, keep=0.8,
+                              progress=False)
+    assert units and all(u.svd.U is None and u.svd.Vh is None and u.svd.scale is None for u in units)
+    assert all(u.curve is not None and u.svd.S.numel() > 0 for u in units)
+
+
+def test_variants_share_the_original_tensors():
+    model = tiny_model()
+    cfg = CompressConfig(compressor="prune", ratio=0.2, compressor_options={"layers": "1"}, progress=False)
+    sel = analyze_and_select(model, CALIB, cfg, source=Resident(model))
+    got = materialize_layerwise(model, Resident(model), sel.compressor, sel.units, sel.dims, CALIB, progress=False)
+    original = {p.data_ptr() for p in model.parameters()}
+    for variant in got.values():
+        untouched = [p for n, p in variant.named_parameters() if not n.startswith("model.layers.1.")]
+        assert untouched and all(p.data_ptr() in original for p in untouched)  # not copied
+
+
+def test_measured_sensitivity_needs_the_whole_model():
+    model = tiny_model()
+    cfg = CompressConfig(compressor="asvd", ratio=0.2, compressor_options={"importance": None}, progress=False)
+    with pytest.raises(GacError, match="whole model"):
+        analyze_and_select(model, CALIB, cfg, source=Resident(model))

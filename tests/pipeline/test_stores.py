@@ -1,0 +1,46 @@
+"""The two small stores of the layer-wise pipeline: stored activations (in memory or spilled to disk) and the shard
+writer (transformers' names and index, tied tensors once, nothing from the meta device)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gac.models.sharded import ShardWriter
+from gac.pipeline.analyze import ActivationStore
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_activation_store_round_trip(spill):
+    tensors = [torch.randn(2, 5, 8), torch.randn(1, 5, 8)]  # [b, seq, D]
+    with ActivationStore(spill=spill) as store:
+        store[3] = tensors
+        got = store[3]
+        assert all(torch.equal(a, b) for a, b in zip(got, tensors))
+        if spill:
+            files = list(Path(store.dir.name).iterdir())
+            assert len(files) == 1
+        del got, store[3]
+        if spill:
+            assert not list(Path(store.dir.name).iterdir())
+    if spill:
+        assert not Path(store.dir.name).exists()  # removed on exit
+
+
+def test_shard_writer_names_index_and_ties(tmp_path):
+    emb = torch.randn(10, 4)
+    w = ShardWriter(tmp_path)
+    w.add({"model.layers.0.a.weight": torch.randn(3, 4)})
+    w.add({"model.embed_tokens.weight": emb, "lm_head.weight": emb, "model.norm.weight": torch.ones(4)})
+    paths = w.close()
+    assert [p.name for p in paths] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == {"model.layers.0.a.weight", "model.embed_tokens.weight", "model.norm.weight"}
+    assert index["metadata"]["total_size"] == 4 * (12 + 40 + 4)
+    assert torch.equal(load_file(paths[1])["model.embed_tokens.weight"], emb)
+    with pytest.raises(ValueError, match="meta"):
+        ShardWriter(tmp_path / "x").add({"w": torch.empty(2, device="meta")})
