@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import shutil
 import subprocess
@@ -27,17 +28,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout without installing
 
-from gac.atomic import write_text  # noqa: E402
+from gac.atomic import write_text
 
 log = logging.getLogger("gpu_evidence")
 
 # Llama-3-8B (meta-llama/Meta-Llama-3-8B config.json) and SmolLM2-135M (HuggingFaceTB/SmolLM2-135M config.json)
-LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                 num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
-                 rms_norm_eps=1e-5, tie_word_embeddings=False)
-SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                    num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
-                    rms_norm_eps=1e-5, tie_word_embeddings=True)
+LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0,
+             "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+SMOLLM2_135M = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+                "num_key_value_heads": 3, "vocab_size": 49152, "max_position_embeddings": 8192, "rope_theta": 100000.0,
+                "rms_norm_eps": 1e-5, "tie_word_embeddings": True}
 # Llama-3-8B's aspect ratios at toy size: intermediate/hidden 3.5, head_dim 128, 4 query heads per KV head.
 TINY = dict(LLAMA3_8B, hidden_size=512, intermediate_size=1792, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=1, vocab_size=4096)
@@ -71,7 +72,7 @@ def nvidia_smi() -> dict | None:
     if shutil.which("nvidia-smi") is None:
         return None
     out = subprocess.run(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=30)
+                         capture_output=True, text=True, timeout=30, check=False)
     values = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")] if out.stdout.strip() else []
     return dict(zip(SMI_FIELDS.split(","), values)) or {"error": out.stderr.strip()[:300]}
 
@@ -86,7 +87,7 @@ def step_env(args) -> None:
     if not record:
         record = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
                   "transformers": transformers.__version__, "cpu": platform.processor() or platform.machine(),
-                  "cpu_count": __import__("os").cpu_count()}
+                  "cpu_count": os.cpu_count()}
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(0)
             record["gpu"] = {"name": p.name, "sms": p.multi_processor_count, "memory_gib": round(p.total_memory / 2**30, 1),
@@ -133,6 +134,8 @@ def kernel_names(device: str, dtype) -> dict:
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
 
+    from gac.hw.profile import _first_sdpa_backend, _kernel
+
     dev = torch.device(device)
     activities = [ProfilerActivity.CUDA] if dev.type == "cuda" else [ProfilerActivity.CPU]
 
@@ -152,24 +155,13 @@ def kernel_names(device: str, dtype) -> dict:
         for m, k, n in KERNEL_GEMMS:
             x = torch.randn(m, k, device=dev, dtype=dtype)
             w = torch.randn(n, k, device=dev, dtype=dtype)
-            out["gemm"].append({"m": m, "k": k, "n": n, "kernels": names(lambda: F.linear(x, w))})
+            out["gemm"].append({"m": m, "k": k, "n": n, "kernels": names(lambda x=x, w=w: F.linear(x, w))})
+        attention = _kernel("sdpa", causal=True)  # the profile's SDPA call
         for d in KERNEL_HEAD_DIMS:
-            q, kk, v = (torch.randn(1, 32, 1024, d, device=dev, dtype=dtype) for _ in range(3))
-
-            def sdpa():
-                return F.scaled_dot_product_attention(q, kk, v, is_causal=True)
-
-            out["sdpa"].append({"head_dim": d, "first_backend_that_runs": _backend(q, kk, v, dev),
-                                "kernels": names(sdpa)})
+            qkv = tuple(torch.randn(1, 32, 1024, d, device=dev, dtype=dtype) for _ in range(3))  # [B, H, S, D]
+            out["sdpa"].append({"head_dim": d, "first_backend_that_runs": _first_sdpa_backend(attention, qkv, dev),
+                                "kernels": names(lambda qkv=qkv: attention(*qkv))})
     return out
-
-
-def _backend(q, k, v, dev) -> str:
-    import torch.nn.functional as F
-
-    from gac.hw.profile import _first_sdpa_backend
-
-    return _first_sdpa_backend(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), (q, k, v), dev)
 
 
 def step_kernels(args) -> None:
@@ -419,7 +411,7 @@ def step_model(args) -> None:
             print(bench_table_markdown(result), flush=True)
             record["compressors"][name] = {"variants": summary, "bench": result,
                                            **{k: v for k, v in entry.items() if k != "dims"}}
-        except Exception as e:  # noqa: BLE001 - one compressor failing must not lose the other's results
+        except Exception as e:  # one compressor failing must not lose the other's results
             log.exception("%s failed", name)
             record["compressors"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
         finally:
@@ -490,8 +482,9 @@ def step_summary(args) -> None:
 
     docs = args.docs
     docs.mkdir(parents=True, exist_ok=True)
-    head = ["| results | shapes | compressor | dims | unaligned: aligned share | FLOP ratio | unaligned / baseline "
-            "1x1024 | gac / baseline 1x1024 | unaligned / gac | A/A floor |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    head = [("| results | shapes | compressor | dims | unaligned: aligned share | FLOP ratio | unaligned / baseline "
+             "1x1024 | gac / baseline 1x1024 | unaligned / gac | A/A floor |"),
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     lines = []
     for folder in args.dirs:
         sweeps = folder / "sweeps.json"
@@ -508,8 +501,8 @@ def step_summary(args) -> None:
                     continue
                 head.append(_headline_row(folder, rec, name, c))
                 v = c["variants"]
-                lines += [f"## {folder.name}: {rec['preset']} ({rec['dtype']}, {rec.get('spectra', 'random')} "
-                          f"weights), {name} at ratio {rec['ratio']}", "",
+                lines += [(f"## {folder.name}: {rec['preset']} ({rec['dtype']}, {rec.get('spectra', 'random')} "
+                           f"weights), {name} at ratio {rec['ratio']}"), "",
                           "| variant | decoder-layer params | FLOP ratio vs baseline | aligned dims |",
                           "|---|---:|---:|---:|"]
                 lines += [f"| {n} | {s['layer_params']:,} | {s['flop_ratio_vs_baseline']:.3f} | "

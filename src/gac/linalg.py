@@ -32,8 +32,8 @@ FACTORIZATIONS = ("svd", "gram")
 def gram_svd(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Thin SVD (U, S, Vh) of a [m, n] from the eigendecomposition of its smaller Gram matrix, in float64.
 
-    eigh of an [k, k] Gram matrix (k = min(m, n)) is several times faster than an SVD of the [m, n] matrix on
-    both CPU and GPU. Squaring the matrix costs precision only in the smallest singular values (relative error
+    eigh of the [k, k] Gram matrix (k = min(m, n)) is much faster than cuSOLVER's SVD of the [m, n] matrix on a
+    GPU; on a CPU it wins at small k and not at k = 4096 (docs/RESULTS.md). Squaring the matrix costs precision only in the smallest singular values (relative error
     ~ eps64 * (s_max / s)^2), far below what a rank cut keeps. Returned in a's dtype."""
     x = a.double()
     tall = x.shape[0] >= x.shape[1]

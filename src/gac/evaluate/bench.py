@@ -196,8 +196,8 @@ def bench_table_markdown(result: dict) -> str:
                for p in result["points"] if p.get("aa")]
         per += [f"decode b{d['batch']} {d['aa']['b']['median_ms'] / d['aa']['a']['median_ms']:.3f}"
                 for d in decodes if d.get("aa")]
-        lines += ["", f"A/A control ({names[0]} timed twice in the same rounds): ratios {', '.join(per)}; noise floor "
-                      f"{floor:.1f}% (differences smaller than this are noise)."]
+        lines += ["", (f"A/A control ({names[0]} timed twice in the same rounds): ratios {', '.join(per)}; noise "
+                       f"floor {floor:.1f}% (differences smaller than this are noise).")]
     return "\n".join(lines) + "\n"
 
 

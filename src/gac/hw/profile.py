@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 PROFILE_VERSION = 1
 OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank")
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")  # tried in this order
-MAX_HEAD_DIM = 1024
-CUDA_CHUNK = 32  # dims timed round-robin together on CUDA, each with input sets over twice the L2  # above any model's attention head (usually 64-256); catches GEMM ranges given as head dims
+MAX_HEAD_DIM = 1024  # above any model's attention head (usually 64-256); catches GEMM ranges given as head dims
+CUDA_CHUNK = 32  # dims timed round-robin together on CUDA, each with input sets over twice the L2
 
 
 @dataclass(frozen=True)

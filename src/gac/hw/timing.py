@@ -19,6 +19,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Timing:
     """Summary of repeated runs of one callable, in milliseconds."""
