@@ -154,8 +154,9 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, sourc
     if cfg.target:
         from gac.align.targets import get_target
 
-        target = get_target(cfg.target).report(units, gac_dims)
-        target["unaligned_met"] = get_target(cfg.target).report(units, unaligned)["met"]
+        spec = get_target(cfg.target)
+        target = spec.report(units, gac_dims)
+        target["unaligned_met"] = spec.report(units, unaligned)["met"]
     return Selected(compressor, units, names, compressible, budget, {"unaligned": unaligned, "gac": gac_dims},
                     selection, excluded, target)
 

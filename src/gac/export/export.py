@@ -37,16 +37,21 @@ class ExportResult:
     report: dict  # gac.export.quantize.type_report + arch, per-layer geometry, file size
 
 
-def check_output(out: str, force: bool) -> Path:
-    """The output must be a .gguf path we may write (checked before any work)."""
+def _check_out_file(spec: str, suffix: str, flag: str, force: bool, example: str = "") -> Path:
+    """`spec` must be a path ending in `suffix` that `flag` may write (checked before any work)."""
     from gac import validate
 
-    path = Path(out).expanduser()
-    if path.suffix != ".gguf":
-        raise GacError(f"--out {out} must end in .gguf: e.g. --out model-q4_k_m.gguf")
+    path = Path(spec).expanduser()
+    if path.suffix != suffix:
+        raise GacError(f"{flag} {spec} must end in {suffix}{example}")
     if path.exists() and not path.is_dir() and not force:
-        raise GacError(f"{out} already exists: choose another --out or pass --force to replace it")
-    return validate.output_file(path, "--out")
+        raise GacError(f"{spec} already exists: choose another {flag} or pass --force to replace it")
+    return validate.output_file(path, flag)
+
+
+def check_output(out: str, force: bool) -> Path:
+    """The output must be a .gguf path we may write (checked before any work)."""
+    return _check_out_file(out, ".gguf", "--out", force, ": e.g. --out model-q4_k_m.gguf")
 
 
 def check_source(spec: str) -> None:
@@ -116,11 +121,4 @@ def export(cfg: ExportConfig) -> ExportResult:
 
 
 def check_output_report(report: str, force: bool) -> None:
-    from gac import validate
-
-    path = Path(report).expanduser()
-    if path.suffix != ".json":
-        raise GacError(f"--report {report} must end in .json")
-    if path.exists() and not path.is_dir() and not force:
-        raise GacError(f"{report} already exists: choose another --report or pass --force to replace it")
-    validate.output_file(path, "--report")
+    _check_out_file(report, ".json", "--report", force)

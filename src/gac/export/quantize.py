@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -100,12 +101,8 @@ def tensor_types(path: Path, fallbacks: list[dict], geo) -> list[TensorType]:
 
 def type_report(types: list[TensorType], requested: str) -> dict:
     """The JSON report: counts by type, every fallback (with its cause), and every tensor."""
-    counts: dict[str, int] = {}
-    for t in types:
-        counts[t.type] = counts.get(t.type, 0) + 1
+    counts = dict(Counter(t.type for t in types))
     fallbacks = [asdict(t) | {"row_length": t.row_length} for t in types if t.wanted is not None]
-    by_cause: dict[str, int] = {}
-    for f in fallbacks:
-        by_cause[f["cause"]] = by_cause.get(f["cause"], 0) + 1
+    by_cause = dict(Counter(f["cause"] for f in fallbacks))
     return {"requested": requested, "types": counts, "fallbacks": fallbacks, "fallbacks_by_cause": by_cause,
             "tensors": [{"name": t.name, "shape": list(t.shape), "type": t.type} for t in types]}

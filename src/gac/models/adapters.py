@@ -104,7 +104,7 @@ class Adapter:
 
     def layer(self, config, i: int) -> LayerModules:
         lay = self.layout
-        prefix = f"{lay.layers_path}.{i}"
+        prefix = self.layer_prefix(i)
         attn, mlp = f"{prefix}.{lay.attention}", f"{prefix}.{lay.mlp}"
         q, k, v, o = (f"{attn}.{p}" for p in lay.attention_projections)
         return LayerModules(i, attn, q, k, v, o, mlp, tuple(f"{mlp}.{p}" for p in lay.producers),
@@ -145,7 +145,7 @@ class Adapter:
             pairs = [(layer.q, names.q), (layer.k, names.k), (layer.v, names.v), (layer.o, names.o),
                      *zip(layer.producers, names.producers, strict=True),
                      *zip(layer.consumers, names.consumers, strict=True)]
-            prefix = f"{self.layout.layers_path}.{layer.index}"
+            prefix = self.layer_prefix(layer.index)
             pairs += [(f"{prefix}.{hf}", gg) for hf, gg in names.layer_norms]
             out.update({hf: f"{blk}.{gg}" for hf, gg in pairs})
         return out
