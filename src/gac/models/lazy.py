@@ -14,10 +14,10 @@ from pathlib import Path
 
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
+from gac.models.verify import SAFE_INDEX
+from gac.models.verify import SAFETENSORS as SAFE_SINGLE
 
 log = logging.getLogger(__name__)
-SAFE_INDEX = "model.safetensors.index.json"
-SAFE_SINGLE = "model.safetensors"
 
 
 class Resident:

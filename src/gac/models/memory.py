@@ -14,6 +14,7 @@ tens of per cent (docs/RESULTS.md compares it with measured peaks)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import asdict, dataclass
@@ -152,8 +153,9 @@ def forecast(config, *, compressor: str = "asvd", ratio: float = 0.15, dtype: st
                     (forward_flops * passes + svd_flops) / rate, {k: int(v) for k, v in parts.items()})
 
 
+@functools.cache
 def matmul_rate(seconds: float = 0.3) -> float:
-    """This CPU's float32 matmul rate in FLOP/s, measured for `seconds` on 1024 x 1024 products."""
+    """This CPU's float32 matmul rate in FLOP/s, measured for `seconds` on 1024 x 1024 products (once per process)."""
     import time
 
     import torch

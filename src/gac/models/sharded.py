@@ -18,7 +18,6 @@ class ShardWriter:
         self.d = Path(d)
         self.parts: list[tuple[Path, list[str]]] = []
         self.total_size = 0
-        self.closed = False
 
     def add(self, tensors: dict) -> None:
         """Write {name: tensor} as the next shard (tensors sharing storage, e.g. tied weights, written once)."""
@@ -50,5 +49,4 @@ class ShardWriter:
             weight_map.update(dict.fromkeys(names, final.name))
         index = {"metadata": {"total_size": self.total_size}, "weight_map": dict(sorted(weight_map.items()))}
         (self.d / SAFE_INDEX).write_text(json.dumps(index, indent=2))
-        self.closed = True
         return paths

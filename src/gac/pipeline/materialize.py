@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 
 import torch
 from torch import nn
@@ -18,9 +19,11 @@ from gac.models.groups import linears_of
 from gac.models.lazy import return_freed_memory
 from gac.pipeline.analyze import CALIB_BATCH, groups_by_layer
 from gac.pipeline.layers import (
+    Batch,
     embed,
     layer_count,
     layer_module,
+    loss_from_last_hidden,
     run_layer,
     swapped_layers,
 )
@@ -72,7 +75,10 @@ def materialize_layerwise(model, source, compressor, units, dims: dict, calib: t
     unit_of = {u.group.name: u for u in units}
     shells = {v: shell_of(model) for v in dims}
     batches = embed(model, calib, CALIB_BATCH)
-    evals = None if held_out is None else {v: embed(model, held_out, CALIB_BATCH) for v in ("baseline", *dims)}
+    evals = None
+    if held_out is not None:  # embedded once; each variant gets its own Batch objects (only `hidden` is replaced)
+        embedded = embed(model, held_out, CALIB_BATCH)
+        evals = {v: [Batch(b.ids, b.hidden.clone(), list(b.calls)) for b in embedded] for v in ("baseline", *dims)}
     for i in tqdm(range(layer_count(model)), desc="materializing", unit="layer", disable=not progress):
         source.load_layer(i)
         layer = layer_module(model, i)
@@ -116,10 +122,6 @@ def _advance(layer: nn.Module, batches: list, i: int) -> None:
 @torch.no_grad()
 def _perplexity(model, batches: list) -> float:
     """exp(mean next-token NLL) from the last layer's outputs, as gac.evaluate.perplexity computes it whole."""
-    import math
-
-    from gac.pipeline.layers import loss_from_last_hidden
-
     nll, count = 0.0, 0
     for b in batches:
         n = b.ids.shape[0] * (b.ids.shape[1] - 1)  # predicted tokens; the loss is their mean
@@ -130,5 +132,5 @@ def _perplexity(model, batches: list) -> float:
 
 def outer_tensors(model) -> dict:
     """{name: tensor} of everything outside the decoder layers (embeddings, final norm, head), as saved."""
-    prefix = _layers_parent(model)[0] + "." + _layers_parent(model)[2] + "."
+    prefix = adapter_for(model.config).layers_path + "."
     return {k: v for k, v in model.state_dict().items() if not k.startswith(prefix)}
