@@ -80,11 +80,12 @@ def ratio_dims(compressor, units, ratio: float, alignment: int) -> dict:
 
 def measure(model, built, cfg, held_out, lm=None, dims=None) -> dict:
     """Side-by-side timing of baseline and variant with an A/A twin; perplexity of the variant when trained."""
+    from gac.evaluate.bench import AA_SUFFIX
     from gac.evaluate.perplexity import perplexity
     from gac.speedup import time_at_phase
 
     t = time_at_phase({"baseline": model, "gac": built}, cfg)
-    base, var, twin = t["baseline"].median_ms, t["gac"].median_ms, t["baseline (A/A)"].median_ms
+    base, var, twin = t["baseline"].median_ms, t["gac"].median_ms, t["baseline" + AA_SUFFIX].median_ms
     row = {"baseline_ms": base, "measured_ms": var, "measured_speedup": base / var,
            "aa_floor_pct": 100 * abs(twin / base - 1), "spread_pct": t["gac"].spread_pct}
     if lm is not None:

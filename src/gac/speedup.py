@@ -86,19 +86,20 @@ class LatencyOutcome:
 
 def time_at_phase(models: dict, cfg: SpeedupConfig, *, aa: bool = True) -> dict:
     """{name: Timing} at the objective's phase and shape, every model timed round-robin in one run; with `aa` the first
-    model is timed a second time as "<name> (A/A)", the noise floor."""
-    from gac.evaluate.latency import decode_call, prefill_call
-    from gac.hw.timing import time_interleaved
+    model is timed a second time as "<name>" + gac.evaluate.bench.AA_SUFFIX, the noise floor."""
+    from gac.evaluate.bench import AA_SUFFIX
+    from gac.evaluate.latency import LatencyConfig, decode_timings, prefill_timings
 
-    make = (lambda m: prefill_call(m, cfg.batch, cfg.seq)) if cfg.phase == "prefill" else \
-        (lambda m: decode_call(m, cfg.batch, cfg.seq))
-    calls = {name: make(m) for name, m in models.items()}
+    timed = dict(models)
     if aa:
         first = next(iter(models))
-        calls[f"{first} (A/A)"] = make(models[first])
-    device = next(next(iter(models.values())).parameters()).device
-    rounds = cfg.timing_rounds if cfg.phase == "prefill" else 3 * cfg.timing_rounds
-    return time_interleaved(calls, device=device, warmup=2, rounds=rounds, graph_calls=1)
+        timed[first + AA_SUFFIX] = models[first]
+    lat = LatencyConfig(prefill_tokens=cfg.seq, batch=cfg.batch, decode_context=cfg.seq, warmup=2,
+                        prefill_rounds=cfg.timing_rounds, decode_rounds=3 * cfg.timing_rounds, seed=0,
+                        cuda_graphs=True)
+    if cfg.phase == "prefill":
+        return prefill_timings(timed, cfg.batch, cfg.seq, lat)
+    return decode_timings(timed, lat)
 
 
 def latency_items(units, latency_model) -> list:
@@ -121,6 +122,7 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
     `cfg.rounds` times, tightening the budget by the measured shortfall each time."""
     from gac.align.latency_model import Phase, measure_latency_model
     from gac.align.latency_objective import fastest_ms, select_for_speedup
+    from gac.evaluate.bench import AA_SUFFIX
 
     phase = Phase(cfg.phase, cfg.batch, cfg.seq)
     lm = measure_latency_model([u.group for u in units], phase, alignment=alignment, device=device, dtype=dtype,
@@ -140,7 +142,7 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
         built = copy.deepcopy(model)
         compressor.materialize(built, units, choice.dims)
         t = time_at_phase({"baseline": model, "gac": built.eval()}, cfg)
-        base, var, twin = t["baseline"].median_ms, t["gac"].median_ms, t["baseline (A/A)"].median_ms
+        base, var, twin = t["baseline"].median_ms, t["gac"].median_ms, t["baseline" + AA_SUFFIX].median_ms
         del built
         target = base / cfg.speedup
         row = {"round": k + 1, "budget_ms": budget, "baseline_predicted_ms": lm.predict({}),

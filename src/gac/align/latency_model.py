@@ -212,16 +212,6 @@ def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict,
 # ---- measuring: one cached profile sweep per op and shape --------------------------------------------------
 
 
-def _sizes(op: str, shape: dict):
-    from gac.hw.profile import FixedSizes
-
-    if op == "gemm_n":
-        return FixedSizes(hidden=shape["k"])
-    if op == "gemm_k":
-        return FixedSizes(hidden=shape["n"])
-    return FixedSizes(lowrank_in=shape["in"], lowrank_out=shape["out"])
-
-
 def _sdpa_spec(group: HeadGroup, phase: Phase, repeats: int):
     """SDPA of the layer's full heads at the phase: prefill over its own seq tokens (causal), or one query token per
     sequence over a KV cache of seq tokens."""
@@ -237,7 +227,7 @@ def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: in
                           dtype: str = "float32", repeats: int = 11, progress: bool = True) -> LatencyModel:
     """Sweep every op and shape the groups' candidates need at the phase's M (cached per device, dtype, torch and
     spec, the spec holding M and the shapes), and return the model with a zero constant (see `calibrated`)."""
-    from gac.align.profiled import _cached_sweep
+    from gac.align.profiled import _cached_sweep, _fixed_sizes
     from gac.hw.device import device_name
     from gac.hw.profile import SweepSpec
 
@@ -245,7 +235,7 @@ def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: in
         raise GacError("no dimension groups to predict latency for")
     op_tables = {}
     for (op, shape), dims in sorted(sweep_needs(groups, alignment).items()):
-        spec = SweepSpec(ops=(op,), dims=tuple(sorted(dims)), m_values=(phase.m,), sizes=_sizes(op, dict(shape)),
+        spec = SweepSpec(ops=(op,), dims=tuple(sorted(dims)), m_values=(phase.m,), sizes=_fixed_sizes(op, dict(shape)),
                          warmup=2, repeats=repeats)
         log.info("latency table: %s %s at M=%d, %d dims", op, dict(shape), phase.m, len(dims))
         entry = _cached_sweep(spec, device=device, dtype=dtype, progress=progress)["ops"][0]

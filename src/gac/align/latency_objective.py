@@ -92,9 +92,7 @@ def _capped(items, budget_ms, cap, buckets) -> LatencyChoice:
 
     def at(lam):
         vals = [[v - lam * p for v, p in zip(it.values, it.params)] for it in items]
-        c = _solve(items, budget_ms, vals, buckets, exact=False)
-        return LatencyChoice(c.dims, c.predicted_ms, math.fsum(
-            it.values[it.candidates.index(c.dims[it.name])] for it in items), c.params, lam == 0.0)
+        return _solve(items, budget_ms, vals, buckets, exact=lam == 0.0)  # value: of it.values, not the penalized
 
     best = at(0.0)
     if best.params <= cap:

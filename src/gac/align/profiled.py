@@ -25,6 +25,8 @@ def _fixed_sizes(op: str, shape: dict):
         return FixedSizes(lowrank_in=shape["in"], lowrank_out=shape["out"])
     if op == "gemm_n":
         return FixedSizes(hidden=shape["k"])
+    if op == "gemm_k":
+        return FixedSizes(hidden=shape["n"])
     return None
 
 

@@ -134,6 +134,12 @@ def allocate_steps(gains: list[np.ndarray], step_costs: list[int], min_steps: li
     return [m + t for m, t in zip(min_steps, taken)]
 
 
+def scaled_step_gains(u) -> np.ndarray:
+    """The unit's step importance, scaled so that the unit's total is score x numel."""
+    total = u.total_importance
+    return u.step_gains() * (u.score * u.numel / total if total > 0 else 0.0)
+
+
 class PruneCompressor(Compressor):
     """Structured pruning of MLP channels and attention heads in the chosen layers."""
 
@@ -185,10 +191,7 @@ class PruneCompressor(Compressor):
 
     def allocate(self, units: list, budget: int) -> dict[str, int | None]:
         """Kept widths under the budget (None: the unit keeps everything), steps handed out by importance."""
-        gains = []
-        for u in units:  # each unit's step importance, scaled so that the unit's total is score x numel
-            total = u.total_importance
-            gains.append(u.step_gains() * (u.score * u.numel / total if total > 0 else 0.0))
+        gains = [scaled_step_gains(u) for u in units]
         steps = allocate_steps(gains, [u.dim_step * u.params_per_dim for u in units],
                                [u.min_dim // u.dim_step for u in units], [u.fixed_params for u in units], budget)
         dims = {}

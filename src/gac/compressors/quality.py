@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from gac.compressors.base import LowRankUnit, Unit
+from gac.compressors.prune import scaled_step_gains
 
 
 def quality_values(unit: Unit, candidates: list) -> list[float]:
@@ -30,7 +31,6 @@ def _lowrank(u: LowRankUnit, candidates: list) -> list[float]:
 
 
 def _pruned(u: Unit, candidates: list) -> list[float]:
-    total = u.total_importance
-    gains = u.step_gains() * (u.score * u.numel / total if total > 0 else 0.0)  # as the compressor allocates
+    gains = scaled_step_gains(u)  # as the compressor allocates
     kept = np.concatenate([[0.0], np.cumsum(gains)])  # importance kept with k steps
     return [0.0 if d is None else -float(kept[-1] - kept[d // u.dim_step]) for d in candidates]
