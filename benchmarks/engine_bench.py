@@ -42,11 +42,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build(args) -> Path:
     """Variants (one calibration, one analysis), f16 GGUFs, quantized GGUFs with their type reports."""
-    import copy
+    import dataclasses
 
     from gac.align.select import select_within_budget
     from gac.align.targets import get_target
-    from gac.api import CompressConfig, analyze_and_select
+    from gac.api import CompressConfig, analyze_and_select, materialize_variants
     from gac.data import TextConfig, load_windows
     from gac.export.export import write_f16
     from gac.export.quantize import quantize, tensor_types, type_report
@@ -61,17 +61,13 @@ def build(args) -> Path:
     t0 = time.time()
     cfg = CompressConfig(compressor="prune", ratio=args.ratio, target=TARGETS[-1], progress=False, text=text)
     sel = analyze_and_select(loaded.model, calib, cfg)
-    dims = {"unaligned": sel.dims["unaligned"]}
-    for t in TARGETS:
+    dims = {"unaligned": sel.dims["unaligned"], f"gac {TARGETS[-1]}": sel.dims["gac"]}  # cfg's target
+    for t in TARGETS[:-1]:
         chosen = select_within_budget(sel.units, sel.dims["unaligned"], sel.budget, alignment=8, window=1,
                                       candidates_for=get_target(t).candidates_for(8))
         dims[f"gac {t}"] = {**sel.dims["unaligned"], **chosen.dims}
     logging.info("analysis and selection: %.0f s", time.time() - t0)
-    models = {"baseline": loaded.model}
-    for name, d in dims.items():
-        m = copy.deepcopy(loaded.model)
-        sel.compressor.materialize(m, sel.units, d)
-        models[name] = m.eval()
+    models = {"baseline": loaded.model, **materialize_variants(loaded.model, dataclasses.replace(sel, dims=dims))}
     files = []
     for name, model in models.items():
         stem = name.replace(" ", "-").replace(":", "-")

@@ -57,6 +57,8 @@ def check_output(out: str, force: bool) -> Path:
 def check_source(spec: str) -> None:
     """A directory must be a model directory; a gac output must be one export can represent (checked before
     the model is loaded where the plan says so)."""
+    from gac.compressors import REGISTRY, make_compressor
+    from gac.compressors.base import LowRankCompressor
     from gac.models.io import is_gac_dir, read_plan
 
     path = Path(spec).expanduser()
@@ -66,7 +68,7 @@ def check_source(spec: str) -> None:
                            "directory `gac compress` wrote, a Hugging Face model directory or a .gguf")
         if is_gac_dir(path):
             compressor = (read_plan(path).get("compressor") or {}).get("name")
-            if compressor in ("svd", "asvd", "svd_llm", "palu"):
+            if compressor in REGISTRY and isinstance(make_compressor(compressor), LowRankCompressor):
                 raise GacError(f"{spec} was compressed with {compressor}, a low-rank (factorized) model that no "
                                "llama.cpp architecture can represent: export a pruned model (`gac compress "
                                "--compressor prune`) or serve this one with transformers (gac.load)")
