@@ -18,13 +18,11 @@ from tests.test_api import fast_config
 def _linear_latency(groups, phase, *, alignment=8, **_):
     """A latency model whose op times grow with the dim, so any target below the groups' share is reachable."""
     from gac.align.latency_model import LatencyModel, build_tables, sweep_needs
-    from gac.models.groups import HeadGroup
 
     per_dim = {"gemm_k": 0.0001}  # a cheap up-projection, so that PaLU's groups can be faster than the dense share
     op_tables = {key: {d: per_dim.get(key[0], 0.01) * d for d in dims}
                  for key, dims in sweep_needs(groups, alignment).items()}
-    sdpa = {g.name: 0.1 for g in groups if isinstance(g, HeadGroup)}
-    return LatencyModel(phase, *build_tables(groups, alignment, op_tables, sdpa))
+    return LatencyModel(phase, *build_tables(groups, alignment, op_tables))
 
 
 @pytest.fixture
