@@ -73,7 +73,8 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
                       speedup=SpeedupConfig(1.05, **FAST))
     compress(cfg)
     r = json.loads((out / "report.json").read_text())
-    assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16"}
+    assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16",
+                              "param_cap": None}
     assert r["ratio"] is None and set(r["variants"]) == {"baseline", "gac"}
     for v in ("baseline", "gac"):  # figures only: a tiny model's op sweeps on a busy CPU can even sum past the model
         assert math.isfinite(r["variants"][v]["predicted_ms"]) and r["variants"][v]["measured_ms"] > 0
@@ -107,8 +108,24 @@ def test_unreachable_speedup_is_one_line(tiny_model_dir, linear_latency, short_t
     assert "\n" not in str(e.value)
 
 
+def test_param_cap_bounds_every_round(tiny_model_dir, linear_latency, short_then_reached):
+    """A cap below what the latency target alone chooses binds: every round keeps at most the cap's parameters."""
+    def run(cap):
+        cfg = fast_config(tiny_model_dir, compressor="prune", evaluate=False, compressor_options={"layers": "all"},
+                          speedup=SpeedupConfig(1.05, **FAST, param_cap=cap))
+        return compress(cfg).report
+
+    free = run(None)
+    used = min(row["params"] for row in free["latency_objective"]["rounds"]) / free["compressible_params"]
+    capped = run(used - 0.05)
+    assert capped["objective"]["param_cap"] == pytest.approx(used - 0.05)
+    assert all(row["params"] <= (used - 0.05) * capped["compressible_params"]
+               for row in capped["latency_objective"]["rounds"])
+    assert capped["dims"]["gac"] != free["dims"]["gac"]
+
+
 @pytest.mark.parametrize("bad", [{"speedup": 1.0}, {"speedup": float("nan")}, {"phase": "train"}, {"batch": 0},
-                                 {"rounds": 0}])
+                                 {"rounds": 0}, {"param_cap": 0}, {"param_cap": 1.5}])
 def test_bad_speedup_options(bad):
     with pytest.raises(GacError):
         SpeedupConfig(**{"speedup": 1.2, **bad})

@@ -26,6 +26,7 @@ class SpeedupConfig:
     rounds: int = 3  # closed-loop rounds at most (solve, build, time)
     timing_rounds: int = 10  # interleaved calls per model and closed-loop round
     profile_repeats: int = 11  # timed calls per swept dim of the latency tables
+    param_cap: float | None = None  # keep at most this share of the compressible groups' original parameters
 
     def __post_init__(self):
         from gac.align.latency_model import Phase
@@ -35,13 +36,21 @@ class SpeedupConfig:
         Phase(self.phase, self.batch, self.seq)  # checks phase and shape
         if self.rounds < 1 or self.timing_rounds < 1 or self.profile_repeats < 1:
             raise GacError("closed-loop rounds, timing rounds and profile repeats must be >= 1")
+        if self.param_cap is not None and not (isinstance(self.param_cap, (int, float)) and 0 < self.param_cap <= 1):
+            raise GacError(f"parameter cap {self.param_cap} is outside (0, 1]: give the share of the compressible "
+                           "parameters to keep at most, e.g. --param-cap 0.9")
 
     @property
     def where(self) -> str:
         return f" at {self.phase} {self.batch}x{self.seq}"
 
     def objective(self) -> dict:
-        return {"kind": "latency", "speedup": self.speedup, "phase": self.phase, "shape": f"{self.batch}x{self.seq}"}
+        return {"kind": "latency", "speedup": self.speedup, "phase": self.phase, "shape": f"{self.batch}x{self.seq}",
+                "param_cap": self.param_cap}
+
+    def cap_params(self, compressible: int) -> int | None:
+        """The parameter cap in parameters of the compressible groups (None: no cap)."""
+        return None if self.param_cap is None else math.floor(self.param_cap * compressible)
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -133,12 +142,13 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
     log.info("latency model%s: baseline %.2f ms measured, groups %.2f ms predicted, constant %.2f ms", cfg.where,
              baseline_ms, lm.full_ms(), lm.constant_ms)
     items = latency_items(units, lm)
+    cap = cfg.cap_params(sum(u.group.numel for u in units))
     outcome = LatencyOutcome({}, cfg, lm)
     budget = baseline_ms / cfg.speedup - lm.constant_ms  # for the groups' part of the model
     kept = None
     for k in range(cfg.rounds):
         choice = select_for_speedup(items, baseline_ms=baseline_ms, constant_ms=lm.constant_ms, speedup=cfg.speedup,
-                                    where=cfg.where, budget_ms=budget)
+                                    where=cfg.where, budget_ms=budget, param_cap=cap)
         built = copy.deepcopy(model)
         compressor.materialize(built, units, choice.dims)
         t = time_at_phase({"baseline": model, "gac": built.eval()}, cfg)
