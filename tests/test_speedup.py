@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from gac.api import compress
+from gac.api import CompressConfig, compress
 from gac.errors import GacError
 from gac.speedup import SpeedupConfig, parse_shape
 from tests.test_api import fast_config
@@ -78,7 +78,9 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
     assert r["ratio"] is None and set(r["variants"]) == {"baseline", "gac"}
     for v in ("baseline", "gac"):  # figures only: a tiny model's op sweeps on a busy CPU can even sum past the model
         assert math.isfinite(r["variants"][v]["predicted_ms"]) and r["variants"][v]["measured_ms"] > 0
+    assert "selection" not in r  # the rounds are written once, in latency_objective
     rounds = r["latency_objective"]["rounds"]
+    assert r["latency_objective"]["round"] == 2 and r["latency_objective"]["reached"]  # the kept round's figures
     assert len(rounds) == 2 and [row["reached"] for row in rounds] == [False, True]
     # round 2's budget is round 1's less the measured shortfall (5% of the 10 ms / S target)
     assert rounds[1]["budget_ms"] == pytest.approx(rounds[0]["budget_ms"] - 0.05 * BASE_MS / 1.05)
@@ -129,6 +131,15 @@ def test_param_cap_bounds_every_round(tiny_model_dir, linear_latency, short_then
 def test_bad_speedup_options(bad):
     with pytest.raises(GacError):
         SpeedupConfig(**{"speedup": 1.2, **bad})
+
+
+@pytest.mark.parametrize("extra, flag", [({"profile": "auto"}, "--profile"), ({"align": False}, "--no-align"),
+                                         ({"target": "llama.cpp:q8_0"}, "--target"), ({"layerwise": True}, "--layerwise")])
+def test_speedup_exclusions_hold_for_the_python_api(extra, flag):
+    with pytest.raises(GacError, match=flag) as e:
+        CompressConfig(speedup=SpeedupConfig(1.2), **extra)
+    assert "\n" not in str(e.value)
+    CompressConfig(**extra)  # each is fine under the parameter objective
 
 
 def test_parse_shape():

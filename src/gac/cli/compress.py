@@ -123,7 +123,7 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, out, ali
     options = _given(alpha=alpha, importance=importance, layers=prune_layers, head_mode=head_mode,
                      group_size=group_size)
     _check_options(compressor or CompressConfig.compressor, options)
-    objective = latency_objective(speedup, phase, shape, param_cap, ratio=ratio, no_align=no_align, profile=profile)
+    objective = latency_objective(speedup, phase, shape, param_cap, ratio=ratio)
     cfg = CompressConfig(
         **_given(model=model, compressor=compressor, ratio=ratio, out=out, alignment=alignment, profile=profile,
                  target=target, dtype=dtype, device=device, factorization=factorization),

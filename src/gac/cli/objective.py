@@ -25,9 +25,9 @@ def speedup_options(f):
     return f
 
 
-def latency_objective(speedup, phase, shape, param_cap, *, ratio, no_align, profile):
+def latency_objective(speedup, phase, shape, param_cap, *, ratio):
     """gac.speedup.SpeedupConfig from the options, or None for the parameter objective; one-line GacError when
-    options that exclude each other are given together."""
+    --ratio and --speedup are given together (CompressConfig checks the options --speedup excludes)."""
     from gac.errors import GacError
 
     if speedup is None:
@@ -35,12 +35,9 @@ def latency_objective(speedup, phase, shape, param_cap, *, ratio, no_align, prof
             raise GacError("--phase, --shape and --param-cap set the latency objective: give --speedup too, e.g. "
                            "--speedup 1.2")
         return None
-    excluded = ((ratio, "--ratio", "the parameter objective"),
-                (profile, "--profile", "parameter candidates; --speedup measures its own tables"),
-                (no_align or None, "--no-align", "the compressor's own dims under a ratio"))
-    for given, flag, why in excluded:
-        if given is not None:
-            raise GacError(f"--speedup and {flag} exclude each other ({flag} is for {why}): give one of them")
+    if ratio is not None:  # CompressConfig has a default ratio: only here can a given one be told apart
+        raise GacError("--speedup and --ratio exclude each other (--ratio is for the parameter objective): give one "
+                       "of them")
     from gac.speedup import SpeedupConfig, parse_shape
 
     batch, seq = parse_shape(shape) if shape is not None else (SpeedupConfig.batch, SpeedupConfig.seq)
