@@ -15,7 +15,6 @@ import copy
 import dataclasses
 import json
 import logging
-import math
 import os
 import platform
 import sys
@@ -52,30 +51,15 @@ def load(args):
     return loaded.model, calib, held_out, loaded.source
 
 
-def analyze(model, calib, name: str, device: str):
-    """The compressor and its units (one calibration, spectra and loss model), as gac compress computes them."""
-    from gac.calibrate import calibrate
-    from gac.compressors import make_compressor
-    from gac.models.groups import linears_of
+def analyze(model, calib, name: str, args):
+    """gac compress's analysis (one calibration, spectra and loss model) at its default ratio, and the config every
+    target and ratio selects with from the same units."""
+    from gac.api import CompressConfig, analyze
 
     small = name == "prune" and model.config.num_hidden_layers < 3  # the default keeps the first and last layers
-    compressor = make_compressor(name, **({"layers": "all"} if small else {}))
-    compressor.factorization = "gram" if device.startswith("cuda") else "svd"
-    groups = compressor.groups(model)
-    stats = calibrate(model, calib, linears_of(groups), xtx=compressor.needs_xtx, progress=False)
-    probe = calib[:1, : min(256, calib.shape[1])]
-    grads = {"windows": calib} if compressor.needs_windows else {}
-    units = compressor.analyze(model, groups, stats, probe=probe, keep=0.85, progress=False, **grads)
-    return compressor, units
-
-
-def ratio_dims(compressor, units, ratio: float, alignment: int) -> dict:
-    """The parameter objective's dims (gac compress --ratio): the compressor's d*, then aligned by the knapsack."""
-    from gac.align.select import select_within_budget
-
-    budget = math.floor((1.0 - ratio) * sum(u.group.numel for u in units))
-    dims = compressor.allocate(units, budget)
-    return {**dims, **select_within_budget(units, dims, budget, alignment=alignment, window=1).dims}
+    cfg = CompressConfig(compressor=name, compressor_options={"layers": "all"} if small else {}, device=args.device,
+                         dtype=args.dtype, alignment=args.align, progress=False)
+    return analyze(model, calib, cfg), cfg
 
 
 def measure(model, built, cfg, held_out, lm=None, dims=None) -> dict:
@@ -98,10 +82,12 @@ def measure(model, built, cfg, held_out, lm=None, dims=None) -> dict:
 
 def run_compressor(name, model, calib, held_out, args) -> dict:
     from gac.align.latency_model import Phase, measure_latency_model
-    from gac.speedup import SpeedupConfig, select_by_latency
+    from gac.api import select_dims
+    from gac.speedup import SpeedupConfig
 
     t0 = time.perf_counter()
-    compressor, units = analyze(model, calib, name, args.device)
+    analyzed, compress_cfg = analyze(model, calib, name, args)
+    compressor, units = analyzed.compressor, analyzed.units
     analyze_s = time.perf_counter() - t0
     batch, seq = (int(x) for x in args.shape.split("x"))
     cfg = SpeedupConfig(args.targets[0], phase=args.phase, batch=batch, seq=seq, rounds=args.rounds,
@@ -118,8 +104,8 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
     for target in args.targets:
         t0 = time.perf_counter()
         try:
-            outcome = select_by_latency(model, compressor, units, dataclasses.replace(cfg, speedup=target),
-                                        alignment=args.align, device=args.device, dtype=args.dtype, progress=False)
+            outcome = select_dims(model, analyzed, dataclasses.replace(
+                compress_cfg, speedup=dataclasses.replace(cfg, speedup=target))).selection
         except Exception as e:  # noqa: BLE001 - an unreachable target is a result too
             out["latency"].append({"target": target, "error": str(e)})
             log.info("%s %.2fx: %s", name, target, e)
@@ -136,7 +122,7 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         del built
     lm = lm.calibrated(measure(model, model, cfg, None)["baseline_ms"])
     for ratio in args.ratios:
-        dims = ratio_dims(compressor, units, ratio, args.align)
+        dims = select_dims(model, analyzed, dataclasses.replace(compress_cfg, ratio=ratio)).dims["gac"]
         built = copy.deepcopy(model)
         compressor.materialize(built, units, dims)
         row = {"ratio": ratio, **measure(model, built.eval(), cfg, held_out, lm, dims)}

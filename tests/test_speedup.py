@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from gac.api import compress
+from gac.api import CompressConfig, compress
 from gac.errors import GacError
 from gac.speedup import SpeedupConfig, parse_shape
 from tests.test_api import fast_config
@@ -18,13 +18,11 @@ from tests.test_api import fast_config
 def _linear_latency(groups, phase, *, alignment=8, **_):
     """A latency model whose op times grow with the dim, so any target below the groups' share is reachable."""
     from gac.align.latency_model import LatencyModel, build_tables, sweep_needs
-    from gac.models.groups import HeadGroup
 
     per_dim = {"gemm_k": 0.0001}  # a cheap up-projection, so that PaLU's groups can be faster than the dense share
     op_tables = {key: {d: per_dim.get(key[0], 0.01) * d for d in dims}
                  for key, dims in sweep_needs(groups, alignment).items()}
-    sdpa = {g.name: 0.1 for g in groups if isinstance(g, HeadGroup)}
-    return LatencyModel(phase, *build_tables(groups, alignment, op_tables, sdpa))
+    return LatencyModel(phase, *build_tables(groups, alignment, op_tables))
 
 
 @pytest.fixture
@@ -75,11 +73,14 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
                       speedup=SpeedupConfig(1.05, **FAST))
     compress(cfg)
     r = json.loads((out / "report.json").read_text())
-    assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16"}
+    assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16",
+                              "param_cap": None}
     assert r["ratio"] is None and set(r["variants"]) == {"baseline", "gac"}
     for v in ("baseline", "gac"):  # figures only: a tiny model's op sweeps on a busy CPU can even sum past the model
         assert math.isfinite(r["variants"][v]["predicted_ms"]) and r["variants"][v]["measured_ms"] > 0
+    assert "selection" not in r  # the rounds are written once, in latency_objective
     rounds = r["latency_objective"]["rounds"]
+    assert r["latency_objective"]["round"] == 2 and r["latency_objective"]["reached"]  # the kept round's figures
     assert len(rounds) == 2 and [row["reached"] for row in rounds] == [False, True]
     # round 2's budget is round 1's less the measured shortfall (5% of the 10 ms / S target)
     assert rounds[1]["budget_ms"] == pytest.approx(rounds[0]["budget_ms"] - 0.05 * BASE_MS / 1.05)
@@ -109,11 +110,36 @@ def test_unreachable_speedup_is_one_line(tiny_model_dir, linear_latency, short_t
     assert "\n" not in str(e.value)
 
 
+def test_param_cap_bounds_every_round(tiny_model_dir, linear_latency, short_then_reached):
+    """A cap below what the latency target alone chooses binds: every round keeps at most the cap's parameters."""
+    def run(cap):
+        cfg = fast_config(tiny_model_dir, compressor="prune", evaluate=False, compressor_options={"layers": "all"},
+                          speedup=SpeedupConfig(1.05, **FAST, param_cap=cap))
+        return compress(cfg).report
+
+    free = run(None)
+    used = min(row["params"] for row in free["latency_objective"]["rounds"]) / free["compressible_params"]
+    capped = run(used - 0.05)
+    assert capped["objective"]["param_cap"] == pytest.approx(used - 0.05)
+    assert all(row["params"] <= (used - 0.05) * capped["compressible_params"]
+               for row in capped["latency_objective"]["rounds"])
+    assert capped["dims"]["gac"] != free["dims"]["gac"]
+
+
 @pytest.mark.parametrize("bad", [{"speedup": 1.0}, {"speedup": float("nan")}, {"phase": "train"}, {"batch": 0},
-                                 {"rounds": 0}])
+                                 {"rounds": 0}, {"param_cap": 0}, {"param_cap": 1.5}])
 def test_bad_speedup_options(bad):
     with pytest.raises(GacError):
         SpeedupConfig(**{"speedup": 1.2, **bad})
+
+
+@pytest.mark.parametrize("extra, flag", [({"profile": "auto"}, "--profile"), ({"align": False}, "--no-align"),
+                                         ({"target": "llama.cpp:q8_0"}, "--target"), ({"layerwise": True}, "--layerwise")])
+def test_speedup_exclusions_hold_for_the_python_api(extra, flag):
+    with pytest.raises(GacError, match=flag) as e:
+        CompressConfig(speedup=SpeedupConfig(1.2), **extra)
+    assert "\n" not in str(e.value)
+    CompressConfig(**extra)  # each is fine under the parameter objective
 
 
 def test_parse_shape():

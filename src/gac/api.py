@@ -58,9 +58,18 @@ class CompressConfig:
         get_target(self.target)  # a known target, or one line naming them
         if self.target and self.profile:
             raise GacError("--target and --profile both choose the candidates: pass one of them")
-        if self.target and self.speedup is not None:
-            raise GacError("--target applies to the parameter objective (--ratio), not to --speedup: pass one of them")
-        if self.speedup is not None and (self.layerwise or self.max_memory):
+        if self.speedup is not None:
+            self._check_speedup()
+
+    def _check_speedup(self) -> None:
+        """--speedup measures its own tables and saves its own dims, with the whole model on the device."""
+        excluded = ((self.profile, "--profile", "parameter candidates; --speedup measures its own tables"),
+                    (not self.align, "--no-align", "the compressor's own dims under a ratio"),
+                    (self.target, "--target", "the parameter objective's candidates"))
+        for given, flag, why in excluded:
+            if given:
+                raise GacError(f"--speedup and {flag} exclude each other ({flag} is for {why}): give one of them")
+        if self.layerwise or self.max_memory:
             raise GacError("--speedup times the whole model on the device, so it cannot run layer by layer: drop "
                            "--layerwise/--max-memory, or use --ratio")
 
@@ -85,25 +94,30 @@ def reduced_dims(dims: dict) -> dict:
 
 
 @dataclass
-class Selected:
-    """What the compressor found and GAC chose, before any model is cut."""
+class Analyzed:
+    """The compressor's calibrated units: what every objective and ratio selects from."""
 
     compressor: object
     units: list  # the compressor's units, one per dimension group (gac.compressors.base.Unit)
     names: list[str]  # the linears the units cover: params and alignment are measured over these
     compressible: int
+
+
+@dataclass
+class Selected(Analyzed):
+    """What the compressor found and GAC chose, before any model is cut."""
+
     budget: int
     dims: dict  # variant ("unaligned", "gac") -> {unit name: dim or None}
-    selection: object  # gac.align.plan.SelectionResult
+    selection: object  # gac.align.plan.SelectionResult, or gac.speedup.LatencyOutcome under --speedup
     profile_excluded: dict | None = None  # {unit name: {dim: reason}}: aligned dims the profile ruled out
     target: dict | None = None  # report.json's "target": which dims the deployment target constrained, and why
 
 
-def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, source=None) -> Selected:
-    """Calibrate on `calib` [n, seq], let the compressor find its dims d* under the budget, then select aligned
-    dims with the knapsack (candidates from the static rule or a hardware profile). The model is not changed.
-    source: a gac.models.lazy weight source for the layer-by-layer pipeline (None: the whole model at once)."""
-    from gac.align.select import select_within_budget
+def analyze(model, calib, cfg: CompressConfig, compressor=None, source=None) -> Analyzed:
+    """Calibrate on `calib` [n, seq] and let the compressor analyze every group (spectra, loss model, importance) at
+    keep = 1 - cfg.ratio. The model is not changed. source: a gac.models.lazy weight source for the layer-by-layer
+    pipeline (None: the whole model at once)."""
     from gac.calibrate import calibrate
     from gac.compressors import make_compressor
     from gac.models.groups import linears_of
@@ -125,13 +139,22 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, sourc
         units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress,
                                    **grads)
         del stats
-    compressible = sum(u.group.numel for u in units)
+    return Analyzed(compressor, units, names, sum(u.group.numel for u in units))
+
+
+def select_dims(model, analyzed: Analyzed, cfg: CompressConfig) -> Selected:
+    """The dims of cfg's objective from analyzed units: under --speedup the latency closed loop (which builds and
+    times `model`'s variants), else the compressor's d* under the ratio's budget, then aligned dims by the knapsack
+    (candidates from the static rule, a deployment target or a hardware profile). The model is not changed."""
+    from gac.align.select import select_within_budget
+
+    compressor, units, compressible = analyzed.compressor, analyzed.units, analyzed.compressible
     if cfg.speedup is not None:  # latency as the objective: no parameter budget
         from gac.speedup import select_by_latency
 
         outcome = select_by_latency(model, compressor, units, cfg.speedup, alignment=cfg.alignment, device=cfg.device,
                                     dtype=cfg.dtype, progress=cfg.progress)
-        return Selected(compressor, units, names, compressible, compressible, {"gac": outcome.dims}, outcome)
+        return Selected(**vars(analyzed), budget=compressible, dims={"gac": outcome.dims}, selection=outcome)
     budget = math.floor((1.0 - cfg.ratio) * compressible)
     unaligned = compressor.allocate(units, budget)
 
@@ -157,8 +180,13 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, sourc
         spec = get_target(cfg.target)
         target = spec.report(units, gac_dims)
         target["unaligned_met"] = spec.report(units, unaligned)["met"]
-    return Selected(compressor, units, names, compressible, budget, {"unaligned": unaligned, "gac": gac_dims},
-                    selection, excluded, target)
+    return Selected(**vars(analyzed), budget=budget, dims={"unaligned": unaligned, "gac": gac_dims},
+                    selection=selection, profile_excluded=excluded, target=target)
+
+
+def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, source=None) -> Selected:
+    """analyze, then select_dims: calibrate, analyze and choose the dims of cfg's objective."""
+    return select_dims(model, analyze(model, calib, cfg, compressor, source), cfg)
 
 
 def materialize_variants(model, selected: Selected) -> dict:
@@ -206,10 +234,11 @@ def compress(cfg: CompressConfig) -> CompressResult:
     report["pipeline"] = "whole"
     report["variants"] = _evaluate(models, names, held_out, cfg)
     report["dims"] = {v: reduced_dims(d) for v, d in selected.dims.items()}
-    report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
-    saved = "gac" if cfg.align or cfg.speedup is not None else "unaligned"
     if cfg.speedup is not None:
-        selected.selection.annotate(report)
+        selected.selection.annotate(report)  # the closed loop's rounds: report.json's latency_objective
+    else:
+        report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
+    saved = "gac" if cfg.align else "unaligned"
     report["saved_variant"] = saved
     if selected.target is not None:
         report["target"] = selected.target

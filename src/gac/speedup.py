@@ -26,6 +26,7 @@ class SpeedupConfig:
     rounds: int = 3  # closed-loop rounds at most (solve, build, time)
     timing_rounds: int = 10  # interleaved calls per model and closed-loop round
     profile_repeats: int = 11  # timed calls per swept dim of the latency tables
+    param_cap: float | None = None  # keep at most this share of the compressible groups' original parameters
 
     def __post_init__(self):
         from gac.align.latency_model import Phase
@@ -35,13 +36,21 @@ class SpeedupConfig:
         Phase(self.phase, self.batch, self.seq)  # checks phase and shape
         if self.rounds < 1 or self.timing_rounds < 1 or self.profile_repeats < 1:
             raise GacError("closed-loop rounds, timing rounds and profile repeats must be >= 1")
+        if self.param_cap is not None and not (isinstance(self.param_cap, (int, float)) and 0 < self.param_cap <= 1):
+            raise GacError(f"parameter cap {self.param_cap} is outside (0, 1]: give the share of the compressible "
+                           "parameters to keep at most, e.g. --param-cap 0.9")
 
     @property
     def where(self) -> str:
         return f" at {self.phase} {self.batch}x{self.seq}"
 
     def objective(self) -> dict:
-        return {"kind": "latency", "speedup": self.speedup, "phase": self.phase, "shape": f"{self.batch}x{self.seq}"}
+        return {"kind": "latency", "speedup": self.speedup, "phase": self.phase, "shape": f"{self.batch}x{self.seq}",
+                "param_cap": self.param_cap}
+
+    def cap_params(self, compressible: int) -> int | None:
+        """The parameter cap in parameters of the compressible groups (None: no cap)."""
+        return None if self.param_cap is None else math.floor(self.param_cap * compressible)
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -66,16 +75,11 @@ class LatencyOutcome:
     rounds: list[dict] = field(default_factory=list)
     final: dict = field(default_factory=dict)  # the kept round
 
-    def to_dict(self) -> dict:
-        return {"objective": self.config.objective(), "rounds": self.rounds, **self.final,
-                "constant_ms": self.latency_model.constant_ms, "dims": dict(self.dims)}
-
     def annotate(self, report: dict) -> None:
-        """report.json's objective, and each variant's predicted and measured ms at the objective's shape."""
+        """report.json's objective, latency_objective (every round, the kept one's figures, the constant) and each
+        variant's predicted and measured ms at the objective's shape."""
         report["objective"] = self.config.objective()
-        report["latency_objective"] = {"rounds": self.rounds, "constant_ms": self.latency_model.constant_ms,
-                                       "reached": self.final.get("reached"), "aa_floor_pct": self.final.get("aa_floor_pct"),
-                                       "measured_speedup": self.final.get("measured_speedup")}
+        report["latency_objective"] = {"rounds": self.rounds, **self.final, "constant_ms": self.latency_model.constant_ms}
         for variant in ("baseline", "gac"):
             if variant in report.get("variants", {}):
                 v = report["variants"][variant]
@@ -133,12 +137,13 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
     log.info("latency model%s: baseline %.2f ms measured, groups %.2f ms predicted, constant %.2f ms", cfg.where,
              baseline_ms, lm.full_ms(), lm.constant_ms)
     items = latency_items(units, lm)
+    cap = cfg.cap_params(sum(u.group.numel for u in units))
     outcome = LatencyOutcome({}, cfg, lm)
     budget = baseline_ms / cfg.speedup - lm.constant_ms  # for the groups' part of the model
     kept = None
     for k in range(cfg.rounds):
         choice = select_for_speedup(items, baseline_ms=baseline_ms, constant_ms=lm.constant_ms, speedup=cfg.speedup,
-                                    where=cfg.where, budget_ms=budget)
+                                    where=cfg.where, budget_ms=budget, param_cap=cap)
         built = copy.deepcopy(model)
         compressor.materialize(built, units, choice.dims)
         t = time_at_phase({"baseline": model, "gac": built.eval()}, cfg)

@@ -10,6 +10,7 @@ from gac.align.latency_model import (
     build_tables,
     candidate_dims,
     measure_latency_model,
+    op_spec,
     sweep_needs,
 )
 from gac.errors import GacError
@@ -96,3 +97,31 @@ def test_measured_model_covers_every_candidate():
     for g in groups:
         assert set(lm.tables[g.name]) == set(candidate_dims(g, 8))
         assert all(ms > 0 for ms in lm.tables[g.name].values())
+
+
+@pytest.mark.parametrize("mode, kv_key", [("group", ("q_per_kv", 2)), ("uniform", ("kv_heads", 2))])
+def test_head_group_times_attention_at_each_kept_head_count(mode, kv_key):
+    """SDPA's time is read at each candidate's query heads, not scaled from full heads: a sub-linear, non-monotone
+    attention table shows through unchanged."""
+    g = groups_of(tiny_model(), "heads", mode=mode)[0]  # 4 query heads over 2 KV heads of head_dim 16
+    needs = sweep_needs([g], 8)
+    key = ("sdpa_heads", (("head_dim", 16), kv_key))
+    assert needs[key] == {2, 4}  # half the query heads (one KV group, or one query head per group), and all
+    ops = {k: {d: 0.0 for d in dims} for k, dims in needs.items()}  # only attention costs anything
+    ops[key] = {2: 0.9, 4: 0.8}  # fewer heads slower: a linear share would give 0.4
+    tables, original = build_tables([g], 8, ops)
+    assert tables[g.name] == {g.max_dim // 2: 0.9, FULL: 0.8} and original[g.name] == 0.8
+
+
+@pytest.mark.parametrize("phase", [Phase("prefill", 2, 16), Phase("decode", 2, 16)])
+def test_attention_sweep_has_an_entry_per_candidate_head_count(phase):
+    g = groups_of(tiny_model(), "heads")[0]
+    (key, dims), = [(k, d) for k, d in sweep_needs([g], 8).items() if k[0] == "sdpa_heads"]
+    spec = op_spec(*key, dims, phase, repeats=1)
+    from gac.hw.profile import run_profile
+
+    entry = run_profile(spec, progress=False)["ops"][0]
+    heads = sorted(g.group_size * d // g.head_dim for d in candidate_dims(g, 8) if d is not FULL)
+    assert entry["dims"] == sorted({*heads, g.num_heads}) and all(ms > 0 for ms in entry["ms"])
+    assert entry["shape"]["seq"] == 16 and entry["shape"]["batch"] == 2
+    assert entry["m"] == (16 if phase.name == "prefill" else 1)  # causal over its own tokens, or one over the cache

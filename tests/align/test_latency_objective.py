@@ -68,6 +68,28 @@ def test_parameter_cap_is_respected():
     assert choice.value >= _brute(items, budget, cap) - 2.0  # the penalized optimum is near the constrained one
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_binding_cap_changes_the_choice_within_budget_and_cap(seed):
+    rng = np.random.default_rng(seed)
+    items = _items(rng, n=4, k=5, monotone=False)
+    floor = sum(min(it.ms) for it in items)
+    budget = floor + 0.6 * (sum(max(it.ms) for it in items) - floor)
+    free = solve_latency(items, budget)
+    cap = free.params - 800  # binding: the unconstrained choice is over it
+    capped = solve_latency(items, budget, param_cap=cap)
+    assert capped.params <= cap < free.params and capped.predicted_ms <= budget + 1e-12
+    assert capped.dims != free.dims and not capped.exact
+    best = _brute(items, budget, cap)
+    assert best is not None and capped.value <= best + 1e-9  # a feasible choice, so never above the optimum
+
+
+def test_cap_the_budget_rules_out_is_one_line():
+    # the fastest candidate has the most parameters: a tight budget and a tight cap cannot both hold
+    item = LatencyItem("g", (8, 16), (2.0, 1.0), (-1.0, 0.0), (800, 1600))
+    with pytest.raises(GacError, match="exclude each other"):
+        solve_latency([item], 1.5, param_cap=1000)
+
+
 def test_unreachable_speedup_names_the_best_reachable_one():
     item = LatencyItem("g", (8, None), (2.0, 10.0), (-1.0, 0.0))
     with pytest.raises(GacError) as e:

@@ -168,3 +168,26 @@ def test_spec_from_model_includes_palu_group_ranks(tiny):
     spec = spec_from_model(tiny, TINY)
     assert {11, 14, 25} <= set(spec.dims) and {64, 160, 32} <= set(spec.dims)
     assert 16 in spec.head_dims and spec.sizes.hidden == spec.sizes.lowrank_in == 64
+
+
+def test_sdpa_heads_sweep_times_each_query_head_count_with_grouped_kv():
+    sizes = hp.FixedSizes(batch=1, context=16, head_dim=8, q_per_kv=2)
+    spec = hp.SweepSpec(ops=("sdpa_heads",), dims=(2, 4, 6), m_values=(1,), sizes=sizes, warmup=0, repeats=2,
+                        threads=1)
+    entry = hp.run_profile(spec, progress=False)["ops"][0]
+    assert entry["dims"] == [2, 4, 6] and all(ms > 0 for ms in entry["ms"])
+    assert entry["shape"] == {"batch": 1, "head_dim": 8, "seq": 16, "q_per_kv": 2}
+    q, k, _ = hp._tensor_shapes("sdpa_heads", 1, 6, entry["shape"])
+    assert q == (1, 6, 1, 8) and k == (1, 3, 16, 8)  # 6 query heads over 3 KV heads
+    fixed_kv = {"batch": 1, "head_dim": 8, "seq": 16, "kv_heads": 2}
+    assert hp._tensor_shapes("sdpa_heads", 16, 6, fixed_kv)[1] == (1, 2, 16, 8)
+    with pytest.raises(GacError, match="multiples of 2"):
+        dataclasses.replace(spec, dims=(3,))
+    with pytest.raises(GacError, match="not both"):
+        hp.FixedSizes(kv_heads=2, q_per_kv=2)
+
+
+def test_spec_json_leaves_out_unused_sdpa_heads_sizes():
+    """Specs without the heads sweep keep the JSON (and so the cache keys) older profiles were saved with."""
+    assert set(TINY.to_json()["sizes"]) == {"hidden", "lowrank_in", "lowrank_out", "batch", "heads", "context"}
+    assert hp.SweepSpec(sizes=hp.FixedSizes(head_dim=64)).to_json()["sizes"]["head_dim"] == 64

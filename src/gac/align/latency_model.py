@@ -52,16 +52,17 @@ class Phase:
 
 @dataclass(frozen=True)
 class Term:
-    """One op whose time changes with a group's dim: `weight` x the op's time at dim `scale_num * d // scale_den`
-    (e.g. a query projection's N is group_size x the KV width)."""
+    """One op whose time changes with a group's dim: `weight` x the op's time at the swept dim `mult * d // div`
+    (e.g. a query projection's N is group_size x the KV width; SDPA's query heads are a width / head_dim)."""
 
-    op: str  # gemm_n | gemm_k | lowrank | sdpa
-    shape: tuple  # sorted (key, value) pairs of the op's fixed sizes
-    mult: int = 1  # the swept dim is mult * d
+    op: str  # gemm_n | gemm_k | lowrank | sdpa_heads
+    shape: tuple  # sorted (key, value) pairs of the op's fixed sizes (SDPA's batch and seq come from the phase)
+    mult: int = 1
     weight: float = 1.0
+    div: int = 1
 
     def dim(self, d: int) -> int:
-        return self.mult * d
+        return self.mult * d // self.div
 
 
 @dataclass
@@ -138,16 +139,15 @@ def group_terms(group: DimGroup, groups_per_linear: int = 1) -> tuple[list | Non
     if isinstance(group, HeadGroup):  # q rows and o columns: group_size x the KV width in group mode
         gs = group.group_size if group.mode == "group" else 1
         terms = [Term("gemm_n", _shape(k=group.hidden), mult=gs), Term("gemm_k", _shape(n=group.hidden), mult=gs)]
+        # the layer's attention timed at the kept query heads: whole KV groups go with their query heads, or
+        # query heads go within each KV group and every KV head stays
+        kv = _shape(head_dim=group.head_dim, **({"q_per_kv": gs} if group.mode == "group"
+                                                else {"kv_heads": group.num_kv_heads}))
+        terms.append(Term("sdpa_heads", kv, mult=gs, div=group.head_dim))
         if group.mode == "group":  # k and v lose the same KV width
             terms.append(Term("gemm_n", _shape(k=group.hidden), weight=2))
         return None, terms
     raise GacError(f"{group.name}: no latency terms for groups of kind {group.kind!r}")
-
-
-def sdpa_share(group: DimGroup) -> float:
-    """Share of the layer's attention (SDPA) time a head group keeps at its dim d is d / max_dim: SDPA's cost is
-    linear in the number of query heads. 0 for groups that keep every head."""
-    return 1.0 if isinstance(group, HeadGroup) else 0.0
 
 
 def candidate_dims(group: DimGroup, alignment: int) -> list:
@@ -188,23 +188,21 @@ def sweep_needs(groups: list[DimGroup], alignment: int) -> dict:
     return needs
 
 
-def _terms_ms(terms: list[Term], d: int, op_tables: dict, extra_ms: float) -> float:
-    """The group's terms at dim d, summed from the op tables, plus `extra_ms` (its share of SDPA)."""
-    return math.fsum(t.weight * op_tables[(t.op, t.shape)][t.dim(d)] for t in terms) + extra_ms
+def _terms_ms(terms: list[Term], d: int, op_tables: dict) -> float:
+    """The group's terms at dim d, summed from the op tables."""
+    return math.fsum(t.weight * op_tables[(t.op, t.shape)][t.dim(d)] for t in terms)
 
 
-def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict,
-                 sdpa_ms: dict | None = None) -> tuple[dict, dict]:
+def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict) -> tuple[dict, dict]:
     """({group: {candidate: ms}}, {group: ms as the original has it}) from measured op tables
-    {(op, shape): {dim: ms}}; sdpa_ms: {group: ms of its layer's attention at full heads} (head groups only)."""
+    {(op, shape): {swept dim: ms}}."""
     per_linear = _per_linear(groups)
     tables, original = {}, {}
     for g in groups:
         dense, terms = group_terms(g, per_linear.get(getattr(g, "linear", ""), 1))
-        sdpa = sdpa_ms[g.name] if sdpa_share(g) and sdpa_ms else 0.0
         original[g.name] = (math.fsum(t.weight * op_tables[(t.op, t.shape)][x] for t, x in dense) if dense
-                            else _terms_ms(terms, g.max_dim, op_tables, sdpa * 1.0))
-        tables[g.name] = {d: original[g.name] if d is FULL else _terms_ms(terms, d, op_tables, sdpa * d / g.max_dim)
+                            else _terms_ms(terms, g.max_dim, op_tables))
+        tables[g.name] = {d: original[g.name] if d is FULL else _terms_ms(terms, d, op_tables)
                           for d in candidate_dims(g, alignment)}
     return tables, original
 
@@ -212,43 +210,38 @@ def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict,
 # ---- measuring: one cached profile sweep per op and shape --------------------------------------------------
 
 
-def _sdpa_spec(group: HeadGroup, phase: Phase, repeats: int):
-    """SDPA of the layer's full heads at the phase: prefill over its own seq tokens (causal), or one query token per
-    sequence over a KV cache of seq tokens."""
-    from gac.hw.profile import FixedSizes, SweepSpec
+def op_spec(op: str, shape: tuple, dims, phase: Phase, repeats: int):
+    """The sweep of `op` over `dims` at the phase: GEMMs at its M rows; SDPA over query heads at prefill causal over
+    its own seq tokens, or at decode one query token per sequence over a KV cache of seq tokens."""
+    import dataclasses
 
-    sizes = FixedSizes(batch=phase.batch, heads=group.num_heads, context=phase.seq)
-    m = phase.seq if phase.name == "prefill" else 1
-    return SweepSpec(ops=("sdpa",), head_dims=(group.head_dim,), m_values=(m,), sizes=sizes, warmup=2,
-                     repeats=repeats)
+    from gac.align.profiled import _fixed_sizes
+    from gac.hw.profile import SweepSpec
+
+    sizes, m = _fixed_sizes(op, dict(shape)), phase.m
+    if op == "sdpa_heads":
+        sizes = dataclasses.replace(sizes, batch=phase.batch, context=phase.seq)
+        m = phase.seq if phase.name == "prefill" else 1
+    return SweepSpec(ops=(op,), dims=tuple(sorted(dims)), m_values=(m,), sizes=sizes, warmup=2, repeats=repeats)
 
 
 def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: int = 8, device: str = "cpu",
                           dtype: str = "float32", repeats: int = 11, progress: bool = True) -> LatencyModel:
     """Sweep every op and shape the groups' candidates need at the phase's M (cached per device, dtype, torch and
     spec, the spec holding M and the shapes), and return the model with a zero constant (see `calibrated`)."""
-    from gac.align.profiled import _cached_sweep, _fixed_sizes
+    from gac.align.profiled import _cached_sweep
     from gac.hw.device import device_name
-    from gac.hw.profile import SweepSpec
 
     if not groups:
         raise GacError("no dimension groups to predict latency for")
     op_tables = {}
     for (op, shape), dims in sorted(sweep_needs(groups, alignment).items()):
-        spec = SweepSpec(ops=(op,), dims=tuple(sorted(dims)), m_values=(phase.m,), sizes=_fixed_sizes(op, dict(shape)),
-                         warmup=2, repeats=repeats)
-        log.info("latency table: %s %s at M=%d, %d dims", op, dict(shape), phase.m, len(dims))
+        spec = op_spec(op, shape, dims, phase, repeats)
+        log.info("latency table: %s %s at M=%d, %d dims", op, dict(shape), spec.m_values[0], len(dims))
         entry = _cached_sweep(spec, device=device, dtype=dtype, progress=progress)["ops"][0]
         op_tables[(op, shape)] = {int(d): float(ms) for d, ms in zip(entry["dims"], entry["ms"])}
-    sdpa_ms, sdpa_cache = {}, {}
-    for g in groups:
-        if isinstance(g, HeadGroup):
-            spec = _sdpa_spec(g, phase, repeats)
-            if spec not in sdpa_cache:
-                sdpa_cache[spec] = _cached_sweep(spec, device=device, dtype=dtype, progress=progress)["ops"][0]["ms"][0]
-            sdpa_ms[g.name] = sdpa_cache[spec]
     import torch
 
     meta = {"device": device, "device_name": device_name(device), "dtype": dtype, "torch": torch.__version__,
             "alignment": alignment, "repeats": repeats}
-    return LatencyModel(phase, *build_tables(groups, alignment, op_tables, sdpa_ms), 0.0, meta)
+    return LatencyModel(phase, *build_tables(groups, alignment, op_tables), 0.0, meta)

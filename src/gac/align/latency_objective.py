@@ -100,9 +100,15 @@ def _capped(items, budget_ms, cap, buckets) -> LatencyChoice:
     span = max(abs(v) for it in items for v in it.values) or 1.0
     lo, hi = 0.0, span  # a penalty of `span` per parameter makes any extra parameter a loss
     hi_choice = at(hi)
-    while hi_choice.params > cap:  # pragma: no cover - only with pathological values
+    for _ in range(12):  # the budget may force candidates with more parameters than the least-parameter ones
+        if hi_choice.params <= cap:
+            break
         hi *= 10
         hi_choice = at(hi)
+    else:
+        raise GacError(f"parameter cap {cap:,} and latency budget {budget_ms:.4g} ms exclude each other: the fewest "
+                       f"parameters found within the budget are {hi_choice.params:,}; raise the cap or lower the "
+                       "speedup")
     for _ in range(40):
         mid = (lo + hi) / 2
         c = at(mid)

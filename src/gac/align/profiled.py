@@ -27,6 +27,8 @@ def _fixed_sizes(op: str, shape: dict):
         return FixedSizes(hidden=shape["k"])
     if op == "gemm_k":
         return FixedSizes(hidden=shape["n"])
+    if op == "sdpa_heads":  # batch and KV length: the caller's phase
+        return FixedSizes(head_dim=shape["head_dim"], kv_heads=shape.get("kv_heads"), q_per_kv=shape.get("q_per_kv"))
     return None
 
 

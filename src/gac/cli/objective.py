@@ -13,6 +13,9 @@ SPEEDUP_OPTIONS = (
     click.option("--phase", type=click.Choice(["prefill", "decode"]),
                  help="--speedup: time a prefill, or one decode step per sequence [default: prefill]."),
     click.option("--shape", help="--speedup: BATCHxTOKENS, tokens prefilled or held in the KV cache [default: 1x512]."),
+    click.option("--param-cap", type=Real(0, example=0.9),
+                 help="--speedup: keep at most this share, in (0, 1], of the compressible parameters (those --ratio "
+                      "counts), e.g. 0.9 [default: no cap]."),
 )
 
 
@@ -22,22 +25,20 @@ def speedup_options(f):
     return f
 
 
-def latency_objective(speedup, phase, shape, *, ratio, no_align, profile):
+def latency_objective(speedup, phase, shape, param_cap, *, ratio):
     """gac.speedup.SpeedupConfig from the options, or None for the parameter objective; one-line GacError when
-    options that exclude each other are given together."""
+    --ratio and --speedup are given together (CompressConfig checks the options --speedup excludes)."""
     from gac.errors import GacError
 
     if speedup is None:
-        if phase is not None or shape is not None:
-            raise GacError("--phase and --shape set the latency objective: give --speedup too, e.g. --speedup 1.2")
+        if phase is not None or shape is not None or param_cap is not None:
+            raise GacError("--phase, --shape and --param-cap set the latency objective: give --speedup too, e.g. "
+                           "--speedup 1.2")
         return None
-    excluded = ((ratio, "--ratio", "the parameter objective"),
-                (profile, "--profile", "parameter candidates; --speedup measures its own tables"),
-                (no_align or None, "--no-align", "the compressor's own dims under a ratio"))
-    for given, flag, why in excluded:
-        if given is not None:
-            raise GacError(f"--speedup and {flag} exclude each other ({flag} is for {why}): give one of them")
+    if ratio is not None:  # CompressConfig has a default ratio: only here can a given one be told apart
+        raise GacError("--speedup and --ratio exclude each other (--ratio is for the parameter objective): give one "
+                       "of them")
     from gac.speedup import SpeedupConfig, parse_shape
 
     batch, seq = parse_shape(shape) if shape is not None else (SpeedupConfig.batch, SpeedupConfig.seq)
-    return SpeedupConfig(speedup, **({"phase": phase} if phase else {}), batch=batch, seq=seq)
+    return SpeedupConfig(speedup, **({"phase": phase} if phase else {}), batch=batch, seq=seq, param_cap=param_cap)

@@ -14,6 +14,7 @@ DIM_LABELS = {
     "gemm_n": "N (output features) of Y[M,N] = X[M,K] W[N,K]^T",
     "gemm_k": "K (input features) of Y[M,N] = X[M,K] W[N,K]^T",
     "sdpa": "head dim",
+    "sdpa_heads": "query heads",
     "lowrank": "rank r of X[M,in] -> r -> out",
 }
 

@@ -1,4 +1,5 @@
-"""Hardware profile: kernel latency swept over dims on this device (GEMM N/K, SDPA head dim, low-rank pair).
+"""Hardware profile: kernel latency swept over dims on this device (GEMM N/K, SDPA head dim, low-rank pair, and
+SDPA query heads for the latency model's head groups).
 
 Writes/reads the profile JSON ({"gac_profile": 1, ...}) and caches it per device name, dtype and torch version.
 """
@@ -28,7 +29,8 @@ from gac.hw.timing import cpu_threads, time_callable, time_interleaved
 logger = logging.getLogger(__name__)
 
 PROFILE_VERSION = 1
-OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank")
+OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank")  # a default sweep
+ALL_OPS = (*OPS, "sdpa_heads")  # sdpa_heads: swept over query heads, sized by the latency model's head groups
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")  # tried in this order
 MAX_HEAD_DIM = 1024  # above any model's attention head (usually 64-256); catches GEMM ranges given as head dims
 CUDA_CHUNK = 32  # dims timed round-robin together on CUDA, each with input sets over twice the L2
@@ -44,11 +46,17 @@ class FixedSizes:
     batch: int = 1  # sdpa
     heads: int = 8
     context: int = 512  # sdpa key/value length for decode (m=1); prefill attends over its own m tokens
+    # sdpa_heads (None: unused, left out of the spec's JSON so older specs and their caches keep their keys)
+    head_dim: int | None = None
+    kv_heads: int | None = None  # fixed KV heads (query heads cut within each KV group) ...
+    q_per_kv: int | None = None  # ... or KV heads = query heads / q_per_kv (whole KV groups cut); neither: MHA
 
     def __post_init__(self):
         for name, value in dataclasses.asdict(self).items():
-            if int(value) != value or value < 1:
+            if value is not None and (int(value) != value or value < 1):
                 raise GacError(f"{name} must be a positive integer, got {value!r}")
+        if self.kv_heads is not None and self.q_per_kv is not None:
+            raise GacError("give SDPA's kv_heads or q_per_kv, not both")
 
 
 @dataclass(frozen=True)
@@ -67,9 +75,9 @@ class SweepSpec:
     chunk: int = 64  # dims timed round-robin together (bounded so memory stays small)
 
     def __post_init__(self):
-        unknown = set(self.ops) - set(OPS)
+        unknown = set(self.ops) - set(ALL_OPS)
         if unknown or not self.ops:
-            raise GacError(f"unknown op(s) {sorted(unknown)}; choose from {', '.join(OPS)}")
+            raise GacError(f"unknown op(s) {sorted(unknown)}; choose from {', '.join(ALL_OPS)}")
         for name in ("dims", "head_dims", "m_values"):
             values = getattr(self, name)
             if not values or any(int(v) != v or v < 1 for v in values):
@@ -79,6 +87,11 @@ class SweepSpec:
                            "head dims with e.g. --head-dims 64:256:8 and GEMM dims with --dims")
         if self.repeats < 1 or self.warmup < 0 or self.buffers < 1 or self.chunk < 1:
             raise GacError("repeats, buffers and chunk must be >= 1 and warmup >= 0")
+        if "sdpa_heads" in self.ops:
+            kv_unit = self.sizes.kv_heads or self.sizes.q_per_kv or 1
+            if self.sizes.head_dim is None or any(h % kv_unit for h in self.dims):
+                raise GacError(f"an SDPA heads sweep needs a head_dim and query heads that are multiples of "
+                               f"{kv_unit} (the KV heads or query heads per KV head), got {list(self.dims)[:8]}")
 
     @classmethod
     def quick(cls, m: int = 1024) -> SweepSpec:
@@ -86,7 +99,10 @@ class SweepSpec:
         return cls(dims=tuple(range(96, 129)), head_dims=tuple(range(64, 129, 8)), m_values=(m, 1), repeats=15)
 
     def to_json(self) -> dict:
-        return json.loads(json.dumps(dataclasses.asdict(self)))  # tuples -> lists, as stored in a profile
+        """Tuples as lists, as stored in a profile; unused (None) sizes left out."""
+        d = dataclasses.asdict(self)
+        d["sizes"] = {k: v for k, v in d["sizes"].items() if v is not None}
+        return json.loads(json.dumps(d))
 
 
 # ---- sweeps ------------------------------------------------------------------------------------------------
@@ -99,7 +115,11 @@ def _entry_shape(op: str, m: int, sizes: FixedSizes) -> dict[str, int]:
         return {"n": sizes.hidden}
     if op == "lowrank":
         return {"in": sizes.lowrank_in, "out": sizes.lowrank_out}
-    return {"batch": sizes.batch, "heads": sizes.heads, "seq": m if m > 1 else sizes.context}
+    seq = m if m > 1 else sizes.context
+    if op == "sdpa_heads":
+        kv = {"kv_heads": sizes.kv_heads} if sizes.kv_heads else {"q_per_kv": sizes.q_per_kv or 1}
+        return {"batch": sizes.batch, "head_dim": sizes.head_dim, "seq": seq, **kv}
+    return {"batch": sizes.batch, "heads": sizes.heads, "seq": seq}
 
 
 def _tensor_shapes(op: str, m: int, dim: int, shape: Mapping[str, int]) -> list[tuple[int, ...]]:
@@ -109,8 +129,23 @@ def _tensor_shapes(op: str, m: int, dim: int, shape: Mapping[str, int]) -> list[
         return [(m, dim), (shape["n"], dim)]  # X [M, K=dim], W [N, K=dim]
     if op == "lowrank":
         return [(m, shape["in"]), (dim, shape["in"]), (shape["out"], dim)]  # X [M, in], A [r, in], B [out, r]
-    b, h, s = shape["batch"], shape["heads"], shape["seq"]
-    return [(b, h, m, dim), (b, h, s, dim), (b, h, s, dim)]  # q [B, H, M, D], k and v [B, H, S, D]
+    b, s = shape["batch"], shape["seq"]
+    if op == "sdpa_heads":  # dim: query heads
+        kv, d = shape.get("kv_heads") or dim // shape["q_per_kv"], shape["head_dim"]
+        return [(b, dim, m, d), (b, kv, s, d), (b, kv, s, d)]  # q [B, H, M, D], k and v [B, H_kv, S, D]
+    return [(b, shape["heads"], m, dim), *2 * [(b, shape["heads"], s, dim)]]  # q [B, H, M, D], k and v [B, H, S, D]
+
+
+def _attention(q, k, v, causal: bool):
+    """SDPA as a model runs it: with grouped KV heads, torch's GQA (2.5+) or KV heads repeated, as transformers
+    does on older torch."""
+    groups = q.shape[1] // k.shape[1]
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if torch.__version__ >= "2.5":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))  # pragma: no cover - torch < 2.5
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def _kernel(op: str, causal: bool) -> Callable:
@@ -118,7 +153,7 @@ def _kernel(op: str, causal: bool) -> Callable:
         return F.linear  # Y [M, N] = X [M, K] @ W[N, K]^T
     if op == "lowrank":
         return lambda x, a, b: F.linear(F.linear(x, a), b)  # [M, in] -> [M, r] -> [M, out]
-    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # [B, H, M, D]
+    return lambda q, k, v: _attention(q, k, v, causal)  # [B, H, M, D]
 
 
 def _sdpa_context(backend: str | None):
@@ -176,8 +211,9 @@ def _build_point(op: str, m: int, dim: int, shape, *, device, dtype, buffers: in
     shapes = _tensor_shapes(op, m, dim, shape)
     copies = _copies(shapes, device, dtype, buffers)
     inputs = [tuple(torch.randn(s, generator=gen, device=device, dtype=dtype) for s in shapes) for _ in range(copies)]
-    kernel = _kernel(op, causal=op == "sdpa" and m == shape.get("seq") and m > 1)
-    backend = _first_sdpa_backend(kernel, inputs[0], device) if op == "sdpa" else None
+    attention = op in ("sdpa", "sdpa_heads")
+    kernel = _kernel(op, causal=attention and m == shape.get("seq") and m > 1)
+    backend = _first_sdpa_backend(kernel, inputs[0], device) if attention else None
     state = {"i": 0}
 
     def call():
