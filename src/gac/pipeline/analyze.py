@@ -24,6 +24,7 @@ from gac.compressors.base import LowRankCompressor
 from gac.errors import GacError
 from gac.importance import GRADIENT_PROXIES, OUTPUT, collect_gradients, output_grad_sums
 from gac.models.groups import linears_of
+from gac.models.lazy import map_large_allocations
 from gac.pipeline.layers import (
     embed,
     layer_count,
@@ -63,6 +64,7 @@ def analyze_layerwise(model, source, compressor, groups, calib: torch.Tensor, *,
     """The compressor's units for `groups`, computed layer by layer (source: gac.models.lazy Resident or
     LazyCheckpoint). calib: token ids [n, seq]."""
     check_layerwise(compressor)
+    map_large_allocations()  # layer-sized blocks freed to the OS: the peak does not creep up with depth
     by_layer = groups_by_layer(model, groups)
     proxy = compressor.proxy
     start = time.perf_counter()
