@@ -20,7 +20,6 @@ import torch
 from tqdm.auto import tqdm
 
 from gac.calibrate import collect_stats
-from gac.compressors.base import LowRankCompressor
 from gac.errors import GacError
 from gac.importance import (
     GRADIENT_PROXIES,
@@ -59,8 +58,7 @@ def groups_by_layer(model, groups) -> dict[int, list]:
 def check_layerwise(compressor) -> None:
     """Importance that needs the whole model at once (ASVD's measured sensitivity: the loss with one weight
     truncated) has no layer-wise form."""
-    if (isinstance(compressor, LowRankCompressor) and compressor.proxy is None
-            and type(compressor).importance is not LowRankCompressor.importance):
+    if compressor.measures_sensitivity:
         raise GacError(f"{compressor.name}'s measured-sensitivity importance needs the whole model at once: use "
                        "--importance output (the default) for layer-by-layer compression")
 
