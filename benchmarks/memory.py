@@ -5,8 +5,9 @@ layers' weights for the layer-by-layer pipeline (it grows by the whole model for
     python benchmarks/memory.py --layers 4 8 16 --hidden 1024 --out /tmp/gac-memory [--whole]
     python benchmarks/memory.py --child DIR OUT [compress options...]       # one run (used by the above)
 
-Each run: asvd at 0.15, float32, --no-eval, 4 calibration windows of 128 tokens; peak RSS from getrusage in the
-child process; the dry-run forecast of the same run is printed beside it.
+Each run: asvd at 0.15, float32, --no-eval, 4 calibration windows of 128 tokens; peak RSS of the child process
+(VmHWM, its own address space: getrusage's ru_maxrss of a child started by vfork/exec reports the parent's peak when
+larger, here the parent's while it built the random model); the dry-run forecast of the same run is printed beside it.
 """
 
 from __future__ import annotations
@@ -54,9 +55,17 @@ def child(model_dir: str, out: str, options: list[str]) -> None:
     start = time.perf_counter()
     result = CliRunner().invoke(cli, ["compress", "--model", model_dir, "--out", out, *options],
                                 catch_exceptions=False)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     print(json.dumps({"exit": result.exit_code, "peak_rss": peak, "seconds": round(time.perf_counter() - start, 1),
                       "tail": result.output[-300:]}))
+
+
+def peak_rss() -> int:
+    """This process's peak resident bytes: VmHWM on Linux (ru_maxrss can carry the parent's peak over exec)."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        return next(int(x.split()[1]) for x in status.read_text().splitlines() if x.startswith("VmHWM:")) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def run_one(model_dir: Path, out: Path, options: list[str]) -> dict:

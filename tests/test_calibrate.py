@@ -112,5 +112,8 @@ def test_linears_fed_by_one_input_share_one_xtx(tiny):
     assert stats[layer.k].xtx is stats[layer.q].xtx and stats[layer.v].xtx is stats[layer.q].xtx
     assert stats[layer.producers[1]].xtx is stats[layer.producers[0]].xtx
     assert stats[layer.o].xtx is not stats[layer.q].xtx
-    x = _manual_inputs(tiny, [layer.k], windows)[layer.k]
-    assert torch.allclose(stats[layer.k].xtx, x.T @ x, rtol=1e-10, atol=1e-8)
+    inputs = _manual_inputs(tiny, [layer.k, layer.producers[1], layer.o], windows)
+    for name, x in inputs.items():  # the shared sums are their input's, and a linear of its own keeps its own
+        expected = x.T @ x  # [in, in] float64
+        torch.testing.assert_close(stats[name].xtx, expected, rtol=1e-10, atol=1e-12 * float(expected.abs().max()))
+        assert stats[name].tokens == x.shape[0]

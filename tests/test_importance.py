@@ -7,7 +7,15 @@ import torch
 from gac.calibrate import calibrate
 from gac.compressors import make_compressor
 from gac.errors import GacError
-from gac.importance import PROXIES, channel_scores, collect_gradients, gradient_stats, measure, weight_scores
+from gac.importance import (
+    PROXIES,
+    channel_scores,
+    collect_gradients,
+    frozen_parameters,
+    gradient_stats,
+    measure,
+    weight_scores,
+)
 from gac.models.adapters import adapter_for
 
 
@@ -210,3 +218,14 @@ def test_output_loss_model_allocates_within_budget(setup):
     assert all(u.marginal_score(u.max_dim // 2) >= 0 for u in units)
     with pytest.raises(GacError, match="unknown importance"):
         make_compressor("prune", importance="output")
+
+
+def test_frozen_parameters_restores_each_flag_even_on_error():
+    module = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    module[1].bias.requires_grad_(False)  # a mixed starting state
+    before = [p.requires_grad for p in module.parameters()]
+    with pytest.raises(KeyError), frozen_parameters(module) as params:
+        assert len(params) == 4 and not any(p.requires_grad for p in params)
+        params[0].requires_grad_(True)  # the block may turn some back on
+        raise KeyError("boom")
+    assert [p.requires_grad for p in module.parameters()] == before == [True, True, True, False]

@@ -28,14 +28,10 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
     """Yield {name: LinearStats} filled by forward hooks while the block runs; hooks are removed on exit."""
     stats: dict[str, LinearStats] = {}
     handles = []
-    last = {}  # q/k/v (and gate/up) see the same input tensor: compute its X^T X once
-    shared = set()  # linears whose X^T X accumulator is another's (same input): one [in, in] fp64 sum, not three
-
-    def input_xtx(raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if last.get("input") is not raw:
-            xd = x.double()
-            last["input"], last["xtx"], last["owner"] = raw, xd.T @ xd, None  # [in, in]
-        return last["xtx"]
+    # q/k/v (and gate/up) see the same input tensor: the first linear fed by it owns one [in, in] fp64 X^T X
+    # accumulator, the others share it and add nothing (one sum and one product per input, not three)
+    owner = {}  # "input": the last input seen, "stats": the LinearStats of the linear that owns its X^T X
+    shared = set()
 
     def make_hook(name, in_features):
         def hook(_module, inputs, _output):
@@ -44,16 +40,17 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
             s = stats.get(name)
             if s is None:
                 s = stats[name] = LinearStats(torch.zeros(in_features, dtype=torch.float32, device=x.device))
-                if xtx and last.get("input") is raw and last.get("owner") is not None:
-                    s.xtx = last["owner"].xtx  # the same sums as the first linear fed by this input
+                if xtx and owner.get("input") is raw:
+                    s.xtx = owner["stats"].xtx  # the same sums as the first linear fed by this input
                     shared.add(name)
                 elif xtx:
                     s.xtx = torch.zeros(in_features, in_features, dtype=torch.float64, device=x.device)
             s.abs_sum += x.abs().float().sum(0)
             s.tokens += x.shape[0]
             if xtx and name not in shared:
-                s.xtx += input_xtx(raw, x)
-                last["owner"] = s
+                xd = x.double()
+                s.xtx += xd.T @ xd  # [in, in]
+                owner["input"], owner["stats"] = raw, s
 
         return hook
 
@@ -65,7 +62,7 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
     finally:
         for h in handles:
             h.remove()
-        last.clear()
+        owner.clear()
     missing = [n for n in names if n not in stats]
     if missing:
         raise RuntimeError(f"calibration saw no input for {len(missing)} layers, e.g. {missing[0]}")

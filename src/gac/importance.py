@@ -65,6 +65,21 @@ class GradStats:
 
 
 @contextmanager
+def frozen_parameters(module):
+    """Yield `module`'s parameters with requires_grad off while the block runs (activation gradients only; the
+    block may turn some back on), each flag restored on exit."""
+    params = list(module.parameters())
+    saved = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        yield params
+    finally:
+        for p, flag in zip(params, saved):
+            p.requires_grad_(flag)
+
+
+@contextmanager
 def collect_gradients(model, names: list[str]):
     """Yield {name: GradStats} filled by every backward pass run inside the block.
 
@@ -72,8 +87,6 @@ def collect_gradients(model, names: list[str]):
     gradient is reduced to channel sums when autograd has accumulated it, then dropped. On exit the hooks are
     removed and requires_grad is restored; a named weight that never received a gradient is an error.
     """
-    params = list(model.parameters())
-    saved = [p.requires_grad for p in params]
     stats: dict[str, GradStats] = {}
     handles = []
 
@@ -95,20 +108,18 @@ def collect_gradients(model, names: list[str]):
 
         return hook
 
-    try:
-        for p in params:
-            p.requires_grad_(False)
-        for name in names:
-            w = model.get_submodule(name).weight
-            w.requires_grad_(True)
-            handles.append(w.register_post_accumulate_grad_hook(make_hook(name)))
-        yield stats
-    finally:
-        for h in handles:
-            h.remove()
-        for p, flag in zip(params, saved):
-            p.requires_grad_(flag)
-            p.grad = None
+    with frozen_parameters(model) as params:
+        try:
+            for name in names:
+                w = model.get_submodule(name).weight
+                w.requires_grad_(True)
+                handles.append(w.register_post_accumulate_grad_hook(make_hook(name)))
+            yield stats
+        finally:
+            for h in handles:
+                h.remove()
+            for p in params:
+                p.grad = None
     missing = [n for n in names if n not in stats]
     if missing:
         raise RuntimeError(f"the gradient pass reached no gradient for {len(missing)} weights, e.g. {missing[0]}")
@@ -206,32 +217,25 @@ def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size:
     recomputes one decoder layer from its stored input and back-propagates the gradient of its output."""
     device = next(model.parameters()).device
     tokens = 0
-    handles = []
 
     def leaf(_module, _inputs, output):
         return output.detach().requires_grad_(True)
 
-    params = list(model.parameters())
-    saved = [p.requires_grad for p in params]
-    try:
-        for p in params:
-            p.requires_grad_(False)
-        handles.append(model.get_input_embeddings().register_forward_hook(leaf))
-        with (output_grad_sums(model, names) as sums, torch.inference_mode(False), torch.enable_grad(),
-              tqdm(total=len(windows), desc="output gradients", unit="window", disable=not progress) as bar):
-            for batch in windows.split(batch_size):
-                ids = batch.to(device)  # [b, seq]
-                n = ids.shape[0] * (ids.shape[1] - 1)  # predicted tokens: loss * n is the sum of per-token losses
-                loss = model(ids, labels=ids, use_cache=False).loss * n
-                loss.backward()
-                del loss
-                tokens += n
-                bar.update(len(ids))
-    finally:
-        for h in handles:
-            h.remove()
-        for p, flag in zip(params, saved):
-            p.requires_grad_(flag)
+    with frozen_parameters(model):
+        handle = model.get_input_embeddings().register_forward_hook(leaf)
+        try:
+            with (output_grad_sums(model, names) as sums, torch.inference_mode(False), torch.enable_grad(),
+                  tqdm(total=len(windows), desc="output gradients", unit="window", disable=not progress) as bar):
+                for batch in windows.split(batch_size):
+                    ids = batch.to(device)  # [b, seq]
+                    n = ids.shape[0] * (ids.shape[1] - 1)  # predicted tokens: loss * n is the sum of per-token losses
+                    loss = model(ids, labels=ids, use_cache=False).loss * n
+                    loss.backward()
+                    del loss
+                    tokens += n
+                    bar.update(len(ids))
+        finally:
+            handle.remove()
     return {name: s / max(tokens, 1) for name, s in sums.items()}
 
 

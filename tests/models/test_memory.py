@@ -86,3 +86,24 @@ def test_bad_memory_options_are_one_line(args, match):
     p = run_gac("compress", "--model", str(DOCS / "llama-3-8b"), *args)
     assert p.returncode == 2
     assert match in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+WORK = "SVD / loss model / whitening work (largest weight)"
+
+
+def test_forecast_follows_the_compressor_not_its_name():
+    """What is counted comes from the compressor the run builds: asvd with measured sensitivity (importance None)
+    collects no X^T X and runs no loss model nor gradient pass, unlike its default ("output")."""
+    config = llama(4)
+    default, measured = (forecast(config, options=opts, layerwise=False, flops_per_s=RATE)
+                         for opts in ({}, {"importance": None}))
+    assert default.parts["all X^T X"] > 0 and measured.parts["all X^T X"] == 0
+    assert measured.parts[WORK] < default.parts[WORK]  # the SVD's work only: no float64 loss-model curve
+    assert default.peak_bytes - measured.peak_bytes >= default.parts["all X^T X"]
+    with pytest.raises(GacError, match="measured-sensitivity"):  # layer by layer it is refused, as the run refuses
+        forecast(config, options={"importance": None}, flops_per_s=RATE)
+    svd, asvd = (forecast(config, compressor=name, flops_per_s=RATE) for name in ("svd", "asvd"))
+    assert svd.parts["one layer's X^T X"] == 0  # magnitude importance: no X^T X, a forward sweep
+    assert svd.disk_bytes < asvd.disk_bytes  # no stored activations for a reverse sweep
+    whitened = forecast(config, compressor="svd_llm", options={"importance": "magnitude"}, flops_per_s=RATE)
+    assert whitened.parts["one layer's X^T X"] > 0 and whitened.parts[WORK] > svd.parts[WORK]  # its cut whitens

@@ -147,6 +147,8 @@ class Compressor:
         """The importance proxy chosen in the config (gac.importance.PROXIES), or None for the compressor's own."""
         return getattr(self.config, "importance", None)
 
+    measures_sensitivity = False  # whether analyze runs the whole model once per weight (LowRankCompressor's)
+
     @property
     def needs_windows(self) -> bool:
         """Whether analyze needs the calibration windows (a gradient pass for taylor or fisher)."""
@@ -225,6 +227,12 @@ class LowRankCompressor(Compressor):
 
         per_energy = loss_per_energy(model, units, probe, keep, progress)
         return [p / u.numel for p, u in zip(per_energy, units)]
+
+    @property
+    def measures_sensitivity(self) -> bool:
+        """Whether analyze measures importance as the probe loss with each weight truncated in turn (no proxy, and a
+        subclass importance that reads the probe: asvd, svd_llm): a whole-model pass per weight."""
+        return self.proxy is None and type(self).importance is not LowRankCompressor.importance
 
     # --- shared -------------------------------------------------------------------------------
     def analyze(self, model, groups: list[RankGroup], stats: dict, *, probe=None, keep: float = 0.85,

@@ -7,9 +7,13 @@ Peak resident memory of each pipeline, in bytes, b = bytes per parameter of the 
   layer-wise    embeddings/head + one layer's weights (and its cut copies) + that layer's factors and X^T X + the
                 loss model's float64 work for its largest weight + stored calibration activations (every layer's
                 input, for the reverse sweep) + the head's logits of one batch
-plus the interpreter with torch and transformers imported (measured ~0.6 GB on CPU). Time: forward-pass FLOPs
-over the calibration tokens (analysis and materialization passes) and SVD FLOPs (~12 m n k per m x n weight, twice
-layer-wise: analysis and materialization), at this device's measured matmul rate. Rough by design: within a few
+plus the interpreter with torch and transformers imported (measured ~0.6 GB on CPU). Which terms apply is read off
+the compressor the run builds (gac.compressors.make_compressor): X^T X when it needs_xtx (own_xtx: again at
+materialization), the loss model's work for importance "output", the gradient pass (the reverse sweep layer-wise)
+when it needs_windows, factors for a LowRankCompressor, one probe pass per weight for measured sensitivity.
+Time: forward-pass FLOPs over the calibration tokens (analysis and materialization passes), the probe passes, and
+SVD FLOPs (~12 m n k per m x n weight, twice layer-wise: analysis and materialization), at this device's measured
+matmul rate. Rough by design: within a few
 tens of per cent (docs/RESULTS.md compares it with measured peaks)."""
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ log = logging.getLogger(__name__)
 GIB = 2**30
 RUNTIME_BYTES = int(0.6 * GIB)  # python + torch + transformers + tokenizer, measured on this CPU
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-NEEDS_XTX = {"svd_llm", "palu"}  # the cut itself whitens; asvd/svd_llm/palu's default loss model needs X^T X too
 
 
 @dataclass(frozen=True)
@@ -85,26 +88,37 @@ def _factor_bytes(o: int, i: int) -> int:
     return 4 * (o * k + k + k * i)  # U, S, Vh in float32
 
 
-def forecast(config, *, compressor: str = "asvd", ratio: float = 0.15, dtype: str = "float32",
-             calib_windows: int = 16, seq_len: int = 512, layerwise: bool = True, importance: str | None = None,
+def forecast(config, *, compressor: str = "asvd", options: dict | None = None, ratio: float = 0.15,
+             dtype: str = "float32", calib_windows: int = 16, seq_len: int = 512, layerwise: bool = True,
              flops_per_s: float | None = None) -> Forecast:
-    """Predicted peak memory, output size and time of compressing a model of this config."""
+    """Predicted peak memory, output size and time of compressing a model of this config with the compressor
+    `compressor` built from `options` (its config options, as CompressConfig.compressor_options)."""
+    from gac.compressors import make_compressor
+    from gac.compressors.base import LowRankCompressor
+    from gac.importance import OUTPUT
+
     s = Shapes.of(config)
     b = BYTES[dtype]
-    lowrank = compressor != "prune"
-    proxy = importance or ("taylor" if compressor == "prune" else "magnitude" if compressor == "svd" else "output")
-    xtx = compressor in NEEDS_XTX or (lowrank and proxy == "output")
-    reverse = proxy in ("output", "taylor", "fisher")
+    c = make_compressor(compressor, **(options or {}))  # what the run does is read off the compressor itself
+    if layerwise:
+        from gac.pipeline.analyze import check_layerwise
+
+        check_layerwise(c)  # the same one-line refusal as the run
+    lowrank = isinstance(c, LowRankCompressor)
+    xtx, own = c.needs_xtx, c.own_xtx  # collected in the analysis; recollected at materialization to whiten
+    loss_model = lowrank and c.proxy == OUTPUT
+    reverse = c.needs_windows  # a gradient pass (whole), the reverse sweep (layer-wise)
+    probe = min(256, seq_len) if c.measures_sensitivity else 0  # whole model only: one probe pass per weight
     tokens = calib_windows * seq_len
     act = b  # hidden states in the model's dtype
     layer_factors = sum(_factor_bytes(o, i) for o, i in s.linears()) if lowrank else 0
     # linears fed by one activation share one X^T X (q/k/v, gate/up): inputs of width hidden, q width, intermediate
     layer_xtx = sum(8 * i * i for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
-    own_xtx = layer_xtx if compressor in NEEDS_XTX else 0  # materialization recollects it only to whiten
+    own_xtx = layer_xtx if own else 0
     big_o, big_i = max(s.linears(), key=lambda oi: oi[0] * oi[1])
     k = min(big_o, big_i)
-    curve = 8 * (2 * k * k + 2 * k * big_i + big_i * big_i) if lowrank and proxy == "output" else 0
-    whiten = 8 * (big_o * big_i + big_i * big_i) if compressor in NEEDS_XTX else 0  # float64 W S and S
+    curve = 8 * (2 * k * k + 2 * k * big_i + big_i * big_i) if loss_model else 0
+    whiten = 8 * (big_o * big_i + big_i * big_i) if own else 0  # float64 W S and S
     svd_work = 3 * 4 * big_o * big_i if lowrank else 0  # float32 copy, scaled copy, LAPACK workspace
     batch = 2 if reverse else 4
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
@@ -138,7 +152,8 @@ def forecast(config, *, compressor: str = "asvd", ratio: float = 0.15, dtype: st
             "all factors": s.layers * layer_factors,
             "all X^T X": s.layers * layer_xtx,
             "SVD / loss model / whitening work (largest weight)": svd_work + max(curve, whiten),
-            "activations and logits": transient * s.layers // 4 + logits + 4 * tokens * s.hidden * act,
+            "activations and logits": (transient * s.layers // 4 + max(logits, 2 * probe * s.vocab * 4)
+                                       + 4 * tokens * s.hidden * act),
             "runtime": RUNTIME_BYTES,
         }
     compressible = s.layers * sum(o * i for o, i in s.linears())
@@ -148,9 +163,10 @@ def forecast(config, *, compressor: str = "asvd", ratio: float = 0.15, dtype: st
     forward_flops = 2 * tokens * (s.params - s.outer_params) + 2 * tokens * s.vocab * s.hidden
     passes = (1 + 3 + 1) if reverse else 2  # analysis (forward; reverse: forward + recompute + backward), materialize
     svd_flops = s.layers * sum(12 * o * i * min(o, i) for o, i in s.linears()) * (2 if layerwise else 1) if lowrank else 0
+    probe_flops = (s.layers * len(s.linears()) + 1) * 2 * probe * s.params  # the probe loss, each weight truncated
     rate = flops_per_s or matmul_rate()
     return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk,
-                    (forward_flops * passes + svd_flops) / rate, {k: int(v) for k, v in parts.items()})
+                    (forward_flops * passes + svd_flops + probe_flops) / rate, {k: int(v) for k, v in parts.items()})
 
 
 @functools.cache
@@ -192,10 +208,9 @@ def config_of(spec: str):
 
 def forecast_of(cfg, layerwise: bool) -> Forecast:
     """The forecast for a CompressConfig (gac.api)."""
-    opts = cfg.compressor_options
-    return forecast(config_of(cfg.model), compressor=cfg.compressor, ratio=cfg.ratio, dtype=cfg.dtype,
-                    calib_windows=cfg.text.calib_windows, seq_len=cfg.text.seq_len, layerwise=layerwise,
-                    importance=opts.get("importance"))
+    return forecast(config_of(cfg.model), compressor=cfg.compressor, options=cfg.compressor_options, ratio=cfg.ratio,
+                    dtype=cfg.dtype, calib_windows=cfg.text.calib_windows, seq_len=cfg.text.seq_len,
+                    layerwise=layerwise)
 
 
 def plan_memory(cfg) -> bool:

@@ -20,10 +20,16 @@ import torch
 from tqdm.auto import tqdm
 
 from gac.calibrate import collect_stats
-from gac.compressors.base import LowRankCompressor
 from gac.errors import GacError
-from gac.importance import GRADIENT_PROXIES, OUTPUT, collect_gradients, output_grad_sums
+from gac.importance import (
+    GRADIENT_PROXIES,
+    OUTPUT,
+    collect_gradients,
+    frozen_parameters,
+    output_grad_sums,
+)
 from gac.models.groups import linears_of
+from gac.models.lazy import map_large_allocations
 from gac.pipeline.layers import (
     embed,
     layer_count,
@@ -52,8 +58,7 @@ def groups_by_layer(model, groups) -> dict[int, list]:
 def check_layerwise(compressor) -> None:
     """Importance that needs the whole model at once (ASVD's measured sensitivity: the loss with one weight
     truncated) has no layer-wise form."""
-    if (isinstance(compressor, LowRankCompressor) and compressor.proxy is None
-            and type(compressor).importance is not LowRankCompressor.importance):
+    if compressor.measures_sensitivity:
         raise GacError(f"{compressor.name}'s measured-sensitivity importance needs the whole model at once: use "
                        "--importance output (the default) for layer-by-layer compression")
 
@@ -63,6 +68,7 @@ def analyze_layerwise(model, source, compressor, groups, calib: torch.Tensor, *,
     """The compressor's units for `groups`, computed layer by layer (source: gac.models.lazy Resident or
     LazyCheckpoint). calib: token ids [n, seq]."""
     check_layerwise(compressor)
+    map_large_allocations()  # layer-sized blocks freed to the OS: the peak does not creep up with depth
     by_layer = groups_by_layer(model, groups)
     proxy = compressor.proxy
     start = time.perf_counter()
@@ -129,18 +135,14 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, inputs, 
                   disable=not progress):
         source.load_layer(i)
         layer, names = layer_module(model, i), linears_of(by_layer[i])
-        saved = [p.requires_grad for p in layer.parameters()]
-        for p in layer.parameters():
-            p.requires_grad_(False)  # activation gradients only (collect_gradients turns on the weights it needs)
         stored = inputs[i]
-        with (collect_stats(model, names, xtx=compressor.needs_xtx) as stats,
+        # activation gradients only (collect_gradients turns on the weights it needs)
+        with (frozen_parameters(layer), collect_stats(model, names, xtx=compressor.needs_xtx) as stats,
               _gradient_hooks(model, names, compressor.proxy) as grad_sums, torch.enable_grad()):
             for k, b in enumerate(batches):
                 h = stored[k].detach().clone().requires_grad_(True)
                 run_layer(layer, b, i, h).backward(grads[k])
                 grads[k] = h.grad
-        for p, flag in zip(layer.parameters(), saved):
-            p.requires_grad_(flag)
         for n in names:
             if output_loss:
                 stats[n].extra["out_fisher"] = grad_sums[n] / max(tokens, 1)

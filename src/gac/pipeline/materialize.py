@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from gac.calibrate import collect_stats
 from gac.models.adapters import adapter_for
 from gac.models.groups import linears_of
-from gac.models.lazy import return_freed_memory
+from gac.models.lazy import map_large_allocations, return_freed_memory
 from gac.pipeline.analyze import CALIB_BATCH, groups_by_layer
 from gac.pipeline.layers import (
     Batch,
@@ -71,6 +71,7 @@ def materialize_layerwise(model, source, compressor, units, dims: dict, calib: t
     layers to; every variant's layers are then released as soon as they are written (shapes kept, for counting).
     held_out: evaluation windows [n, seq] run through the baseline's and every variant's layers on the way; their
     perplexities are returned under the key "ppl" ({variant or "baseline": float})."""
+    map_large_allocations()  # layer-sized blocks freed to the OS, not kept in a fragmenting heap
     by_layer = groups_by_layer(model, [u.group for u in units])
     unit_of = {u.group.name: u for u in units}
     shells = {v: shell_of(model) for v in dims}
