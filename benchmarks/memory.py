@@ -7,7 +7,10 @@ layers' weights for the layer-by-layer pipeline (it grows by the whole model for
 
 Each run: asvd at 0.15, float32, --no-eval, 4 calibration windows of 128 tokens; peak RSS of the child process
 (VmHWM, its own address space: getrusage's ru_maxrss of a child started by vfork/exec reports the parent's peak when
-larger, here the parent's while it built the random model); the dry-run forecast of the same run is printed beside it.
+larger, here the parent's while it built the random model), and its peak anonymous memory (RssAnon sampled every
+20 ms: what the run allocates, without the file pages of the memory-mapped weights, which the kernel maps more of
+when the file is still in the page cache); the page cache is dropped before each run where this user may (root),
+so every run reads its model cold, as a first run on a real model does. The dry-run forecast is printed beside it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -53,11 +57,51 @@ def child(model_dir: str, out: str, options: list[str]) -> None:
     from gac.cli import main as cli
 
     start = time.perf_counter()
-    result = CliRunner().invoke(cli, ["compress", "--model", model_dir, "--out", out, *options],
-                                catch_exceptions=False)
+    with AnonSampler() as anon:
+        result = CliRunner().invoke(cli, ["compress", "--model", model_dir, "--out", out, *options],
+                                    catch_exceptions=False)
     peak = peak_rss()
-    print(json.dumps({"exit": result.exit_code, "peak_rss": peak, "seconds": round(time.perf_counter() - start, 1),
-                      "tail": result.output[-300:]}))
+    print(json.dumps({"exit": result.exit_code, "peak_rss": peak, "peak_anon": anon.peak,
+                      "seconds": round(time.perf_counter() - start, 1), "tail": result.output[-300:]}))
+
+
+class AnonSampler:
+    """Peak RssAnon of this process, sampled every `interval` s by a daemon thread (0 where /proc is missing)."""
+
+    def __init__(self, interval: float = 0.02):
+        self.interval, self.peak = interval, 0
+        self._stop = threading.Event()
+
+    def _read(self) -> int:
+        try:
+            text = Path("/proc/self/status").read_text()
+        except OSError:
+            return 0
+        return next((int(x.split()[1]) * 1024 for x in text.splitlines() if x.startswith("RssAnon:")), 0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self._read())
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._read())
+
+
+def drop_page_cache() -> bool:
+    """Write back and drop the kernel's page cache (root only): the next run reads its model from disk."""
+    try:
+        subprocess.run(["sync"], check=False)
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return True
+    except OSError:
+        return False
 
 
 def peak_rss() -> int:
@@ -101,19 +145,22 @@ def main() -> None:
         layer_bytes = make_model(model_dir, layers, args.hidden)
         for pipeline in (["layerwise", "whole"] if args.whole else ["layerwise"]):
             options = COMPRESS + (["--layerwise"] if pipeline == "layerwise" else [])
+            cold = drop_page_cache()
             r = run_one(model_dir, args.out / "compressed", options)
-            r.update(layers=layers, pipeline=pipeline, layer_bytes=layer_bytes,
+            r.update(layers=layers, pipeline=pipeline, layer_bytes=layer_bytes, cold_cache=cold,
                      forecast=forecast_bytes(model_dir, options))
             rows.append(r)
-            print(f"{pipeline:9s} {layers:3d} layers: peak RSS {r['peak_rss'] / 2**20:8.0f} MiB, forecast "
-                  f"{r['forecast'] / 2**20:8.0f} MiB, {r['seconds']} s (exit {r['exit']})", flush=True)
+            print(f"{pipeline:9s} {layers:3d} layers: peak RSS {r['peak_rss'] / 2**20:8.0f} MiB (anonymous "
+                  f"{r['peak_anon'] / 2**20:.0f}), forecast {r['forecast'] / 2**20:8.0f} MiB, {r['seconds']} s "
+                  f"(exit {r['exit']}{', cold page cache' if cold else ''})", flush=True)
         shutil.rmtree(model_dir)
     shutil.rmtree(args.out / "compressed", ignore_errors=True)
     for pipeline in {r["pipeline"] for r in rows}:
         mine = [r for r in rows if r["pipeline"] == pipeline]
         growth = mine[-1]["peak_rss"] - mine[0]["peak_rss"]
-        print(f"{pipeline}: growth {mine[0]['layers']} -> {mine[-1]['layers']} layers: {growth / 2**20:.0f} MiB; "
-              f"two layers' weights: {2 * mine[0]['layer_bytes'] / 2**20:.0f} MiB")
+        anon = mine[-1]["peak_anon"] - mine[0]["peak_anon"]
+        print(f"{pipeline}: growth {mine[0]['layers']} -> {mine[-1]['layers']} layers: {growth / 2**20:.0f} MiB RSS, "
+              f"{anon / 2**20:.0f} MiB anonymous; two layers' weights: {2 * mine[0]['layer_bytes'] / 2**20:.0f} MiB")
     (args.out / "memory.json").write_text(json.dumps(rows, indent=1))
 
 
