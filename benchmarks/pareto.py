@@ -125,7 +125,8 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         dims = select_dims(model, analyzed, dataclasses.replace(compress_cfg, ratio=ratio)).dims["gac"]
         built = copy.deepcopy(model)
         compressor.materialize(built, units, dims)
-        full = {u.name: None if dims[u.name] == u.max_dim else dims[u.name] for u in units}  # tables key full as None
+        full = {u.name: None if dims[u.name] == u.max_dim and u.max_dim not in lm.tables[u.name] else dims[u.name]
+                for u in units}  # a width kept whole is keyed None (FULL) in the latency tables
         row = {"ratio": ratio, **measure(model, built.eval(), cfg, held_out, lm, full)}
         out["ratio"].append(row)
         log.info("%s ratio %.2f: measured %.3fx (predicted error %+.1f%%)%s", name, ratio, row["measured_speedup"],
