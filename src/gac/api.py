@@ -44,7 +44,7 @@ class CompressConfig:
     force: bool = False
     progress: bool = True
     layerwise: bool = False  # the layer-by-layer pipeline (gac.pipeline): a model directory is read lazily
-    max_memory: str | None = None  # "cpu=8GiB,0=20GiB": the forecast must fit (gac.models.memory)
+    max_memory: str | None = None  # "cpu=8GiB,0=20GiB": the forecast must fit (gac.pipeline.memory)
 
     def __post_init__(self):
         if not (isinstance(self.ratio, (int, float)) and 0.0 < self.ratio < 1.0):
@@ -216,7 +216,7 @@ def compress(cfg: CompressConfig) -> CompressResult:
         load_profile(cfg.profile)  # a bad profile fails now, not after calibration
 
     if cfg.layerwise or cfg.max_memory:
-        from gac.models.memory import plan_memory
+        from gac.pipeline.memory import plan_memory
 
         cfg = dataclasses.replace(cfg, layerwise=plan_memory(cfg))  # layer by layer when whole would not fit
     if cfg.layerwise:

@@ -90,7 +90,7 @@ def test_layerwise_perplexity_equals_whole_model(source_dir, tmp_path):
 def test_cli_layerwise_with_a_memory_budget(source_dir, tmp_path):
     from transformers import AutoConfig
 
-    from gac.models.memory import forecast
+    from gac.pipeline.memory import forecast
 
     config = AutoConfig.from_pretrained(source_dir)
     sizes = [forecast(config, compressor="svd", ratio=0.2, calib_windows=4, seq_len=32, layerwise=lw,

@@ -140,7 +140,7 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, out, ali
         max_memory=max_memory,
     )
     if dry_run:
-        from gac.models.memory import describe, forecast_of, plan_memory
+        from gac.pipeline.memory import describe, forecast_of, plan_memory
 
         click.echo(describe(forecast_of(cfg, plan_memory(cfg))))
         return

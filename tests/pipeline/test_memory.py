@@ -13,7 +13,7 @@ import transformers
 
 from gac.api import CompressConfig
 from gac.errors import GacError
-from gac.models.memory import GIB, Shapes, forecast, plan_memory
+from gac.pipeline.memory import GIB, Shapes, forecast, plan_memory
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configs"
 RATE = 1e11  # FLOP/s: fixed so the tests do not time this machine
