@@ -5,6 +5,7 @@ pareto.json, pareto.md and pareto.png (perplexity against measured speedup, both
 
   python benchmarks/pareto.py --out docs/pareto-cpu                    # embedded SmolLM2-135M, this CPU
   python benchmarks/pareto.py --model random-smollm2 --device cuda --dtype bfloat16 --shape 1x1024 --out DIR
+  python benchmarks/pareto.py --compare-phases PREFILL/pareto.json DECODE/pareto.json   # how the dims differ
 Random-weight models (random-smollm2, random-tiny) are for latency only: their perplexity means nothing.
 """
 
@@ -15,6 +16,7 @@ import copy
 import dataclasses
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -96,7 +98,8 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
     lm = measure_latency_model([u.group for u in units], Phase(args.phase, batch, seq), alignment=args.align,
                                device=args.device, dtype=args.dtype, progress=False)
     table_s = time.perf_counter() - t0
-    out = {"compressor": name, "analyze_s": analyze_s, "latency_table_s": table_s, "latency": [], "ratio": []}
+    out = {"compressor": name, "analyze_s": analyze_s, "latency_table_s": table_s, "latency": [], "ratio": [],
+           "groups": {u.name: [u.group.kind, kept_dim(u.group, None)] for u in units}}
     if held_out is not None:
         from gac.evaluate.perplexity import perplexity
 
@@ -125,14 +128,109 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         dims = select_dims(model, analyzed, dataclasses.replace(compress_cfg, ratio=ratio)).dims["gac"]
         built = copy.deepcopy(model)
         compressor.materialize(built, units, dims)
-        full = {u.name: None if dims[u.name] == u.max_dim and u.max_dim not in lm.tables[u.name] else dims[u.name]
-                for u in units}  # a width kept whole is keyed None (FULL) in the latency tables
-        row = {"ratio": ratio, **measure(model, built.eval(), cfg, held_out, lm, full)}
+        row = {"ratio": ratio, **measure(model, built.eval(), cfg, held_out, lm, dims)}
         out["ratio"].append(row)
         log.info("%s ratio %.2f: measured %.3fx (predicted error %+.1f%%)%s", name, ratio, row["measured_speedup"],
                  row["error_pct"], f", ppl {row['ppl']:.2f}" if "ppl" in row else "")
         del built
+    add_param_ppl(out)
     return out
+
+
+def add_param_ppl(run: dict) -> None:
+    """Every latency row with a perplexity gets the parameter objective's at its measured speedup; the baseline
+    (ratio 0, speedup 1 by definition) is the parameter curve's first point."""
+    points = list(run["ratio"])
+    if run.get("baseline_ppl") is not None:
+        points.append({"ratio": 0.0, "measured_speedup": 1.0, "ppl": run["baseline_ppl"]})
+    for row in run["latency"]:
+        if "ppl" in row:
+            row.update(param_ppl_at(row["measured_speedup"], row["ppl"], points))
+
+
+def param_ppl_at(speedup: float, ppl: float, ratio_rows: list[dict]) -> dict:
+    """The parameter objective's perplexity at a measured speedup: log(ppl) interpolated linearly in measured
+    speedup between the two ratio rows that bracket it, and `ppl` against it in percent (positive: worse)."""
+    pts = sorted((r["measured_speedup"], r["ppl"], r["ratio"]) for r in ratio_rows if r.get("ppl") is not None)
+    for (s0, p0, r0), (s1, p1, r1) in zip(pts, pts[1:]):
+        if s0 <= speedup <= s1:
+            w = (speedup - s0) / (s1 - s0) if s1 > s0 else 0.5
+            param = math.exp((1 - w) * math.log(p0) + w * math.log(p1))
+            return {"param_ppl": param, "param_bracket": [r0, r1], "ppl_vs_param_pct": 100 * (ppl / param - 1)}
+    span = f"{pts[0][0]:.3f}x..{pts[-1][0]:.3f}x" if pts else "none"
+    return {"param_ppl": None, "ppl_vs_param_pct": None,
+            "param_ppl_reason": f"{speedup:.3f}x is not between two ratio rows (measured {span})"}
+
+
+def group_kind(name: str, groups: dict | None = None) -> str:
+    """rank, head_rank, mlp or heads: from pareto.json's groups where recorded, else from the name (the adapters
+    name every family's attention self_attn and its MLP mlp; PaLU groups end in #gN)."""
+    if groups and name in groups:
+        return groups[name][0]
+    if "#g" in name:
+        return "head_rank"
+    return {"self_attn": "heads", "mlp": "mlp"}.get(name.rsplit(".", 1)[-1], "rank")
+
+
+def kept_dim(group, dim):
+    """The dim a group keeps (None: as the original has it, a dense weight keeping its full rank)."""
+    if dim is not None:
+        return dim
+    return group.full_dim if group.full_dim is not None else min(group.in_features, group.out_features)
+
+
+def compare_dims(dims_a: dict, dims_b: dict, groups: dict | None = None) -> dict:
+    """How two choices differ: groups whose dim differs, and per kind the kept dims summed in each (a group left
+    whole, None, counts at its full dim where `groups` {name: [kind, full dim]} records it, else only as whole)."""
+    by_kind = {}
+    for name in sorted(set(dims_a) | set(dims_b)):
+        k = by_kind.setdefault(group_kind(name, groups), {"groups": 0, "differ": 0, "kept_a": 0, "kept_b": 0,
+                                                           "whole_a": 0, "whole_b": 0})
+        full = groups[name][1] if groups and name in groups else None
+        a, b = (d if d is not None else full for d in (dims_a.get(name), dims_b.get(name)))
+        k["groups"] += 1
+        k["differ"] += a != b
+        for side, d in (("a", a), ("b", b)):
+            k[f"kept_{side}"] += d or 0
+            k[f"whole_{side}"] += d is None or d == full
+    return {"groups": sum(k["groups"] for k in by_kind.values()),
+            "differ": sum(k["differ"] for k in by_kind.values()), "by_kind": by_kind}
+
+
+def compare_phases(a: dict, b: dict) -> list[dict]:
+    """Per compressor and latency target present in both pareto.json results, compare_dims of their choices."""
+    rows = []
+    runs_b = {c["compressor"]: c for c in b["compressors"]}
+    for ca in a["compressors"]:
+        cb = runs_b.get(ca["compressor"])
+        if cb is None:
+            continue
+        groups = ca.get("groups") or cb.get("groups")
+        targets_b = {r["target"]: r for r in cb["latency"] if "dims" in r}
+        for ra in ca["latency"]:
+            rb = targets_b.get(ra["target"])
+            if "dims" in ra and rb is not None:
+                rows.append({"compressor": ca["compressor"], "target": ra["target"],
+                             **compare_dims(ra["dims"], rb["dims"], groups)})
+    return rows
+
+
+def phases_markdown(rows: list[dict], a: dict, b: dict) -> str:
+    """compare_phases as a table: A is the first run, B the second."""
+    def where(r):
+        return f"{r['args']['phase']} {r['args']['shape']}"
+
+    lines = [f"A: {where(a)}, B: {where(b)}", "",
+             "| compressor | target | groups differing | kind | differing | kept dims A | kept dims B | whole A "
+             "| whole B |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        for kind, k in sorted(r["by_kind"].items()):
+            lines.append(f"| {r['compressor']} | {r['target']:.2f}x | {r['differ']}/{r['groups']} | {kind} | "
+                         f"{k['differ']}/{k['groups']} | {k['kept_a']} | {k['kept_b']} | {k['whole_a']} | "
+                         f"{k['whole_b']} |")
+    if not any(c.get("groups") for c in a["compressors"] + b["compressors"]):
+        lines += ["", "These runs record no full dims (pareto.json before `groups`): whole groups are not in the sums."]
+    return "\n".join(lines) + "\n"
 
 
 def environment(args) -> dict:
@@ -155,24 +253,34 @@ def markdown(result: dict) -> str:
     lines = [f"# Latency vs parameter objective: {result['model']}, {result['args']['phase']} {result['args']['shape']}",
              "", f"{result['env']}", "",
              ("| compressor | objective | target / ratio | rounds | predicted ms | measured ms | error | measured speedup "
-              "| A/A floor | ppl |"), "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| A/A floor | ppl | ppl vs params at equal speed |"),
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
 
     def f(x, spec):
         return "n/a" if x is None else format(x, spec)
 
+    def vs(r):  # the parameter objective's ppl interpolated at this row's measured speedup
+        if "param_ppl" not in r:
+            return ""
+        if r["param_ppl"] is None:
+            return f"n/a: {r['param_ppl_reason']}"
+        lo, hi = r["param_bracket"]
+        return f"{r['ppl_vs_param_pct']:+.1f}% (params {r['param_ppl']:.2f}, ratios {lo:g}-{hi:g})"
+
     for c in result["compressors"]:
-        lines.append(f"| {c['compressor']} | baseline | | | | | | 1.000x | | {f(c.get('baseline_ppl'), '.2f')} |")
+        lines.append(f"| {c['compressor']} | baseline | | | | | | 1.000x | | {f(c.get('baseline_ppl'), '.2f')} | |")
         for r in c["latency"]:
             if "error" in r:
-                lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | | | | | {r['error']} | | |")
+                lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | | | | | {r['error']} | | | |")
                 continue
             lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | {len(r['rounds'])} | "
                          f"{r['predicted_ms']:.2f} | {r['measured_ms']:.2f} | {r['error_pct']:+.1f}% | "
-                         f"{r['measured_speedup']:.3f}x | {r['aa_floor_pct']:.1f}% | {f(r.get('ppl'), '.2f')} |")
+                         f"{r['measured_speedup']:.3f}x | {r['aa_floor_pct']:.1f}% | {f(r.get('ppl'), '.2f')} | "
+                         f"{vs(r)} |")
         for r in c["ratio"]:
             lines.append(f"| {c['compressor']} | params | {r['ratio']:.2f} | | {r['predicted_ms']:.2f} | "
                          f"{r['measured_ms']:.2f} | {r['error_pct']:+.1f}% | {r['measured_speedup']:.3f}x | "
-                         f"{r['aa_floor_pct']:.1f}% | {f(r.get('ppl'), '.2f')} |")
+                         f"{r['aa_floor_pct']:.1f}% | {f(r.get('ppl'), '.2f')} | |")
     return "\n".join(lines) + "\n"
 
 
@@ -187,8 +295,12 @@ def plot(result: dict, path: Path) -> None:
         for kind, marker in (("latency", "o-"), ("ratio", "s--")):
             rows = sorted((r for r in c[kind] if "ppl" in r), key=lambda r: r["measured_speedup"])
             if rows:
-                ax.plot([r["measured_speedup"] for r in rows], [r["ppl"] for r in rows], marker,
-                        label=f"{c['compressor']} {'--speedup' if kind == 'latency' else '--ratio'}")
+                line, = ax.plot([r["measured_speedup"] for r in rows], [r["ppl"] for r in rows], marker,
+                                label=f"{c['compressor']} {'--speedup' if kind == 'latency' else '--ratio'}")
+        at = [r for r in c["latency"] if r.get("param_ppl") is not None]
+        if at:  # the --ratio curve read at each --speedup point's measured speedup
+            ax.plot([r["measured_speedup"] for r in at], [r["param_ppl"] for r in at], "x", color=line.get_color(),
+                    label=f"{c['compressor']} --ratio at equal speed")
     ax.set_xlabel(f"measured speedup ({result['args']['phase']} {result['args']['shape']})")
     ax.set_ylabel("held-out perplexity")
     ax.set_yscale("log")
@@ -214,8 +326,28 @@ def main(argv=None) -> None:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--calib-windows", type=int, default=16)
     p.add_argument("--eval-windows", type=int, default=24)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out")
+    p.add_argument("--compare-phases", nargs=2, metavar=("A/pareto.json", "B/pareto.json"),
+                   help="no run: how the chosen dims differ between two runs' latency targets (e.g. prefill, decode)")
+    p.add_argument("--render", metavar="DIR/pareto.json", help="no run: rewrite pareto.md and pareto.png from it")
     args = p.parse_args(argv)
+    if args.compare_phases:
+        a, b = (json.loads(Path(f).read_text()) for f in args.compare_phases)
+        print(phases_markdown(compare_phases(a, b), a, b))
+        return
+    if args.render:  # no run: the tables and plot of a saved pareto.json again, with today's comparison
+        path = Path(args.render)
+        result = json.loads(path.read_text())
+        for run in result["compressors"]:
+            add_param_ppl(run)
+        path.write_text(json.dumps(result, indent=1))
+        (path.parent / "pareto.md").write_text(markdown(result))
+        if any(run.get("baseline_ppl") is not None for run in result["compressors"]):
+            plot(result, path.parent / "pareto.png")
+        print(markdown(result))
+        return
+    if not args.out:
+        p.error("--out is required (except with --compare-phases or --render)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -125,3 +125,54 @@ def test_attention_sweep_has_an_entry_per_candidate_head_count(phase):
     assert entry["dims"] == sorted({*heads, g.num_heads}) and all(ms > 0 for ms in entry["ms"])
     assert entry["shape"]["seq"] == 16 and entry["shape"]["batch"] == 2
     assert entry["m"] == (16 if phase.name == "prefill" else 1)  # causal over its own tokens, or one over the cache
+
+
+def _width_and_rank_model():
+    """A width group (full dim 160, keyed None) and a rank group (break-even 31, not aligned: no candidate)."""
+    m = tiny_model()
+    groups = groups_of(m, "mlp")[:1] + groups_of(m, "rank")[:1]
+    needs = sweep_needs(groups, 8)
+    tables, original = build_tables(groups, 8, {k: {d: d / 100 for d in dims} for k, dims in needs.items()})
+    full_dims = {g.name: g.full_dim for g in groups if g.full_dim is not None}
+    return groups, LatencyModel(Phase("prefill", 1, 16), tables, original, 1.0, {}, full_dims)
+
+
+def test_full_dim_as_an_int_is_the_original():
+    (mlp, rank), lm = _width_and_rank_model()
+    assert lm.full_dims == {mlp.name: 160} and 160 not in lm.tables[mlp.name]
+    assert lm.predict({mlp.name: 160}) == lm.predict({mlp.name: None}) == lm.predict({})
+    assert lm.predict({rank.name: 24}) == pytest.approx(lm.predict({}) - lm.original[rank.name]
+                                                        + lm.tables[rank.name][24])
+
+
+def test_unknown_dim_is_a_one_line_error():
+    (mlp, rank), lm = _width_and_rank_model()
+    with pytest.raises(GacError, match=rf"^{mlp.name}: no predicted latency for dim 100\b") as e:
+        lm.predict({mlp.name: 100})
+    assert "\n" not in str(e.value)
+    with pytest.raises(GacError, match=f"{rank.name}: .* dim 31"):  # a rank's max_dim is no full dim: not dense
+        lm.predict({rank.name: rank.max_dim})
+
+
+def test_json_round_trip_with_and_without_full_dims():
+    import json
+
+    (mlp, _), lm = _width_and_rank_model()
+    lm = lm.calibrated(5.0)
+    back = LatencyModel.from_json(lm.to_json())
+    assert back.full_dims == lm.full_dims and back.tables == lm.tables and back.original == lm.original
+    assert back.predict({mlp.name: 160}) == pytest.approx(lm.predict({}))
+    old = json.loads(lm.to_json())
+    del old["full_dims"]  # written before the field existed
+    before = LatencyModel.from_json(json.dumps(old))
+    assert before.full_dims == {} and before.predict({}) == pytest.approx(lm.predict({}))
+    with pytest.raises(GacError, match="dim 160"):
+        before.predict({mlp.name: 160})
+
+
+def test_measured_model_knows_the_full_dims():
+    m = tiny_model()
+    groups = groups_of(m, "heads")[:1] + groups_of(m, "rank")[:1]
+    lm = measure_latency_model(groups, Phase("prefill", 1, 16), repeats=1, progress=False)
+    assert lm.full_dims == {groups[0].name: groups[0].max_dim}  # no rank group: a dense weight has no rank
+    assert lm.predict({groups[0].name: groups[0].max_dim}) == lm.predict({})

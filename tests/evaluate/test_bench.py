@@ -33,6 +33,7 @@ def test_every_point_and_model_has_positive_figures(result):
     for key in ("device", "device_name", "dtype", "torch", "threads", "date"):
         assert result[key], key
     assert result["device"] == "cpu" and result["dtype"] == "float32"
+    assert result["placement"] == {"base": None, "same": None, "other": None} and result["eager_note"] is None
 
 
 def test_ratios_vs_first(result):

@@ -11,7 +11,7 @@ from gac.errors import GacError
 from gac.evaluate.perplexity import perplexity
 from gac.models.io import load, plan_record, save
 from gac.models.loading import load_model
-from gac.models.placement import Placement, parse_max_memory
+from gac.models.placement import Placement, is_dispatched, parse_max_memory, placement_summary
 from tests.conftest import tiny_model, tiny_tokenizer
 
 
@@ -57,6 +57,16 @@ def test_offloaded_evaluation_on_cpu_and_disk(sharded, tmp_path):
 def test_load_model_dispatches_an_hf_directory(tiny_model_dir):
     loaded = load_model(str(tiny_model_dir), placement=Placement("auto", "cpu=300KB"))
     assert "disk" in set(loaded.model.hf_device_map.values())
+    assert is_dispatched(loaded.model)
+    summary = placement_summary(loaded.model)
+    assert summary["modules"]["cpu"] + summary["modules"]["disk"] == len(loaded.model.hf_device_map)
+    n_params = sum(p.numel() for p in loaded.model.parameters())
+    assert sum(summary["params"].values()) == n_params and summary["params"]["disk"] > 0
+
+
+def test_a_plain_load_is_not_dispatched(tiny_model_dir):
+    model = load_model(str(tiny_model_dir)).model
+    assert not is_dispatched(model) and placement_summary(model) is None
 
 
 def test_device_map_refused_for_a_gguf_alias():
@@ -84,3 +94,11 @@ def test_bad_max_memory_is_one_line(spec, match):
 def test_unknown_device_map_is_refused():
     with pytest.raises(GacError, match="device-map"):
         Placement("everywhere")
+
+
+@pytest.mark.parametrize("kwargs, match", [({"max_memory": "cpu=1GiB"}, "needs --device-map"),
+                                           ({"offload_folder": "off"}, "needs --device-map"),
+                                           ({"device_map": "auto", "max_memory": "99=1GiB"}, "names GPU 99")])
+def test_placement_options_that_cannot_apply_are_refused(kwargs, match):
+    with pytest.raises(GacError, match=match):
+        Placement(**kwargs)

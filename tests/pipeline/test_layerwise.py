@@ -3,6 +3,9 @@ of importance, gradients included), the same scores and the same compressed mode
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -54,6 +57,68 @@ def test_layerwise_equals_whole_model(name, options):
         assert perplexity(got[variant], HELD_OUT, progress=False) == pytest.approx(
             perplexity(expected[variant], HELD_OUT, progress=False), rel=1e-5)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the original is untouched
+
+
+CACHED = [("svd", {}, torch.float32), ("asvd", {}, torch.float32), ("svd_llm", {}, torch.float32),
+          ("palu", {}, torch.float32), ("prune", {"layers": "all"}, torch.float32), ("svd_llm", {}, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("name, options, dtype", CACHED, ids=[f"{n}-{str(d)[6:]}" for n, _, d in CACHED])
+def test_cached_factors_cut_as_recomputed_ones(name, options, dtype, monkeypatch):
+    """The factors the analysis cached give the same tensors, to the bit, as factorizing again; materialization
+    then needs no calibration window, and the cache is gone at the end."""
+    model = tiny_model().to(dtype)
+    cfg = CompressConfig(compressor=name, ratio=0.2, compressor_options=options, progress=False)
+    sel = analyze_and_select(model, CALIB, cfg, source=Resident(model))
+    cache_dir = Path(sel.units.factors.dir.name)
+    if name != "prune":  # one file per layer (prune keeps nothing beyond its units), in the weights' dtype
+        assert sorted(p.name for p in cache_dir.iterdir()) == ["layer-0.safetensors", "layer-1.safetensors"]
+        assert all(t.dtype == dtype for t in sel.units.factors[0].values())
+    recomputed = materialize_layerwise(model, Resident(model), sel.compressor, list(sel.units), sel.dims, CALIB,
+                                       progress=False)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the cached path factorizes nothing")
+
+    monkeypatch.setattr(sel.compressor, "factorize_units", never)
+    cached = materialize_layerwise(model, Resident(model), sel.compressor, sel.units, sel.dims, None, progress=False)
+    for variant in ("unaligned", "gac"):
+        ref, out = recomputed[variant].state_dict(), cached[variant].state_dict()
+        assert set(out) == set(ref)
+        assert all(out[k].dtype == ref[k].dtype and torch.equal(out[k], ref[k]) for k in ref), variant
+    assert not cache_dir.exists()
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def test_factor_cache_is_removed_on_interrupt(monkeypatch, tmp_path):
+    """Interrupted in materialization, or in the analysis after a layer's factors were cached: no cache is left."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where TemporaryDirectory puts the cache
+    model = tiny_model()
+    compressor = make_compressor("svd_llm")
+    groups = compressor.groups(model)
+    units = analyze_layerwise(model, Resident(model), compressor, groups, CALIB, keep=0.8, progress=False)
+    assert len(list(tmp_path.glob("gac-factors-*/layer-*.safetensors"))) == 2
+    with monkeypatch.context() as m:
+        m.setattr(compressor, "load_cut_state", _interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            materialize_layerwise(model, Resident(model), compressor, units, {"gac": {u.name: 4 for u in units}},
+                                  None, progress=False)
+    assert not list(tmp_path.iterdir())
+
+    analyze, cached = compressor.analyze, []
+
+    def interrupted_at_layer_0(*args, **kwargs):  # the reverse sweep analyzes layer 1 first
+        cached.append([p.name for p in tmp_path.glob("gac-factors-*/*")])
+        return (_interrupt if len(cached) == 2 else analyze)(*args, **kwargs)
+
+    monkeypatch.setattr(compressor, "analyze", interrupted_at_layer_0)
+    with pytest.raises(KeyboardInterrupt):
+        analyze_layerwise(model, Resident(model), compressor, groups, CALIB, keep=0.8, progress=False)
+    assert cached == [[], ["layer-1.safetensors"]]
+    assert not list(tmp_path.iterdir())
 
 
 def test_layerwise_keeps_spectra_only():

@@ -44,7 +44,8 @@ def test_lazy_checkpoint_holds_one_layer_at_a_time(source_dir):
     assert not real("model.layers.")
 
 
-@pytest.mark.parametrize("name, options", [("asvd", {}), ("prune", {"layers": "all"}), ("palu", {})])
+@pytest.mark.parametrize("name, options", [("svd", {}), ("asvd", {}), ("svd_llm", {}), ("prune", {"layers": "all"}),
+                                           ("palu", {})])
 def test_layerwise_output_equals_whole_model_output(source_dir, tmp_path, name, options):
     base = dict(model=str(source_dir), compressor=name, ratio=0.2, compressor_options=options, text=TEXT,
                 evaluate=False, progress=False)

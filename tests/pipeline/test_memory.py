@@ -107,3 +107,23 @@ def test_forecast_follows_the_compressor_not_its_name():
     assert svd.disk_bytes < asvd.disk_bytes  # no stored activations for a reverse sweep
     whitened = forecast(config, compressor="svd_llm", options={"importance": "magnitude"}, flops_per_s=RATE)
     assert whitened.parts["one layer's X^T X"] > 0 and whitened.parts[WORK] > svd.parts[WORK]  # its cut whitens
+
+
+def test_layerwise_forecast_counts_the_factor_cache_and_one_svd():
+    """Layer by layer, each weight's factors at the largest rank selection may ask for are cached on disk (in the
+    working dtype; materialization frees each layer's as it writes the output) and each weight is factorized once:
+    materialization runs no calibration pass and no SVD."""
+    config = llama(4)
+    s = Shapes.of(config)
+    layer = sum(((o * i - 1) // (o + i)) * (o + i) for o, i in s.linears())  # cached values of one layer
+    for dtype, b in (("float32", 4), ("bfloat16", 2)):
+        layerwise, whole = (forecast(config, compressor="svd", dtype=dtype, layerwise=lw, flops_per_s=RATE)
+                            for lw in (True, False))
+        assert layerwise.disk_bytes == max(whole.disk_bytes, s.layers * layer * b) + layer * b
+    tokens = 16 * 512  # forecast's default windows
+    forward = 2 * tokens * (s.params - s.outer_params) + 2 * tokens * s.vocab * s.hidden
+    svd = s.layers * sum(12 * o * i * min(o, i) for o, i in s.linears())
+    assert layerwise.seconds == pytest.approx((forward + svd) / RATE)  # one forward sweep, one SVD per weight
+    assert whole.seconds == pytest.approx((2 * forward + svd) / RATE)
+    layerwise, whole = (forecast(config, compressor="prune", layerwise=lw, flops_per_s=RATE) for lw in (True, False))
+    assert layerwise.disk_bytes - whole.disk_bytes == s.layers * tokens * s.hidden * 4  # stored inputs, no factors

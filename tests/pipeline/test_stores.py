@@ -1,5 +1,5 @@
-"""The two small stores of the layer-wise pipeline: stored activations (in memory or spilled to disk) and the shard
-writer (transformers' names and index, tied tensors once, nothing from the meta device)."""
+"""The small stores of the layer-wise pipeline: stored activations (in memory or spilled to disk), the factor cache
+and the shard writer (transformers' names and index, tied tensors once, nothing from the meta device)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from gac.models.sharded import ShardWriter
-from gac.pipeline.analyze import ActivationStore
+from gac.pipeline.analyze import ActivationStore, FactorCache
 
 
 @pytest.mark.parametrize("spill", [False, True])
@@ -29,6 +29,19 @@ def test_activation_store_round_trip(spill):
             assert not list(Path(store.dir.name).iterdir())
     if spill:
         assert not Path(store.dir.name).exists()  # removed on exit
+
+
+def test_factor_cache_round_trip():
+    a, b = torch.randn(6, 8), torch.randn(5, 6)[:, :4]  # a strided view is stored as its values
+    with FactorCache() as cache:
+        cache[1] = {"x.A": a, "x.B": b}
+        cache[0] = {}  # nothing to keep: cached, with no file
+        assert 0 in cache and 1 in cache and 2 not in cache
+        got = cache[1]
+        assert torch.equal(got["x.A"], a) and torch.equal(got["x.B"], b) and cache[0] == {}
+        d = Path(cache.dir.name)
+        assert [p.name for p in d.iterdir()] == ["layer-1.safetensors"]
+    assert not d.exists() and 1 not in cache  # removed on exit
 
 
 def test_shard_writer_names_index_and_ties(tmp_path):

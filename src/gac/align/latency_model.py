@@ -3,7 +3,8 @@
 measured constant for everything that does not (embeddings, norms, logits, untouched layers).
 
 The model is additive: predict(dims) = constant_ms + sum_g table_g[dims[g]]. Tables keep every measured entry,
-non-monotone ones included (cliffs are the point). A candidate None is the group left as the original has it.
+non-monotone ones included (cliffs are the point). A candidate None is the group left as the original has it;
+so is a width or head group's full dim (`full_dims`), which the tables key None.
 """
 
 from __future__ import annotations
@@ -74,15 +75,27 @@ class LatencyModel:
     original: dict[str, float]  # each group as the original model has it (also tables[g][FULL] where a candidate)
     constant_ms: float = 0.0
     meta: dict = field(default_factory=dict)  # device, dtype, torch, how the constant was measured
+    full_dims: dict[str, int] = field(default_factory=dict)  # the original's dim (group.full_dim; none for ranks)
 
     def full_ms(self) -> float:
         """Predicted time of every group as the original model has it."""
         return math.fsum(self.original.values())
 
+    def ms(self, group: str, dim: int | None) -> float:
+        """The group's predicted ms at `dim`; None, or its full dim where that is no candidate, is the original."""
+        table = self.tables[group]
+        if dim is None or (dim not in table and dim == self.full_dims.get(group)):
+            return self.original[group]
+        if dim in table:
+            return table[dim]
+        ints = [d for d in table if d is not None]
+        raise GacError(f"{group}: no predicted latency for dim {dim}, not one of its candidates "
+                       f"({min(ints, default='-')}..{max(ints, default='-')}{', full' if FULL in table else ''}"
+                       f"{f', full dim {self.full_dims[group]}' if group in self.full_dims else ''})")
+
     def predict(self, dims: dict) -> float:
         """Whole-model ms for {group: dim or None}; groups not named keep their original size."""
-        return self.constant_ms + math.fsum(self.original[g] if dims.get(g) is None else t[dims[g]]
-                                            for g, t in self.tables.items())
+        return self.constant_ms + math.fsum(self.ms(g, dims.get(g)) for g in self.tables)
 
     def calibrated(self, baseline_ms: float) -> LatencyModel:
         """The model with its constant set so that the original predicts `baseline_ms` (measured). When the op
@@ -96,23 +109,26 @@ class LatencyModel:
         tables = {g: {d: ms * scale for d, ms in t.items()} for g, t in self.tables.items()}
         original = {g: ms * scale for g, ms in self.original.items()}
         meta = {**self.meta, "baseline_ms": baseline_ms, "table_scale": scale}
-        return LatencyModel(self.phase, tables, original, max(baseline_ms - full * scale, 0.0), meta)
+        return LatencyModel(self.phase, tables, original, max(baseline_ms - full * scale, 0.0), meta,
+                            dict(self.full_dims))
 
     def to_json(self) -> str:
         tables = {g: {("full" if d is None else str(d)): ms for d, ms in t.items()} for g, t in self.tables.items()}
         return json.dumps({"gac_latency_model": 1, **self.phase.to_dict(), "batch": self.phase.batch,
                            "seq": self.phase.seq, "constant_ms": self.constant_ms, "meta": self.meta,
-                           "original": self.original, "tables": tables}, indent=1)
+                           "original": self.original, "full_dims": self.full_dims, "tables": tables}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> LatencyModel:
+        """The saved model; one written before full_dims existed loads with none (a full dim given as an int is
+        then an error, None still the original)."""
         d = json.loads(text)
         if d.get("gac_latency_model") != 1:
             raise GacError("not a gac latency model (no gac_latency_model: 1 key)")
         tables = {g: {(None if k == "full" else int(k)): float(ms) for k, ms in t.items()}
                   for g, t in d["tables"].items()}
         return cls(Phase(d["phase"], d["batch"], d["seq"]), tables, {g: float(ms) for g, ms in d["original"].items()},
-                   float(d["constant_ms"]), d.get("meta", {}))
+                   float(d["constant_ms"]), d.get("meta", {}), {g: int(x) for g, x in d.get("full_dims", {}).items()})
 
 
 # ---- which ops change with each group's dim ----------------------------------------------------------------
@@ -244,4 +260,5 @@ def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: in
 
     meta = {"device": device, "device_name": device_name(device), "dtype": dtype, "torch": torch.__version__,
             "alignment": alignment, "repeats": repeats}
-    return LatencyModel(phase, *build_tables(groups, alignment, op_tables), 0.0, meta)
+    full_dims = {g.name: g.full_dim for g in groups if g.full_dim is not None}
+    return LatencyModel(phase, *build_tables(groups, alignment, op_tables), 0.0, meta, full_dims)

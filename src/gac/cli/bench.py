@@ -1,5 +1,6 @@
-"""`gac bench`: prefill and decode latency of several models side by side. Parses options, loads the models
-and calls gac.evaluate.bench.bench; defaults live in BenchConfig. torch is imported inside the command."""
+"""`gac bench`: prefill and decode latency (and `--ppl` perplexity) of several models side by side. Parses options,
+loads the models (whole on --device, or placed by accelerate with --device-map) and calls gac.evaluate.bench.bench;
+defaults live in BenchConfig and TextConfig. torch is imported inside the command."""
 
 from __future__ import annotations
 
@@ -53,11 +54,11 @@ def model_labels(specs: tuple[str, ...]) -> list[str]:
     return labels
 
 
-def _load(spec: str, *, dtype: str, device: str):
+def _load(spec: str, *, dtype: str, device: str, placement):
     from gac.models.loading import load_model
 
     try:
-        return load_model(spec, dtype=dtype, device=device).model
+        return load_model(spec, dtype=dtype, device=device, placement=placement)
     except GacError:
         raise
     except Exception as e:  # noqa: BLE001 - any other load failure is still a one-line user error
@@ -89,7 +90,7 @@ def print_table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gac.evaluate.bench import point_key
+    from gac.evaluate.bench import placement_text, point_key
 
     names = list(result["decode"])
     table = Table(title=f"prefill / decode median ms, latency ratio vs {names[0]} (below 1 is faster) · "
@@ -99,6 +100,8 @@ def print_table(result: dict) -> None:
     for k in keys:
         table.add_column(f"prefill {k}", justify="right")
     table.add_column(f"decode/token @{result['config']['decode_context']}", justify="right")
+    if "ppl" in result:
+        table.add_column("perplexity", justify="right")
     ratios = result["ratios_vs_first"]
     for i, name in enumerate(names):
         def cell(ms: float, ratio: float) -> str:
@@ -107,37 +110,79 @@ def print_table(result: dict) -> None:
         row = [cell(p["results"][name]["median_ms"], ratios[name]["prefill"][k])
                for p, k in zip(result["points"], keys)]
         row.append(cell(result["decode"][name]["median_ms"], ratios[name]["decode"]))
+        if "ppl" in result:
+            row.append(f"{result['ppl'][name]:.3f}")
         table.add_row(name, *row)
     console = Console()
     if not console.is_terminal:  # logs and pipes get the full table, not an 80-column squeeze
         console = Console(width=160)
     console.print(table)
+    for name, summary in (result.get("placement") or {}).items():
+        if summary:
+            console.print(f"{name}: placed by accelerate, {placement_text(summary)}")
+    if result.get("eager_note"):
+        console.print(f"Note: {result['eager_note']}.")
     if result.get("aa_floor_pct") is not None:
         console.print(f"A/A control: {names[0]} timed twice in the same rounds differs by up to "
                       f"{result['aa_floor_pct']:.1f}%: the noise floor of these ratios.")
 
 
+def _placements(device_map: str | None, max_memory: str | None, offload_folder: Path | None, labels: list[str]):
+    """One Placement per model; each model offloads to its own subfolder of --offload-folder (accelerate names
+    the offloaded files after the weights, which two models share)."""
+    from gac.models.placement import Placement
+
+    def folder(label: str) -> str | None:
+        return None if offload_folder is None else str(offload_folder / label.replace("/", "--"))
+
+    return [Placement(device_map, max_memory, folder(label)) for label in labels]  # bad combinations fail here
+
+
+def _windows(loaded, text: str, text_cfg) -> object:
+    from gac.data import token_windows
+
+    if loaded.tokenizer is None:
+        raise GacError(f"{loaded.source} has no tokenizer, which --ppl needs: put the tokenizer files beside the "
+                       "weights, or leave --ppl out")
+    return token_windows(loaded.tokenizer, text, text_cfg.seq_len, text_cfg.eval_windows,
+                         what=f"evaluation ({loaded.source})")
+
+
 @click.command("bench")
 @click.argument("models", nargs=-1, required=True, metavar="MODEL [MODEL...]")
-@click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N].")
+@click.option("--device", help="cpu or cuda[:N] [default: cpu]; not with --device-map.")
+@click.option("--device-map", metavar="auto|balanced|sequential",
+              help="Place each model through accelerate over the GPUs, CPU and disk instead of --device.")
+@click.option("--max-memory", metavar="DEV=SIZE[,...]",
+              help="With --device-map: accelerate's cap per device and per model, e.g. cpu=8GiB,0=20GiB.")
+@click.option("--offload-folder", type=click.Path(file_okay=False, path_type=Path),
+              help="With --device-map: where weights offloaded to disk go, one subfolder per model "
+                   "[default: a temporary directory].")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-              help="[default: bfloat16 on cuda, float32 on cpu].")
+              help="[default: bfloat16 on cuda (or --device-map with a GPU), float32 on cpu].")
 @click.option("--points", "points_text", metavar="BxS[,BxS...]",
               help="Prefill points, batch x sequence [default: 1x128,1x512,1x1024,4x512].")
 @click.option("--rounds", type=Int(1, 100000, example=10), help="Prefill runs per model and point [default: 10].")
 @click.option("--decode-batches", "decode_batches_text", metavar="B[,B...]",
               help="Batch sizes at which decode is timed, e.g. 1,16 [default: 1].")
+@click.option("--ppl", is_flag=True, help="Also the perplexity of every model on held-out text.")
+@click.option("--eval-file", type=click.Path(dir_okay=False), help="With --ppl: held-out text [default: Python docs].")
+@click.option("--eval-windows", type=Int(1, 100000, example=24), help="With --ppl: windows [default: 24].")
+@click.option("--seq-len", type=Int(1, 131072, example=512), help="With --ppl: tokens per window [default: 512].")
 @click.option("--no-aa", is_flag=True, help="Leave out the A/A control (the first model timed twice).")
 @click.option("--threads", type=Int(1, 4096, example=4), help="CPU threads (default: torch's current count).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Directory for bench.json, bench.md and bench_latency.png.")
 @click.option("--quiet", is_flag=True, help="No progress logging.")
-def command(models, device, dtype, points_text, rounds, decode_batches_text, no_aa, threads, out, quiet) -> None:
+def command(models, device, device_map, max_memory, offload_folder, dtype, points_text, rounds, decode_batches_text,
+            ppl, eval_file, eval_windows, seq_len, no_aa, threads, out, quiet) -> None:
     """Time prefill and decode of every MODEL side by side (interleaved, same run, same inputs)."""
     from gac.cli.output import setup_logging
+    from gac.data import TextConfig
     from gac.evaluate.bench import BenchConfig, bench
-    from gac.hw.timing import cpu_threads
     from gac.hw.device import check_device, default_dtype
+    from gac.hw.timing import cpu_threads
+    from gac.models.loading import check_placeable
 
     from gac import validate
 
@@ -154,13 +199,46 @@ def command(models, device, dtype, points_text, rounds, decode_batches_text, no_
     if decode_batches_text is not None:
         given["decode_batches"] = parse_batches(decode_batches_text)
     cfg = BenchConfig(**given, aa=not no_aa)  # bad input fails here, before any model is loaded
-    check_device(device)
-    dtype = dtype or default_dtype(device)
+    text_given = {k: v for k, v in dict(eval_file=eval_file, eval_windows=eval_windows, seq_len=seq_len).items()
+                  if v is not None}
+    if text_given and not ppl:
+        raise GacError(f"--{next(iter(text_given)).replace('_', '-')} applies only with --ppl: pass --ppl as well, "
+                       "or leave it out")
+    text_cfg = TextConfig(**text_given)
+    if device_map is not None and device is not None:
+        raise GacError("--device and --device-map exclude each other: use --device-map alone (accelerate places "
+                       "each model; cap the devices with --max-memory)")
     labels = model_labels(models)
+    placements = _placements(device_map, max_memory, offload_folder, labels)
+    for spec, placement in zip(models, placements):
+        check_placeable(spec, placement)
+    if offload_folder is not None:
+        validate.writable_location(offload_folder, "--offload-folder", is_dir=True)
+    device = device or "cpu"
+    check_device(device)
+    if dtype is None:  # a device map uses the GPUs unless --max-memory leaves them all out
+        import torch
+
+        caps = placements[0].max_memory
+        on_gpu = device_map is not None and (caps is None or any(isinstance(k, int) for k in caps))
+        dtype = default_dtype("cuda" if on_gpu and torch.cuda.is_available() else device)
+    text = None
+    if ppl:
+        from gac.data import pydoc_split, read_text
+
+        text = read_text(eval_file, "--eval-file") if eval_file else pydoc_split()[1]
     with cpu_threads(threads):
-        loaded = {label: _load(spec, dtype=dtype, device=device) for label, spec in zip(labels, models)}
-        result = bench(loaded, cfg)
+        loaded = {label: _load(spec, dtype=dtype, device=device, placement=placement)
+                  for label, spec, placement in zip(labels, models, placements)}
+        held_out = {label: _windows(m, text, text_cfg) for label, m in loaded.items()} if ppl else None
+        result = bench({label: m.model for label, m in loaded.items()}, cfg, held_out)
     result["sources"] = dict(zip(labels, models))
+    if device_map is not None:
+        result["device_map"] = {"map": device_map, "max_memory": placements[0].max_memory,
+                                "offload_folder": None if offload_folder is None else str(offload_folder)}
+    if ppl:
+        result["ppl_text"] = {"eval_file": eval_file, "eval_windows": text_cfg.eval_windows,
+                              "seq_len": text_cfg.seq_len}
     print_table(result)
     if out is not None:
         for path in write_outputs(result, out):

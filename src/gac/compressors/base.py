@@ -5,7 +5,9 @@ A compressor works on dimension groups (gac.models.groups) and never spells a mo
   analyze(model, groups, stats, ...)  one Unit per group: importance per parameter and its loss model
   allocate(units, budget)             its own (unaligned) dims d*, {group name: dim or None (kept whole)}
   cut(unit, dim)                      the tensors of the group at `dim` (Factors, Keep or KeepHeads)
-`materialize` hands the cuts to gac.models.surgery, the one module that changes a model.
+`materialize` hands the cuts to gac.models.surgery, the one module that changes a model. The layer-wise pipeline
+keeps only what selection reads between analysis and materialization: cut_state(model, units) is what `cut` needs
+beyond that ({key: tensor}, cached on disk per layer), load_cut_state(units, tensors) gives it back.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class LowRankUnit(Unit):
 
     svd: ScaledSVD | None = None
     curve: np.ndarray | None = None
+    factors: tuple[torch.Tensor, torch.Tensor] | None = None  # (A [max_dim, in], B [out, max_dim]), loaded
 
     def options(self) -> tuple[np.ndarray, np.ndarray]:
         """(predicted loss, parameters) of rank 0..max_dim, then dense when the group allows it."""
@@ -168,8 +171,16 @@ class Compressor:
 
     def factorize_units(self, model, units: list[Unit], stats: dict) -> None:
         """Recompute what `cut` needs beyond the units' stored analysis (the low-rank factors), from the weights
-        and calibration statistics of the units' layer: the layer-wise pipeline keeps only spectra between
-        analysis and materialization. Nothing for compressors whose units hold all they cut by."""
+        and calibration statistics of the units' layer, when no cut_state was kept. Nothing for compressors whose
+        units hold all they cut by."""
+
+    def cut_state(self, model, units: list[Unit]) -> dict:
+        """{key: tensor}: what `cut` needs beyond what release_factors keeps, for every dim selection may ask. A
+        compressor that overrides factorize_units overrides this too; empty for units that hold all they cut by."""
+        return {}
+
+    def load_cut_state(self, units: list[Unit], tensors: dict) -> None:
+        """Give `units` back what cut_state returned (the tensors may be read from disk)."""
 
     def release_factors(self, units: list[Unit]) -> None:
         """Drop what factorize_units recomputes, keeping what selection reads (spectra, curves, importances)."""
@@ -265,11 +276,27 @@ class LowRankCompressor(Compressor):
             w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [out, in]
             u.svd = scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)), self.factorization)
 
+    def cut_state(self, model, units: list[LowRankUnit]) -> dict:
+        """The factors A [max_dim, in] and B [out, max_dim] of every unit, which `cut` slices at any rank, in the
+        weight's dtype: surgery casts them to it, and a cast commutes with slicing."""
+        state = {}
+        for u in units:
+            dtype = model.get_submodule(u.group.linear).weight.dtype
+            A, B = max_rank_factors(u.svd, u.max_dim)
+            state[f"{u.name}.A"], state[f"{u.name}.B"] = A.to(dtype), B.to(dtype)
+        return state
+
+    def load_cut_state(self, units: list[LowRankUnit], tensors: dict) -> None:
+        for u in units:
+            u.factors = (tensors[f"{u.name}.A"], tensors[f"{u.name}.B"])
+
     def release_factors(self, units: list[LowRankUnit]) -> None:
-        """Keep the singular values only (selection reads the spectrum), not U, Vh and the input transform."""
+        """Keep the singular values only (selection reads the spectrum), not U, Vh, the input transform or the
+        loaded factors."""
         for u in units:
             if u.svd is not None:
                 u.svd = ScaledSVD(None, u.svd.S, None, None)
+            u.factors = None
 
     def allocate(self, units: list[LowRankUnit], budget: int) -> dict[str, int | None]:
         """The compressor's own (unconstrained) ranks under the budget; None keeps a weight dense."""
@@ -285,9 +312,21 @@ class LowRankCompressor(Compressor):
         return {u.name: r for u, r in zip(units, ranks)}
 
     def cut(self, unit: LowRankUnit, dim: int):
+        """The first `dim` rows of A and columns of B of the factors at max_dim (loaded, or from the SVD), so that
+        cached and recomputed factors cut alike: a whitening solve (svd_llm, palu) at rank `dim` would differ from
+        the one at max_dim in the last bits."""
         from gac.models.surgery import Factors
 
-        return Factors(*factorize_from_svd(unit.svd, dim))
+        A, B = unit.factors or max_rank_factors(unit.svd, max(dim, unit.max_dim))
+        if dim > A.shape[0]:
+            raise GacError(f"{unit.name}: rank {dim} is above the {A.shape[0]} of its cached factors")
+        return Factors(A[:dim], B[:, :dim])
+
+
+def max_rank_factors(svd: ScaledSVD, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A [rank, in], B [out, rank]) in float32: the factors `cut` slices (whitened ones are float64 until here)."""
+    A, B = factorize_from_svd(svd, rank)
+    return A.float(), B.float()
 
 
 def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progress: bool) -> None:
@@ -307,9 +346,11 @@ def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progr
         g, svd, linear_stats = u.group, u.svd, stats[u.group.linear]
         if linear_stats.xtx is None:
             raise GacError("importance 'output' needs X^T X from calibration: calibrate with xtx=compressor.needs_xtx")
-        gram = linear_stats.xtx.to(svd.Vh.device) / max(linear_stats.tokens, 1)
-        f = fishers[g.linear][g.rows].to(svd.U.device)
-        u.curve = lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, gram, f), u.max_dim)
+        # C = X^T X / tokens, applied to Q [k, k] instead of to X^T X [in, in]: no second [in, in] float64 copy
+        # (1.6 GiB for a 14336-wide input)
+        s, P, Q = truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, linear_stats.xtx.to(svd.Vh.device),
+                                     fishers[g.linear][g.rows].to(svd.U.device))
+        u.curve = lowrank_loss_curve(s, P, Q / max(linear_stats.tokens, 1), u.max_dim)
     log.info("loss model: %d curves in %.1f s", len(units), time.perf_counter() - start)
 
 
@@ -325,4 +366,4 @@ def allocate_by_loss_model(units: list[LowRankUnit], budget: int) -> dict[str, i
 
 
 __all__ = ["DENSE", "Compressor", "LowRankCompressor", "LowRankUnit", "Unit", "add_loss_curves",
-           "allocate_by_loss_model", "normalize_scores"]
+           "allocate_by_loss_model", "max_rank_factors", "normalize_scores"]

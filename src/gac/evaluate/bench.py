@@ -66,32 +66,41 @@ def _split_aa(timings: dict, first: str) -> tuple[dict, dict | None]:
 
 
 def _placement(models: dict) -> tuple[object, object]:
-    """(device, dtype) shared by every model; mixing them would make the ratios meaningless."""
-    seen = {(p.device, p.dtype) for p in (next(m.parameters()) for m in models.values())}
+    """(input device, dtype) shared by every model; mixing them would make the ratios meaningless."""
+    from gac.models.placement import input_device
+
+    seen = {(input_device(m), next(m.parameters()).dtype) for m in models.values()}
     if len(seen) != 1:
         raise GacError(f"models are on different devices or dtypes ({sorted(map(str, seen))}): "
                        f"load them all with the same --device and --dtype")
     return next(iter(seen))
 
 
-def bench(models: dict, cfg: BenchConfig = BenchConfig()) -> dict:
+def bench(models: dict, cfg: BenchConfig = BenchConfig(), held_out: dict | None = None) -> dict:
     """Prefill at every point of `cfg.points` and decode ms/token for every model, interleaved in one run.
 
     Returns {"device", "device_name", "dtype", "torch", "threads", "date", "config", "models",
     "points": [{"batch", "seq", "results": {model: {median_ms, p10_ms, p90_ms}}}], "decode": {model: {...}},
-    "ratios_vs_first": {model: {"prefill": {"BxS": ratio}, "decode": ratio}}} where a ratio is the model's
-    median latency over the first model's (below 1: faster than the first).
+    "ratios_vs_first": {model: {"prefill": {"BxS": ratio}, "decode": ratio}}, "placement": {model: ...},
+    "eager_note"} where a ratio is the model's median latency over the first model's (below 1: faster than the
+    first). Models placed by accelerate (`gac.load(..., device_map="auto")`) are timed eagerly, never from a CUDA
+    graph: their hooks move tensors between devices; "placement" says where their modules are (None: whole on
+    `device`) and "eager_note" says so (None when no model is dispatched). held_out: {model: windows [n, seq]}
+    adds "ppl": {model: perplexity}.
     """
     import torch
 
     from gac.evaluate.latency import LatencyConfig, decode_timings, prefill_timings
     from gac.hw.device import device_name
+    from gac.models.placement import is_dispatched, placement_summary
 
     if not models:
         raise GacError("nothing to bench: give at least one model")
     device, dtype = _placement(models)
+    dispatched = [name for name, m in models.items() if is_dispatched(m)]
     lat = LatencyConfig(batch=1, decode_context=cfg.decode_context, warmup=cfg.warmup,
-                        prefill_rounds=cfg.rounds, decode_rounds=cfg.decode_rounds, seed=cfg.seed)
+                        prefill_rounds=cfg.rounds, decode_rounds=cfg.decode_rounds, seed=cfg.seed,
+                        cuda_graphs=not dispatched)  # one timing method for all, so the ratios compare alike
     first = next(iter(models))
     timed = {**models, first + AA_SUFFIX: models[first]} if cfg.aa else dict(models)
     points, decode_points = [], []
@@ -114,6 +123,16 @@ def bench(models: dict, cfg: BenchConfig = BenchConfig()) -> dict:
     }
     result["aa_floor_pct"] = aa_floor_pct(result)
     result["ratios_vs_first"] = ratios_vs_first(result)
+    result["placement"] = {name: placement_summary(m) for name, m in models.items()}
+    result["eager_note"] = None if not dispatched else (
+        f"{', '.join(dispatched)} placed by accelerate: the times include its moves of activations and offloaded "
+        "weights between devices" + ("; every model timed eagerly, not from CUDA graphs (which cannot capture "
+                                     "those moves)" if device.type == "cuda" else ""))
+    if held_out is not None:
+        from gac.evaluate.perplexity import perplexity
+
+        result["ppl"] = {name: perplexity(m, held_out[name], desc=f"perplexity {name}", progress=False)
+                         for name, m in models.items()}
     return result
 
 
@@ -146,6 +165,11 @@ def aa_floor_pct(result: dict) -> float | None:
     if not pairs:
         return None
     return max(abs(p["b"]["median_ms"] / p["a"]["median_ms"] - 1) * 100 for p in pairs if p["a"]["median_ms"] > 0)
+
+
+def placement_text(summary: dict) -> str:
+    """'cpu 2, disk 3 modules' from placement_summary's {"modules": {...}, ...}."""
+    return ", ".join(f"{d} {n}" for d, n in summary["modules"].items()) + " modules"
 
 
 def _cell(t: dict) -> str:
@@ -190,6 +214,15 @@ def bench_table_markdown(result: dict) -> str:
         by_batch = r.get("decode_by_batch") or {"1": r["decode"]}
         cells = [f"{r['prefill'][k]:.3f}" for k in keys] + [f"{by_batch[str(d['batch'])]:.3f}" for d in decodes]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if result.get("ppl"):
+        lines += ["", "Perplexity on held-out windows: " + ", ".join(f"{n} {v:.3f}" for n, v in result["ppl"].items())
+                  + "."]
+    placed = {n: p for n, p in (result.get("placement") or {}).items() if p}
+    if placed:
+        lines += ["", "Placement (accelerate's device map, modules per device): "
+                  + "; ".join(f"{n}: {placement_text(p)}" for n, p in placed.items()) + "."]
+    if result.get("eager_note"):
+        lines += ["", f"Note: {result['eager_note']}."]
     floor = result.get("aa_floor_pct")
     if floor is not None:
         per = [f"{point_key(p['batch'], p['seq'])} {p['aa']['b']['median_ms'] / p['aa']['a']['median_ms']:.3f}"

@@ -35,6 +35,12 @@ def _check_architecture(config) -> None:
     adapter_for(config)
 
 
+def check_placeable(spec: str, placement: Placement) -> None:
+    """accelerate places safetensors directories (and hub ids); the embedded model and .gguf files are read whole."""
+    if placement.dispatched and (spec in EMBEDDED or Path(spec).expanduser().is_file()):
+        raise GacError(f"--device-map applies to model directories (safetensors), not to {spec}: leave it out")
+
+
 def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu",
                placement: Placement | None = None) -> LoadedModel:
     """Load `spec` for inference. Every failure a user can fix becomes a one-line GacError, and what was loaded
@@ -58,8 +64,7 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
     check_device(device)
     torch_dt = torch_dtype(dtype)
     path = Path(spec).expanduser()
-    if placement.dispatched and (spec in EMBEDDED or path.is_file()):
-        raise GacError(f"--device-map applies to model directories (safetensors), not to {spec}: leave it out")
+    check_placeable(spec, placement)
     if spec in EMBEDDED:
         gguf = embedded_gguf(spec)
         loaded = _load_hf(str(gguf.parent), torch_dt, gguf_file=gguf.name, source=spec)
@@ -83,7 +88,7 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
         if first.is_dir():  # `models/tiyn` with ./models here: a path typo, not a hub id
             raise GacError(f"model {spec!r} not found: {first}/ has no {spec.split('/', 1)[1]!r}; pass an existing path")
         _check_hub(spec)
-        loaded = _load_hf(spec, torch_dt, source=spec, hub=True)
+        loaded = _load_hf(spec, torch_dt, source=spec, hub=True, placement=placement)
     else:
         local_model_typo(spec)
         raise GacError(

@@ -56,6 +56,17 @@ class Placement:
         if self.device_map is not None and self.device_map not in DEVICE_MAPS:
             raise GacError(f"unknown --device-map {self.device_map!r}: use one of {', '.join(DEVICE_MAPS)}")
         object.__setattr__(self, "max_memory", parse_max_memory(self.max_memory))
+        if self.device_map is None and (self.max_memory is not None or self.offload_folder is not None):
+            given = "--max-memory" if self.max_memory is not None else "--offload-folder"
+            raise GacError(f"{given} places a model through accelerate and needs --device-map (device_map=): "
+                           "pass --device-map auto as well, or leave it out")
+        if self.max_memory is not None:
+            import torch
+
+            gpus = sorted(k for k in self.max_memory if isinstance(k, int) and k >= torch.cuda.device_count())
+            if gpus:
+                raise GacError(f"--max-memory names GPU {gpus[0]} but this machine has {torch.cuda.device_count()} "
+                               "CUDA device(s): give sizes for cpu, disk and the GPUs present, e.g. cpu=8GiB")
 
     @property
     def dispatched(self) -> bool:
@@ -86,3 +97,32 @@ def input_device(model):
         if p.device.type != "meta":
             return p.device
     return torch.device("cpu")
+
+
+def is_dispatched(model) -> bool:
+    """Whether accelerate's hooks run inside the model's forward (moving tensors between devices, reading
+    offloaded weights): such a forward cannot be captured in a CUDA graph and is timed eagerly."""
+    return any(hasattr(m, "_hf_hook") for m in model.modules())
+
+
+def placement_summary(model) -> dict | None:
+    """Where accelerate put a model: {"modules": {device: n}, "params": {device: n}} from its hf_device_map
+    (devices "cuda:N", "cpu", "disk"; modules at accelerate's granularity, parameters counted under the longest
+    mapped prefix), or None for a model loaded whole onto one device."""
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return None
+
+    def name(where) -> str:
+        return f"cuda:{where}" if isinstance(where, int) else str(where)
+
+    modules: dict[str, int] = {}
+    for where in device_map.values():
+        modules[name(where)] = modules.get(name(where), 0) + 1
+    prefixes = sorted(device_map, key=len, reverse=True)  # longest first: the most specific entry wins
+    params: dict[str, int] = {}
+    for pname, p in model.named_parameters():
+        key = next((k for k in prefixes if k == "" or pname == k or pname.startswith(k + ".")), None)
+        if key is not None:
+            params[name(device_map[key])] = params.get(name(device_map[key]), 0) + p.numel()
+    return {"modules": modules, "params": params}

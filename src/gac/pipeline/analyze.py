@@ -1,20 +1,25 @@
 """Layer-wise analysis: the compressor's units computed one decoder layer at a time, in memory bounded by one layer's
 weights and statistics plus the calibration activations (the pattern of GPTQ and llm-compressor).
 
-  embed the calibration windows once
+  embed the calibration windows once, in calibration's batches
   forward sweep: for each layer, load it, run the stored hidden states through it, release it; when no gradient
                  is needed, its statistics are collected and it is analyzed on the way
   reverse sweep (gradient-based importance or the loss model): from the loss on the last layer's output, for
-                 each layer in reverse: load it, recompute it from its stored input with hooks (input statistics,
-                 output-gradient Fisher or weight gradients), back-propagate the output gradient, analyze, release.
+                 each layer in reverse: load it, run its stored input through it (input statistics, in the batches
+                 of calibration: the same sums as the whole model's), recompute it with hooks (output-gradient
+                 Fisher or weight gradients), back-propagate the output gradient, analyze, release.
                  The gradients are the whole model's (the chain rule, one layer at a time), not a local proxy.
-Only what selection reads is kept per unit (spectra, loss curves, channel importances); the factors are
-recomputed layer by layer at materialization (gac.pipeline.materialize). Scores are normalized over all layers."""
+Only what selection reads is kept per unit (spectra, loss curves, channel importances); what `cut` needs (the
+compressor's cut_state: factors at the largest rank) goes to a FactorCache on disk, one file per layer, which
+materialization (gac.pipeline.materialize) reads instead of factorizing again. Scores are normalized over all
+layers."""
 
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -41,6 +46,7 @@ from gac.pipeline.layers import (
 log = logging.getLogger(__name__)
 CALIB_BATCH = 4  # windows per forward batch, as gac.calibrate.calibrate
 GRAD_BATCH = 2  # windows per backward batch, as gac.importance's gradient passes
+assert CALIB_BATCH % GRAD_BATCH == 0  # a calibration batch splits into whole gradient batches
 
 
 def groups_by_layer(model, groups) -> dict[int, list]:
@@ -63,31 +69,49 @@ def check_layerwise(compressor) -> None:
                        "--importance output (the default) for layer-by-layer compression")
 
 
+class LayerwiseUnits(list):
+    """The units of a layer-wise analysis and its FactorCache (`factors`), which materialize_layerwise reads."""
+
+    def __init__(self, units: list, factors: FactorCache):
+        super().__init__(units)
+        self.factors = factors
+
+
 def analyze_layerwise(model, source, compressor, groups, calib: torch.Tensor, *, keep: float,
-                      progress: bool = True) -> list:
+                      progress: bool = True) -> LayerwiseUnits:
     """The compressor's units for `groups`, computed layer by layer (source: gac.models.lazy Resident or
-    LazyCheckpoint). calib: token ids [n, seq]."""
+    LazyCheckpoint). calib: token ids [n, seq]. What `cut` needs is cached on disk until materialize_layerwise
+    has read it (or the units are dropped)."""
     check_layerwise(compressor)
     map_large_allocations()  # layer-sized blocks freed to the OS: the peak does not creep up with depth
     by_layer = groups_by_layer(model, groups)
     proxy = compressor.proxy
     start = time.perf_counter()
-    if proxy in (OUTPUT, *GRADIENT_PROXIES):
-        units = _reverse_sweep(model, source, compressor, by_layer, calib, keep, progress)
-    else:
-        units = _forward_sweep(model, source, compressor, by_layer, calib, keep, progress)
+    factors = FactorCache()
+    try:
+        sweep = _reverse_sweep if proxy in (OUTPUT, *GRADIENT_PROXIES) else _forward_sweep
+        units = sweep(model, source, compressor, by_layer, calib, keep, factors, progress)
+    except BaseException:  # KeyboardInterrupt included: no cache left behind
+        factors.close()
+        raise
     compressor.normalize(units, [u.raw_score for u in units])  # over all layers, as a whole-model analysis
     log.info("layer-wise analysis: %d units in %.1f s", len(units), time.perf_counter() - start)
+    return LayerwiseUnits(units, factors)
+
+
+def _analyze_layer(model, compressor, groups, stats, keep, factors, i) -> list:
+    """Layer i's units; what `cut` needs of them is written to the cache, each unit's factors released as soon as
+    its cut state is taken (at most one weight's both held)."""
+    units = compressor.analyze(model, groups, stats, probe=None, keep=keep, progress=False) if groups else []
+    state = {}
+    for u in units:
+        state.update(compressor.cut_state(model, [u]))
+        compressor.release_factors([u])
+    factors[i] = state
     return units
 
 
-def _analyze_layer(model, compressor, groups, stats, keep) -> list:
-    units = compressor.analyze(model, groups, stats, probe=None, keep=keep, progress=False)
-    compressor.release_factors(units)
-    return units
-
-
-def _forward_sweep(model, source, compressor, by_layer, calib, keep, progress) -> list:
+def _forward_sweep(model, source, compressor, by_layer, calib, keep, factors, progress) -> list:
     batches = embed(model, calib, CALIB_BATCH)
     units = []
     for i in tqdm(range(layer_count(model)), desc="layers", unit="layer", disable=not progress):
@@ -96,21 +120,30 @@ def _forward_sweep(model, source, compressor, by_layer, calib, keep, progress) -
         with collect_stats(model, names, xtx=compressor.needs_xtx) as stats, torch.no_grad():
             for b in batches:
                 b.hidden = run_layer(layer, b, i)  # [b, seq, D]
-        if by_layer[i]:
-            units += _analyze_layer(model, compressor, by_layer[i], stats, keep)
+        units += _analyze_layer(model, compressor, by_layer[i], stats, keep, factors, i)
         del stats
         source.release_layer(i)
     return units
 
 
-def _reverse_sweep(model, source, compressor, by_layer, calib, keep, progress) -> list:
-    batches = embed(model, calib, GRAD_BATCH)
+def _reverse_sweep(model, source, compressor, by_layer, calib, keep, factors, progress) -> list:
+    batches = embed(model, calib, CALIB_BATCH)  # the forward pass and the statistics: as calibration batches them
+    grad_batches = embed(model, calib, GRAD_BATCH)  # the gradient passes: their ids and call arguments
+    for b in grad_batches:
+        b.hidden = None  # their inputs are the stored ones, split
     with ActivationStore(spill=source.lazy) as inputs:  # inputs[i][k]: layer i's input of batch k [b, seq, D]
-        units = _reverse_sweep_stored(model, source, compressor, by_layer, batches, inputs, keep, progress)
+        units = _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_batches, inputs, keep,
+                                      factors, progress)
     return units
 
 
-def _reverse_sweep_stored(model, source, compressor, by_layer, batches, inputs, keep, progress) -> list:
+def _split(hidden: list) -> list:
+    """Hidden states of calibration batches [CALIB_BATCH, seq, D] as those of gradient batches [GRAD_BATCH, seq, D]."""
+    return [part for h in hidden for part in h.split(GRAD_BATCH)]
+
+
+def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors,
+                          progress) -> list:
     n_layers = layer_count(model)
     with torch.no_grad():
         for i in tqdm(range(n_layers), desc="layers (forward)", unit="layer", disable=not progress):
@@ -122,8 +155,8 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, inputs, 
             source.release_layer(i)
     output_loss = compressor.proxy == OUTPUT
     grads, tokens = [], 0
-    for b in batches:  # d loss / d (last layer's output), per batch
-        h = b.hidden.detach().requires_grad_(True)
+    for b, last in zip(grad_batches, _split([b.hidden for b in batches])):  # d loss / d (last layer's output)
+        h = last.detach().requires_grad_(True)
         n = b.ids.shape[0] * (b.ids.shape[1] - 1)  # predicted tokens
         with torch.enable_grad():
             loss = loss_from_last_hidden(model, b.ids, h)
@@ -136,11 +169,14 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, inputs, 
         source.load_layer(i)
         layer, names = layer_module(model, i), linears_of(by_layer[i])
         stored = inputs[i]
-        # activation gradients only (collect_gradients turns on the weights it needs)
-        with (frozen_parameters(layer), collect_stats(model, names, xtx=compressor.needs_xtx) as stats,
-              _gradient_hooks(model, names, compressor.proxy) as grad_sums, torch.enable_grad()):
+        with collect_stats(model, names, xtx=compressor.needs_xtx) as stats, torch.no_grad():
             for k, b in enumerate(batches):
-                h = stored[k].detach().clone().requires_grad_(True)
+                run_layer(layer, b, i, stored[k])  # the statistics of calibration, to the bit: exact cached factors
+        # activation gradients only (collect_gradients turns on the weights it needs)
+        with (frozen_parameters(layer), _gradient_hooks(model, names, compressor.proxy) as grad_sums,
+              torch.enable_grad()):
+            for k, (b, x) in enumerate(zip(grad_batches, _split(stored))):
+                h = x.detach().clone().requires_grad_(True)
                 run_layer(layer, b, i, h).backward(grads[k])
                 grads[k] = h.grad
         for n in names:
@@ -149,8 +185,7 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, inputs, 
             else:
                 stats[n].extra["grads"] = grad_sums[n]
         del stored, inputs[i]
-        if by_layer[i]:
-            units_by_layer[i] = _analyze_layer(model, compressor, by_layer[i], stats, keep)
+        units_by_layer[i] = _analyze_layer(model, compressor, by_layer[i], stats, keep, factors, i)
         del stats
         source.release_layer(i)
     return [u for i in sorted(units_by_layer) for u in units_by_layer[i]]
@@ -194,6 +229,52 @@ class ActivationStore:
         item = self.items.pop(i)
         if self.spill:
             item.unlink()
+
+
+class FactorCache:
+    """What `cut` needs of each analyzed layer (Compressor.cut_state), one safetensors file per layer in a temporary
+    directory, read back at materialization instead of factorizing again; a layer with nothing to keep (prune) has
+    no file. Removed by close(), on exit from a with block, or when the cache is dropped; a layer's file by del."""
+
+    def __init__(self):
+        self.dir = tempfile.TemporaryDirectory(prefix="gac-factors-")
+        self.files: dict[int, Path | None] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        self.files.clear()
+        self.dir.cleanup()
+
+    def __contains__(self, i: int) -> bool:
+        return i in self.files
+
+    def __setitem__(self, i: int, tensors: dict) -> None:
+        from safetensors.torch import save_file
+
+        path = None
+        if tensors:
+            path = Path(self.dir.name) / f"layer-{i}.safetensors"
+            save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
+        self.files[i] = path
+
+    def __getitem__(self, i: int) -> dict:
+        from safetensors import safe_open
+
+        path = self.files[i]
+        if path is None:
+            return {}
+        with safe_open(path, "pt", device="cpu") as f:  # memory-mapped
+            return {k: f.get_tensor(k) for k in f.keys()}
+
+    def __delitem__(self, i: int) -> None:
+        path = self.files.pop(i)
+        if path is not None:
+            path.unlink()
 
 
 def _gradient_hooks(model, names, proxy):

@@ -1,7 +1,7 @@
-"""Layer-wise materialization: every variant cut one decoder layer at a time from the same analysis, without copying
-the model. A variant is a shell sharing the original's tensors; only the cut linears of a layer are new. With a
-writer, the saved variant's layer is written out as soon as it is cut and every shell's layer is released (the
-model never exists whole in memory)."""
+"""Layer-wise materialization: every variant cut one decoder layer at a time from the same analysis (the factors its
+cache holds: nothing is factorized twice), without copying the model. A variant is a shell sharing the original's
+tensors; only the cut linears of a layer are new. With a writer, the saved variant's layer is written out as soon as
+it is cut and every shell's layer is released (the model never exists whole in memory)."""
 
 from __future__ import annotations
 
@@ -62,34 +62,51 @@ def release_module(module: nn.Module) -> None:
                 sub._buffers[name] = b.to("meta")
 
 
-def materialize_layerwise(model, source, compressor, units, dims: dict, calib: torch.Tensor, *,
+def materialize_layerwise(model, source, compressor, units, dims: dict, calib: torch.Tensor | None, *,
                           writer=None, held_out: torch.Tensor | None = None, progress: bool = True) -> dict:
     """{variant: model} for each variant of dims ({variant: {unit name: dim or None}}), cut layer by layer.
 
-    The calibration windows are run through the original layers again to recompute each layer's factors (the
-    analysis kept spectra only). writer: (variant, gac.models.sharded.ShardWriter) to stream that variant's
-    layers to; every variant's layers are then released as soon as they are written (shapes kept, for counting).
-    held_out: evaluation windows [n, seq] run through the baseline's and every variant's layers on the way; their
-    perplexities are returned under the key "ppl" ({variant or "baseline": float})."""
+    A layer's cut state is read from the analysis's factor cache (units.factors, analyze_layerwise's; each layer's
+    file is removed once the layer is cut, the cache at the end); a layer without one is factorized again from the calibration windows, run through the
+    original layers as in calibration (calib is needed only then). writer: (variant,
+    gac.models.sharded.ShardWriter) to stream that variant's layers to; every variant's layers are then released
+    as soon as they are written (shapes kept, for counting). held_out: evaluation windows [n, seq] run through the
+    baseline's and every variant's layers on the way; their perplexities are returned under the key "ppl"
+    ({variant or "baseline": float})."""
+    factors = getattr(units, "factors", None)
+    try:
+        return _materialize(model, source, compressor, units, dims, calib, factors or {}, writer, held_out, progress)
+    finally:
+        if factors is not None:
+            factors.close()
+
+
+def _materialize(model, source, compressor, units, dims, calib, factors, writer, held_out, progress) -> dict:
     map_large_allocations()  # layer-sized blocks freed to the OS, not kept in a fragmenting heap
     by_layer = groups_by_layer(model, [u.group for u in units])
     unit_of = {u.group.name: u for u in units}
     shells = {v: shell_of(model) for v in dims}
-    batches = embed(model, calib, CALIB_BATCH)
+    n_layers = layer_count(model)
+    cached = all(i in factors for i in range(n_layers))
+    batches = None if cached else embed(model, calib, CALIB_BATCH)
     evals = None
     if held_out is not None:  # embedded once; each variant gets its own Batch objects (only `hidden` is replaced)
         embedded = embed(model, held_out, CALIB_BATCH)
         evals = {v: [Batch(b.ids, b.hidden.clone(), list(b.calls)) for b in embedded] for v in ("baseline", *dims)}
-    for i in tqdm(range(layer_count(model)), desc="materializing", unit="layer", disable=not progress):
+    for i in tqdm(range(n_layers), desc="materializing", unit="layer", disable=not progress):
         source.load_layer(i)
         layer = layer_module(model, i)
         layer_units = [unit_of[g.name] for g in by_layer[i]]
-        names = linears_of(by_layer[i])
-        with collect_stats(model, names, xtx=compressor.own_xtx) as stats, torch.no_grad():
-            for b in batches:
-                b.hidden = run_layer(layer, b, i)  # through the original layer, as whole-model calibration
-        compressor.factorize_units(model, layer_units, stats)
-        del stats
+        if i in factors:
+            compressor.load_cut_state(layer_units, factors[i])
+            if batches is not None:
+                _advance(layer, batches, i)  # a later layer is factorized again
+        else:
+            with collect_stats(model, linears_of(by_layer[i]), xtx=compressor.own_xtx) as stats, torch.no_grad():
+                for b in batches:
+                    b.hidden = run_layer(layer, b, i)  # through the original layer, as whole-model calibration
+            compressor.factorize_units(model, layer_units, stats)
+            del stats
         if evals is not None:
             _advance(layer, evals["baseline"], i)
         for variant, shell in shells.items():
@@ -105,6 +122,8 @@ def materialize_layerwise(model, source, compressor, units, dims: dict, calib: t
                     writer[1].add({f"{prefix}.{k}": v for k, v in cut.state_dict().items()})
                 release_module(cut)
         compressor.release_factors(layer_units)
+        if i in factors:
+            del factors[i]  # its disk is what the output grows into
         source.release_layer(i)
         if writer is not None:
             return_freed_memory()

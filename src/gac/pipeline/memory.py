@@ -6,15 +6,20 @@ Peak resident memory of each pipeline, in bytes, b = bytes per parameter of the 
                 (fp64, when collected) + activations
   layer-wise    embeddings/head + one layer's weights (and its cut copies) + that layer's factors and X^T X + the
                 loss model's float64 work for its largest weight + stored calibration activations (every layer's
-                input, for the reverse sweep) + the head's logits of one batch
+                input, for the reverse sweep) + the head's logits of one batch; materialization reads each layer's
+                factors from the analysis's cache (no X^T X, no SVD)
 plus the interpreter with torch and transformers imported (measured ~0.6 GB on CPU). Which terms apply is read off
-the compressor the run builds (gac.compressors.make_compressor): X^T X when it needs_xtx (own_xtx: again at
-materialization), the loss model's work for importance "output", the gradient pass (the reverse sweep layer-wise)
+the compressor the run builds (gac.compressors.make_compressor): X^T X when it needs_xtx (own_xtx: the whitened SVD's
+work), the loss model's work for importance "output", the gradient pass (the reverse sweep layer-wise)
 when it needs_windows, factors for a LowRankCompressor, one probe pass per weight for measured sensitivity.
-Time: forward-pass FLOPs over the calibration tokens (analysis and materialization passes), the probe passes, and
-SVD FLOPs (~12 m n k per m x n weight, twice layer-wise: analysis and materialization), at this device's measured
-matmul rate. Rough by design: within a few
-tens of per cent (docs/RESULTS.md compares it with measured peaks)."""
+Disk: the output; layer-wise, also the stored activations (reverse sweep) and the factor cache (factors at the
+largest rank selection may ask for, in the working dtype): activations + max(output, cache) + one layer's cache, an
+upper bound (the reverse sweep frees each layer's input as it caches its factors, materialization each layer's
+factors as it writes its output).
+Time: forward-pass FLOPs over the calibration tokens (the analysis's passes, one more whole; layer-wise
+materialization runs none: it reads the cached factors), the probe passes, and SVD FLOPs (~12 m n k per m x n
+weight, once), at this device's measured matmul rate. Rough by design: within a few tens of per cent
+(docs/RESULTS.md compares it with measured peaks)."""
 
 from __future__ import annotations
 
@@ -88,6 +93,19 @@ def _factor_bytes(o: int, i: int) -> int:
     return 4 * (o * k + k + k * i)  # U, S, Vh in float32
 
 
+def _cached_bytes(c, s: Shapes, b: int) -> int:
+    """One layer's factors in the layer-wise factor cache: A and B at the largest rank selection may ask for
+    (break-even; PaLU: K and V only, each head group up to full rank), b bytes per value."""
+    from gac.compressors.base import LowRankCompressor
+    from gac.compressors.palu import PaluCompressor
+
+    if isinstance(c, PaluCompressor):
+        return 2 * b * s.kv_width * (s.hidden + s.kv_width)  # A [kv, hidden], B blocks [rows, rows] (at most [kv, kv])
+    if isinstance(c, LowRankCompressor):
+        return sum(b * ((o * i - 1) // (o + i)) * (o + i) for o, i in s.linears())
+    return 0
+
+
 def forecast(config, *, compressor: str = "asvd", options: dict | None = None, ratio: float = 0.15,
              dtype: str = "float32", calib_windows: int = 16, seq_len: int = 512, layerwise: bool = True,
              flops_per_s: float | None = None) -> Forecast:
@@ -105,19 +123,20 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
 
         check_layerwise(c)  # the same one-line refusal as the run
     lowrank = isinstance(c, LowRankCompressor)
-    xtx, own = c.needs_xtx, c.own_xtx  # collected in the analysis; recollected at materialization to whiten
+    xtx, own = c.needs_xtx, c.own_xtx  # X^T X collected in the analysis; own: the SVD is whitened by it
     loss_model = lowrank and c.proxy == OUTPUT
     reverse = c.needs_windows  # a gradient pass (whole), the reverse sweep (layer-wise)
     probe = min(256, seq_len) if c.measures_sensitivity else 0  # whole model only: one probe pass per weight
     tokens = calib_windows * seq_len
     act = b  # hidden states in the model's dtype
     layer_factors = sum(_factor_bytes(o, i) for o, i in s.linears()) if lowrank else 0
+    cached = _cached_bytes(c, s, b)  # layer-wise: what materialization reads instead of factorizing again
     # linears fed by one activation share one X^T X (q/k/v, gate/up): inputs of width hidden, q width, intermediate
     layer_xtx = sum(8 * i * i for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
-    own_xtx = layer_xtx if own else 0
     big_o, big_i = max(s.linears(), key=lambda oi: oi[0] * oi[1])
-    k = min(big_o, big_i)
-    curve = 8 * (2 * k * k + 2 * k * big_i + big_i * big_i) if loss_model else 0
+    # the loss model's float64 work on one weight [o, i], k = min(o, i): Vh S^-1 and its product with X^T X [k, i]
+    # each, U and U^T diag(f) [o, k] each, P and Q [k, k]; the widest input (down_proj) or output decides
+    curve = max(8 * (2 * min(o, i) * (i + o + min(o, i))) for o, i in s.linears()) if loss_model else 0
     whiten = 8 * (big_o * big_i + big_i * big_i) if own else 0  # float64 W S and S
     svd_work = 3 * 4 * big_o * big_i if lowrank else 0  # float32 copy, scaled copy, LAPACK workspace
     batch = 2 if reverse else 4
@@ -138,9 +157,9 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
         materialize = {
             "outer weights": s.outer_params * b,
             "one layer's weights and its two cut copies": 3 * s.layer_params * b,
-            "one layer's factors": layer_factors,
-            "one layer's X^T X": own_xtx,
-            "SVD / loss model / whitening work (largest weight)": svd_work + whiten,
+            "one layer's factors": cached,  # read from the cache: no X^T X, no SVD
+            "one layer's X^T X": 0,
+            "SVD / loss model / whitening work (largest weight)": 0,
             "activations in flight": tokens * s.hidden * act + transient,
             "runtime": RUNTIME_BYTES,
         }
@@ -157,12 +176,16 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
             "runtime": RUNTIME_BYTES,
         }
     compressible = s.layers * sum(o * i for o, i in s.linears())
-    disk = int((s.params - compressible * ratio) * b)
-    if layerwise and reverse:
-        disk += s.layers * tokens * s.hidden * act  # each layer's stored input, in a temporary directory
+    disk = int((s.params - compressible * ratio) * b)  # the output
+    if layerwise:  # temporary: each layer's stored input, the factor cache (emptied as the output is written)
+        stored = s.layers * tokens * s.hidden * act if reverse else 0
+        disk = stored + max(disk, s.layers * cached) + cached
     forward_flops = 2 * tokens * (s.params - s.outer_params) + 2 * tokens * s.vocab * s.hidden
-    passes = (1 + 3 + 1) if reverse else 2  # analysis (forward; reverse: forward + recompute + backward), materialize
-    svd_flops = s.layers * sum(12 * o * i * min(o, i) for o, i in s.linears()) * (2 if layerwise else 1) if lowrank else 0
+    if layerwise:  # forward (reverse sweep: + statistics, recompute, backward); materialization runs none
+        passes = (1 + 1 + 3) if reverse else 1
+    else:  # analysis (forward; reverse: forward + recompute + backward), materialize
+        passes = (1 + 3 + 1) if reverse else 2
+    svd_flops = s.layers * sum(12 * o * i * min(o, i) for o, i in s.linears()) if lowrank else 0
     probe_flops = (s.layers * len(s.linears()) + 1) * 2 * probe * s.params  # the probe loss, each weight truncated
     rate = flops_per_s or matmul_rate()
     return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk,
