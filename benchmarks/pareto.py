@@ -59,7 +59,8 @@ def analyze(model, calib, name: str, args):
     from gac.api import CompressConfig, analyze
 
     small = name == "prune" and model.config.num_hidden_layers < 3  # the default keeps the first and last layers
-    cfg = CompressConfig(compressor=name, compressor_options={"layers": "all"} if small else {}, device=args.device,
+    options = {**({"layers": "all"} if small else {}), **dict(o.split("=", 1) for o in args.option)}
+    cfg = CompressConfig(compressor=name, compressor_options=options, device=args.device,
                          dtype=args.dtype, alignment=args.align, progress=False)
     return analyze(model, calib, cfg), cfg
 
@@ -290,16 +291,20 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for c in result["compressors"]:
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n, c in enumerate(result["compressors"]):
+        color = colors[n % len(colors)]  # one colour per compressor: --speedup solid, --ratio dashed
         for kind, marker in (("latency", "o-"), ("ratio", "s--")):
             rows = sorted((r for r in c[kind] if "ppl" in r), key=lambda r: r["measured_speedup"])
+            if kind == "ratio" and c.get("baseline_ppl") is not None:
+                rows = [{"measured_speedup": 1.0, "ppl": c["baseline_ppl"]}, *rows]  # ratio 0 is the baseline
             if rows:
-                line, = ax.plot([r["measured_speedup"] for r in rows], [r["ppl"] for r in rows], marker,
-                                label=f"{c['compressor']} {'--speedup' if kind == 'latency' else '--ratio'}")
+                ax.plot([r["measured_speedup"] for r in rows], [r["ppl"] for r in rows], marker, color=color,
+                        label=f"{c['compressor']} {'--speedup' if kind == 'latency' else '--ratio'}")
         at = [r for r in c["latency"] if r.get("param_ppl") is not None]
         if at:  # the --ratio curve read at each --speedup point's measured speedup
-            ax.plot([r["measured_speedup"] for r in at], [r["param_ppl"] for r in at], "x", color=line.get_color(),
+            ax.plot([r["measured_speedup"] for r in at], [r["param_ppl"] for r in at], "x", color=color, ms=8,
                     label=f"{c['compressor']} --ratio at equal speed")
     ax.set_xlabel(f"measured speedup ({result['args']['phase']} {result['args']['shape']})")
     ax.set_ylabel("held-out perplexity")
@@ -326,10 +331,12 @@ def main(argv=None) -> None:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--calib-windows", type=int, default=16)
     p.add_argument("--eval-windows", type=int, default=24)
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a compressor option for every compressor, e.g. head_mode=none (prune)")
     p.add_argument("--out")
     p.add_argument("--compare-phases", nargs=2, metavar=("A/pareto.json", "B/pareto.json"),
                    help="no run: how the chosen dims differ between two runs' latency targets (e.g. prefill, decode)")
-    p.add_argument("--render", metavar="DIR/pareto.json", help="no run: rewrite pareto.md and pareto.png from it")
+    p.add_argument("--render", metavar="DIR/pareto.json", help="no run: add the equal-speed comparison to it, rewrite it, pareto.md and pareto.png")
     args = p.parse_args(argv)
     if args.compare_phases:
         a, b = (json.loads(Path(f).read_text()) for f in args.compare_phases)

@@ -82,6 +82,11 @@ def _umask() -> int:
     return mask
 
 
+def new_file_mode() -> int:
+    """The permissions of a new file under the current umask (0666 minus it)."""
+    return 0o666 & ~_umask()
+
+
 def _oserror(path, e: OSError, flag: str) -> GacError:
     reason = e.strerror or str(e)
     return GacError(f"cannot write {path} ({reason}): free space or choose another {flag}")
@@ -137,7 +142,7 @@ def write_file(path, write, *, flag: str = "--out") -> Path:
     except OSError as e:
         raise _oserror(path, e, flag) from None
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions of a new file
+        os.chmod(tmp, new_file_mode())  # mkstemp creates 0600; give the usual permissions of a new file
         write(Path(tmp))
         with critical():
             os.replace(tmp, path)

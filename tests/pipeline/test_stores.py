@@ -44,6 +44,25 @@ def test_factor_cache_round_trip():
     assert not d.exists() and 1 not in cache  # removed on exit
 
 
+def test_a_full_temporary_directory_is_one_line_naming_tmpdir(monkeypatch):
+    import errno
+
+    import safetensors.torch
+
+    from gac.errors import GacError
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    monkeypatch.setattr(torch, "save", full)
+    with FactorCache() as cache, pytest.raises(GacError, match="factor cache .*No space left.*TMPDIR") as e:
+        cache[0] = {"a": torch.ones(2)}
+    assert "\n" not in str(e.value)
+    with ActivationStore(spill=True) as store, pytest.raises(GacError, match="calibration activations .*TMPDIR"):
+        store[0] = [torch.ones(2)]
+
+
 def test_shard_writer_names_index_and_ties(tmp_path):
     emb = torch.randn(10, 4)
     w = ShardWriter(tmp_path)
@@ -55,5 +74,8 @@ def test_shard_writer_names_index_and_ties(tmp_path):
     assert set(index["weight_map"]) == {"model.layers.0.a.weight", "model.embed_tokens.weight", "model.norm.weight"}
     assert index["metadata"]["total_size"] == 4 * (12 + 40 + 4)
     assert torch.equal(load_file(paths[1])["model.embed_tokens.weight"], emb)
+    from gac.atomic import new_file_mode
+
+    assert all((p.stat().st_mode & 0o777) == new_file_mode() for p in paths)  # not safetensors' 0600
     with pytest.raises(ValueError, match="meta"):
         ShardWriter(tmp_path / "x").add({"w": torch.empty(2, device="meta")})

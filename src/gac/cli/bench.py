@@ -222,6 +222,12 @@ def command(models, device, device_map, max_memory, offload_folder, dtype, point
         caps = placements[0].max_memory
         on_gpu = device_map is not None and (caps is None or any(isinstance(k, int) for k in caps))
         dtype = default_dtype("cuda" if on_gpu and torch.cuda.is_available() else device)
+    if device_map is not None and max_memory is None and len(models) > 1:
+        import logging
+
+        logging.getLogger("gac.bench").warning(
+            "--device-map without --max-memory: accelerate fills the devices with the first model and may offload "
+            "the later ones, so the ratios would compare placements; give each model the same cap with --max-memory")
     text = None
     if ppl:
         from gac.data import pydoc_split, read_text

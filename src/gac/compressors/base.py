@@ -319,8 +319,10 @@ class LowRankCompressor(Compressor):
 
         A, B = unit.factors or max_rank_factors(unit.svd, max(dim, unit.max_dim))
         if dim > A.shape[0]:
-            raise GacError(f"{unit.name}: rank {dim} is above the {A.shape[0]} of its cached factors")
-        return Factors(A[:dim], B[:, :dim])
+            raise GacError(f"{unit.name}: rank {dim} is above the {A.shape[0]} its factors were cached at (the "
+                           "largest rank that saves parameters): keep the weight dense instead")
+        # copies: a view would keep every weight's max-rank factors alive until the whole model is cut
+        return Factors(A[:dim].clone(), B[:, :dim].clone())
 
 
 def max_rank_factors(svd: ScaledSVD, rank: int) -> tuple[torch.Tensor, torch.Tensor]:

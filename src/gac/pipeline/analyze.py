@@ -16,6 +16,7 @@ layers."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import time
@@ -218,7 +219,8 @@ class ActivationStore:
         from pathlib import Path
 
         path = Path(self.dir.name) / f"layer-{i}.pt"
-        torch.save([t.contiguous() for t in tensors], path)
+        with _disk_errors(path, "the stored calibration activations"):
+            torch.save([t.contiguous() for t in tensors], path)
         self.items[i] = path
 
     def __getitem__(self, i: int) -> list:
@@ -229,6 +231,16 @@ class ActivationStore:
         item = self.items.pop(i)
         if self.spill:
             item.unlink()
+
+
+@contextlib.contextmanager
+def _disk_errors(path: Path, what: str):
+    """A full or unwritable temporary directory as one line naming TMPDIR (the layer-wise temporaries go there)."""
+    try:
+        yield
+    except OSError as e:
+        raise GacError(f"could not write {what} to {path.parent} ({e.strerror or e}): point TMPDIR at a directory "
+                       "with room for it (`gac compress --dry-run` forecasts the disk needed)") from e
 
 
 class FactorCache:
@@ -259,7 +271,8 @@ class FactorCache:
         path = None
         if tensors:
             path = Path(self.dir.name) / f"layer-{i}.safetensors"
-            save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
+            with _disk_errors(path, "the factor cache"):
+                save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
         self.files[i] = path
 
     def __getitem__(self, i: int) -> dict:

@@ -14,6 +14,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from gac.calibrate import collect_stats
+from gac.errors import GacError
 from gac.models.adapters import adapter_for
 from gac.models.groups import linears_of
 from gac.models.lazy import map_large_allocations, return_freed_memory
@@ -88,6 +89,9 @@ def _materialize(model, source, compressor, units, dims, calib, factors, writer,
     shells = {v: shell_of(model) for v in dims}
     n_layers = layer_count(model)
     cached = all(i in factors for i in range(n_layers))
+    if not cached and calib is None:
+        raise GacError("the analysis's factor cache is gone (materialized once already) and no calibration windows "
+                       "were given to factorize again: pass the calibration windows, or analyze again")
     batches = None if cached else embed(model, calib, CALIB_BATCH)
     evals = None
     if held_out is not None:  # embedded once; each variant gets its own Batch objects (only `hidden` is replaced)

@@ -98,11 +98,12 @@ def _cached_bytes(c, s: Shapes, b: int) -> int:
     (break-even; PaLU: K and V only, each head group up to full rank), b bytes per value."""
     from gac.compressors.base import LowRankCompressor
     from gac.compressors.palu import PaluCompressor
+    from gac.linalg import max_useful_rank
 
     if isinstance(c, PaluCompressor):
         return 2 * b * s.kv_width * (s.hidden + s.kv_width)  # A [kv, hidden], B blocks [rows, rows] (at most [kv, kv])
     if isinstance(c, LowRankCompressor):
-        return sum(b * ((o * i - 1) // (o + i)) * (o + i) for o, i in s.linears())
+        return sum(b * max_useful_rank(i, o) * (o + i) for o, i in s.linears())
     return 0
 
 
@@ -135,13 +136,14 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     layer_xtx = sum(8 * i * i for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
     big_o, big_i = max(s.linears(), key=lambda oi: oi[0] * oi[1])
     # the loss model's float64 work on one weight [o, i], k = min(o, i): Vh S^-1 and its product with X^T X [k, i]
-    # each, U and U^T diag(f) [o, k] each, P and Q [k, k]; the widest input (down_proj) or output decides
-    curve = max(8 * (2 * min(o, i) * (i + o + min(o, i))) for o, i in s.linears()) if loss_model else 0
+    # each, U and U^T diag(f) [o, k] each, P and Q [k, k], and the curve's own [k, k] temporaries (3)
+    curve = max(8 * min(o, i) * (2 * (i + o) + 5 * min(o, i)) for o, i in s.linears()) if loss_model else 0
     whiten = 8 * (big_o * big_i + big_i * big_i) if own else 0  # float64 W S and S
     svd_work = 3 * 4 * big_o * big_i if lowrank else 0  # float32 copy, scaled copy, LAPACK workspace
-    batch = 2 if reverse else 4
+    # a layer's SVDs all end before its loss curves begin: the larger of the two phases, not their sum
+    batch = 4  # calibration's batches (the reverse sweep's gradient passes run halves of them)
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
-    logits = 3 * batch * seq_len * s.vocab * 4 if reverse else 0  # float logits, their grad, softmax
+    logits = 3 * 2 * seq_len * s.vocab * 4 if reverse else 0  # float logits, grad, softmax of a gradient batch
     flight = (3 if reverse else 1) * tokens * s.hidden * act  # hidden states and gradients; stored inputs on disk
     weights = s.params * b
     if layerwise:  # the larger of the two sweeps: analysis, materialization
@@ -150,7 +152,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
             "one layer's weights": s.layer_params * b,
             "one layer's factors": layer_factors,
             "one layer's X^T X": layer_xtx,
-            "SVD / loss model / whitening work (largest weight)": svd_work + max(curve, whiten),
+            "SVD / loss model / whitening work (largest weight)": max(svd_work + whiten, curve),
             "activations in flight": flight + max(transient, logits),
             "runtime": RUNTIME_BYTES,
         }
@@ -170,7 +172,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
             "two variants (copies)": 2 * int(weights * (1 - ratio * 0.8)),
             "all factors": s.layers * layer_factors,
             "all X^T X": s.layers * layer_xtx,
-            "SVD / loss model / whitening work (largest weight)": svd_work + max(curve, whiten),
+            "SVD / loss model / whitening work (largest weight)": max(svd_work + whiten, curve),
             "activations and logits": (transient * s.layers // 4 + max(logits, 2 * probe * s.vocab * 4)
                                        + 4 * tokens * s.hidden * act),
             "runtime": RUNTIME_BYTES,
