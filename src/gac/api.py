@@ -276,7 +276,7 @@ def _compress_layerwise(cfg: CompressConfig, compressor) -> CompressResult:
 
     def run(out_dir):
         writer = ShardWriter(out_dir) if out_dir is not None else None
-        models = materialize_layerwise(model, source, selected.compressor, selected.units, selected.dims, calib,
+        models = materialize_layerwise(model, source, selected.compressor, selected.units, selected.dims,
                                        writer=writer and (saved, writer), progress=cfg.progress,
                                        held_out=held_out if cfg.evaluate else None)
         ppl = models.pop("ppl", {})

@@ -48,7 +48,7 @@ def test_layerwise_equals_whole_model(name, options):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     expected = materialize_variants(model, whole)
     got = materialize_layerwise(model, Resident(model), layerwise.compressor, layerwise.units, layerwise.dims,
-                                CALIB, progress=False)
+                                progress=False)
     assert set(got) == {"unaligned", "gac"}
     for variant in got:
         ref, out = expected[variant].state_dict(), got[variant].state_dict()
@@ -64,29 +64,32 @@ CACHED = [("svd", {}, torch.float32), ("asvd", {}, torch.float32), ("svd_llm", {
 
 
 @pytest.mark.parametrize("name, options, dtype", CACHED, ids=[f"{n}-{str(d)[6:]}" for n, _, d in CACHED])
-def test_cached_factors_cut_as_recomputed_ones(name, options, dtype, monkeypatch):
-    """The factors the analysis cached give the same tensors, to the bit, as factorizing again; materialization
-    then needs no calibration window, and the cache is gone at the end."""
+def test_cached_factors_cut_as_the_whole_model_cuts(name, options, dtype, monkeypatch):
+    """The factors the analysis cached give the same tensors, to the bit, as the whole-model pipeline's cut;
+    materialization factorizes nothing, reads each layer's file once and removes the cache at the end."""
     model = tiny_model().to(dtype)
     cfg = CompressConfig(compressor=name, ratio=0.2, compressor_options=options, progress=False)
+    whole = analyze_and_select(model, CALIB, cfg)
     sel = analyze_and_select(model, CALIB, cfg, source=Resident(model))
+    assert sel.dims == whole.dims
     cache_dir = Path(sel.units.factors.dir.name)
     if name != "prune":  # one file per layer (prune keeps nothing beyond its units), in the weights' dtype
         assert sorted(p.name for p in cache_dir.iterdir()) == ["layer-0.safetensors", "layer-1.safetensors"]
         assert all(t.dtype == dtype for t in sel.units.factors[0].values())
-    recomputed = materialize_layerwise(model, Resident(model), sel.compressor, list(sel.units), sel.dims, CALIB,
-                                       progress=False)
+    expected = materialize_variants(model, whole)
 
     def never(*args, **kwargs):
-        raise AssertionError("the cached path factorizes nothing")
+        raise AssertionError("materialization factorizes nothing")
 
     monkeypatch.setattr(sel.compressor, "factorize_units", never)
-    cached = materialize_layerwise(model, Resident(model), sel.compressor, sel.units, sel.dims, None, progress=False)
+    cached = materialize_layerwise(model, Resident(model), sel.compressor, sel.units, sel.dims, progress=False)
     for variant in ("unaligned", "gac"):
-        ref, out = recomputed[variant].state_dict(), cached[variant].state_dict()
+        ref, out = expected[variant].state_dict(), cached[variant].state_dict()
         assert set(out) == set(ref)
         assert all(out[k].dtype == ref[k].dtype and torch.equal(out[k], ref[k]) for k in ref), variant
     assert not cache_dir.exists()
+    with pytest.raises(GacError, match="factor cache .* read once: analyze again"):  # the cache is spent
+        materialize_layerwise(model, Resident(model), sel.compressor, sel.units, sel.dims, progress=False)
 
 
 def _interrupt(*args, **kwargs):
@@ -105,7 +108,7 @@ def test_factor_cache_is_removed_on_interrupt(monkeypatch, tmp_path):
         m.setattr(compressor, "load_cut_state", _interrupt)
         with pytest.raises(KeyboardInterrupt):
             materialize_layerwise(model, Resident(model), compressor, units, {"gac": {u.name: 4 for u in units}},
-                                  None, progress=False)
+                                  progress=False)
     assert not list(tmp_path.iterdir())
 
     analyze, cached = compressor.analyze, []
@@ -134,7 +137,7 @@ def test_variants_share_the_original_tensors():
     model = tiny_model()
     cfg = CompressConfig(compressor="prune", ratio=0.2, compressor_options={"layers": "1"}, progress=False)
     sel = analyze_and_select(model, CALIB, cfg, source=Resident(model))
-    got = materialize_layerwise(model, Resident(model), sel.compressor, sel.units, sel.dims, CALIB, progress=False)
+    got = materialize_layerwise(model, Resident(model), sel.compressor, sel.units, sel.dims, progress=False)
     original = {p.data_ptr() for p in model.parameters()}
     for variant in got.values():
         untouched = [p for n, p in variant.named_parameters() if not n.startswith("model.layers.1.")]

@@ -170,9 +170,8 @@ class Compressor:
         return normalize_scores(units, scores)
 
     def factorize_units(self, model, units: list[Unit], stats: dict) -> None:
-        """Recompute what `cut` needs beyond the units' stored analysis (the low-rank factors), from the weights
-        and calibration statistics of the units' layer, when no cut_state was kept. Nothing for compressors whose
-        units hold all they cut by."""
+        """What `cut` needs beyond the units' importance (the low-rank factors), from the weights and calibration
+        statistics of the units' layer. Nothing for compressors whose units hold all they cut by."""
 
     def cut_state(self, model, units: list[Unit]) -> dict:
         """{key: tensor}: what `cut` needs beyond what release_factors keeps, for every dim selection may ask. A
@@ -183,7 +182,7 @@ class Compressor:
         """Give `units` back what cut_state returned (the tensors may be read from disk)."""
 
     def release_factors(self, units: list[Unit]) -> None:
-        """Drop what factorize_units recomputes, keeping what selection reads (spectra, curves, importances)."""
+        """Drop what factorize_units computed, keeping what selection reads (spectra, curves, importances)."""
 
     def materialize(self, model, units: list[Unit], dims: dict) -> dict:
         """Cut every unit whose dim is not None into `model`, in place; returns the model's saved structure."""

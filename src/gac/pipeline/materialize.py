@@ -13,10 +13,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from gac.calibrate import collect_stats
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
-from gac.models.groups import linears_of
 from gac.models.lazy import map_large_allocations, return_freed_memory
 from gac.pipeline.analyze import CALIB_BATCH, groups_by_layer
 from gac.pipeline.layers import (
@@ -63,54 +61,39 @@ def release_module(module: nn.Module) -> None:
                 sub._buffers[name] = b.to("meta")
 
 
-def materialize_layerwise(model, source, compressor, units, dims: dict, calib: torch.Tensor | None, *,
-                          writer=None, held_out: torch.Tensor | None = None, progress: bool = True) -> dict:
+def materialize_layerwise(model, source, compressor, units, dims: dict, *, writer=None,
+                          held_out: torch.Tensor | None = None, progress: bool = True) -> dict:
     """{variant: model} for each variant of dims ({variant: {unit name: dim or None}}), cut layer by layer.
 
-    A layer's cut state is read from the analysis's factor cache (units.factors, analyze_layerwise's; each layer's
-    file is removed once the layer is cut, the cache at the end); a layer without one is factorized again from the calibration windows, run through the
-    original layers as in calibration (calib is needed only then). writer: (variant,
-    gac.models.sharded.ShardWriter) to stream that variant's layers to; every variant's layers are then released
-    as soon as they are written (shapes kept, for counting). held_out: evaluation windows [n, seq] run through the
-    baseline's and every variant's layers on the way; their perplexities are returned under the key "ppl"
-    ({variant or "baseline": float})."""
+    units: analyze_layerwise's, whose factor cache (units.factors) holds each layer's cut state; each layer's file
+    is removed once the layer is cut, the cache at the end. writer: (variant, gac.models.sharded.ShardWriter) to
+    stream that variant's layers to; every variant's layers are then released as soon as they are written (shapes
+    kept, for counting). held_out: evaluation windows [n, seq] run through the baseline's and every variant's layers
+    on the way; their perplexities are returned under the key "ppl" ({variant or "baseline": float})."""
     factors = getattr(units, "factors", None)
+    if factors is None or not all(i in factors for i in range(layer_count(model))):
+        raise GacError("layer-wise materialization cuts from the factor cache of one analyze_layerwise run, which "
+                       "is read once: analyze again (gac.api.analyze with a source) before materializing again")
     try:
-        return _materialize(model, source, compressor, units, dims, calib, factors or {}, writer, held_out, progress)
+        return _materialize(model, source, compressor, units, dims, factors, writer, held_out, progress)
     finally:
-        if factors is not None:
-            factors.close()
+        factors.close()
 
 
-def _materialize(model, source, compressor, units, dims, calib, factors, writer, held_out, progress) -> dict:
+def _materialize(model, source, compressor, units, dims, factors, writer, held_out, progress) -> dict:
     map_large_allocations()  # layer-sized blocks freed to the OS, not kept in a fragmenting heap
     by_layer = groups_by_layer(model, [u.group for u in units])
     unit_of = {u.group.name: u for u in units}
     shells = {v: shell_of(model) for v in dims}
-    n_layers = layer_count(model)
-    cached = all(i in factors for i in range(n_layers))
-    if not cached and calib is None:
-        raise GacError("the analysis's factor cache is gone (materialized once already) and no calibration windows "
-                       "were given to factorize again: pass the calibration windows, or analyze again")
-    batches = None if cached else embed(model, calib, CALIB_BATCH)
     evals = None
     if held_out is not None:  # embedded once; each variant gets its own Batch objects (only `hidden` is replaced)
         embedded = embed(model, held_out, CALIB_BATCH)
         evals = {v: [Batch(b.ids, b.hidden.clone(), list(b.calls)) for b in embedded] for v in ("baseline", *dims)}
-    for i in tqdm(range(n_layers), desc="materializing", unit="layer", disable=not progress):
+    for i in tqdm(range(layer_count(model)), desc="materializing", unit="layer", disable=not progress):
         source.load_layer(i)
         layer = layer_module(model, i)
         layer_units = [unit_of[g.name] for g in by_layer[i]]
-        if i in factors:
-            compressor.load_cut_state(layer_units, factors[i])
-            if batches is not None:
-                _advance(layer, batches, i)  # a later layer is factorized again
-        else:
-            with collect_stats(model, linears_of(by_layer[i]), xtx=compressor.own_xtx) as stats, torch.no_grad():
-                for b in batches:
-                    b.hidden = run_layer(layer, b, i)  # through the original layer, as whole-model calibration
-            compressor.factorize_units(model, layer_units, stats)
-            del stats
+        compressor.load_cut_state(layer_units, factors[i])
         if evals is not None:
             _advance(layer, evals["baseline"], i)
         for variant, shell in shells.items():
@@ -126,8 +109,7 @@ def _materialize(model, source, compressor, units, dims, calib, factors, writer,
                     writer[1].add({f"{prefix}.{k}": v for k, v in cut.state_dict().items()})
                 release_module(cut)
         compressor.release_factors(layer_units)
-        if i in factors:
-            del factors[i]  # its disk is what the output grows into
+        del factors[i]  # its disk is what the output grows into
         source.release_layer(i)
         if writer is not None:
             return_freed_memory()
