@@ -192,45 +192,83 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
     return [u for i in sorted(units_by_layer) for u in units_by_layer[i]]
 
 
-class ActivationStore:
-    """Each layer's stored input for the reverse sweep: in memory, or (spill) one file per layer in a temporary
-    directory, read back memory-mapped, so that memory does not grow with depth. Removed on exit."""
+class _LayerFiles:
+    """Tensors per layer index, kept until read: in memory, or (spill) one file per layer in a temporary directory
+    (TMPDIR), read back memory-mapped, so that memory does not grow with depth. An empty item takes no file. A
+    layer's file goes with del, the directory with close(), the end of a with block, or when the store is dropped."""
 
-    def __init__(self, spill: bool):
+    prefix = suffix = what = ""
+
+    def __init__(self, spill: bool = True):
         self.spill = spill
         self.items: dict = {}
+        if spill:
+            self.dir = tempfile.TemporaryDirectory(prefix=self.prefix)
 
     def __enter__(self):
-        if self.spill:
-            import tempfile
-
-            self.dir = tempfile.TemporaryDirectory(prefix="gac-activations-")
         return self
 
     def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
         self.items.clear()
         if self.spill:
             self.dir.cleanup()
 
-    def __setitem__(self, i: int, tensors: list) -> None:
-        if not self.spill:
-            self.items[i] = tensors
-            return
-        from pathlib import Path
+    def __contains__(self, i: int) -> bool:
+        return i in self.items
 
-        path = Path(self.dir.name) / f"layer-{i}.pt"
-        with _disk_errors(path, "the stored calibration activations"):
-            torch.save([t.contiguous() for t in tensors], path)
-        self.items[i] = path
+    def __setitem__(self, i: int, item) -> None:
+        if self.spill and item:
+            path = Path(self.dir.name) / f"layer-{i}{self.suffix}"
+            with _disk_errors(path, self.what):
+                self._save(item, path)
+            item = path
+        self.items[i] = item
 
-    def __getitem__(self, i: int) -> list:
+    def __getitem__(self, i: int):
         item = self.items[i]
-        return torch.load(item, mmap=True, weights_only=True) if self.spill else item
+        return self._load(item) if isinstance(item, Path) else item
 
     def __delitem__(self, i: int) -> None:
         item = self.items.pop(i)
-        if self.spill:
+        if isinstance(item, Path):
             item.unlink()
+
+
+class ActivationStore(_LayerFiles):
+    """Each layer's stored input for the reverse sweep: [tensor per batch], in memory or spilled to disk."""
+
+    prefix, suffix, what = "gac-activations-", ".pt", "the stored calibration activations"
+
+    @staticmethod
+    def _save(tensors: list, path: Path) -> None:
+        torch.save([t.contiguous() for t in tensors], path)
+
+    @staticmethod
+    def _load(path: Path) -> list:
+        return torch.load(path, mmap=True, weights_only=True)
+
+
+class FactorCache(_LayerFiles):
+    """What `cut` needs of each analyzed layer (Compressor.cut_state, {key: tensor}), one safetensors file per layer,
+    read back at materialization instead of factorizing again; a layer with nothing to keep (prune) has no file."""
+
+    prefix, suffix, what = "gac-factors-", ".safetensors", "the factor cache"
+
+    @staticmethod
+    def _save(tensors: dict, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
+
+    @staticmethod
+    def _load(path: Path) -> dict:
+        from safetensors import safe_open
+
+        with safe_open(path, "pt", device="cpu") as f:  # memory-mapped
+            return {k: f.get_tensor(k) for k in f.keys()}
 
 
 @contextlib.contextmanager
@@ -241,53 +279,6 @@ def _disk_errors(path: Path, what: str):
     except OSError as e:
         raise GacError(f"could not write {what} to {path.parent} ({e.strerror or e}): point TMPDIR at a directory "
                        "with room for it (`gac compress --dry-run` forecasts the disk needed)") from e
-
-
-class FactorCache:
-    """What `cut` needs of each analyzed layer (Compressor.cut_state), one safetensors file per layer in a temporary
-    directory, read back at materialization instead of factorizing again; a layer with nothing to keep (prune) has
-    no file. Removed by close(), on exit from a with block, or when the cache is dropped; a layer's file by del."""
-
-    def __init__(self):
-        self.dir = tempfile.TemporaryDirectory(prefix="gac-factors-")
-        self.files: dict[int, Path | None] = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self) -> None:
-        self.files.clear()
-        self.dir.cleanup()
-
-    def __contains__(self, i: int) -> bool:
-        return i in self.files
-
-    def __setitem__(self, i: int, tensors: dict) -> None:
-        from safetensors.torch import save_file
-
-        path = None
-        if tensors:
-            path = Path(self.dir.name) / f"layer-{i}.safetensors"
-            with _disk_errors(path, "the factor cache"):
-                save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
-        self.files[i] = path
-
-    def __getitem__(self, i: int) -> dict:
-        from safetensors import safe_open
-
-        path = self.files[i]
-        if path is None:
-            return {}
-        with safe_open(path, "pt", device="cpu") as f:  # memory-mapped
-            return {k: f.get_tensor(k) for k in f.keys()}
-
-    def __delitem__(self, i: int) -> None:
-        path = self.files.pop(i)
-        if path is not None:
-            path.unlink()
 
 
 def _gradient_hooks(model, names, proxy):
