@@ -1,5 +1,5 @@
-"""Latency objective vs parameter objective (issue 16): for each compressor, one calibration and one latency table,
-then `--speedup` at every target (closed loop: predicted vs measured ms) and `--ratio` at every ratio, each model
+"""Latency objective vs parameter objective (issue 16): for each compressor, one calibration and one latency table
+(two of each where --speedup changes a compressor default: prune leaves heads whole under --speedup), then `--speedup` at every target (closed loop: predicted vs measured ms) and `--ratio` at every ratio, each model
 timed side by side with the baseline (A/A floor) and, for a trained model, its held-out perplexity. Writes
 pareto.json, pareto.md and pareto.png (perplexity against measured speedup, both objectives) to --out.
 
@@ -53,16 +53,30 @@ def load(args):
     return loaded.model, calib, held_out, loaded.source
 
 
-def analyze(model, calib, name: str, args):
-    """gac compress's analysis (one calibration, spectra and loss model) at its default ratio, and the config every
-    target and ratio selects with from the same units."""
-    from gac.api import CompressConfig, analyze
+def config(model, name: str, args, speedup=None):
+    """gac compress's config for this compressor: the latency objective's with `speedup` (a SpeedupConfig), else the
+    parameter objective's at its default ratio."""
+    from gac.api import CompressConfig
 
     small = name == "prune" and model.config.num_hidden_layers < 3  # the default keeps the first and last layers
     options = {**({"layers": "all"} if small else {}), **dict(o.split("=", 1) for o in args.option)}
-    cfg = CompressConfig(compressor=name, compressor_options=options, device=args.device,
-                         dtype=args.dtype, alignment=args.align, progress=False)
-    return analyze(model, calib, cfg), cfg
+    return CompressConfig(compressor=name, compressor_options=options, device=args.device, dtype=args.dtype,
+                          alignment=args.align, progress=False, speedup=speedup)
+
+
+def analyses(model, calib, name: str, args, speedup) -> tuple:
+    """((analysis, config) of the latency objective, (analysis, config) of the parameter objective): gac compress's
+    analysis (one calibration, spectra and loss model), shared when both objectives use the same compressor options,
+    twice when --speedup changes a default (gac.speedup.OBJECTIVE_DEFAULTS, e.g. prune's head mode)."""
+    from gac.api import analyze
+
+    latency, parameters = config(model, name, args, speedup), config(model, name, args)
+    units = analyze(model, calib, latency)
+    if latency.compressor_options == parameters.compressor_options:
+        return (units, latency), (units, parameters)
+    log.info("%s: --speedup sets %s; the parameter objective keeps %s and is analyzed apart", name,
+             latency.compressor_options, parameters.compressor_options)
+    return (units, latency), (analyze(model, calib, parameters), parameters)
 
 
 def measure(model, built, cfg, held_out, lm=None, dims=None) -> dict:
@@ -88,19 +102,23 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
     from gac.api import select_dims
     from gac.speedup import SpeedupConfig
 
-    t0 = time.perf_counter()
-    analyzed, compress_cfg = analyze(model, calib, name, args)
-    compressor, units = analyzed.compressor, analyzed.units
-    analyze_s = time.perf_counter() - t0
     batch, seq = (int(x) for x in args.shape.split("x"))
     cfg = SpeedupConfig(args.targets[0], phase=args.phase, batch=batch, seq=seq, rounds=args.rounds,
                         timing_rounds=args.timing_rounds)
     t0 = time.perf_counter()
-    lm = measure_latency_model([u.group for u in units], Phase(args.phase, batch, seq), alignment=args.align,
-                               device=args.device, dtype=args.dtype, progress=False)
+    (analyzed, latency_cfg), (by_params, params_cfg) = analyses(model, calib, name, args, cfg)
+    analyze_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+
+    def latency_model(a):
+        return measure_latency_model([u.group for u in a.units], Phase(args.phase, batch, seq), alignment=args.align,
+                                     device=args.device, dtype=args.dtype, progress=False)
+
+    lm = latency_model(by_params)  # the parameter objective's groups; the latency objective measures its own
     table_s = time.perf_counter() - t0
     out = {"compressor": name, "analyze_s": analyze_s, "latency_table_s": table_s, "latency": [], "ratio": [],
-           "groups": {u.name: [u.group.kind, kept_dim(u.group, None)] for u in units}}
+           "options": {"latency": latency_cfg.compressor_options, "ratio": params_cfg.compressor_options},
+           "groups": {u.name: [u.group.kind, kept_dim(u.group, None)] for u in analyzed.units}}
     if held_out is not None:
         from gac.evaluate.perplexity import perplexity
 
@@ -109,13 +127,13 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         t0 = time.perf_counter()
         try:
             outcome = select_dims(model, analyzed, dataclasses.replace(
-                compress_cfg, speedup=dataclasses.replace(cfg, speedup=target))).selection
+                latency_cfg, speedup=dataclasses.replace(cfg, speedup=target))).selection
         except Exception as e:  # noqa: BLE001 - an unreachable target is a result too
             out["latency"].append({"target": target, "error": str(e)})
             log.info("%s %.2fx: %s", name, target, e)
             continue
         built = copy.deepcopy(model)
-        compressor.materialize(built, units, outcome.dims)
+        analyzed.compressor.materialize(built, analyzed.units, outcome.dims)
         row = {"target": target, "loop_s": time.perf_counter() - t0, "rounds": outcome.rounds,
                "reached": outcome.final["reached"], "dims": outcome.dims, **measure(model, built.eval(), cfg, held_out,
                                                                outcome.latency_model, outcome.dims)}
@@ -126,9 +144,9 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         del built
     lm = lm.calibrated(measure(model, model, cfg, None)["baseline_ms"])
     for ratio in args.ratios:
-        dims = select_dims(model, analyzed, dataclasses.replace(compress_cfg, ratio=ratio)).dims["gac"]
+        dims = select_dims(model, by_params, dataclasses.replace(params_cfg, ratio=ratio)).dims["gac"]
         built = copy.deepcopy(model)
-        compressor.materialize(built, units, dims)
+        by_params.compressor.materialize(built, by_params.units, dims)
         row = {"ratio": ratio, **measure(model, built.eval(), cfg, held_out, lm, dims)}
         out["ratio"].append(row)
         log.info("%s ratio %.2f: measured %.3fx (predicted error %+.1f%%)%s", name, ratio, row["measured_speedup"],

@@ -94,6 +94,46 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
     md = (out / "report.md").read_text()
     assert "speedup 1.05x at prefill 1x16" in md and "measured speedup" in md and "reached" in md
     assert all(d % 8 == 0 for d in r["dims"]["gac"].values())  # the wide candidates are aligned dims
+    assert "screen" in rounds[1] and "screen" not in rounds[0]  # the reaching round was timed twice
+    if compressor == "prune":  # heads are left whole under --speedup unless asked for
+        assert r["compressor_options"]["head_mode"] == "none"
+        assert all(name.endswith("mlp") for name in r["dims"]["gac"]), r["dims"]["gac"]
+
+
+class LuckyThenShort(ShortThenReached):
+    """Round 1 times 2% under the target, then its confirmation 2% over it; round 2 is under the target both times."""
+
+    def __call__(self, models, cfg, aa=True):
+        out = super().__call__({k: v for k, v in models.items() if k != "gac"}, cfg, aa)
+        if "gac" in models:
+            from gac.hw.timing import Timing
+
+            self.calls += 1
+            ms = BASE_MS / cfg.speedup * {1: 0.97, 2: 1.02}.get(self.calls, 0.97)
+            out["gac"] = Timing(ms, ms, ms, ms, 1)
+        return out
+
+
+def test_a_reaching_round_must_be_confirmed(tiny_model_dir, monkeypatch, linear_latency):
+    """A round that reaches the target on its first timing and falls short on the second is not kept as reached;
+    the budget is tightened by the second timing's shortfall."""
+    monkeypatch.setattr("gac.speedup.time_at_phase", LuckyThenShort())
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False, speedup=SpeedupConfig(1.05, **FAST))
+    r = compress(cfg).report
+    first, second = r["latency_objective"]["rounds"]
+    assert first["screen"]["measured_speedup"] == pytest.approx(1.05 / 0.97)
+    assert first["measured_speedup"] == pytest.approx(1.05 / 1.02) and not first["reached"]
+    target = BASE_MS / (1.05 * 1.01)
+    assert second["budget_ms"] == pytest.approx(first["budget_ms"] - (BASE_MS / 1.05 * 1.02 - target))
+    assert second["reached"] and r["latency_objective"]["round"] == 2
+    assert r["variants"]["gac"]["measured_ms"] == pytest.approx(0.97 * BASE_MS / 1.05)  # the confirming timing
+
+
+def test_prune_heads_under_speedup_only_when_asked():
+    assert CompressConfig(compressor="prune", speedup=SpeedupConfig(1.2)).compressor_options["head_mode"] == "none"
+    given = CompressConfig(compressor="prune", speedup=SpeedupConfig(1.2), compressor_options={"head_mode": "group"})
+    assert given.compressor_options["head_mode"] == "group"
+    assert "head_mode" not in CompressConfig(compressor="prune").compressor_options  # --ratio keeps the default
 
 
 def test_decode_phase_runs_on_real_timings(tiny_model_dir, linear_latency):
@@ -114,7 +154,8 @@ def test_unreachable_speedup_is_one_line(tiny_model_dir, linear_latency, short_t
 def test_param_cap_bounds_every_round(tiny_model_dir, linear_latency, short_then_reached):
     """A cap below what the latency target alone chooses binds: every round keeps at most the cap's parameters."""
     def run(cap):
-        cfg = fast_config(tiny_model_dir, compressor="prune", evaluate=False, compressor_options={"layers": "all"},
+        cfg = fast_config(tiny_model_dir, compressor="prune", evaluate=False,
+                          compressor_options={"layers": "all", "head_mode": "group"},
                           speedup=SpeedupConfig(1.05, **FAST, param_cap=cap))
         return compress(cfg).report
 
