@@ -1,7 +1,7 @@
 """`--speedup S`: the best model (by the compressor's loss model) predicted to run S times faster than the original at
-one phase and shape, then built and timed side by side with the original (a second, independent timing confirms a round that reaches
-the target); when it measures short, the latency budget is tightened by the measured residual and the choice solved
-again (a few rounds at most)."""
+one phase and shape, then built and timed side by side with the original (a second, independent timing confirms a
+round that reaches the target); when it measures short, the latency budget is tightened by the measured residual and
+the choice solved again (a few rounds at most)."""
 
 from __future__ import annotations
 
