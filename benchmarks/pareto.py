@@ -1,6 +1,7 @@
 """Latency objective vs parameter objective (issue 16): for each compressor, one calibration and one latency table
-(two of each where --speedup changes a compressor default: prune leaves heads whole under --speedup), then `--speedup` at every target (closed loop: predicted vs measured ms) and `--ratio` at every ratio, each model
-timed side by side with the baseline (A/A floor) and, for a trained model, its held-out perplexity. Writes
+(two of each where --speedup changes a compressor default: prune leaves heads whole under --speedup), then
+`--speedup` at every target (closed loop: predicted vs measured ms) and `--ratio` at every ratio, each model timed
+side by side with the baseline (A/A floor) and, for a trained model, its held-out perplexity. Writes
 pareto.json, pareto.md and pareto.png (perplexity against measured speedup, both objectives) to --out.
 
   python benchmarks/pareto.py --out docs/pareto-cpu                    # embedded SmolLM2-135M, this CPU
