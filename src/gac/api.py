@@ -60,6 +60,9 @@ class CompressConfig:
             raise GacError("--target and --profile both choose the candidates: pass one of them")
         if self.speedup is not None:
             self._check_speedup()
+            from gac.speedup import objective_options
+
+            object.__setattr__(self, "compressor_options", objective_options(self.compressor, self.compressor_options))
 
     def _check_speedup(self) -> None:
         """--speedup measures its own tables and saves its own dims, with the whole model on the device."""
@@ -69,9 +72,6 @@ class CompressConfig:
         for given, flag, why in excluded:
             if given:
                 raise GacError(f"--speedup and {flag} exclude each other ({flag} is for {why}): give one of them")
-        from gac.speedup import objective_options
-
-        object.__setattr__(self, "compressor_options", objective_options(self.compressor, self.compressor_options))
         if self.layerwise or self.max_memory:
             raise GacError("--speedup times the whole model on the device, so it cannot run layer by layer: drop "
                            "--layerwise/--max-memory, or use --ratio")

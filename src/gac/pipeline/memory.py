@@ -141,6 +141,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     whiten = 8 * (big_o * big_i + big_i * big_i) if own else 0  # float64 W S and S
     svd_work = 3 * 4 * big_o * big_i if lowrank else 0  # float32 copy, scaled copy, LAPACK workspace
     # a layer's SVDs all end before its loss curves begin: the larger of the two phases, not their sum
+    work = max(svd_work + whiten, curve)
     batch = 4  # calibration's batches (the reverse sweep's gradient passes run halves of them)
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
     logits = 3 * 2 * seq_len * s.vocab * 4 if reverse else 0  # float logits, grad, softmax of a gradient batch
@@ -152,7 +153,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
             "one layer's weights": s.layer_params * b,
             "one layer's factors": layer_factors,
             "one layer's X^T X": layer_xtx,
-            "SVD / loss model / whitening work (largest weight)": max(svd_work + whiten, curve),
+            "SVD / loss model / whitening work (largest weight)": work,
             "activations in flight": flight + max(transient, logits),
             "runtime": RUNTIME_BYTES,
         }
@@ -172,7 +173,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
             "two variants (copies)": 2 * int(weights * (1 - ratio * 0.8)),
             "all factors": s.layers * layer_factors,
             "all X^T X": s.layers * layer_xtx,
-            "SVD / loss model / whitening work (largest weight)": max(svd_work + whiten, curve),
+            "SVD / loss model / whitening work (largest weight)": work,
             "activations and logits": (transient * s.layers // 4 + max(logits, 2 * probe * s.vocab * 4)
                                        + 4 * tokens * s.hidden * act),
             "runtime": RUNTIME_BYTES,
