@@ -1,8 +1,9 @@
 """Latency objective vs parameter objective (issue 16): for each compressor, one calibration and one latency table
 (two of each where --speedup changes a compressor default: prune leaves heads whole under --speedup), then
-`--speedup` at every target (closed loop: predicted vs measured ms) and `--ratio` at every ratio, each model timed
-side by side with the baseline (A/A floor) and, for a trained model, its held-out perplexity. Writes
-pareto.json, pareto.md and pareto.png (perplexity against measured speedup, both objectives) to --out.
+`--speedup` at every target (closed loop: predicted vs measured ms) and `--ratio` at every ratio, then every model of
+the compressor timed round-robin with the baseline and its A/A twin in one final run (one baseline for every speedup)
+and, for a trained model, its held-out perplexity. Writes pareto.json, pareto.md and pareto.png (perplexity against
+measured speedup, both objectives) to --out.
 
   python benchmarks/pareto.py --out docs/pareto-cpu                    # embedded SmolLM2-135M, this CPU
   python benchmarks/pareto.py --model random-smollm2 --device cuda --dtype bfloat16 --shape 1x1024 --out DIR
@@ -80,22 +81,29 @@ def analyses(model, calib, name: str, args, speedup) -> tuple:
     return (units, latency), (analyze(model, calib, parameters), parameters)
 
 
-def measure(model, built, cfg, held_out, lm=None, dims=None) -> dict:
-    """Side-by-side timing of baseline and variant with an A/A twin; perplexity of the variant when trained."""
-    from gac.evaluate.bench import AA_SUFFIX
+def evaluate(built, held_out, lm, dims) -> dict:
+    """The latency model's prediction for a built model (whole-model ms and speedup) and, for a trained model, its
+    held-out perplexity."""
     from gac.evaluate.perplexity import perplexity
-    from gac.speedup import time_at_phase
 
-    t = time_at_phase({"baseline": model, "gac": built}, cfg)
-    base, var, twin = t["baseline"].median_ms, t["gac"].median_ms, t["baseline" + AA_SUFFIX].median_ms
-    row = {"baseline_ms": base, "measured_ms": var, "measured_speedup": base / var,
-           "aa_floor_pct": 100 * abs(twin / base - 1), "spread_pct": t["gac"].spread_pct}
-    if lm is not None:
-        row["predicted_ms"] = lm.predict(dims) * base / lm.predict({})  # rescaled to this round's baseline
-        row["error_pct"] = 100 * (row["predicted_ms"] / var - 1)
+    row = {"predicted_ms": lm.predict(dims), "predicted_speedup": lm.predict({}) / lm.predict(dims)}
     if held_out is not None:
         row["ppl"] = perplexity(built, held_out, desc="ppl", progress=False)
     return row
+
+
+def time_together(model, built: dict, cfg, rounds: int) -> dict:
+    """{label: figures}: the baseline, an A/A twin of it and every built model timed round-robin in one run, so every
+    speedup is measured against the same baseline calls (the drift between separate timings on a shared machine, 1-3%
+    here, is as large as the differences the objectives are compared by)."""
+    from gac.evaluate.bench import AA_SUFFIX
+    from gac.speedup import time_at_phase
+
+    t = time_at_phase({"baseline": model, **built}, dataclasses.replace(cfg, timing_rounds=rounds))
+    base, twin = t["baseline"].median_ms, t["baseline" + AA_SUFFIX].median_ms
+    floor = 100 * abs(twin / base - 1)
+    return {label: {"baseline_ms": base, "measured_ms": t[label].median_ms, "measured_speedup": base / t[label].median_ms,
+                    "aa_floor_pct": floor, "spread_pct": t[label].spread_pct} for label in built}
 
 
 def run_compressor(name, model, calib, held_out, args) -> dict:
@@ -121,6 +129,7 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         from gac.evaluate.perplexity import perplexity
 
         out["baseline_ppl"] = perplexity(model, held_out, desc="ppl", progress=False)
+    built = {}  # label -> (row, model, latency model, dims): timed together at the end
     for target in args.targets:
         t0 = time.perf_counter()
         try:
@@ -130,39 +139,96 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
             out["latency"].append({"target": target, "error": str(e)})
             log.info("%s %.2fx: %s", name, target, e)
             continue
-        built = copy.deepcopy(model)
-        analyzed.compressor.materialize(built, analyzed.units, outcome.dims)
+        m = copy.deepcopy(model)
+        analyzed.compressor.materialize(m, analyzed.units, outcome.dims)
         row = {"target": target, "loop_s": time.perf_counter() - t0, "rounds": outcome.rounds,
-               "reached": outcome.final["reached"], "dims": outcome.dims, **measure(model, built.eval(), cfg, held_out,
-                                                               outcome.latency_model, outcome.dims)}
+               "reached": outcome.final["reached"], "loop_speedup": outcome.final["measured_speedup"],
+               "dims": outcome.dims, **evaluate(m.eval(), held_out, outcome.latency_model, outcome.dims)}
         out["latency"].append(row)
-        log.info("%s latency %.2fx: measured %.3fx (predicted %.2f ms, measured %.2f ms, error %+.1f%%, A/A %.1f%%)%s",
-                 name, target, row["measured_speedup"], row["predicted_ms"], row["measured_ms"], row["error_pct"],
-                 row["aa_floor_pct"], f", ppl {row['ppl']:.2f}" if "ppl" in row else "")
-        del built
-    lm = lm.calibrated(measure(model, model, cfg, None)["baseline_ms"])
+        built[f"latency {target:g}"] = (row, m, outcome.latency_model, outcome.dims)
+    lm = lm.calibrated(_baseline_ms(model, cfg))  # the constant, for the parameter objective's predictions
     for ratio in args.ratios:
         dims = select_dims(model, by_params, dataclasses.replace(params_cfg, ratio=ratio)).dims["gac"]
-        built = copy.deepcopy(model)
-        by_params.compressor.materialize(built, by_params.units, dims)
-        row = {"ratio": ratio, **measure(model, built.eval(), cfg, held_out, lm, dims)}
+        m = copy.deepcopy(model)
+        by_params.compressor.materialize(m, by_params.units, dims)
+        row = {"ratio": ratio, **evaluate(m.eval(), held_out, lm, dims)}
         out["ratio"].append(row)
-        log.info("%s ratio %.2f: measured %.3fx (predicted error %+.1f%%)%s", name, ratio, row["measured_speedup"],
-                 row["error_pct"], f", ppl {row['ppl']:.2f}" if "ppl" in row else "")
-        del built
+        built[f"ratio {ratio:g}"] = (row, m, lm, dims)
+    for row in out["latency"]:  # the parameter objective's model at the same predicted speedup, timed beside it
+        if "predicted_speedup" not in row:
+            continue
+        ratio, dims = param_twin(model, by_params, params_cfg, lm, row["predicted_speedup"], out["ratio"])
+        if dims is None:
+            row["twin"] = {"reason": f"no ratio in 0..{max(args.ratios):g} is predicted at {row['predicted_speedup']:.3f}x"}
+            continue
+        m = copy.deepcopy(model)
+        by_params.compressor.materialize(m, by_params.units, dims)
+        row["twin"] = {"ratio": ratio, **evaluate(m.eval(), held_out, lm, dims)}
+        built[f"twin {row['target']:g}"] = (row["twin"], m, lm, dims)
+    timed = time_together(model, {label: b[1] for label, b in built.items()}, cfg, args.final_rounds)
+    for label, (row, _, m_lm, dims) in built.items():
+        row.update(timed[label])
+        row["predicted_ms"] *= row["baseline_ms"] / m_lm.predict({})  # rescaled to this timing's baseline
+        row["error_pct"] = 100 * (row["predicted_ms"] / row["measured_ms"] - 1)
+        log.info("%s %s: measured %.3fx (predicted %.3fx, error %+.1f%%, A/A %.1f%%)%s", name, label,
+                 row["measured_speedup"], row["predicted_speedup"], row["error_pct"], row["aa_floor_pct"],
+                 f", ppl {row['ppl']:.2f}" if "ppl" in row else "")
+    del built
     add_param_ppl(out)
     return out
 
 
+def param_twin(model, by_params, params_cfg, lm, speedup: float, ratio_rows: list[dict], steps: int = 12):
+    """(ratio, dims): the parameter objective at the smallest ratio predicted (by `lm`) to run at least `speedup`,
+    bisected between the ratio rows that bracket it (the baseline, ratio 0, included); (None, None) beyond them."""
+    from gac.api import select_dims
+
+    def dims_at(r):
+        return select_dims(model, by_params, dataclasses.replace(params_cfg, ratio=r)).dims["gac"]
+
+    pts = sorted([(0.0, 1.0)] + [(r["ratio"], r["predicted_speedup"]) for r in ratio_rows])
+    lo = max((r for r, s in pts if s < speedup), default=0.0)
+    hi = min((r for r, s in pts if s >= speedup and r > lo), default=None)
+    if hi is None:
+        return None, None
+    best = (hi, dims_at(hi))
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        dims = dims_at(mid)
+        if lm.predict({}) / lm.predict(dims) >= speedup:
+            hi, best = mid, (mid, dims)
+        else:
+            lo = mid
+    return best
+
+
+def _baseline_ms(model, cfg) -> float:
+    from gac.speedup import time_at_phase
+
+    return time_at_phase({"baseline": model}, cfg, aa=False)["baseline"].median_ms
+
+
 def add_param_ppl(run: dict) -> None:
-    """Every latency row with a perplexity gets the parameter objective's at its measured speedup; the baseline
-    (ratio 0, speedup 1 by definition) is the parameter curve's first point."""
+    """Every latency row with a perplexity gets the parameter objective's at its measured speedup (and the band that
+    the joint timing's A/A floor leaves on it; the baseline, ratio 0 at speedup 1 by definition, is the parameter
+    curve's first point) and, against its twin (the parameter objective built at the same predicted speedup and timed
+    in the same run), the differences in perplexity and in measured speed."""
     points = list(run["ratio"])
     if run.get("baseline_ppl") is not None:
         points.append({"ratio": 0.0, "measured_speedup": 1.0, "ppl": run["baseline_ppl"]})
     for row in run["latency"]:
-        if "ppl" in row:
-            row.update(param_ppl_at(row["measured_speedup"], row["ppl"], points))
+        twin = row.get("twin", {})
+        if "measured_ms" in twin and "measured_ms" in row:
+            row["speed_vs_twin_pct"] = 100 * (twin["measured_ms"] / row["measured_ms"] - 1)  # positive: faster
+            if "ppl" in twin and "ppl" in row:
+                row["ppl_vs_twin_pct"] = 100 * (row["ppl"] / twin["ppl"] - 1)
+        if "ppl" not in row:
+            continue
+        row.update(param_ppl_at(row["measured_speedup"], row["ppl"], points))
+        if row["param_ppl"] is not None and "aa_floor_pct" in row:
+            f = 1 + row["aa_floor_pct"] / 100  # the parameter curve read at the speedup the noise floor allows
+            band = [param_ppl_at(row["measured_speedup"] * k, row["ppl"], points)["ppl_vs_param_pct"] for k in (f, 1 / f)]
+            row["ppl_vs_param_band_pct"] = None if None in band else sorted(band)
 
 
 def param_ppl_at(speedup: float, ppl: float, ratio_rows: list[dict]) -> dict:
@@ -269,9 +335,14 @@ def environment(args) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"# Latency vs parameter objective: {result['model']}, {result['args']['phase']} {result['args']['shape']}",
              "", f"{result['env']}", "",
-             ("| compressor | objective | target / ratio | rounds | predicted ms | measured ms | error | measured speedup "
-              "| A/A floor | ppl | ppl vs params at equal speed |"),
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "Every model of a compressor, and its baseline with an A/A twin, timed round-robin in one final run "
+             "(`measured`); `loop` is the closed loop's own kept timing. `vs params at equal measured speed`: the "
+             "parameter objective's perplexity read off its ratios at the same measured speedup (in brackets: read at "
+             "that speedup +- the A/A floor). `twin`: the parameter objective built at the same predicted speedup "
+             "and timed in the same run: perplexity and measured speed against it (speed positive: faster).", "",
+             ("| compressor | objective | target / ratio | rounds | loop speedup | predicted speedup | measured speedup "
+              "| error | A/A floor | ppl | vs params at equal measured speed | vs twin (ratio): ppl, speed |"),
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
 
     def f(x, spec):
         return "n/a" if x is None else format(x, spec)
@@ -282,22 +353,34 @@ def markdown(result: dict) -> str:
         if r["param_ppl"] is None:
             return f"n/a: {r['param_ppl_reason']}"
         lo, hi = r["param_bracket"]
-        return f"{r['ppl_vs_param_pct']:+.1f}% (params {r['param_ppl']:.2f}, ratios {lo:g}-{hi:g})"
+        band = r.get("ppl_vs_param_band_pct")
+        band = f" [{band[0]:+.1f}, {band[1]:+.1f}]" if band else ""
+        return f"{r['ppl_vs_param_pct']:+.1f}%{band} (params {r['param_ppl']:.2f}, ratios {lo:g}-{hi:g})"
+
+    def speed(r, key):
+        return f(r.get(key), ".3f") + ("x" if r.get(key) is not None else "")
 
     for c in result["compressors"]:
-        lines.append(f"| {c['compressor']} | baseline | | | | | | 1.000x | | {f(c.get('baseline_ppl'), '.2f')} | |")
+        lines.append(f"| {c['compressor']} | baseline | | | | | 1.000x | | | {f(c.get('baseline_ppl'), '.2f')} | | |")
         for r in c["latency"]:
             if "error" in r:
-                lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | | | | | {r['error']} | | | |")
+                lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | | | | {r['error']} | | | | | |")
                 continue
+            twin = r.get("twin", {})
+            if "speed_vs_twin_pct" in r:
+                ppl = f"{r['ppl_vs_twin_pct']:+.1f}%" if "ppl_vs_twin_pct" in r else "n/a"
+                twin = (f"{ppl}, {r['speed_vs_twin_pct']:+.1f}% (ratio {twin['ratio']:.3f}, ppl "
+                        f"{f(twin.get('ppl'), '.2f')}, {twin['measured_speedup']:.3f}x)")
+            else:
+                twin = twin.get("reason", "")
             lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | {len(r['rounds'])} | "
-                         f"{r['predicted_ms']:.2f} | {r['measured_ms']:.2f} | {r['error_pct']:+.1f}% | "
-                         f"{r['measured_speedup']:.3f}x | {r['aa_floor_pct']:.1f}% | {f(r.get('ppl'), '.2f')} | "
-                         f"{vs(r)} |")
+                         f"{speed(r, 'loop_speedup')} | {speed(r, 'predicted_speedup')} | {speed(r, 'measured_speedup')} "
+                         f"| {r['error_pct']:+.1f}% | {r['aa_floor_pct']:.1f}% | {f(r.get('ppl'), '.2f')} | {vs(r)} | "
+                         f"{twin} |")
         for r in c["ratio"]:
-            lines.append(f"| {c['compressor']} | params | {r['ratio']:.2f} | | {r['predicted_ms']:.2f} | "
-                         f"{r['measured_ms']:.2f} | {r['error_pct']:+.1f}% | {r['measured_speedup']:.3f}x | "
-                         f"{r['aa_floor_pct']:.1f}% | {f(r.get('ppl'), '.2f')} | |")
+            lines.append(f"| {c['compressor']} | params | {r['ratio']:.2f} | | | {speed(r, 'predicted_speedup')} | "
+                         f"{speed(r, 'measured_speedup')} | {r['error_pct']:+.1f}% | {r['aa_floor_pct']:.1f}% | "
+                         f"{f(r.get('ppl'), '.2f')} | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -318,6 +401,10 @@ def plot(result: dict, path: Path) -> None:
             if rows:
                 ax.plot([r["measured_speedup"] for r in rows], [r["ppl"] for r in rows], marker, color=color,
                         label=f"{c['compressor']} {'--speedup' if kind == 'latency' else '--ratio'}")
+        twins = [r["twin"] for r in c["latency"] if "ppl" in r.get("twin", {}) and "measured_speedup" in r["twin"]]
+        if twins:  # the parameter objective built at each --speedup point's predicted speedup
+            ax.plot([t["measured_speedup"] for t in twins], [t["ppl"] for t in twins], "^", color=color, ms=7,
+                    mfc="none", label=f"{c['compressor']} --ratio twin (equal predicted speed)")
         at = [r for r in c["latency"] if r.get("param_ppl") is not None]
         if at:  # the --ratio curve read at each --speedup point's measured speedup
             ax.plot([r["measured_speedup"] for r in at], [r["param_ppl"] for r in at], "x", color=color, ms=8,
@@ -342,8 +429,10 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--align", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--timing-rounds", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--timing-rounds", type=int, default=10, help="interleaved calls per closed-loop timing")
+    p.add_argument("--final-rounds", type=int, default=20,
+                   help="interleaved calls per model in the final timing of every model of a compressor together")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--calib-windows", type=int, default=16)
     p.add_argument("--eval-windows", type=int, default=24)

@@ -47,11 +47,31 @@ def test_table_and_plot_show_the_parameter_objective_at_equal_speed(tmp_path):
               "compressors": [{"compressor": "asvd", "baseline_ppl": 9.0, "latency": lat,
                                "ratio": [{**r, **timing} for r in RATIOS]}]}
     text = pareto.markdown(result)
-    assert "| ppl vs params at equal speed |" in text and "-1.0% (params 14.14, ratios 0.1-0.2) |" in text
+    assert "| vs params at equal measured speed |" in text and "-1.0% (params 14.14, ratios 0.1-0.2) |" in text
     assert "n/a: 1.600x is not between two ratio rows (measured 1.100x..1.400x) |" in text
-    assert all(line.count("|") == text.splitlines()[4].count("|") for line in text.splitlines()[4:] if line)
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + 1 + 2 + len(RATIOS) and all(line.count("|") == rows[0].count("|") for line in rows)
     pareto.plot(result, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_equal_speed_band_from_the_aa_floor_and_the_twin():
+    twin = {"ratio": 0.15, "ppl": 16.0, "measured_ms": 9.9, "measured_speedup": 1.14}
+    run = {"baseline_ppl": 9.0, "ratio": RATIOS, "latency": [
+        {"target": 1.1, "measured_speedup": 1.15, "measured_ms": 9.0, "ppl": 15.0, "aa_floor_pct": 1.0, "twin": twin}]}
+    pareto.add_param_ppl(run)
+    row = run["latency"][0]
+    lo, hi = row["ppl_vs_param_band_pct"]  # the parameter curve read 1% faster and 1% slower
+    assert lo < row["ppl_vs_param_pct"] < hi
+    assert lo == pytest.approx(pareto.param_ppl_at(1.15 * 1.01, 15.0, RATIOS)["ppl_vs_param_pct"])
+    assert hi == pytest.approx(pareto.param_ppl_at(1.15 / 1.01, 15.0, RATIOS)["ppl_vs_param_pct"])
+    assert row["ppl_vs_twin_pct"] == pytest.approx(100 * (15.0 / 16.0 - 1))
+    assert row["speed_vs_twin_pct"] == pytest.approx(10.0)  # the twin takes 9.9 ms to the row's 9.0
+    text = pareto.markdown({"model": "m", "args": {"phase": "prefill", "shape": "1x512"}, "env": {},
+                            "compressors": [{"compressor": "svd_llm", **run, "latency": [
+                                {**row, "rounds": [{}], "error_pct": 0.0}],
+                                "ratio": [{**r, "error_pct": 0.0, "aa_floor_pct": 1.0} for r in RATIOS]}]})
+    assert "-6.2%, +10.0% (ratio 0.150, ppl 16.00, 1.140x) |" in text
 
 
 def test_group_kind_from_the_recorded_groups_or_the_name():
