@@ -154,13 +154,12 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         row = {"ratio": ratio, **evaluate(m.eval(), held_out, lm, dims)}
         out["ratio"].append(row)
         built[f"ratio {ratio:g}"] = (row, m, lm, dims)
-    lms = {f"twin {label.split()[1]}": b[2] for label, b in built.items() if label.startswith("latency")}
     for row in out["latency"]:  # the parameter objective's model at the same predicted speedup, timed beside it
         if "predicted_speedup" not in row:
             continue
         # predicted by the row's own latency model where the objectives share their groups: two calibrations of the
         # constant on separate baseline timings differ by a few ms, as much as the choices differ by
-        twin_lm = lms[f"twin {row['target']:g}"] if by_params is analyzed else lm
+        twin_lm = built[f"latency {row['target']:g}"][2] if by_params is analyzed else lm
         ratio, dims = param_twin(model, by_params, params_cfg, twin_lm, row["predicted_speedup"], out["ratio"])
         if dims is None:
             row["twin"] = {"reason": f"no ratio in 0..{max(args.ratios):g} is predicted at {row['predicted_speedup']:.3f}x"}
@@ -177,7 +176,6 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         log.info("%s %s: measured %.3fx (predicted %.3fx, error %+.1f%%, A/A %.1f%%)%s", name, label,
                  row["measured_speedup"], row["predicted_speedup"], row["error_pct"], row["aa_floor_pct"],
                  f", ppl {row['ppl']:.2f}" if "ppl" in row else "")
-    del built
     add_param_ppl(out)
     return out
 
