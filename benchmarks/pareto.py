@@ -102,8 +102,9 @@ def time_together(model, built: dict, cfg, rounds: int) -> dict:
     t = time_at_phase({"baseline": model, **built}, dataclasses.replace(cfg, timing_rounds=rounds))
     base, twin = t["baseline"].median_ms, t["baseline" + AA_SUFFIX].median_ms
     floor = 100 * abs(twin / base - 1)
-    return {label: {"baseline_ms": base, "measured_ms": t[label].median_ms, "measured_speedup": base / t[label].median_ms,
-                    "aa_floor_pct": floor, "spread_pct": t[label].spread_pct} for label in built}
+    return {label: {"baseline_ms": base, "measured_ms": t[label].median_ms,
+                    "measured_speedup": base / t[label].median_ms, "aa_floor_pct": floor,
+                    "spread_pct": t[label].spread_pct} for label in built}
 
 
 def run_compressor(name, model, calib, held_out, args) -> dict:
@@ -162,7 +163,8 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         twin_lm = built[f"latency {row['target']:g}"][2] if by_params is analyzed else lm
         ratio, dims = param_twin(model, by_params, params_cfg, twin_lm, row["predicted_speedup"], out["ratio"])
         if dims is None:
-            row["twin"] = {"reason": f"no ratio in 0..{max(args.ratios):g} is predicted at {row['predicted_speedup']:.3f}x"}
+            row["twin"] = {"reason": f"no ratio in 0..{max(args.ratios):g} is predicted at "
+                                     f"{row['predicted_speedup']:.3f}x"}
             continue
         m = copy.deepcopy(model)
         by_params.compressor.materialize(m, by_params.units, dims)
@@ -229,7 +231,8 @@ def add_param_ppl(run: dict) -> None:
         row.update(param_ppl_at(row["measured_speedup"], row["ppl"], points))
         if row["param_ppl"] is not None and "aa_floor_pct" in row:
             f = 1 + row["aa_floor_pct"] / 100  # the parameter curve read at the speedup the noise floor allows
-            band = [param_ppl_at(row["measured_speedup"] * k, row["ppl"], points)["ppl_vs_param_pct"] for k in (f, 1 / f)]
+            band = [param_ppl_at(row["measured_speedup"] * k, row["ppl"], points)["ppl_vs_param_pct"]
+                    for k in (f, 1 / f)]
             row["ppl_vs_param_band_pct"] = None if None in band else sorted(band)
 
 
@@ -342,8 +345,8 @@ def markdown(result: dict) -> str:
              "parameter objective's perplexity read off its ratios at the same measured speedup (in brackets: read at "
              "that speedup +- the A/A floor). `twin`: the parameter objective built at the same predicted speedup "
              "and timed in the same run: perplexity and measured speed against it (speed positive: faster).", "",
-             ("| compressor | objective | target / ratio | rounds | loop speedup | predicted speedup | measured speedup "
-              "| error | A/A floor | ppl | vs params at equal measured speed | vs twin (ratio): ppl, speed |"),
+             ("| compressor | objective | target / ratio | rounds | loop speedup | predicted speedup | measured "
+              "speedup | error | A/A floor | ppl | vs params at equal measured speed | vs twin (ratio): ppl, speed |"),
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
 
     def f(x, spec):
@@ -376,9 +379,9 @@ def markdown(result: dict) -> str:
             else:
                 twin = twin.get("reason", "")
             lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | {len(r['rounds'])} | "
-                         f"{speed(r, 'loop_speedup')} | {speed(r, 'predicted_speedup')} | {speed(r, 'measured_speedup')} "
-                         f"| {r['error_pct']:+.1f}% | {r['aa_floor_pct']:.1f}% | {f(r.get('ppl'), '.2f')} | {vs(r)} | "
-                         f"{twin} |")
+                         f"{speed(r, 'loop_speedup')} | {speed(r, 'predicted_speedup')} | "
+                         f"{speed(r, 'measured_speedup')} | {r['error_pct']:+.1f}% | {r['aa_floor_pct']:.1f}% | "
+                         f"{f(r.get('ppl'), '.2f')} | {vs(r)} | {twin} |")
         for r in c["ratio"]:
             lines.append(f"| {c['compressor']} | params | {r['ratio']:.2f} | | | {speed(r, 'predicted_speedup')} | "
                          f"{speed(r, 'measured_speedup')} | {r['error_pct']:+.1f}% | {r['aa_floor_pct']:.1f}% | "
