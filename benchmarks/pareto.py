@@ -96,14 +96,11 @@ def time_together(model, built: dict, cfg, rounds: int) -> dict:
     """{label: figures}: the baseline, an A/A twin of it and every built model timed round-robin in one run, so every
     speedup is measured against the same baseline calls (the drift between separate timings on a shared machine, 1-3%
     here, is as large as the differences the objectives are compared by)."""
-    from gac.evaluate.bench import AA_SUFFIX
-    from gac.speedup import time_at_phase
+    from gac.speedup import time_beside
 
-    t = time_at_phase({"baseline": model, **built}, dataclasses.replace(cfg, timing_rounds=rounds))
-    base, twin = t["baseline"].median_ms, t["baseline" + AA_SUFFIX].median_ms
-    floor = 100 * abs(twin / base - 1)
+    base, floor, t = time_beside(model, built, dataclasses.replace(cfg, timing_rounds=rounds))
     return {label: {"baseline_ms": base, "measured_ms": t[label].median_ms,
-                    "measured_speedup": base / t[label].median_ms, "aa_floor_pct": floor,
+                    "measured_speedup": base / t[label].median_ms, "aa_floor_pct": 100 * floor,
                     "spread_pct": t[label].spread_pct} for label in built}
 
 

@@ -125,17 +125,24 @@ def time_at_phase(models: dict, cfg: SpeedupConfig, *, aa: bool = True) -> dict:
     return decode_timings(timed, lat)
 
 
+def time_beside(model, built: dict, cfg: SpeedupConfig) -> tuple[float, float, dict]:
+    """(baseline median ms, A/A floor as a fraction, {name: Timing}): the original, its A/A twin and every built model
+    ({name: model}) timed round-robin in one run at the objective's phase and shape."""
+    from gac.evaluate.bench import AA_SUFFIX
+
+    t = time_at_phase({"baseline": model, **built}, cfg)
+    base = t["baseline"].median_ms
+    return base, abs(t["baseline" + AA_SUFFIX].median_ms / base - 1.0), t
+
+
 _TIMED = ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct", "measured_speedup", "target_ms")
 
 
 def _timed(model, built, cfg: SpeedupConfig) -> dict:
     """One side-by-side timing of the original and the built model with an A/A twin, and the time the built model
     must beat to count as reaching the target beyond this timing's noise floor."""
-    from gac.evaluate.bench import AA_SUFFIX
-
-    t = time_at_phase({"baseline": model, "gac": built}, cfg)
-    base, var, twin = t["baseline"].median_ms, t["gac"].median_ms, t["baseline" + AA_SUFFIX].median_ms
-    floor = abs(twin / base - 1.0)
+    base, floor, t = time_beside(model, {"gac": built}, cfg)
+    var = t["gac"].median_ms
     return {"baseline_measured_ms": base, "gac_measured_ms": var, "aa_floor_pct": 100.0 * floor,
             "measured_speedup": base / var, "target_ms": base / (cfg.speedup * (1.0 + floor))}
 
