@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -25,13 +26,11 @@ def main(argv=None) -> None:
     p.add_argument("--windows", type=int, default=6, help="calibration windows the real loss is measured on")
     args = p.parse_args(argv)
 
-    import numpy as np
-    import torch
-
     from gac.align.latency_model import Phase, measure_latency_model
     from gac.api import CompressConfig, analyze, select_dims
     from gac.compressors.quality import quality_values
     from gac.data import TextConfig, load_windows
+    from gac.evaluate.perplexity import perplexity
     from gac.models.loading import load_model
     from gac.speedup import SpeedupConfig
 
@@ -52,9 +51,8 @@ def main(argv=None) -> None:
                                device=a["device"], dtype=a["dtype"], progress=False)
     windows = calib[: args.windows]
 
-    def loss(m) -> float:
-        with torch.no_grad():
-            return float(np.mean([m(w[None], labels=w[None]).loss.item() for w in windows]))
+    def loss(m) -> float:  # mean next-token loss over the windows
+        return math.log(perplexity(m, windows, progress=False))
 
     base = loss(model)
 
