@@ -139,11 +139,29 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
             continue
         m = copy.deepcopy(model)
         analyzed.compressor.materialize(m, analyzed.units, outcome.dims)
+        guard = outcome.guard
         row = {"target": target, "loop_s": time.perf_counter() - t0, "rounds": outcome.rounds,
                "reached": outcome.final["reached"], "loop_speedup": outcome.final["measured_speedup"],
-               "dims": outcome.dims, **evaluate(m.eval(), held_out, outcome.latency_model, outcome.dims)}
+               "dims": outcome.dims, "kept": guard["kept"],
+               "guard": {s: {k: g.get(k) for k in ("reached", "loss", "measured_speedup", "rounds", "ratio")}
+                         for s, g in guard.items() if s != "kept"},
+               **evaluate(m.eval(), held_out, outcome.latency_model, outcome.dims)}
         out["latency"].append(row)
         built[f"latency {target:g}"] = (row, m, outcome.latency_model, outcome.dims)
+        # the guard's parameter-objective model (its own closed loop to the same measured target) is the twin; the
+        # knapsack's own model is built too where the guard kept the other
+        for stream, key in (("parameter", "twin"), ("latency", "knapsack")):
+            dims = guard.get(stream, {}).get("dims")
+            if dims is None:
+                row[key] = {"reason": f"no {stream} stream" if stream not in guard else "no choice within the budget"}
+            elif stream == guard["kept"]:
+                row[key] = {"same": True, "ratio": guard[stream].get("ratio")}  # the row's own model
+            else:
+                m = copy.deepcopy(model)
+                analyzed.compressor.materialize(m, analyzed.units, dims)
+                row[key] = {"ratio": guard[stream].get("ratio"), "dims": dims,
+                            **evaluate(m.eval(), held_out, outcome.latency_model, dims)}
+                built[f"{key} {target:g}"] = (row[key], m, outcome.latency_model, dims)
     lm = lm.calibrated(_baseline_ms(model, cfg))  # the constant, for the parameter objective's predictions
     for ratio in args.ratios:
         dims = select_dims(model, by_params, dataclasses.replace(params_cfg, ratio=ratio)).dims["gac"]
@@ -152,21 +170,6 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         row = {"ratio": ratio, **evaluate(m.eval(), held_out, lm, dims)}
         out["ratio"].append(row)
         built[f"ratio {ratio:g}"] = (row, m, lm, dims)
-    for row in out["latency"]:  # the parameter objective's model at the same predicted speedup, timed beside it
-        if "predicted_speedup" not in row:
-            continue
-        # predicted by the row's own latency model where the objectives share their groups: two calibrations of the
-        # constant on separate baseline timings differ by a few ms, as much as the choices differ by
-        twin_lm = built[f"latency {row['target']:g}"][2] if by_params is analyzed else lm
-        ratio, dims = param_twin(model, by_params, params_cfg, twin_lm, row["predicted_speedup"], out["ratio"])
-        if dims is None:
-            row["twin"] = {"reason": f"no ratio in 0..{max(args.ratios):g} is predicted at "
-                                     f"{row['predicted_speedup']:.3f}x"}
-            continue
-        m = copy.deepcopy(model)
-        by_params.compressor.materialize(m, by_params.units, dims)
-        row["twin"] = {"ratio": ratio, **evaluate(m.eval(), held_out, twin_lm, dims)}
-        built[f"twin {row['target']:g}"] = (row["twin"], m, twin_lm, dims)
     timed = time_together(model, {label: b[1] for label, b in built.items()}, cfg, args.final_rounds)
     for label, (row, _, m_lm, dims) in built.items():
         row.update(timed[label])
@@ -179,30 +182,6 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
     return out
 
 
-def param_twin(model, by_params, params_cfg, lm, speedup: float, ratio_rows: list[dict], steps: int = 12):
-    """(ratio, dims): the parameter objective at the smallest ratio predicted (by `lm`) to run at least `speedup`,
-    bisected between the ratio rows that bracket it (the baseline, ratio 0, included); (None, None) beyond them."""
-    from gac.api import select_dims
-
-    def dims_at(r):
-        return select_dims(model, by_params, dataclasses.replace(params_cfg, ratio=r)).dims["gac"]
-
-    pts = sorted([(0.0, 1.0)] + [(r["ratio"], r["predicted_speedup"]) for r in ratio_rows])
-    lo = max((r for r, s in pts if s < speedup), default=0.0)
-    hi = min((r for r, s in pts if s >= speedup and r > lo), default=None)
-    if hi is None:
-        return None, None
-    best = (hi, dims_at(hi))
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        dims = dims_at(mid)
-        if lm.predict({}) / lm.predict(dims) >= speedup:
-            hi, best = mid, (mid, dims)
-        else:
-            lo = mid
-    return best
-
-
 def _baseline_ms(model, cfg) -> float:
     from gac.speedup import time_at_phase
 
@@ -212,14 +191,18 @@ def _baseline_ms(model, cfg) -> float:
 def add_param_ppl(run: dict) -> None:
     """Every latency row with a perplexity gets the parameter objective's at its measured speedup (and the band that
     the joint timing's A/A floor leaves on it; the baseline, ratio 0 at speedup 1 by definition, is the parameter
-    curve's first point) and, against its twin (the parameter objective built at the same predicted speedup and timed
+    curve's first point) and, against its twin (the guard's parameter-objective model at the same target, timed
     in the same run), the differences in perplexity and in measured speed."""
     points = list(run["ratio"])
     if run.get("baseline_ppl") is not None:
         points.append({"ratio": 0.0, "measured_speedup": 1.0, "ppl": run["baseline_ppl"]})
     for row in run["latency"]:
         twin = row.get("twin", {})
-        if "measured_ms" in twin and "measured_ms" in row:
+        if twin.get("same") and "measured_ms" in row:  # the guard kept the parameter objective's model
+            row["speed_vs_twin_pct"] = 0.0
+            if "ppl" in row:
+                row["ppl_vs_twin_pct"] = 0.0
+        elif "measured_ms" in twin and "measured_ms" in row:
             row["speed_vs_twin_pct"] = 100 * (twin["measured_ms"] / row["measured_ms"] - 1)  # positive: faster
             if "ppl" in twin and "ppl" in row:
                 row["ppl_vs_twin_pct"] = 100 * (row["ppl"] / twin["ppl"] - 1)
@@ -340,11 +323,15 @@ def markdown(result: dict) -> str:
              "Every model of a compressor, and its baseline with an A/A twin, timed round-robin in one final run "
              "(`measured`); `loop` is the closed loop's own kept timing. `vs params at equal measured speed`: the "
              "parameter objective's perplexity read off its ratios at the same measured speedup (in brackets: read at "
-             "that speedup +- the A/A floor). `twin`: the parameter objective built at the same predicted speedup "
-             "and timed in the same run: perplexity and measured speed against it (speed positive: faster).", "",
-             ("| compressor | objective | target / ratio | rounds | loop speedup | predicted speedup | measured "
-              "speedup | error | A/A floor | ppl | vs params at equal measured speed | vs twin (ratio): ppl, speed |"),
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "that speedup +- the A/A floor). `twin`: the guard's model, the parameter objective's allocation over the "
+             "same groups brought to the same measured target by its own closed loop, timed in the same run: "
+             "perplexity and measured speed against it (speed positive: faster). `kept`: the stream whose model "
+             "--speedup returned (the lower calibration loss of those reaching the target); `knapsack's own`: the "
+             "latency knapsack's model where the guard kept the twin.", "",
+             ("| compressor | objective | target / ratio | rounds | kept | loop speedup | predicted speedup | measured "
+              "speedup | error | A/A floor | ppl | vs params at equal measured speed | vs twin (ratio): ppl, speed "
+              "| knapsack's own: ppl, speed |"),
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
 
     def f(x, spec):
         return "n/a" if x is None else format(x, spec)
@@ -363,26 +350,34 @@ def markdown(result: dict) -> str:
         return f(r.get(key), ".3f") + ("x" if r.get(key) is not None else "")
 
     for c in result["compressors"]:
-        lines.append(f"| {c['compressor']} | baseline | | | | | 1.000x | | | {f(c.get('baseline_ppl'), '.2f')} | | |")
+        lines.append(f"| {c['compressor']} | baseline | | | | | | 1.000x | | | {f(c.get('baseline_ppl'), '.2f')} "
+                     "| | | |")
         for r in c["latency"]:
             if "error" in r:
-                lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | | | | {r['error']} | | | | | |")
+                lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | | | | | {r['error']} | | | | | | "
+                             "|")
                 continue
             twin = r.get("twin", {})
-            if "speed_vs_twin_pct" in r:
+            ratio = f"ratio {twin['ratio']:.3f}, " if twin.get("ratio") is not None else ""
+            if twin.get("same"):
+                twin = f"the same model ({ratio}kept by the guard)"
+            elif "speed_vs_twin_pct" in r:
                 ppl = f"{r['ppl_vs_twin_pct']:+.1f}%" if "ppl_vs_twin_pct" in r else "n/a"
-                twin = (f"{ppl}, {r['speed_vs_twin_pct']:+.1f}% (ratio {twin['ratio']:.3f}, ppl "
-                        f"{f(twin.get('ppl'), '.2f')}, {twin['measured_speedup']:.3f}x)")
+                twin = (f"{ppl}, {r['speed_vs_twin_pct']:+.1f}% ({ratio}ppl {f(twin.get('ppl'), '.2f')}, "
+                        f"{twin['measured_speedup']:.3f}x)")
             else:
                 twin = twin.get("reason", "")
+            own = r.get("knapsack", {})
+            own = (f"{f(own.get('ppl'), '.2f')}, {own['measured_speedup']:.3f}x" if "measured_speedup" in own else
+                   "kept" if own.get("same") else own.get("reason", ""))
             lines.append(f"| {c['compressor']} | latency | {r['target']:.2f}x | {len(r['rounds'])} | "
-                         f"{speed(r, 'loop_speedup')} | {speed(r, 'predicted_speedup')} | "
-                         f"{speed(r, 'measured_speedup')} | {r['error_pct']:+.1f}% | {r['aa_floor_pct']:.1f}% | "
-                         f"{f(r.get('ppl'), '.2f')} | {vs(r)} | {twin} |")
+                         f"{r.get('kept', 'latency')} | {speed(r, 'loop_speedup')} | {speed(r, 'predicted_speedup')} "
+                         f"| {speed(r, 'measured_speedup')} | {r['error_pct']:+.1f}% | {r['aa_floor_pct']:.1f}% | "
+                         f"{f(r.get('ppl'), '.2f')} | {vs(r)} | {twin} | {own} |")
         for r in c["ratio"]:
-            lines.append(f"| {c['compressor']} | params | {r['ratio']:.2f} | | | {speed(r, 'predicted_speedup')} | "
+            lines.append(f"| {c['compressor']} | params | {r['ratio']:.2f} | | | | {speed(r, 'predicted_speedup')} | "
                          f"{speed(r, 'measured_speedup')} | {r['error_pct']:+.1f}% | {r['aa_floor_pct']:.1f}% | "
-                         f"{f(r.get('ppl'), '.2f')} | | |")
+                         f"{f(r.get('ppl'), '.2f')} | | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -404,9 +399,13 @@ def plot(result: dict, path: Path) -> None:
                 ax.plot([r["measured_speedup"] for r in rows], [r["ppl"] for r in rows], marker, color=color,
                         label=f"{c['compressor']} {'--speedup' if kind == 'latency' else '--ratio'}")
         twins = [r["twin"] for r in c["latency"] if "ppl" in r.get("twin", {}) and "measured_speedup" in r["twin"]]
-        if twins:  # the parameter objective built at each --speedup point's predicted speedup
+        if twins:  # the guard's parameter-objective model at each target
             ax.plot([t["measured_speedup"] for t in twins], [t["ppl"] for t in twins], "^", color=color, ms=7,
-                    mfc="none", label=f"{c['compressor']} --ratio twin (equal predicted speed)")
+                    mfc="none", label=f"{c['compressor']} --ratio twin (same measured target)")
+        own = [r["knapsack"] for r in c["latency"] if "ppl" in r.get("knapsack", {})]
+        if own:  # the latency knapsack's model where the guard kept its twin
+            ax.plot([t["measured_speedup"] for t in own], [t["ppl"] for t in own], "v", color=color, ms=7,
+                    mfc="none", label=f"{c['compressor']} knapsack's own (not kept)")
         at = [r for r in c["latency"] if r.get("param_ppl") is not None]
         if at:  # the --ratio curve read at each --speedup point's measured speedup
             ax.plot([r["measured_speedup"] for r in at], [r["param_ppl"] for r in at], "x", color=color, ms=8,

@@ -1,6 +1,7 @@
 """Why a --speedup choice and its twin differ (issue 16): for each --speedup row of a pareto.py run, the loss model's
 predicted calibration-loss increase and the real one (mean token loss over calibration windows) of the row's dims and
-of its twin's (the parameter objective at the twin's ratio), and both choices' groups' ms in one latency model.
+of its twin's (the parameter objective at the twin's ratio; where the --speedup guard kept the twin, the latency
+knapsack's own choice instead), and both choices' groups' ms in one latency model.
 
   python benchmarks/twin_loss.py --run DIR/pareto.json --compressor asvd
 Same model, calibration and alignment as pareto.py's defaults; no timing (the latency tables come from the cache).
@@ -66,15 +67,20 @@ def main(argv=None) -> None:
     print("| target | | predicted loss | real loss | groups ms | low-rank weights | ppl | measured speedup |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for row in run["latency"]:
-        twin = row.get("twin", {})
-        if "ratio" not in twin:
+        # the other model beside the row: its twin, or the knapsack's own where the guard kept the twin (runs of
+        # 2026-11-24 on record the dims; earlier ones the twin's ratio, its dims selected again here)
+        other = next((row[k] for k in ("twin", "knapsack") if "dims" in row.get(k, {}) or
+                      ("ratio" in row.get(k, {}) and not row[k].get("same"))), None)
+        if other is None:
             continue
         dims = {u.name: None for u in units} | row["dims"]
-        twin_dims = select_dims(model, analyzed, CompressConfig(compressor=args.compressor, ratio=twin["ratio"],
-                                                                alignment=a["align"], progress=False)).dims["gac"]
-        for label, d, r in (("--speedup", dims, row), (f"twin (ratio {twin['ratio']:.3f})", twin_dims, twin)):
+        other_dims = ({u.name: None for u in units} | other["dims"] if "dims" in other else
+                      select_dims(model, analyzed, CompressConfig(compressor=args.compressor, ratio=other["ratio"],
+                                                                  alignment=a["align"], progress=False)).dims["gac"])
+        label = (f"twin (ratio {other['ratio']:.3f})" if other is row.get("twin") else "knapsack's own")
+        for name, d, r in ((f"--speedup ({row.get('kept', 'latency')})", dims, row), (label, other_dims, other)):
             f = figures(d)
-            print(f"| {row['target']:.2f}x | {label} | {f['predicted_loss']:.3f} | {f['real_loss']:.3f} | "
+            print(f"| {row['target']:.2f}x | {name} | {f['predicted_loss']:.3f} | {f['real_loss']:.3f} | "
                   f"{f['groups_ms']:.1f} | {f['low_rank']} | {r.get('ppl', float('nan')):.2f} | "
                   f"{r['measured_speedup']:.3f}x |", flush=True)
 

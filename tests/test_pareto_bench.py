@@ -74,6 +74,21 @@ def test_equal_speed_band_from_the_aa_floor_and_the_twin():
     assert "-6.2%, +10.0% (ratio 0.150, ppl 16.00, 1.140x) |" in text
 
 
+def test_a_row_the_guard_kept_from_the_parameter_objective_is_its_own_twin():
+    own = {"ratio": None, "ppl": 17.0, "measured_ms": 8.8, "measured_speedup": 1.18}
+    run = {"baseline_ppl": 9.0, "ratio": RATIOS, "latency": [
+        {"target": 1.1, "measured_speedup": 1.15, "measured_ms": 9.0, "ppl": 15.0, "aa_floor_pct": 1.0,
+         "kept": "parameter", "twin": {"same": True, "ratio": 0.15}, "knapsack": own}]}
+    pareto.add_param_ppl(run)
+    row = run["latency"][0]
+    assert row["ppl_vs_twin_pct"] == 0.0 and row["speed_vs_twin_pct"] == 0.0
+    text = pareto.markdown({"model": "m", "args": {"phase": "prefill", "shape": "1x512"}, "env": {},
+                            "compressors": [{"compressor": "asvd", **run, "latency": [
+                                {**row, "rounds": [{}], "error_pct": 0.0}],
+                                "ratio": [{**r, "error_pct": 0.0, "aa_floor_pct": 1.0} for r in RATIOS]}]})
+    assert "| parameter |" in text and "the same model (ratio 0.150, kept by the guard) | 17.00, 1.180x |" in text
+
+
 def test_group_kind_from_the_recorded_groups_or_the_name():
     assert pareto.group_kind("model.layers.1.self_attn") == "heads"
     assert pareto.group_kind("model.layers.1.mlp") == "mlp"

@@ -22,7 +22,8 @@ def _linear_latency(groups, phase, *, alignment=8, **_):
     per_dim = {"gemm_k": 0.0001}  # a cheap up-projection, so that PaLU's groups can be faster than the dense share
     op_tables = {key: {d: per_dim.get(key[0], 0.01) * d for d in dims}
                  for key, dims in sweep_needs(groups, alignment).items()}
-    return LatencyModel(phase, *build_tables(groups, alignment, op_tables))
+    full_dims = {g.name: g.full_dim for g in groups if g.full_dim is not None}  # as measure_latency_model keys them
+    return LatencyModel(phase, *build_tables(groups, alignment, op_tables), full_dims=full_dims)
 
 
 @pytest.fixture
@@ -34,11 +35,19 @@ BASE_MS = 2.0
 
 
 class ShortThenReached:
-    """Timing stand-in: the baseline at 2 ms (its A/A twin at 2.02), the variant 5% short of the target in the first
-    round and 1% under it afterwards, so the closed loop must tighten once."""
+    """Timing stand-in: the baseline at 2 ms (its A/A twin at 2.02), each built model (the knapsack's, "latency", and
+    the guard's, "parameter") 5% short of the target on its first timing and 1% under it afterwards, so that each
+    stream's closed loop must tighten once. `factors` {stream: {call: factor}} overrides a stream's schedule."""
 
-    def __init__(self):
-        self.calls = 0
+    def __init__(self, factors=None):
+        from collections import Counter
+
+        self.calls = Counter()
+        self.factors = factors or {}
+
+    def factor(self, name, call):
+        return self.factors.get(name, {}).get(call, self.factors.get(name, {}).get("else", 1.05 if call == 1 else
+                                                                                     0.99))
 
     def __call__(self, models, cfg, aa=True):
         from gac.hw.timing import Timing
@@ -47,9 +56,10 @@ class ShortThenReached:
             return Timing(ms, ms, ms, ms, 1)
 
         out = {"baseline": t(BASE_MS)}
-        if "gac" in models:
-            self.calls += 1
-            out["gac"] = t(BASE_MS / cfg.speedup * (1.05 if self.calls == 1 else 0.99))
+        for name in models:
+            if name != "baseline":
+                self.calls[name] += 1
+                out[name] = t(BASE_MS / cfg.speedup * self.factor(name, self.calls[name]))
         if aa:
             out["baseline (A/A)"] = t(BASE_MS * 1.01)
         return out
@@ -102,25 +112,17 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
         assert all(name.endswith("mlp") for name in r["dims"]["gac"]), r["dims"]["gac"]
 
 
-class LuckyThenShort(ShortThenReached):
+def lucky_then_short():
     """Round 1 times 2% under the target, then its confirmation 2% over it; round 2 is under the target both times."""
-
-    def __call__(self, models, cfg, aa=True):
-        out = super().__call__({k: v for k, v in models.items() if k != "gac"}, cfg, aa)
-        if "gac" in models:
-            from gac.hw.timing import Timing
-
-            self.calls += 1
-            ms = BASE_MS / cfg.speedup * {1: 0.97, 2: 1.02}.get(self.calls, 0.97)
-            out["gac"] = Timing(ms, ms, ms, ms, 1)
-        return out
+    return ShortThenReached({"latency": {1: 0.97, 2: 1.02, "else": 0.97}})
 
 
 def test_a_reaching_round_must_be_confirmed(tiny_model_dir, monkeypatch, linear_latency):
     """A round that reaches the target on its first timing and falls short on the second is not kept as reached;
     the budget is tightened by the second timing's shortfall."""
-    monkeypatch.setattr("gac.speedup.time_at_phase", LuckyThenShort())
-    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False, speedup=SpeedupConfig(1.05, **FAST))
+    monkeypatch.setattr("gac.speedup.time_at_phase", lucky_then_short())
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
+                      speedup=SpeedupConfig(1.05, **FAST, guard=False))
     r = compress(cfg).report
     first, second = r["latency_objective"]["rounds"]
     assert first["screen"]["measured_speedup"] == pytest.approx(1.05 / 0.97)
@@ -129,6 +131,66 @@ def test_a_reaching_round_must_be_confirmed(tiny_model_dir, monkeypatch, linear_
     assert second["budget_ms"] == pytest.approx(first["budget_ms"] - (BASE_MS / 1.05 * 1.02 - target * 0.99))
     assert second["reached"] and r["latency_objective"]["round"] == 2
     assert r["variants"]["gac"]["measured_ms"] == pytest.approx(0.97 * BASE_MS / 1.05)  # the confirming timing
+
+
+def _guarded(tiny_model_dir, monkeypatch, factors, **kw):
+    monkeypatch.setattr("gac.speedup.time_at_phase", ShortThenReached(factors))
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False, speedup=SpeedupConfig(1.05, **{**FAST, **kw}))
+    return compress(cfg).report
+
+
+def test_guard_keeps_the_lower_loss_of_the_reaching_models(tiny_model_dir, monkeypatch, linear_latency):
+    """Both streams reach the target in round 2: the model kept is the one with the lower calibration loss, and the
+    parameter objective's choice was predicted within its own budget."""
+    r = _guarded(tiny_model_dir, monkeypatch, {})
+    lo = r["latency_objective"]
+    guard = lo["guard"]
+    assert guard["latency"]["reached"] and guard["parameter"]["reached"]
+    losses = {s: guard[s]["loss"] for s in ("latency", "parameter")}
+    assert all(math.isfinite(x) and x > 0 for x in losses.values())
+    kept = min(losses, key=lambda s: (losses[s], s != "latency"))
+    assert guard["kept"] == kept == lo["stream"]
+    assert r["dims"]["gac"] == {k: v for k, v in guard[kept]["dims"].items() if v is not None}
+    p = guard["parameter"]
+    assert p["gac_predicted_ms"] - lo["constant_ms"] <= p["budget_ms"] + 1e-9
+    assert guard["parameter"]["dims"] != guard["latency"]["dims"]  # two different choices were built
+
+
+def test_guard_keeps_the_stream_that_reaches(tiny_model_dir, monkeypatch, linear_latency):
+    """The parameter objective's model reaches the target in round 1 and the knapsack's never does: the guard's is
+    kept (and it was timed only until it reached); the other way round, the knapsack's."""
+    r = _guarded(tiny_model_dir, monkeypatch, {"latency": {"else": 1.05}, "parameter": {"else": 0.985}})
+    guard = r["latency_objective"]["guard"]
+    assert guard["kept"] == "parameter" and not guard["latency"]["reached"]
+    assert guard["parameter"]["rounds"] == 1 and guard["latency"]["rounds"] == 2
+    assert r["variants"]["gac"]["measured_ms"] == pytest.approx(0.985 * BASE_MS / 1.05)
+    r = _guarded(tiny_model_dir, monkeypatch, {"latency": {"else": 0.985}, "parameter": {"else": 1.05}})
+    assert r["latency_objective"]["guard"]["kept"] == "latency" and r["latency_objective"]["stream"] == "latency"
+
+
+@pytest.mark.parametrize("second, kept_round", [(0.95, 2), (1.05, 1)])
+def test_a_model_far_past_the_target_gets_one_looser_round(tiny_model_dir, monkeypatch, linear_latency, second,
+                                                           kept_round):
+    """Round 1 reaches the target 5% past it: round 2 solves at a budget loosened by that excess, and is kept if it
+    reaches the target too (else round 1 stays kept); no third round either way."""
+    r = _guarded(tiny_model_dir, monkeypatch, {"latency": {1: 0.95, 2: 0.95, "else": second}}, guard=False,
+                 rounds=3)
+    first, looser = r["latency_objective"]["rounds"]
+    assert first["reached"] and looser["reached"] == (second < 1)
+    aim = BASE_MS / (1.05 * 1.01) * 0.99
+    assert looser["budget_ms"] == pytest.approx(first["budget_ms"] + (aim - 0.95 * BASE_MS / 1.05))
+    assert looser["gac_predicted_ms"] >= first["gac_predicted_ms"]
+    assert r["latency_objective"]["round"] == kept_round and r["latency_objective"]["reached"]
+
+
+def test_no_guard_builds_the_knapsack_choice_alone(tiny_model_dir, monkeypatch, linear_latency):
+    fake = ShortThenReached()
+    monkeypatch.setattr("gac.speedup.time_at_phase", fake)
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
+                      speedup=SpeedupConfig(1.05, **FAST, guard=False))
+    guard = compress(cfg).report["latency_objective"]["guard"]
+    assert set(guard) == {"latency", "kept"} and guard["latency"]["loss"] is None
+    assert set(fake.calls) == {"latency"}
 
 
 def test_prune_heads_under_speedup_only_when_asked():

@@ -104,6 +104,7 @@ class Analyzed:
     units: list  # the compressor's units, one per dimension group (gac.compressors.base.Unit)
     names: list[str]  # the linears the units cover: params and alignment are measured over these
     compressible: int
+    windows: object  # calibration token windows [n, seq]: the --speedup guard's loss (None: no guard)
 
 
 @dataclass
@@ -142,7 +143,7 @@ def analyze(model, calib, cfg: CompressConfig, compressor=None, source=None) -> 
         units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress,
                                    **grads)
         del stats
-    return Analyzed(compressor, units, names, sum(u.group.numel for u in units))
+    return Analyzed(compressor, units, names, sum(u.group.numel for u in units), calib)
 
 
 def select_dims(model, analyzed: Analyzed, cfg: CompressConfig) -> Selected:
@@ -156,7 +157,7 @@ def select_dims(model, analyzed: Analyzed, cfg: CompressConfig) -> Selected:
         from gac.speedup import select_by_latency
 
         outcome = select_by_latency(model, compressor, units, cfg.speedup, alignment=cfg.alignment, device=cfg.device,
-                                    dtype=cfg.dtype, progress=cfg.progress)
+                                    dtype=cfg.dtype, windows=analyzed.windows, progress=cfg.progress)
         return Selected(**vars(analyzed), budget=compressible, dims={"gac": outcome.dims}, selection=outcome)
     budget = math.floor((1.0 - cfg.ratio) * compressible)
     unaligned = compressor.allocate(units, budget)

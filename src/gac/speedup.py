@@ -1,7 +1,9 @@
 """`--speedup S`: the best model (by the compressor's loss model) predicted to run S times faster than the original at
 one phase and shape, then built and timed side by side with the original (a second, independent timing confirms a
 round that reaches the target); when it measures short, the latency budget is tightened by the measured residual (and
-one noise floor more) and the choice solved again (a few rounds at most)."""
+one noise floor more) and the choice solved again (a few rounds at most), and loosened once when it reaches far past
+the target. The guard runs the parameter objective's choice through the same loop beside it and keeps the reaching
+model with the lower calibration loss."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class SpeedupConfig:
     timing_rounds: int = 10  # interleaved calls per model and closed-loop round
     profile_repeats: int = 11  # timed calls per swept dim of the latency tables
     param_cap: float | None = None  # keep at most this share of the compressible groups' original parameters
+    guard: bool = True  # build the parameter objective's choice beside the knapsack's; keep the better reaching one
 
     def __post_init__(self):
         from gac.align.latency_model import Phase
@@ -93,12 +96,14 @@ class LatencyOutcome:
     latency_model: object  # gac.align.latency_model.LatencyModel, calibrated on the first baseline timing
     rounds: list[dict] = field(default_factory=list)
     final: dict = field(default_factory=dict)  # the kept round
+    guard: dict = field(default_factory=dict)  # {stream: its kept round, reached, loss, dims} and "kept": the stream
 
     def annotate(self, report: dict) -> None:
         """report.json's objective, latency_objective (every round, the kept one's figures, the constant) and each
         variant's predicted and measured ms at the objective's shape."""
         report["objective"] = self.config.objective()
-        report["latency_objective"] = {"rounds": self.rounds, **self.final, "constant_ms": self.latency_model.constant_ms}
+        report["latency_objective"] = {"rounds": self.rounds, **self.final, "constant_ms": self.latency_model.constant_ms,
+                                       "guard": self.guard}
         for variant in ("baseline", "gac"):
             if variant in report.get("variants", {}):
                 v = report["variants"][variant]
@@ -136,15 +141,17 @@ def time_beside(model, built: dict, cfg: SpeedupConfig) -> tuple[float, float, d
 
 
 _TIMED = ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct", "measured_speedup", "target_ms")
+GUARD_WINDOWS = 8  # calibration windows on which the guard compares the two streams' reaching models
+OVERSHOOT = 0.02  # a reaching model this much (or two A/A floors) past the target gets one looser round
 
 
-def _timed(model, built, cfg: SpeedupConfig) -> dict:
-    """One side-by-side timing of the original and the built model with an A/A twin, and the time the built model
-    must beat to count as reaching the target beyond this timing's noise floor."""
-    base, floor, t = time_beside(model, {"gac": built}, cfg)
-    var = t["gac"].median_ms
-    return {"baseline_measured_ms": base, "gac_measured_ms": var, "aa_floor_pct": 100.0 * floor,
-            "measured_speedup": base / var, "target_ms": base / (cfg.speedup * (1.0 + floor))}
+def _timed(model, built: dict, cfg: SpeedupConfig) -> dict:
+    """{name: figures}: one side-by-side timing of the original and the built models ({name: model}) with an A/A twin,
+    and the time each built model must beat to count as reaching the target beyond this timing's noise floor."""
+    base, floor, t = time_beside(model, built, cfg)
+    return {name: {"baseline_measured_ms": base, "gac_measured_ms": t[name].median_ms, "aa_floor_pct": 100.0 * floor,
+                   "measured_speedup": base / t[name].median_ms,
+                   "target_ms": base / (cfg.speedup * (1.0 + floor))} for name in built}
 
 
 def latency_items(units, latency_model) -> list:
@@ -161,12 +168,36 @@ def latency_items(units, latency_model) -> list:
     return items
 
 
+@dataclass
+class Stream:
+    """One way of choosing dims under the closed loop's latency budget: "latency" (the knapsack over predicted ms,
+    the objective itself) or "parameter" (the parameter objective's allocation at the ratio predicted within the
+    budget: the guard). Each keeps its own budget, tightened by its own measured shortfall."""
+
+    name: str
+    budget: float
+    rows: list = field(default_factory=list)
+    kept: tuple | None = None  # (choice, row) of the reaching round, else of the fastest measured
+    loss: float | None = None  # mean next-token loss of the reaching model on the guard's calibration windows
+    done: bool = False
+    loosened: bool = False  # a reaching round far past the target was followed by one with a looser budget
+
+    @property
+    def reached(self) -> bool:
+        return self.kept is not None and self.kept[1]["reached"]
+
+
 def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment: int, device: str, dtype: str,
-                      progress: bool = True) -> LatencyOutcome:
+                      windows=None, progress: bool = True) -> LatencyOutcome:
     """Measure the latency tables, calibrate their constant on the original model, then solve, build and time up to
-    `cfg.rounds` times, tightening the budget by the measured shortfall each time."""
+    `cfg.rounds` times, tightening the budget by the measured shortfall each time.
+
+    With `windows` (calibration token windows) and cfg.guard, the parameter objective's choice at the same budget is
+    built and timed beside the knapsack's in every round, under its own closed loop; of the two streams' models that
+    reach the target, the one with the lower loss on those windows is kept: the latency objective is then never
+    worse than the parameter objective at the measured target on calibration text, whatever the latency model's
+    errors between the two choices (docs/RESULTS.md, 2026-11-24)."""
     from gac.align.latency_model import Phase, measure_latency_model
-    from gac.align.latency_objective import fastest_ms, select_for_speedup
 
     phase = Phase(cfg.phase, cfg.batch, cfg.seq)
     lm = measure_latency_model([u.group for u in units], phase, alignment=alignment, device=device, dtype=dtype,
@@ -178,48 +209,128 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
              baseline_ms, lm.full_ms(), lm.constant_ms)
     items = latency_items(units, lm)
     cap = cfg.cap_params(sum(u.group.numel for u in units))
-    outcome = LatencyOutcome({}, cfg, lm)
     budget = baseline_ms / cfg.speedup - lm.constant_ms  # for the groups' part of the model
-    kept = None
+    streams = [Stream("latency", budget)]
+    if cfg.guard and windows is not None:
+        streams.append(Stream("parameter", budget))
+    elif cfg.guard:
+        log.info("--speedup without calibration windows: no parameter-objective guard")
+    windows = windows if len(streams) > 1 else None  # the guard's loss: needed only to compare two streams
+    outcome = LatencyOutcome({}, cfg, lm)
+
+    def solve(stream):
+        from gac.align.latency_objective import select_for_speedup
+        from gac.align.parameter_at_latency import parameter_choice
+
+        if stream.name == "latency":
+            return select_for_speedup(items, baseline_ms=baseline_ms, constant_ms=lm.constant_ms,
+                                      speedup=cfg.speedup, where=cfg.where, budget_ms=stream.budget,
+                                      param_cap=cap), {}
+        got = parameter_choice(compressor, units, lm, stream.budget, alignment=alignment,
+                               min_ratio=0.0 if cfg.param_cap is None else 1.0 - cfg.param_cap)
+        if got is None:
+            log.info("guard: no ratio of the parameter objective is predicted within %.2f ms", stream.budget)
+            return None, {}
+        return got[1], {"ratio": got[0]}
+
     for k in range(cfg.rounds):
-        choice = select_for_speedup(items, baseline_ms=baseline_ms, constant_ms=lm.constant_ms, speedup=cfg.speedup,
-                                    where=cfg.where, budget_ms=budget, param_cap=cap)
-        built = copy.deepcopy(model)
-        compressor.materialize(built, units, choice.dims)
-        row = {"round": k + 1, "budget_ms": budget, "baseline_predicted_ms": lm.predict({}),
-               "gac_predicted_ms": lm.constant_ms + choice.predicted_ms, "params": choice.params,
-               "value": choice.value, **_timed(model, built.eval(), cfg)}
-        # a round passes its timing only beyond that timing's own noise floor; then a second, independent timing
-        # must confirm it: of many rounds, those that happened to time fast would otherwise be kept more often
-        # than the rest, and a kept model would measure short when timed again
-        row["reached"] = row["gac_measured_ms"] <= row["target_ms"]
-        if row["reached"]:
-            row["screen"] = {key: row[key] for key in _TIMED}
-            row.update(_timed(model, built, cfg))
-            row["reached"] = row["measured_speedup"] >= cfg.speedup
+        active = [s for s in streams if not s.done]
+        if not active:
+            break
+        choices, extra, built = {}, {}, {}
+        for s in active:
+            choice, extra[s.name] = solve(s)
+            if choice is None:
+                s.done = True
+                continue
+            choices[s.name] = choice
+            built[s.name] = copy.deepcopy(model)
+            compressor.materialize(built[s.name], units, choice.dims)
+            built[s.name].eval()
+        if not built:
+            break
+        rows = {name: {"round": k + 1, "budget_ms": next(s.budget for s in active if s.name == name),
+                       "baseline_predicted_ms": lm.predict({}), "gac_predicted_ms": lm.constant_ms + c.predicted_ms,
+                       "params": c.params, "value": c.value, **extra[name]} for name, c in choices.items()}
+        for name, figures in _timed(model, built, cfg).items():
+            rows[name].update(figures)
+            # a round passes its timing only beyond that timing's own noise floor; then a second, independent
+            # timing must confirm it: of many rounds, those that happened to time fast would otherwise be kept more
+            # often than the rest, and a kept model would measure short when timed again
+            rows[name]["reached"] = rows[name]["gac_measured_ms"] <= rows[name]["target_ms"]
+        passed = {name: built[name] for name, row in rows.items() if row["reached"]}
+        if passed:
+            for name, figures in _timed(model, passed, cfg).items():
+                rows[name]["screen"] = {key: rows[name][key] for key in _TIMED}
+                rows[name].update(figures)
+                rows[name]["reached"] = figures["measured_speedup"] >= cfg.speedup
+        for s in active:
+            if s.name in rows:
+                _settle(s, choices[s.name], rows[s.name], built[s.name], cfg, baseline_ms, windows, items)
         del built
-        outcome.rounds.append(row)
-        log.info("round %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; target %.2fx, "
-                 "A/A floor %.1f%%)%s", k + 1, cfg.where, row["gac_predicted_ms"], row["gac_measured_ms"],
-                 row["baseline_measured_ms"], row["measured_speedup"], cfg.speedup, row["aa_floor_pct"],
-                 f", confirming a first timing of {row['screen']['measured_speedup']:.3f}x" if "screen" in row else "")
-        if kept is None or row["reached"] or (not kept[1]["reached"] and row["measured_speedup"] >
-                                               kept[1]["measured_speedup"]):
-            kept = (choice, row)
-        if row["reached"]:
-            break
-        # tighten by the measured residual, rescaled to the baseline the model was calibrated on: the shortfall from
-        # the gate plus one more A/A floor, so that the next round aims beyond the gate rather than at it (aimed at
-        # the gate, a model passes a noisy timing about half the time; docs/RESULTS.md, night of 2026-11-23)
-        aim_ms = row["target_ms"] * (1.0 - row["aa_floor_pct"] / 100.0)
-        budget -= (row["gac_measured_ms"] - aim_ms) * baseline_ms / row["baseline_measured_ms"]
-        if budget < fastest_ms(items):
-            log.warning("the tightened budget is below the fastest dims: stopping after round %d", k + 1)
-            break
-    choice, row = kept
-    if not row["reached"]:
-        log.warning("no round reached %.2fx%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)", cfg.speedup,
-                    cfg.where, row["measured_speedup"], row["aa_floor_pct"])
-    outcome.dims = dict(choice.dims)
-    outcome.final = row
+        if "latency" in rows:
+            outcome.rounds.append(rows["latency"])
+    outcome.dims, outcome.final, outcome.guard = _keep(streams, cfg)
     return outcome
+
+
+def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, baseline_ms: float, windows, items) -> None:
+    """Record a stream's round: keep it when it reached the target (its loss measured for the guard) or is the
+    fastest yet; else tighten the stream's budget by the measured residual for its next round."""
+    from gac.align.latency_objective import fastest_ms
+
+    s.rows.append(row)
+    log.info("%sround %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; target %.2fx, "
+             "A/A floor %.1f%%)%s", "" if s.name == "latency" else "guard ", row["round"], cfg.where,
+             row["gac_predicted_ms"], row["gac_measured_ms"], row["baseline_measured_ms"], row["measured_speedup"],
+             cfg.speedup, row["aa_floor_pct"],
+             f", confirming a first timing of {row['screen']['measured_speedup']:.3f}x" if "screen" in row else "")
+    if s.kept is None or row["reached"] or (not s.kept[1]["reached"] and row["measured_speedup"] >
+                                             s.kept[1]["measured_speedup"]):
+        s.kept = (choice, row)
+    if row["reached"] and windows is not None:
+        from gac.evaluate.perplexity import perplexity
+
+        s.loss = math.log(perplexity(built, windows[:GUARD_WINDOWS], desc="guard loss", progress=False))
+    # a model far past the target gives away quality: one more round with the budget loosened by the excess (the
+    # same rule as a shortfall), kept only if it reaches the target too. Both streams are loosened alike, so the
+    # guard compares models brought to the target, not one cut deeper than needed
+    overshoot = row["measured_speedup"] / cfg.speedup - 1.0 > max(2 * row["aa_floor_pct"] / 100.0, OVERSHOOT)
+    if row["reached"] and (s.loosened or not overshoot or row["round"] == cfg.rounds):
+        s.done = True
+        return
+    if s.loosened:  # the looser round fell short: the reaching one before it stays kept
+        s.done = True
+        return
+    s.loosened = row["reached"]
+    # tighten (or loosen) by the measured residual, rescaled to the baseline the model was calibrated on: the
+    # shortfall from the gate plus one more A/A floor, so that the next round aims beyond the gate rather than at it
+    # (aimed at the gate, a model passes a noisy timing about half the time; docs/RESULTS.md, night of 2026-11-23)
+    aim_ms = row["target_ms"] * (1.0 - row["aa_floor_pct"] / 100.0)
+    s.budget -= (row["gac_measured_ms"] - aim_ms) * baseline_ms / row["baseline_measured_ms"]
+    if s.budget < fastest_ms(items):
+        log.warning("%s: the tightened budget is below the fastest dims: stopping after round %d", s.name,
+                    row["round"])
+        s.done = True
+
+
+def _keep(streams: list[Stream], cfg: SpeedupConfig) -> tuple[dict, dict, dict]:
+    """(dims, final row, guard report): of the streams that reached the target, the lower calibration loss (the
+    knapsack's on a tie); of none, the fastest measured."""
+    kept = [s for s in streams if s.kept is not None]
+    reached = [s for s in kept if s.reached]
+    if reached:
+        best = min(reached, key=lambda s: (s.loss if s.loss is not None else math.inf, s.name != "latency"))
+    else:
+        best = max(kept, key=lambda s: s.kept[1]["measured_speedup"])
+        log.warning("no round reached %.2fx%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)", cfg.speedup,
+                    cfg.where, best.kept[1]["measured_speedup"], best.kept[1]["aa_floor_pct"])
+    guard = {s.name: {"reached": s.reached, "loss": s.loss, "rounds": len(s.rows),
+                      "dims": dict(s.kept[0].dims) if s.kept else None, **(s.kept[1] if s.kept else {})}
+             for s in streams}
+    guard["kept"] = best.name
+    if len(streams) > 1:
+        log.info("guard%s: kept the %s stream's model (%s)", cfg.where, best.name, ", ".join(
+            f"{s.name}: {'reached' if s.reached else 'short'}"
+            + (f", calibration loss {s.loss:.4f}" if s.loss is not None else "") for s in streams))
+    return dict(best.kept[0].dims), {**best.kept[1], "stream": best.name}, guard

@@ -18,6 +18,7 @@ from tests.cli.test_compress_cli import FAST, run_gac
     (["--speedup", "1.2", "--shape", "512"], "--shape"),
     (["--speedup", "0.9"], "--speedup"),
     (["--param-cap", "0.9"], "give --speedup too"),
+    (["--no-guard"], "give --speedup too"),
     (["--speedup", "1.2", "--param-cap", "1.5"], "outside (0, 1]"),
     (["--speedup", "1.2", "--param-cap", "0"], "--param-cap"),
 ])
@@ -42,3 +43,7 @@ def test_speedup_run(tiny_model_dir, tmp_path):
                               "param_cap": 0.95}
     assert {"predicted_ms", "measured_ms"} <= set(r["variants"]["gac"])
     assert all(row["params"] <= 0.95 * r["compressible_params"] for row in r["latency_objective"]["rounds"])
+    guard = r["latency_objective"]["guard"]  # the parameter objective's choice beside it keeps the cap too
+    assert guard["kept"] in ("latency", "parameter")
+    if guard.get("parameter", {}).get("params") is not None:
+        assert guard["parameter"]["params"] <= 0.95 * r["compressible_params"]

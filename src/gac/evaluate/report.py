@@ -64,6 +64,13 @@ def report_markdown(r: dict) -> str:
         lines.append(f"- measured speedup {lo.get('measured_speedup', float('nan')):.3f}x against {obj['speedup']}x "
                      f"({'reached' if lo.get('reached') else 'short'}; A/A floor {lo.get('aa_floor_pct', float('nan')):.1f}%, "
                      f"{len(lo.get('rounds', []))} round(s))")
+        guard = lo.get("guard", {})
+        if "parameter" in guard:
+            lines.append("- guard: kept the " + guard["kept"] + " stream's model; " + "; ".join(
+                f"{s}: {g.get('measured_speedup', float('nan')):.3f}x, "
+                f"{'reached' if g['reached'] else 'short'}" + (f", calibration loss {g['loss']:.4f}" if g["loss"] is not
+                                                               None else "")
+                for s, g in guard.items() if s != "kept"))
     return "\n".join(lines) + "\n"
 
 
