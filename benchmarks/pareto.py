@@ -401,7 +401,7 @@ def plot(result: dict, path: Path) -> None:
         twins = [r["twin"] for r in c["latency"] if "ppl" in r.get("twin", {}) and "measured_speedup" in r["twin"]]
         if twins:  # the guard's parameter-objective model at each target
             ax.plot([t["measured_speedup"] for t in twins], [t["ppl"] for t in twins], "^", color=color, ms=7,
-                    mfc="none", label=f"{c['compressor']} --ratio twin (same measured target)")
+                    mfc="none", label=f"{c['compressor']} parameter-objective twin (the guard's)")
         own = [r["knapsack"] for r in c["latency"] if "ppl" in r.get("knapsack", {})]
         if own:  # the latency knapsack's model where the guard kept its twin
             ax.plot([t["measured_speedup"] for t in own], [t["ppl"] for t in own], "v", color=color, ms=7,

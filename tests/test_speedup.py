@@ -84,7 +84,7 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
     compress(cfg)
     r = json.loads((out / "report.json").read_text())
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16",
-                              "param_cap": None}
+                              "param_cap": None, "guard": True}
     assert r["ratio"] is None and set(r["variants"]) == {"baseline", "gac"}
     for v in ("baseline", "gac"):  # figures only: a tiny model's op sweeps on a busy CPU can even sum past the model
         assert math.isfinite(r["variants"][v]["predicted_ms"]) and r["variants"][v]["measured_ms"] > 0
@@ -140,20 +140,25 @@ def _guarded(tiny_model_dir, monkeypatch, factors, **kw):
 
 
 def test_guard_keeps_the_lower_loss_of_the_reaching_models(tiny_model_dir, monkeypatch, linear_latency):
-    """Both streams reach the target in round 2: the model kept is the one with the lower calibration loss, and the
-    parameter objective's choice was predicted within its own budget."""
+    """Both streams reach the target in round 2: each one's loss is measured on its own model (here a stand-in loss,
+    the model's parameter count / 1e5), the lower is kept, and the parameter objective's choice was predicted
+    within its own budget."""
+    def loss_of_size(model, windows, **_):
+        return math.exp(sum(p.numel() for p in model.parameters()) / 1e5)
+
+    monkeypatch.setattr("gac.evaluate.perplexity.perplexity", loss_of_size)
     r = _guarded(tiny_model_dir, monkeypatch, {})
     lo = r["latency_objective"]
     guard = lo["guard"]
     assert guard["latency"]["reached"] and guard["parameter"]["reached"]
-    losses = {s: guard[s]["loss"] for s in ("latency", "parameter")}
-    assert all(math.isfinite(x) and x > 0 for x in losses.values())
-    kept = min(losses, key=lambda s: (losses[s], s != "latency"))
+    a, b = guard["latency"], guard["parameter"]
+    assert a["params"] != b["params"] and a["dims"] != b["dims"]  # two different choices were built
+    assert (a["loss"] - b["loss"]) * 1e5 == pytest.approx(a["params"] - b["params"])  # each on its own model
+    kept = "latency" if a["params"] <= b["params"] else "parameter"
     assert guard["kept"] == kept == lo["stream"]
     assert r["dims"]["gac"] == {k: v for k, v in guard[kept]["dims"].items() if v is not None}
-    p = guard["parameter"]
-    assert p["gac_predicted_ms"] - lo["constant_ms"] <= p["budget_ms"] + 1e-9
-    assert guard["parameter"]["dims"] != guard["latency"]["dims"]  # two different choices were built
+    assert b["gac_predicted_ms"] - lo["constant_ms"] <= b["budget_ms"] + 1e-9
+    assert [row["round"] for row in b["history"]] == [1, 2] and not b["history"][0]["reached"]
 
 
 def test_guard_keeps_the_stream_that_reaches(tiny_model_dir, monkeypatch, linear_latency):
@@ -253,3 +258,39 @@ def test_parse_shape():
     for bad in ("512", "0x512", "1xfoo", "x"):
         with pytest.raises(GacError, match="--shape"):
             parse_shape(bad)
+
+
+def test_parameter_choice_is_the_smallest_ratio_within_the_budget(tiny_model_dir):
+    """The guard's solver: the ratio bisected to the budget, at or above a cap's ratio, None below every ratio."""
+    from gac.align.latency_model import Phase
+    from gac.align.parameter_at_latency import dims_at_ratio, parameter_choice
+    from gac.api import analyze
+    from gac.data import load_windows
+    from gac.models.loading import load_model
+
+    cfg = fast_config(tiny_model_dir, compressor="asvd")
+    loaded = load_model(cfg.model)
+    calib, _ = load_windows(loaded.tokenizer, cfg.text)
+    analyzed = analyze(loaded.model, calib, cfg)
+    units, comp = analyzed.units, analyzed.compressor
+    lm = _linear_latency([u.group for u in units], Phase(seq=16))
+    full = lm.full_ms()
+
+    def groups_ms(dims):
+        return lm.predict(dims) - lm.constant_ms
+
+    def value(unit, dim):
+        return float(unit.params(dim))
+
+    ratio, choice = parameter_choice(comp, units, lm, 0.8 * full, alignment=8, value=value)
+    assert choice.predicted_ms == pytest.approx(groups_ms(choice.dims)) and choice.predicted_ms <= 0.8 * full
+    assert choice.dims == dims_at_ratio(comp, units, ratio, alignment=8)
+    assert choice.value == pytest.approx(sum(value(u, choice.dims.get(u.name)) for u in units))
+    try:  # past the bisection's resolution: over the budget, or no aligned choice within one step there
+        below_ms = groups_ms(dims_at_ratio(comp, units, ratio - 1e-4, alignment=8))
+    except GacError:
+        below_ms = math.inf
+    assert below_ms > 0.8 * full
+    capped, _ = parameter_choice(comp, units, lm, 0.8 * full, alignment=8, value=value, min_ratio=ratio + 0.1)
+    assert capped >= ratio + 0.1
+    assert parameter_choice(comp, units, lm, 1e-6, alignment=8, value=value) is None

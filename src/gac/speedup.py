@@ -50,7 +50,7 @@ class SpeedupConfig:
 
     def objective(self) -> dict:
         return {"kind": "latency", "speedup": self.speedup, "phase": self.phase, "shape": f"{self.batch}x{self.seq}",
-                "param_cap": self.param_cap}
+                "param_cap": self.param_cap, "guard": self.guard}
 
     def cap_params(self, compressible: int) -> int | None:
         """The parameter cap in parameters of the compressible groups (None: no cap)."""
@@ -221,12 +221,14 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
     def solve(stream):
         from gac.align.latency_objective import select_for_speedup
         from gac.align.parameter_at_latency import parameter_choice
+        from gac.compressors.quality import quality_values
 
         if stream.name == "latency":
             return select_for_speedup(items, baseline_ms=baseline_ms, constant_ms=lm.constant_ms,
                                       speedup=cfg.speedup, where=cfg.where, budget_ms=stream.budget,
                                       param_cap=cap), {}
         got = parameter_choice(compressor, units, lm, stream.budget, alignment=alignment,
+                               value=lambda u, d: quality_values(u, [d])[0],
                                min_ratio=0.0 if cfg.param_cap is None else 1.0 - cfg.param_cap)
         if got is None:
             log.info("guard: no ratio of the parameter objective is predicted within %.2f ms", stream.budget)
@@ -267,7 +269,7 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
         for s in active:
             if s.name in rows:
                 _settle(s, choices[s.name], rows[s.name], built[s.name], cfg, baseline_ms, windows, items)
-        del built
+        del built, passed  # before the next round's copies are built
         if "latency" in rows:
             outcome.rounds.append(rows["latency"])
     outcome.dims, outcome.final, outcome.guard = _keep(streams, cfg)
@@ -295,7 +297,12 @@ def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, baseline_ms
     # a model far past the target gives away quality: one more round with the budget loosened by the excess (the
     # same rule as a shortfall), kept only if it reaches the target too. Both streams are loosened alike, so the
     # guard compares models brought to the target, not one cut deeper than needed
-    overshoot = row["measured_speedup"] / cfg.speedup - 1.0 > max(2 * row["aa_floor_pct"] / 100.0, OVERSHOOT)
+    # tighten (or loosen) by the measured residual, rescaled to the baseline the model was calibrated on: the
+    # shortfall from the gate plus one more A/A floor, so that the next round aims beyond the gate rather than at it
+    # (aimed at the gate, a model passes a noisy timing about half the time; docs/RESULTS.md, night of 2026-11-23)
+    aim_ms = row["target_ms"] * (1.0 - row["aa_floor_pct"] / 100.0)
+    overshoot = (row["measured_speedup"] / cfg.speedup - 1.0 > max(2 * row["aa_floor_pct"] / 100.0, OVERSHOOT)
+                 and row["gac_measured_ms"] < aim_ms)
     if row["reached"] and (s.loosened or not overshoot or row["round"] == cfg.rounds):
         s.done = True
         return
@@ -303,10 +310,6 @@ def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, baseline_ms
         s.done = True
         return
     s.loosened = row["reached"]
-    # tighten (or loosen) by the measured residual, rescaled to the baseline the model was calibrated on: the
-    # shortfall from the gate plus one more A/A floor, so that the next round aims beyond the gate rather than at it
-    # (aimed at the gate, a model passes a noisy timing about half the time; docs/RESULTS.md, night of 2026-11-23)
-    aim_ms = row["target_ms"] * (1.0 - row["aa_floor_pct"] / 100.0)
     s.budget -= (row["gac_measured_ms"] - aim_ms) * baseline_ms / row["baseline_measured_ms"]
     if s.budget < fastest_ms(items):
         log.warning("%s: the tightened budget is below the fastest dims: stopping after round %d", s.name,
@@ -320,13 +323,15 @@ def _keep(streams: list[Stream], cfg: SpeedupConfig) -> tuple[dict, dict, dict]:
     kept = [s for s in streams if s.kept is not None]
     reached = [s for s in kept if s.reached]
     if reached:
-        best = min(reached, key=lambda s: (s.loss if s.loss is not None else math.inf, s.name != "latency"))
+        best = min(reached, key=lambda s: (s.loss if s.loss is not None and math.isfinite(s.loss) else math.inf,
+                                           s.name != "latency"))
     else:
         best = max(kept, key=lambda s: s.kept[1]["measured_speedup"])
         log.warning("no round reached %.2fx%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)", cfg.speedup,
                     cfg.where, best.kept[1]["measured_speedup"], best.kept[1]["aa_floor_pct"])
     guard = {s.name: {"reached": s.reached, "loss": s.loss, "rounds": len(s.rows),
-                      "dims": dict(s.kept[0].dims) if s.kept else None, **(s.kept[1] if s.kept else {})}
+                      "dims": dict(s.kept[0].dims) if s.kept else None, **(s.kept[1] if s.kept else {}),
+                      "history": s.rows}
              for s in streams}
     guard["kept"] = best.name
     if len(streams) > 1:

@@ -40,10 +40,10 @@ def test_speedup_run(tiny_model_dir, tmp_path):
     assert p.returncode == 0, p.stderr
     r = json.loads((out / "report.json").read_text())
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x64",
-                              "param_cap": 0.95}
+                              "param_cap": 0.95, "guard": True}
     assert {"predicted_ms", "measured_ms"} <= set(r["variants"]["gac"])
     assert all(row["params"] <= 0.95 * r["compressible_params"] for row in r["latency_objective"]["rounds"])
     guard = r["latency_objective"]["guard"]  # the parameter objective's choice beside it keeps the cap too
-    assert guard["kept"] in ("latency", "parameter")
-    if guard.get("parameter", {}).get("params") is not None:
+    assert guard["kept"] in ("latency", "parameter") and "parameter" in guard
+    if guard["parameter"].get("params") is not None:  # a tiny model on a busy CPU: no ratio may be predicted fast
         assert guard["parameter"]["params"] <= 0.95 * r["compressible_params"]

@@ -22,20 +22,19 @@ def dims_at_ratio(compressor, units, ratio: float, *, alignment: int) -> dict:
     return {**unaligned, **select_within_budget(units, unaligned, budget, alignment=alignment, window=1).dims}
 
 
-def parameter_choice(compressor, units, latency_model, budget_ms: float, *, alignment: int, min_ratio: float = 0.0,
-                     steps: int = 14) -> tuple[float, LatencyChoice] | None:
+def parameter_choice(compressor, units, latency_model, budget_ms: float, *, value, alignment: int,
+                     min_ratio: float = 0.0, steps: int = 14) -> tuple[float, LatencyChoice] | None:
     """(ratio, choice): the parameter objective at the smallest ratio from `min_ratio` (a parameter cap) whose
     groups are predicted at most `budget_ms`, within 0.95 / 2**steps; None when no ratio up to MAX_RATIO is. The
-    choice's value is the retained quality the latency knapsack maximizes, so the two choices compare on one
-    scale."""
-    from gac.compressors.quality import quality_values
+    choice's value sums `value(unit, dim)`: the retained quality the latency knapsack maximizes, given by the caller
+    (the compressors' quality model sits above this layer), so the two choices compare on one scale."""
 
     def at(ratio):
         try:
             dims = dims_at_ratio(compressor, units, ratio, alignment=alignment)
-        except GacError:  # the compressor's smallest dims cannot meet this parameter budget
+            return dims, math.fsum(latency_model.ms(u.name, dims.get(u.name)) for u in units)
+        except GacError:  # the compressor's smallest dims cannot meet this parameter budget, or a dim is no candidate
             return None
-        return dims, math.fsum(latency_model.ms(u.name, dims.get(u.name)) for u in units)
 
     lo, hi = min_ratio, MAX_RATIO
     best = at(hi)
@@ -53,6 +52,6 @@ def parameter_choice(compressor, units, latency_model, budget_ms: float, *, alig
         else:
             lo = mid
     ratio, dims, ms = best
-    value = math.fsum(quality_values(u, [dims.get(u.name)])[0] for u in units)
-    return ratio, LatencyChoice(dims=dims, predicted_ms=ms, value=value, params=sum(u.params(dims.get(u.name)) for u in units),
+    total = math.fsum(value(u, dims.get(u.name)) for u in units)
+    return ratio, LatencyChoice(dims=dims, predicted_ms=ms, value=total, params=sum(u.params(dims.get(u.name)) for u in units),
                                 exact=False)
