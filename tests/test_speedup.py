@@ -188,6 +188,46 @@ def test_a_model_far_past_the_target_gets_one_looser_round(tiny_model_dir, monke
     assert r["latency_objective"]["round"] == kept_round and r["latency_objective"]["reached"]
 
 
+class SlowCalibration(ShortThenReached):
+    """ShortThenReached at a baseline of BIG_MS (past the fake tables' sum, so that the constant is positive), whose
+    calibration timing (the baseline alone, before the loop) falls into a slow stretch: 1.5x the baseline that every
+    round then times beside the models."""
+
+    def __call__(self, models, cfg, aa=True):
+        from gac.hw.timing import Timing
+
+        out = {name: Timing(*(4 * [t.median_ms * BIG_MS / BASE_MS]), 1)
+               for name, t in super().__call__(models, cfg, aa).items()}
+        if not aa:
+            out["baseline"] = Timing(*(4 * [1.5 * BIG_MS]), 1)
+        return out
+
+
+BIG_MS = 20.0
+
+
+def test_the_loop_recalibrates_on_the_baselines_timed_beside_the_models(tiny_model_dir, monkeypatch, linear_latency):
+    """A slow calibration timing sets round 1's constant; from then on the constant and the residual's scale come
+    from the median of the baselines timed beside the models: round 2's budget moves by the shortfall itself, not
+    by 1.5x it, and the report's baseline prediction is the baseline measured beside the models."""
+    monkeypatch.setattr("gac.speedup.time_at_phase", SlowCalibration())
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
+                      speedup=SpeedupConfig(1.05, **FAST, guard=False))
+    r = compress(cfg).report
+    lo = r["latency_objective"]
+    first, second = lo["rounds"]
+    assert first["baseline_predicted_ms"] == pytest.approx(1.5 * BIG_MS)  # the calibration's own
+    assert first["baseline_measured_ms"] == pytest.approx(BIG_MS) and not first["reached"] and second["reached"]
+    aim = BIG_MS / (1.05 * 1.01) * 0.99
+    assert second["budget_ms"] == pytest.approx(first["budget_ms"] - (BIG_MS - aim))
+    assert second["baseline_predicted_ms"] == pytest.approx(BIG_MS)
+    assert first["gac_predicted_ms"] - second["gac_predicted_ms"] > 0.5 * BIG_MS - 1e-9  # the constant's drop
+    assert lo["constant_ms"] > 0 and second["gac_predicted_ms"] - lo["constant_ms"] <= second["budget_ms"] + 1e-9
+    assert r["variants"]["baseline"]["predicted_ms"] == pytest.approx(BIG_MS)
+    assert abs(r["variants"]["gac"]["prediction_error_pct"]) < 100 * abs(first["gac_predicted_ms"]
+                                                                         / first["gac_measured_ms"] - 1)
+
+
 def test_no_guard_builds_the_knapsack_choice_alone(tiny_model_dir, monkeypatch, linear_latency):
     fake = ShortThenReached()
     monkeypatch.setattr("gac.speedup.time_at_phase", fake)

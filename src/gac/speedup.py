@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import logging
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from gac.errors import GacError
@@ -93,7 +94,7 @@ class LatencyOutcome:
 
     dims: dict  # {group: dim or None}
     config: SpeedupConfig
-    latency_model: object  # gac.align.latency_model.LatencyModel, calibrated on the first baseline timing
+    latency_model: object  # gac.align.latency_model.LatencyModel, calibrated on the median of every baseline timing
     rounds: list[dict] = field(default_factory=list)
     final: dict = field(default_factory=dict)  # the kept round
     guard: dict = field(default_factory=dict)  # {stream: its kept round, reached, loss, dims} and "kept": the stream
@@ -217,6 +218,11 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
         log.info("--speedup without calibration windows: no parameter-objective guard")
     windows = windows if len(streams) > 1 else None  # the guard's loss: needed only to compare two streams
     outcome = LatencyOutcome({}, cfg, lm)
+    # the baseline timed beside the models in every round: from round 1 on, their median is the reference that the
+    # constant is calibrated on and residuals are rescaled to. The calibration timing alone, before the loop, can
+    # fall into a slow stretch of a shared machine (1136 ms against 850-990 ms beside the models minutes later,
+    # docs/RESULTS.md 2026-11-24), which inflated the constant by 290 ms and every step of the loop by a quarter
+    baselines = []
 
     def solve(stream):
         from gac.align.latency_objective import select_for_speedup
@@ -254,7 +260,9 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
         rows = {name: {"round": k + 1, "budget_ms": next(s.budget for s in active if s.name == name),
                        "baseline_predicted_ms": lm.predict({}), "gac_predicted_ms": lm.constant_ms + c.predicted_ms,
                        "params": c.params, "value": c.value, **extra[name]} for name, c in choices.items()}
-        for name, figures in _timed(model, built, cfg).items():
+        timed = _timed(model, built, cfg)
+        baselines.append(next(iter(timed.values()))["baseline_measured_ms"])
+        for name, figures in timed.items():
             rows[name].update(figures)
             # a round passes its timing only beyond that timing's own noise floor; then a second, independent
             # timing must confirm it: of many rounds, those that happened to time fast would otherwise be kept more
@@ -262,21 +270,28 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
             rows[name]["reached"] = rows[name]["gac_measured_ms"] <= rows[name]["target_ms"]
         passed = {name: built[name] for name, row in rows.items() if row["reached"]}
         if passed:
-            for name, figures in _timed(model, passed, cfg).items():
+            timed = _timed(model, passed, cfg)
+            baselines.append(next(iter(timed.values()))["baseline_measured_ms"])
+            for name, figures in timed.items():
                 rows[name]["screen"] = {key: rows[name][key] for key in _TIMED}
                 rows[name].update(figures)
                 rows[name]["reached"] = figures["measured_speedup"] >= cfg.speedup
+        reference_ms = statistics.median(baselines)
         for s in active:
             if s.name in rows:
-                _settle(s, choices[s.name], rows[s.name], built[s.name], cfg, baseline_ms, windows, items)
+                _settle(s, choices[s.name], rows[s.name], built[s.name], cfg, reference_ms, windows, items)
         del built, passed  # before the next round's copies are built
+        # the next round's predictions: the constant re-set to the median baseline, the tables (and items) as they are
+        lm = dataclasses.replace(lm, constant_ms=max(reference_ms - lm.full_ms(), 0.0),
+                                 meta={**lm.meta, "baseline_ms": reference_ms})
         if "latency" in rows:
             outcome.rounds.append(rows["latency"])
     outcome.dims, outcome.final, outcome.guard = _keep(streams, cfg)
+    outcome.latency_model = lm
     return outcome
 
 
-def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, baseline_ms: float, windows, items) -> None:
+def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, reference_ms: float, windows, items) -> None:
     """Record a stream's round: keep it when it reached the target (its loss measured for the guard) or is the
     fastest yet; else tighten the stream's budget by the measured residual for its next round."""
     from gac.align.latency_objective import fastest_ms
@@ -297,7 +312,7 @@ def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, baseline_ms
     # a model far past the target gives away quality: one more round with the budget loosened by the excess (the
     # same rule as a shortfall), kept only if it reaches the target too. Both streams are loosened alike, so the
     # guard compares models brought to the target, not one cut deeper than needed
-    # tighten (or loosen) by the measured residual, rescaled to the baseline the model was calibrated on: the
+    # tighten (or loosen) by the measured residual, rescaled to the median of the loop's baseline timings: the
     # shortfall from the gate plus one more A/A floor, so that the next round aims beyond the gate rather than at it
     # (aimed at the gate, a model passes a noisy timing about half the time; docs/RESULTS.md, night of 2026-11-23)
     aim_ms = row["target_ms"] * (1.0 - row["aa_floor_pct"] / 100.0)
@@ -310,7 +325,7 @@ def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, baseline_ms
         s.done = True
         return
     s.loosened = row["reached"]
-    s.budget -= (row["gac_measured_ms"] - aim_ms) * baseline_ms / row["baseline_measured_ms"]
+    s.budget -= (row["gac_measured_ms"] - aim_ms) * reference_ms / row["baseline_measured_ms"]
     if s.budget < fastest_ms(items):
         log.warning("%s: the tightened budget is below the fastest dims: stopping after round %d", s.name,
                     row["round"])
