@@ -82,11 +82,11 @@ def analyses(model, calib, name: str, args, speedup) -> tuple:
 
 
 def evaluate(built, held_out, lm, dims) -> dict:
-    """The latency model's prediction for a built model (whole-model ms and speedup) and, for a trained model, its
-    held-out perplexity."""
+    """The latency model's predicted saving for a built model (the tables' part, free of the model's constant: the
+    final timing adds its own baseline) and, for a trained model, its held-out perplexity."""
     from gac.evaluate.perplexity import perplexity
 
-    row = {"predicted_ms": lm.predict(dims), "predicted_speedup": lm.predict({}) / lm.predict(dims)}
+    row = {"predicted_saving_ms": lm.predict({}) - lm.predict(dims)}
     if held_out is not None:
         row["ppl"] = perplexity(built, held_out, desc="ppl", progress=False)
     return row
@@ -147,7 +147,7 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
                          for s, g in guard.items() if s != "kept"},
                **evaluate(m.eval(), held_out, outcome.latency_model, outcome.dims)}
         out["latency"].append(row)
-        built[f"latency {target:g}"] = (row, m, outcome.latency_model, outcome.dims)
+        built[f"latency {target:g}"] = (row, m)
         # the guard's parameter-objective model (its own closed loop to the same measured target) is the twin; the
         # knapsack's own model is built too where the guard kept the other
         for stream, key in (("parameter", "twin"), ("latency", "knapsack")):
@@ -161,7 +161,7 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
                 analyzed.compressor.materialize(m, analyzed.units, dims)
                 row[key] = {"ratio": guard[stream].get("ratio"), "dims": dims,
                             **evaluate(m.eval(), held_out, outcome.latency_model, dims)}
-                built[f"{key} {target:g}"] = (row[key], m, outcome.latency_model, dims)
+                built[f"{key} {target:g}"] = (row[key], m)
     lm = lm.calibrated(_baseline_ms(model, cfg))  # the constant, for the parameter objective's predictions
     for ratio in args.ratios:
         dims = select_dims(model, by_params, dataclasses.replace(params_cfg, ratio=ratio)).dims["gac"]
@@ -169,13 +169,12 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         by_params.compressor.materialize(m, by_params.units, dims)
         row = {"ratio": ratio, **evaluate(m.eval(), held_out, lm, dims)}
         out["ratio"].append(row)
-        built[f"ratio {ratio:g}"] = (row, m, lm, dims)
+        built[f"ratio {ratio:g}"] = (row, m)
     timed = time_together(model, {label: b[1] for label, b in built.items()}, cfg, args.final_rounds)
-    for label, (row, _, m_lm, dims) in built.items():
+    for label, (row, _) in built.items():
         row.update(timed[label])
         # the latency model's constant calibrated on this timing's own baseline, as the closed loop calibrates it: the
-        # prediction is the measured baseline less the predicted saving (the tables' part, free of any constant)
-        row["predicted_saving_ms"] = m_lm.predict({}) - row["predicted_ms"]
+        # prediction is the measured baseline less the predicted saving
         row["predicted_ms"] = row["baseline_ms"] - row["predicted_saving_ms"]
         row["predicted_speedup"] = row["baseline_ms"] / row["predicted_ms"]
         row["error_pct"] = 100 * (row["predicted_ms"] / row["measured_ms"] - 1)

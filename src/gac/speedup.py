@@ -94,7 +94,7 @@ class LatencyOutcome:
 
     dims: dict  # {group: dim or None}
     config: SpeedupConfig
-    latency_model: object  # gac.align.latency_model.LatencyModel, calibrated on the median of every baseline timing
+    latency_model: object  # gac.align.latency_model.LatencyModel, its constant at the rounds' median baseline
     rounds: list[dict] = field(default_factory=list)
     final: dict = field(default_factory=dict)  # the kept round
     guard: dict = field(default_factory=dict)  # {stream: its kept round, reached, loss, dims} and "kept": the stream
@@ -224,6 +224,11 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
     # docs/RESULTS.md 2026-11-24), which inflated the constant by 290 ms and every step of the loop by a quarter
     baselines = []
 
+    def timed_beside(models):
+        figures = _timed(model, models, cfg)
+        baselines.append(next(iter(figures.values()))["baseline_measured_ms"])
+        return figures
+
     def solve(stream):
         from gac.align.latency_objective import select_for_speedup
         from gac.align.parameter_at_latency import parameter_choice
@@ -260,9 +265,7 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
         rows = {name: {"round": k + 1, "budget_ms": next(s.budget for s in active if s.name == name),
                        "baseline_predicted_ms": lm.predict({}), "gac_predicted_ms": lm.constant_ms + c.predicted_ms,
                        "params": c.params, "value": c.value, **extra[name]} for name, c in choices.items()}
-        timed = _timed(model, built, cfg)
-        baselines.append(next(iter(timed.values()))["baseline_measured_ms"])
-        for name, figures in timed.items():
+        for name, figures in timed_beside(built).items():
             rows[name].update(figures)
             # a round passes its timing only beyond that timing's own noise floor; then a second, independent
             # timing must confirm it: of many rounds, those that happened to time fast would otherwise be kept more
@@ -270,9 +273,7 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
             rows[name]["reached"] = rows[name]["gac_measured_ms"] <= rows[name]["target_ms"]
         passed = {name: built[name] for name, row in rows.items() if row["reached"]}
         if passed:
-            timed = _timed(model, passed, cfg)
-            baselines.append(next(iter(timed.values()))["baseline_measured_ms"])
-            for name, figures in timed.items():
+            for name, figures in timed_beside(passed).items():
                 rows[name]["screen"] = {key: rows[name][key] for key in _TIMED}
                 rows[name].update(figures)
                 rows[name]["reached"] = figures["measured_speedup"] >= cfg.speedup
@@ -281,9 +282,7 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
             if s.name in rows:
                 _settle(s, choices[s.name], rows[s.name], built[s.name], cfg, reference_ms, windows, items)
         del built, passed  # before the next round's copies are built
-        # the next round's predictions: the constant re-set to the median baseline, the tables (and items) as they are
-        lm = dataclasses.replace(lm, constant_ms=max(reference_ms - lm.full_ms(), 0.0),
-                                 meta={**lm.meta, "baseline_ms": reference_ms})
+        lm = lm.recentred(reference_ms)  # the next round's predictions
         if "latency" in rows:
             outcome.rounds.append(rows["latency"])
     outcome.dims, outcome.final, outcome.guard = _keep(streams, cfg)

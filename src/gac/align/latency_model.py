@@ -13,7 +13,7 @@ import json
 import logging
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gac.errors import GacError
 from gac.models.groups import DimGroup, HeadGroup, HeadRankGroup, RankGroup, WidthGroup
@@ -111,6 +111,12 @@ class LatencyModel:
         meta = {**self.meta, "baseline_ms": baseline_ms, "table_scale": scale}
         return LatencyModel(self.phase, tables, original, max(baseline_ms - full * scale, 0.0), meta,
                             dict(self.full_dims))
+
+    def recentred(self, baseline_ms: float) -> LatencyModel:
+        """The same tables with the constant re-set so that the original predicts `baseline_ms` (never below zero):
+        a recalibration that keeps the tables, and so the knapsack items built from them, as they are."""
+        return replace(self, constant_ms=max(baseline_ms - self.full_ms(), 0.0),
+                       meta={**self.meta, "baseline_ms": baseline_ms})
 
     def to_json(self) -> str:
         tables = {g: {("full" if d is None else str(d)): ms for d, ms in t.items()} for g, t in self.tables.items()}
