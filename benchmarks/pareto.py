@@ -68,17 +68,13 @@ def config(model, name: str, args, speedup=None):
 
 def analyses(model, calib, name: str, args, speedup) -> tuple:
     """((analysis, config) of the latency objective, (analysis, config) of the parameter objective): gac compress's
-    analysis (one calibration, spectra and loss model), shared when both objectives use the same compressor options,
-    twice when --speedup changes a default (gac.speedup.OBJECTIVE_DEFAULTS, e.g. prune's head mode)."""
+    analysis (one calibration, spectra and loss model), shared: --speedup changes no compressor option (prune's
+    heads are held whole in the knapsack alone, gac.speedup.WHOLE_HEADS)."""
     from gac.api import analyze
 
     latency, parameters = config(model, name, args, speedup), config(model, name, args)
     units = analyze(model, calib, latency)
-    if latency.compressor_options == parameters.compressor_options:
-        return (units, latency), (units, parameters)
-    log.info("%s: --speedup sets %s; the parameter objective keeps %s and is analyzed apart", name,
-             latency.compressor_options, parameters.compressor_options)
-    return (units, latency), (analyze(model, calib, parameters), parameters)
+    return (units, latency), (units, parameters)
 
 
 def evaluate(built, held_out, lm, dims) -> dict:
@@ -142,7 +138,7 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         guard = outcome.guard
         row = {"target": target, "loop_s": time.perf_counter() - t0, "rounds": outcome.rounds,
                "reached": outcome.final["reached"], "loop_speedup": outcome.final["measured_speedup"],
-               "dims": outcome.dims, "kept": guard["kept"],
+               "dims": outcome.dims, "kept": guard["kept"], "speed_scale": outcome.latency_model.meta.get("speed_scale"),
                "guard": {s: {k: g.get(k) for k in ("reached", "loss", "measured_speedup", "rounds", "ratio")}
                          for s, g in guard.items() if s != "kept"},
                **evaluate(m.eval(), held_out, outcome.latency_model, outcome.dims)}

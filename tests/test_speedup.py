@@ -84,7 +84,7 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
     compress(cfg)
     r = json.loads((out / "report.json").read_text())
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16",
-                              "param_cap": None, "guard": True}
+                              "param_cap": None, "guard": True, "whole_heads": compressor == "prune"}
     assert r["ratio"] is None and set(r["variants"]) == {"baseline", "gac"}
     for v in ("baseline", "gac"):  # figures only: a tiny model's op sweeps on a busy CPU can even sum past the model
         assert math.isfinite(r["variants"][v]["predicted_ms"]) and r["variants"][v]["measured_ms"] > 0
@@ -107,9 +107,11 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
     assert "speedup 1.05x at prefill 1x16" in md and "measured speedup" in md and "reached" in md
     assert all(d % 8 == 0 for d in r["dims"]["gac"].values())  # the wide candidates are aligned dims
     assert "screen" in rounds[1] and "screen" not in rounds[0]  # the reaching round was timed twice
-    if compressor == "prune":  # heads are left whole under --speedup unless asked for
-        assert r["compressor_options"]["head_mode"] == "none"
-        assert all(name.endswith("mlp") for name in r["dims"]["gac"]), r["dims"]["gac"]
+    if compressor == "prune":  # the knapsack keeps heads whole under --speedup unless asked for
+        assert "head_mode" not in r["compressor_options"] and r["objective"]["whole_heads"]
+        kept = r["latency_objective"]["guard"]["latency"]["dims"]  # head groups analyzed, for the guard's --ratio
+        heads = [name for name in kept if name.endswith("self_attn")]
+        assert heads and all(kept[name] is None for name in heads), kept
 
 
 def lucky_then_short():
@@ -238,11 +240,31 @@ def test_no_guard_builds_the_knapsack_choice_alone(tiny_model_dir, monkeypatch, 
     assert set(fake.calls) == {"latency"}
 
 
-def test_prune_heads_under_speedup_only_when_asked():
-    assert CompressConfig(compressor="prune", speedup=SpeedupConfig(1.2)).compressor_options["head_mode"] == "none"
+def test_prune_heads_whole_in_the_knapsack_only_by_default():
+    assert CompressConfig(compressor="prune", speedup=SpeedupConfig(1.2)).speedup.whole_heads
+    assert "head_mode" not in CompressConfig(compressor="prune", speedup=SpeedupConfig(1.2)).compressor_options
     given = CompressConfig(compressor="prune", speedup=SpeedupConfig(1.2), compressor_options={"head_mode": "group"})
-    assert given.compressor_options["head_mode"] == "group"
-    assert "head_mode" not in CompressConfig(compressor="prune").compressor_options  # --ratio keeps the default
+    assert not given.speedup.whole_heads
+    assert not CompressConfig(compressor="asvd", speedup=SpeedupConfig(1.2)).speedup.whole_heads
+
+
+def test_whole_heads_leave_the_knapsack_one_candidate_per_head_group():
+    from gac.align.latency_model import FULL, LatencyModel, Phase, candidate_dims
+    from gac.models.groups import HeadGroup
+    from gac.speedup import latency_items
+    from tests.compressors.test_prune import _setup
+
+    *_, units = _setup()
+    heads = [u for u in units if isinstance(u.group, HeadGroup)]
+    assert heads and len(heads) < len(units)
+    tables = {u.name: {d: 1.0 + (d or 0) for d in candidate_dims(u.group, 8)} for u in units}
+    lm = LatencyModel(Phase("prefill", 1, 16), tables, {u.name: 1.0 for u in units})
+    free, whole = latency_items(units, lm), latency_items(units, lm, whole_heads=True)
+    for a, b in zip(free, whole):
+        if a.name in {u.name for u in heads}:
+            assert len(a.candidates) > 1 and b.candidates == (FULL,) and b.ms == (lm.ms(a.name, FULL),)
+        else:
+            assert a == b
 
 
 def test_decode_phase_runs_on_real_timings(tiny_model_dir, linear_latency):

@@ -60,9 +60,9 @@ class CompressConfig:
             raise GacError("--target and --profile both choose the candidates: pass one of them")
         if self.speedup is not None:
             self._check_speedup()
-            from gac.speedup import objective_options
+            from gac.speedup import objective_config
 
-            object.__setattr__(self, "compressor_options", objective_options(self.compressor, self.compressor_options))
+            object.__setattr__(self, "speedup", objective_config(self.compressor, self.compressor_options, self.speedup))
 
     def _check_speedup(self) -> None:
         """--speedup measures its own tables and saves its own dims, with the whole model on the device."""

@@ -32,6 +32,7 @@ class SpeedupConfig:
     profile_repeats: int = 11  # timed calls per swept dim of the latency tables
     param_cap: float | None = None  # keep at most this share of the compressible groups' original parameters
     guard: bool = True  # build the parameter objective's choice beside the knapsack's; keep the better reaching one
+    whole_heads: bool = False  # the knapsack keeps attention head groups whole (the guard's choice may prune them)
 
     def __post_init__(self):
         from gac.align.latency_model import Phase
@@ -51,29 +52,32 @@ class SpeedupConfig:
 
     def objective(self) -> dict:
         return {"kind": "latency", "speedup": self.speedup, "phase": self.phase, "shape": f"{self.batch}x{self.seq}",
-                "param_cap": self.param_cap, "guard": self.guard}
+                "param_cap": self.param_cap, "guard": self.guard, "whole_heads": self.whole_heads}
 
     def cap_params(self, compressible: int) -> int | None:
         """The parameter cap in parameters of the compressible groups (None: no cap)."""
         return None if self.param_cap is None else math.floor(self.param_cap * compressible)
 
 
-# Compressor options whose default differs under the latency objective, and why (docs/RESULTS.md, 2026-11-23):
-# per millisecond, attention heads are cheap to remove (a KV group's projections and its share of SDPA), so the
-# objective spends its budget on them, and taylor's head importance understates what a head costs in perplexity:
-# at equal measured speed prune lost 4-132% perplexity against the parameter objective with heads, and was no worse
-# (up to 8% better) without them. `--head-mode group` still prunes heads under --speedup.
-OBJECTIVE_DEFAULTS = {"prune": {"head_mode": "none"}}
+# Compressors whose attention heads the latency knapsack keeps whole under --speedup unless a head mode is given
+# (docs/RESULTS.md, 2026-11-23): per millisecond, heads are cheap to remove (a KV group's projections and its share
+# of SDPA), so the knapsack spends its budget on them, and taylor's head importance understates what a head costs in
+# perplexity: at equal measured speed prune lost 4-132% against the parameter objective with heads, and was no worse
+# without them. The analysis keeps the compressor's own head mode, so the guard's parameter objective prunes heads
+# as `--ratio` does and the kept model is compared against that (2026-11-24: prune's --ratio with heads was 16.6%
+# better at 1.3x than the guard's twin without). `--head-mode group` lets the knapsack prune heads too.
+WHOLE_HEADS = ("prune",)
 
 
-def objective_options(compressor: str, options: dict) -> dict:
-    """The compressor's options under --speedup: the user's, over OBJECTIVE_DEFAULTS."""
-    defaults = {k: v for k, v in OBJECTIVE_DEFAULTS.get(compressor, {}).items() if k not in options}
-    if defaults:
-        log.info("--speedup with %s: %s by default (its head importance does not hold per millisecond, see "
-                 "OBJECTIVE_DEFAULTS); give the option to override", compressor,
-                 ", ".join(f"{k}={v}" for k, v in defaults.items()))
-    return {**defaults, **options}
+def objective_config(compressor: str, options: dict, cfg: SpeedupConfig) -> SpeedupConfig:
+    """The latency objective for `compressor` with the user's options: heads held whole in the knapsack where
+    WHOLE_HEADS says so and no head mode was given."""
+    if compressor not in WHOLE_HEADS or "head_mode" in options or cfg.whole_heads:
+        return cfg
+    log.info("--speedup with %s: the knapsack keeps attention heads whole (their importance does not hold per "
+             "millisecond, see WHOLE_HEADS); the guard's parameter objective prunes them as --ratio does; give "
+             "--head-mode to let the knapsack prune heads", compressor)
+    return dataclasses.replace(cfg, whole_heads=True)
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -155,15 +159,18 @@ def _timed(model, built: dict, cfg: SpeedupConfig) -> dict:
                    "target_ms": base / (cfg.speedup * (1.0 + floor))} for name in built}
 
 
-def latency_items(units, latency_model) -> list:
-    """One knapsack item per unit: its candidates, their predicted ms, retained quality and parameters."""
+def latency_items(units, latency_model, *, whole_heads: bool = False) -> list:
+    """One knapsack item per unit: its candidates, their predicted ms, retained quality and parameters; with
+    `whole_heads` an attention head group's only candidate is the original (FULL)."""
+    from gac.align.latency_model import FULL
     from gac.align.latency_objective import LatencyItem
     from gac.compressors.quality import quality_values
+    from gac.models.groups import HeadGroup
 
     items = []
     for u in units:
         table = latency_model.tables[u.name]
-        cands = list(table)
+        cands = [FULL] if whole_heads and isinstance(u.group, HeadGroup) else list(table)
         items.append(LatencyItem(u.name, tuple(cands), tuple(table[d] for d in cands),
                                  tuple(quality_values(u, cands)), tuple(u.params(d) for d in cands)))
     return items
@@ -208,7 +215,7 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
     lm = lm.calibrated(baseline_ms)
     log.info("latency model%s: baseline %.2f ms measured, groups %.2f ms predicted, constant %.2f ms", cfg.where,
              baseline_ms, lm.full_ms(), lm.constant_ms)
-    items = latency_items(units, lm)
+    items = latency_items(units, lm, whole_heads=cfg.whole_heads)
     cap = cfg.cap_params(sum(u.group.numel for u in units))
     budget = baseline_ms / cfg.speedup - lm.constant_ms  # for the groups' part of the model
     streams = [Stream("latency", budget)]

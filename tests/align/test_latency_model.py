@@ -176,3 +176,30 @@ def test_measured_model_knows_the_full_dims():
     lm = measure_latency_model(groups, Phase("prefill", 1, 16), repeats=1, progress=False)
     assert lm.full_dims == {groups[0].name: groups[0].max_dim}  # no rank group: a dense weight has no rank
     assert lm.predict({groups[0].name: groups[0].max_dim}) == lm.predict({})
+
+
+def test_cached_tables_take_the_machine_speed_of_today(monkeypatch, tmp_path):
+    """Tables read back from a cached sweep are rescaled by re-timing a few of its dims: a machine now 1.5x slower
+    predicts 1.5x the cached ms (the cliffs kept), and a fresh sweep is not rescaled."""
+    import gac.hw.profile as hw
+
+    real, speed = hw.run_profile, {"factor": 1.0}
+
+    def run_profile(spec, **kw):  # the real sweep's structure, with ms a fixed non-monotone function of the dim
+        p = real(spec, **kw)
+        for e in p["ops"]:
+            e["ms"] = [speed["factor"] * (d + 7 * (d % 3)) / 100 for d in e["dims"]]
+        return p
+
+    monkeypatch.setattr(hw, "run_profile", run_profile)
+    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path))  # nothing cached yet
+    m = tiny_model()
+    groups = groups_of(m, "mlp")[:1] + groups_of(m, "rank")[:1]
+    phase = Phase("prefill", 1, 16)
+    fresh = measure_latency_model(groups, phase, repeats=1, progress=False)
+    assert "speed_scale" not in fresh.meta
+    speed["factor"] = 1.5
+    today = measure_latency_model(groups, phase, repeats=1, progress=False)
+    assert today.meta["speed_scale"] == pytest.approx(1.5) and today.meta["speed_points"] >= 3
+    for g in groups:
+        assert today.tables[g.name] == pytest.approx({d: 1.5 * ms for d, ms in fresh.tables[g.name].items()})

@@ -40,7 +40,7 @@ def test_speedup_run(tiny_model_dir, tmp_path):
     assert p.returncode == 0, p.stderr
     r = json.loads((out / "report.json").read_text())
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x64",
-                              "param_cap": 0.95, "guard": True}
+                              "param_cap": 0.95, "guard": True, "whole_heads": True}
     assert {"predicted_ms", "measured_ms"} <= set(r["variants"]["gac"])
     assert all(row["params"] <= 0.95 * r["compressible_params"] for row in r["latency_objective"]["rounds"])
     guard = r["latency_objective"]["guard"]  # the parameter objective's choice beside it keeps the cap too

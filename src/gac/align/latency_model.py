@@ -247,24 +247,58 @@ def op_spec(op: str, shape: tuple, dims, phase: Phase, repeats: int):
     return SweepSpec(ops=(op,), dims=tuple(sorted(dims)), m_values=(m,), sizes=sizes, warmup=2, repeats=repeats)
 
 
+def probe_dims(dims: list) -> tuple:
+    """The few dims of a sweep re-timed to check the machine's speed: its smallest, middle and largest."""
+    dims = sorted(dims)
+    return tuple(sorted({dims[0], dims[len(dims) // 2], dims[-1]}))
+
+
+def speed_scale(reused: list, op_tables: dict, *, device: str, dtype: str) -> tuple[float, int]:
+    """How much slower (above 1) or faster the machine runs now than when the cached sweeps were taken: the median,
+    over a few dims of each sweep (`probe_dims`), of the ms measured now over the ms cached. `reused` holds the
+    sweeps' (op, shape) keys into `op_tables` and their specs. A shared or throttled VM can run the same kernels a
+    third slower one day than another: the cached tables keep their shape (the cliffs) and take today's speed from
+    this one factor. Returns (factor, points re-timed)."""
+    import dataclasses
+    import statistics
+
+    from gac.hw.profile import run_profile
+
+    ratios = []
+    for key, spec in reused:
+        probe = dataclasses.replace(spec, dims=probe_dims(spec.dims))
+        entry = run_profile(probe, device=device, dtype=dtype, progress=False)["ops"][0]
+        table = op_tables[key]
+        ratios += [ms / table[int(d)] for d, ms in zip(entry["dims"], entry["ms"]) if table.get(int(d), 0) > 0]
+    return (statistics.median(ratios) if ratios else 1.0), len(ratios)
+
+
 def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: int = 8, device: str = "cpu",
                           dtype: str = "float32", repeats: int = 11, progress: bool = True) -> LatencyModel:
     """Sweep every op and shape the groups' candidates need at the phase's M (cached per device, dtype, torch and
     spec, the spec holding M and the shapes), and return the model with a zero constant (see `calibrated`)."""
-    from gac.align.profiled import _cached_sweep
+    from gac.align.profiled import _cached_sweep, auto_cache_path
     from gac.hw.device import device_name
 
     if not groups:
         raise GacError("no dimension groups to predict latency for")
-    op_tables = {}
+    op_tables, reused = {}, []
     for (op, shape), dims in sorted(sweep_needs(groups, alignment).items()):
         spec = op_spec(op, shape, dims, phase, repeats)
         log.info("latency table: %s %s at M=%d, %d dims", op, dict(shape), spec.m_values[0], len(dims))
+        if auto_cache_path(spec, device=device, dtype=dtype).is_file():
+            reused.append(((op, shape), spec))
         entry = _cached_sweep(spec, device=device, dtype=dtype, progress=progress)["ops"][0]
         op_tables[(op, shape)] = {int(d): float(ms) for d, ms in zip(entry["dims"], entry["ms"])}
     import torch
 
     meta = {"device": device, "device_name": device_name(device), "dtype": dtype, "torch": torch.__version__,
             "alignment": alignment, "repeats": repeats}
+    if reused:  # tables read back from a sweep taken another day: bring them to the machine's speed of today
+        scale, points = speed_scale(reused, op_tables, device=device, dtype=dtype)
+        log.info("cached latency tables rescaled by %.3f: the machine's speed now over its speed when swept "
+                 "(median of %d re-timed points)", scale, points)
+        op_tables = {key: {d: ms * scale for d, ms in t.items()} for key, t in op_tables.items()}
+        meta["speed_scale"], meta["speed_points"] = scale, points
     full_dims = {g.name: g.full_dim for g in groups if g.full_dim is not None}
     return LatencyModel(phase, *build_tables(groups, alignment, op_tables), 0.0, meta, full_dims)
