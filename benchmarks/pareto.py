@@ -103,7 +103,7 @@ def time_together(model, built: dict, cfg, rounds: int) -> dict:
 def run_compressor(name, model, calib, held_out, args) -> dict:
     from gac.align.latency_model import Phase, measure_latency_model
     from gac.api import select_dims
-    from gac.speedup import SpeedupConfig
+    from gac.speedup import SpeedupConfig, fit_latency
 
     batch, seq = (int(x) for x in args.shape.split("x"))
     cfg = SpeedupConfig(args.targets[0], phase=args.phase, batch=batch, seq=seq, rounds=args.rounds,
@@ -138,7 +138,7 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
         guard = outcome.guard
         row = {"target": target, "loop_s": time.perf_counter() - t0, "rounds": outcome.rounds,
                "reached": outcome.final["reached"], "loop_speedup": outcome.final["measured_speedup"],
-               "dims": outcome.dims, "kept": guard["kept"], "speed_scale": outcome.latency_model.meta.get("speed_scale"),
+               "dims": outcome.dims, "kept": guard["kept"], "saving_scale": outcome.latency_model.meta.get("saving_scale"),
                "guard": {s: {k: g.get(k) for k in ("reached", "loss", "measured_speedup", "rounds", "ratio")}
                          for s, g in guard.items() if s != "kept"},
                **evaluate(m.eval(), held_out, outcome.latency_model, outcome.dims)}
@@ -158,7 +158,7 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
                 row[key] = {"ratio": guard[stream].get("ratio"), "dims": dims,
                             **evaluate(m.eval(), held_out, outcome.latency_model, dims)}
                 built[f"{key} {target:g}"] = (row[key], m)
-    lm = lm.calibrated(_baseline_ms(model, cfg))  # the constant, for the parameter objective's predictions
+    lm = fit_latency(model, by_params.compressor, by_params.units, lm, cfg)  # for the parameter objective's rows
     for ratio in args.ratios:
         dims = select_dims(model, by_params, dataclasses.replace(params_cfg, ratio=ratio)).dims["gac"]
         m = copy.deepcopy(model)
@@ -179,12 +179,6 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
                  f", ppl {row['ppl']:.2f}" if "ppl" in row else "")
     add_param_ppl(out)
     return out
-
-
-def _baseline_ms(model, cfg) -> float:
-    from gac.speedup import time_at_phase
-
-    return time_at_phase({"baseline": model}, cfg, aa=False)["baseline"].median_ms
 
 
 def add_param_ppl(run: dict) -> None:
@@ -321,7 +315,7 @@ def markdown(result: dict) -> str:
              "", f"{result['env']}", "",
              "Every model of a compressor, and its baseline with an A/A twin, timed round-robin in one final run "
              "(`measured`); `loop` is the closed loop's own kept timing. `predicted`: that run's baseline less the latency "
-             "model's predicted saving (its constant calibrated on the run's baseline); `error`: predicted against "
+             "model's predicted saving (its tables fitted on a reference model, the constant on the run's baseline); `error`: predicted against "
              "measured whole-model ms. `vs params at equal measured speed`: the "
              "parameter objective's perplexity read off its ratios at the same measured speedup (in brackets: read at "
              "that speedup +- the A/A floor). `twin`: the guard's model, the parameter objective's allocation over the "

@@ -237,7 +237,7 @@ def test_no_guard_builds_the_knapsack_choice_alone(tiny_model_dir, monkeypatch, 
                       speedup=SpeedupConfig(1.05, **FAST, guard=False))
     guard = compress(cfg).report["latency_objective"]["guard"]
     assert set(guard) == {"latency", "kept"} and guard["latency"]["loss"] is None
-    assert set(fake.calls) == {"latency"}
+    assert set(fake.calls) == {"reference", "latency"}  # the fit's reference, then the knapsack's models alone
 
 
 def test_prune_heads_whole_in_the_knapsack_only_by_default():
@@ -356,3 +356,35 @@ def test_parameter_choice_is_the_smallest_ratio_within_the_budget(tiny_model_dir
     capped, _ = parameter_choice(comp, units, lm, 0.8 * full, alignment=8, value=value, min_ratio=ratio + 0.1)
     assert capped >= ratio + 0.1
     assert parameter_choice(comp, units, lm, 1e-6, alignment=8, value=value) is None
+
+
+def test_fit_latency_times_a_reference_model_beside_the_original(tiny_model_dir, monkeypatch):
+    """The reference model is built at reference_dims and timed beside the original; its measured saving, 1.5x the
+    sweeps' prediction here, scales every table, and the fitted model predicts both timings."""
+    from gac.align.latency_model import Phase, reference_dims
+    from gac.api import analyze
+    from gac.data import load_windows
+    from gac.hw.timing import Timing
+    from gac.models.loading import load_model
+    from gac.speedup import fit_latency
+
+    cfg = fast_config(tiny_model_dir, compressor="asvd")
+    loaded = load_model(cfg.model)
+    analyzed = analyze(loaded.model, load_windows(loaded.tokenizer, cfg.text)[0], cfg)
+    units = analyzed.units
+    lm = _linear_latency([u.group for u in units], Phase(seq=16))
+    ref = reference_dims(lm, [u.name for u in units])
+    saving = lm.predict({}) - lm.predict(ref)
+    base = 2 * lm.full_ms()
+    seen = {}
+
+    def timing(models, cfg, aa=True):
+        seen.update(models)
+        return {"baseline": Timing(*(4 * [base]), 1), "reference": Timing(*(4 * [base - 1.5 * saving]), 1)}
+
+    monkeypatch.setattr("gac.speedup.time_at_phase", timing)
+    fit = fit_latency(loaded.model, analyzed.compressor, units, lm, SpeedupConfig(1.2, **FAST))
+    assert seen["baseline"] is loaded.model and sum(p.numel() for p in seen["reference"].parameters()) < sum(
+        p.numel() for p in loaded.model.parameters())
+    assert fit.meta["saving_scale"] == pytest.approx(1.5)
+    assert fit.predict({}) == pytest.approx(base) and fit.predict(ref) == pytest.approx(base - 1.5 * saving)

@@ -92,6 +92,9 @@ def parse_shape(text: str) -> tuple[int, int]:
     return b, s
 
 
+FIT_KEYS = ("saving_scale", "fit_scale", "reference_ms", "reference_predicted_saving_ms")  # LatencyModel.fitted's
+
+
 @dataclass
 class LatencyOutcome:
     """What the closed loop chose and measured; `selection` of gac.api.Selected under --speedup."""
@@ -107,8 +110,9 @@ class LatencyOutcome:
         """report.json's objective, latency_objective (every round, the kept one's figures, the constant) and each
         variant's predicted and measured ms at the objective's shape."""
         report["objective"] = self.config.objective()
+        meta = self.latency_model.meta
         report["latency_objective"] = {"rounds": self.rounds, **self.final, "constant_ms": self.latency_model.constant_ms,
-                                       "guard": self.guard}
+                                       "fit": {k: meta.get(k) for k in FIT_KEYS}, "guard": self.guard}
         for variant in ("baseline", "gac"):
             if variant in report.get("variants", {}):
                 v = report["variants"][variant]
@@ -195,10 +199,28 @@ class Stream:
         return self.kept is not None and self.kept[1]["reached"]
 
 
+def fit_latency(model, compressor, units, lm, cfg: SpeedupConfig, *, groups=None):
+    """`lm` fitted (LatencyModel.fitted) on the original and a reference model built with `groups` (default: every
+    unit's) at reference_dims, timed side by side at the objective's phase and shape."""
+    from gac.align.latency_model import reference_dims
+
+    dims = reference_dims(lm, [u.name for u in units] if groups is None else groups)
+    reference = copy.deepcopy(model)
+    compressor.materialize(reference, units, {u.name: dims.get(u.name) for u in units})
+    calibration = dataclasses.replace(cfg, timing_rounds=max(cfg.timing_rounds, 5))  # a median robust to a spike
+    t = time_at_phase({"baseline": model, "reference": reference.eval()}, calibration, aa=False)
+    del reference
+    fitted = lm.fitted(t["baseline"].median_ms, dims, t["reference"].median_ms)
+    log.info("latency tables%s fitted on a reference model: it measured %.2f ms against the original's %.2f ms, "
+             "the sweeps' predicted saving scaled by %.3f", cfg.where, t["reference"].median_ms,
+             t["baseline"].median_ms, fitted.meta["saving_scale"])
+    return fitted
+
+
 def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment: int, device: str, dtype: str,
                       windows=None, progress: bool = True) -> LatencyOutcome:
-    """Measure the latency tables, calibrate their constant on the original model, then solve, build and time up to
-    `cfg.rounds` times, tightening the budget by the measured shortfall each time.
+    """Measure the latency tables, fit them on the original and a reference model (fit_latency), then solve, build
+    and time up to `cfg.rounds` times, tightening the budget by the measured shortfall each time.
 
     With `windows` (calibration token windows) and cfg.guard, the parameter objective's choice at the same budget is
     built and timed beside the knapsack's in every round, under its own closed loop; of the two streams' models that
@@ -206,13 +228,14 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
     worse than the parameter objective at the measured target on calibration text, whatever the latency model's
     errors between the two choices (docs/RESULTS.md, 2026-11-24)."""
     from gac.align.latency_model import Phase, measure_latency_model
+    from gac.models.groups import HeadGroup
 
     phase = Phase(cfg.phase, cfg.batch, cfg.seq)
     lm = measure_latency_model([u.group for u in units], phase, alignment=alignment, device=device, dtype=dtype,
                                repeats=cfg.profile_repeats, progress=progress)
-    calibration = dataclasses.replace(cfg, timing_rounds=max(cfg.timing_rounds, 5))  # a median robust to a spike
-    baseline_ms = time_at_phase({"baseline": model}, calibration, aa=False)["baseline"].median_ms
-    lm = lm.calibrated(baseline_ms)
+    held = {u.name for u in units if cfg.whole_heads and isinstance(u.group, HeadGroup)}
+    lm = fit_latency(model, compressor, units, lm, cfg, groups=[u.name for u in units if u.name not in held])
+    baseline_ms = lm.meta["baseline_ms"]
     log.info("latency model%s: baseline %.2f ms measured, groups %.2f ms predicted, constant %.2f ms", cfg.where,
              baseline_ms, lm.full_ms(), lm.constant_ms)
     items = latency_items(units, lm, whole_heads=cfg.whole_heads)

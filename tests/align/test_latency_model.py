@@ -11,6 +11,7 @@ from gac.align.latency_model import (
     candidate_dims,
     measure_latency_model,
     op_spec,
+    reference_dims,
     sweep_needs,
 )
 from gac.errors import GacError
@@ -178,28 +179,32 @@ def test_measured_model_knows_the_full_dims():
     assert lm.predict({groups[0].name: groups[0].max_dim}) == lm.predict({})
 
 
-def test_cached_tables_take_the_machine_speed_of_today(monkeypatch, tmp_path):
-    """Tables read back from a cached sweep are rescaled by re-timing a few of its dims: a machine now 1.5x slower
-    predicts 1.5x the cached ms (the cliffs kept), and a fresh sweep is not rescaled."""
-    import gac.hw.profile as hw
+def _two_groups():
+    tables = {"a": {8: 1.0, 16: 2.5, 24: 3.0, FULL: 4.0}, "b": {8: 0.5, 16: 1.0, FULL: 2.0}}
+    return LatencyModel(Phase("prefill", 1, 16), tables, {"a": 4.0, "b": 2.0})
 
-    real, speed = hw.run_profile, {"factor": 1.0}
 
-    def run_profile(spec, **kw):  # the real sweep's structure, with ms a fixed non-monotone function of the dim
-        p = real(spec, **kw)
-        for e in p["ops"]:
-            e["ms"] = [speed["factor"] * (d + 7 * (d % 3)) / 100 for d in e["dims"]]
-        return p
+def test_reference_dims_sit_near_half_each_groups_time():
+    lm = _two_groups()
+    assert reference_dims(lm, ["a", "b"]) == {"a": 16, "b": 16}  # 2.5 nearest 2.0 (the tie-break: smaller dim)
+    assert reference_dims(lm, ["b"]) == {"b": 16}  # a group not named stays as the original
 
-    monkeypatch.setattr(hw, "run_profile", run_profile)
-    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path))  # nothing cached yet
-    m = tiny_model()
-    groups = groups_of(m, "mlp")[:1] + groups_of(m, "rank")[:1]
-    phase = Phase("prefill", 1, 16)
-    fresh = measure_latency_model(groups, phase, repeats=1, progress=False)
-    assert "speed_scale" not in fresh.meta
-    speed["factor"] = 1.5
-    today = measure_latency_model(groups, phase, repeats=1, progress=False)
-    assert today.meta["speed_scale"] == pytest.approx(1.5) and today.meta["speed_points"] >= 3
-    for g in groups:
-        assert today.tables[g.name] == pytest.approx({d: 1.5 * ms for d, ms in fresh.tables[g.name].items()})
+
+def test_fit_scales_the_saving_to_the_measured_one():
+    """The original measures 20 ms and the reference 14.8 ms: a saving of 5.2 ms where the sweeps predict 2.6 ms, so
+    every table doubles and the constant is what the doubled groups leave of the original."""
+    lm = _two_groups()
+    ref = {"a": 16, "b": 16}  # predicted saving (4 + 2) - (2.5 + 1) = 2.5
+    fit = lm.fitted(20.0, ref, 15.0)
+    assert fit.meta["saving_scale"] == pytest.approx(2.0) and fit.meta["baseline_ms"] == 20.0
+    assert fit.tables["a"][24] == pytest.approx(6.0) and fit.original["b"] == pytest.approx(4.0)
+    assert fit.predict({}) == pytest.approx(20.0) and fit.predict(ref) == pytest.approx(15.0)
+    assert fit.constant_ms == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("reference_ms", [20.5, 19.9, 5.0])  # slower than the original; a 0.04x scale; a 6x one
+def test_fit_distrusts_an_implausible_scale(reference_ms):
+    lm = _two_groups()
+    fit = lm.fitted(20.0, {"a": 16, "b": 16}, reference_ms)
+    assert fit.meta["saving_scale"] == 1.0 and fit.tables == lm.tables and fit.predict({}) == pytest.approx(20.0)
+    assert fit.meta["fit_scale"] == pytest.approx((20.0 - reference_ms) / 2.5)

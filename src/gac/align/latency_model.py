@@ -21,6 +21,7 @@ from gac.models.groups import DimGroup, HeadGroup, HeadRankGroup, RankGroup, Wid
 log = logging.getLogger(__name__)
 PHASES = ("prefill", "decode")
 FULL = None  # candidate key: the group as the original model has it (dense weight, whole width, every head)
+MIN_FIT, MAX_FIT = 0.5, 2.0  # the table scales `LatencyModel.fitted` trusts
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,27 @@ class LatencyModel:
         return LatencyModel(self.phase, tables, original, max(baseline_ms - full * scale, 0.0), meta,
                             dict(self.full_dims))
 
+    def fitted(self, baseline_ms: float, reference: dict, reference_ms: float) -> LatencyModel:
+        """The model calibrated on two whole-model timings taken side by side: the original (`baseline_ms`) and a
+        reference model with the groups at `reference` dims ({group: dim}). The tables are scaled so that the
+        reference's predicted saving is the measured one, then the constant set as `calibrated` sets it. Isolated
+        kernel sweeps need not time an op as the model runs it (caches, threads, another day's machine speed): on
+        one 2-core Xeon they under-predicted every saving by a fifth (docs/RESULTS.md, 2026-11-25). A scale outside
+        [MIN_FIT, MAX_FIT] (a timing spike, a reference that saves nothing) is not trusted: the tables stay."""
+        predicted = self.full_ms() - math.fsum(self.ms(g, reference.get(g)) for g in self.tables)
+        measured = baseline_ms - reference_ms
+        scale = measured / predicted if predicted > 0 else math.nan
+        fit = {"reference_ms": reference_ms, "reference_predicted_saving_ms": predicted, "fit_scale": scale}
+        if not MIN_FIT <= scale <= MAX_FIT:
+            log.warning("the reference model saved %.3g ms measured against %.3g ms predicted: the latency tables are "
+                        "not rescaled (a scale of %.3g is outside [%g, %g])", measured, predicted, scale, MIN_FIT,
+                        MAX_FIT)
+            scale = 1.0
+        scaled = replace(self, tables={g: {d: ms * scale for d, ms in t.items()} for g, t in self.tables.items()},
+                         original={g: ms * scale for g, ms in self.original.items()},
+                         meta={**self.meta, **fit, "saving_scale": scale})
+        return scaled.calibrated(baseline_ms)
+
     def recentred(self, baseline_ms: float) -> LatencyModel:
         """The same tables with the constant re-set so that the original predicts `baseline_ms` (never below zero):
         a recalibration that keeps the tables, and so the knapsack items built from them, as they are."""
@@ -135,6 +157,19 @@ class LatencyModel:
                   for g, t in d["tables"].items()}
         return cls(Phase(d["phase"], d["batch"], d["seq"]), tables, {g: float(ms) for g, ms in d["original"].items()},
                    float(d["constant_ms"]), d.get("meta", {}), {g: int(x) for g, x in d.get("full_dims", {}).items()})
+
+
+def reference_dims(lm: LatencyModel, groups) -> dict:
+    """{group: dim} for the second point of `LatencyModel.fitted`: each of `groups` (names; the rest stay as the
+    original) at the candidate predicted nearest half its original's time, a model in the middle of the range
+    the objective chooses from."""
+    dims = {}
+    for g in groups:
+        table = lm.tables[g]
+        cands = [d for d in table if d is not FULL and d != lm.full_dims.get(g)]
+        if cands:
+            dims[g] = min(cands, key=lambda d: (abs(table[d] - lm.original[g] / 2), d))
+    return dims
 
 
 # ---- which ops change with each group's dim ----------------------------------------------------------------
@@ -247,58 +282,25 @@ def op_spec(op: str, shape: tuple, dims, phase: Phase, repeats: int):
     return SweepSpec(ops=(op,), dims=tuple(sorted(dims)), m_values=(m,), sizes=sizes, warmup=2, repeats=repeats)
 
 
-def probe_dims(dims: list) -> tuple:
-    """The few dims of a sweep re-timed to check the machine's speed: its smallest, middle and largest."""
-    dims = sorted(dims)
-    return tuple(sorted({dims[0], dims[len(dims) // 2], dims[-1]}))
-
-
-def speed_scale(reused: list, op_tables: dict, *, device: str, dtype: str) -> tuple[float, int]:
-    """How much slower (above 1) or faster the machine runs now than when the cached sweeps were taken: the median,
-    over a few dims of each sweep (`probe_dims`), of the ms measured now over the ms cached. `reused` holds the
-    sweeps' (op, shape) keys into `op_tables` and their specs. A shared or throttled VM can run the same kernels a
-    third slower one day than another: the cached tables keep their shape (the cliffs) and take today's speed from
-    this one factor. Returns (factor, points re-timed)."""
-    import dataclasses
-    import statistics
-
-    from gac.hw.profile import run_profile
-
-    ratios = []
-    for key, spec in reused:
-        probe = dataclasses.replace(spec, dims=probe_dims(spec.dims))
-        entry = run_profile(probe, device=device, dtype=dtype, progress=False)["ops"][0]
-        table = op_tables[key]
-        ratios += [ms / table[int(d)] for d, ms in zip(entry["dims"], entry["ms"]) if table.get(int(d), 0) > 0]
-    return (statistics.median(ratios) if ratios else 1.0), len(ratios)
-
-
 def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: int = 8, device: str = "cpu",
                           dtype: str = "float32", repeats: int = 11, progress: bool = True) -> LatencyModel:
     """Sweep every op and shape the groups' candidates need at the phase's M (cached per device, dtype, torch and
-    spec, the spec holding M and the shapes), and return the model with a zero constant (see `calibrated`)."""
-    from gac.align.profiled import _cached_sweep, auto_cache_path
+    spec, the spec holding M and the shapes), and return the model with a zero constant (see `calibrated` and
+    `fitted`)."""
+    from gac.align.profiled import _cached_sweep
     from gac.hw.device import device_name
 
     if not groups:
         raise GacError("no dimension groups to predict latency for")
-    op_tables, reused = {}, []
+    op_tables = {}
     for (op, shape), dims in sorted(sweep_needs(groups, alignment).items()):
         spec = op_spec(op, shape, dims, phase, repeats)
         log.info("latency table: %s %s at M=%d, %d dims", op, dict(shape), spec.m_values[0], len(dims))
-        if auto_cache_path(spec, device=device, dtype=dtype).is_file():
-            reused.append(((op, shape), spec))
         entry = _cached_sweep(spec, device=device, dtype=dtype, progress=progress)["ops"][0]
         op_tables[(op, shape)] = {int(d): float(ms) for d, ms in zip(entry["dims"], entry["ms"])}
     import torch
 
     meta = {"device": device, "device_name": device_name(device), "dtype": dtype, "torch": torch.__version__,
             "alignment": alignment, "repeats": repeats}
-    if reused:  # tables read back from a sweep taken another day: bring them to the machine's speed of today
-        scale, points = speed_scale(reused, op_tables, device=device, dtype=dtype)
-        log.info("cached latency tables rescaled by %.3f: the machine's speed now over its speed when swept "
-                 "(median of %d re-timed points)", scale, points)
-        op_tables = {key: {d: ms * scale for d, ms in t.items()} for key, t in op_tables.items()}
-        meta["speed_scale"], meta["speed_points"] = scale, points
     full_dims = {g.name: g.full_dim for g in groups if g.full_dim is not None}
     return LatencyModel(phase, *build_tables(groups, alignment, op_tables), 0.0, meta, full_dims)
