@@ -1,5 +1,5 @@
 """Latency objective vs parameter objective (issue 16): for each compressor, one calibration and one latency table
-(two of each where --speedup changes a compressor default: prune leaves heads whole under --speedup), then
+(fitted on a reference model per --speedup target and once for the ratios), then
 `--speedup` at every target (closed loop: predicted vs measured ms) and `--ratio` at every ratio, then every model of
 the compressor timed round-robin with the baseline and its A/A twin in one final run (one baseline for every speedup)
 and, for a trained model, its held-out perplexity. Writes pareto.json, pareto.md and pareto.png (perplexity against
@@ -159,6 +159,7 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
                             **evaluate(m.eval(), held_out, outcome.latency_model, dims)}
                 built[f"{key} {target:g}"] = (row[key], m)
     lm = fit_latency(model, by_params.compressor, by_params.units, lm, cfg)  # for the parameter objective's rows
+    out["ratio_saving_scale"] = lm.meta.get("saving_scale")
     for ratio in args.ratios:
         dims = select_dims(model, by_params, dataclasses.replace(params_cfg, ratio=ratio)).dims["gac"]
         m = copy.deepcopy(model)

@@ -86,6 +86,8 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16",
                               "param_cap": None, "guard": True, "whole_heads": compressor == "prune"}
     assert r["ratio"] is None and set(r["variants"]) == {"baseline", "gac"}
+    fit = r["latency_objective"]["fit"]  # the fake times the reference as the baseline: a saving of 0, not trusted
+    assert fit["reference_ms"] == pytest.approx(BASE_MS) and fit["saving_scale"] == 1.0
     for v in ("baseline", "gac"):  # figures only: a tiny model's op sweeps on a busy CPU can even sum past the model
         assert math.isfinite(r["variants"][v]["predicted_ms"]) and r["variants"][v]["measured_ms"] > 0
     assert "selection" not in r  # the rounds are written once, in latency_objective
@@ -241,17 +243,24 @@ def test_no_guard_builds_the_knapsack_choice_alone(tiny_model_dir, monkeypatch, 
 
 
 def test_prune_heads_whole_in_the_knapsack_only_by_default():
-    assert CompressConfig(compressor="prune", speedup=SpeedupConfig(1.2)).speedup.whole_heads
+    import dataclasses
+
+    from gac.speedup import objective_config
+
+    held = CompressConfig(compressor="prune", speedup=SpeedupConfig(1.2)).speedup
+    assert held.whole_heads
+    assert not objective_config("prune", {"head_mode": "group"}, held).whole_heads  # never sticky
+    assert not objective_config("asvd", {}, dataclasses.replace(held)).whole_heads
     assert "head_mode" not in CompressConfig(compressor="prune", speedup=SpeedupConfig(1.2)).compressor_options
     given = CompressConfig(compressor="prune", speedup=SpeedupConfig(1.2), compressor_options={"head_mode": "group"})
     assert not given.speedup.whole_heads
     assert not CompressConfig(compressor="asvd", speedup=SpeedupConfig(1.2)).speedup.whole_heads
 
 
-def test_whole_heads_leave_the_knapsack_one_candidate_per_head_group():
+def test_held_heads_leave_the_knapsack_one_candidate_per_head_group():
     from gac.align.latency_model import FULL, LatencyModel, Phase, candidate_dims
     from gac.models.groups import HeadGroup
-    from gac.speedup import latency_items
+    from gac.speedup import held_whole, latency_items
     from tests.compressors.test_prune import _setup
 
     *_, units = _setup()
@@ -259,7 +268,9 @@ def test_whole_heads_leave_the_knapsack_one_candidate_per_head_group():
     assert heads and len(heads) < len(units)
     tables = {u.name: {d: 1.0 + (d or 0) for d in candidate_dims(u.group, 8)} for u in units}
     lm = LatencyModel(Phase("prefill", 1, 16), tables, {u.name: 1.0 for u in units})
-    free, whole = latency_items(units, lm), latency_items(units, lm, whole_heads=True)
+    held = frozenset(u.name for u in units if held_whole(u, SpeedupConfig(1.2, whole_heads=True)))
+    assert held == {u.name for u in heads} and not any(held_whole(u, SpeedupConfig(1.2)) for u in units)
+    free, whole = latency_items(units, lm), latency_items(units, lm, held=held)
     for a, b in zip(free, whole):
         if a.name in {u.name for u in heads}:
             assert len(a.candidates) > 1 and b.candidates == (FULL,) and b.ms == (lm.ms(a.name, FULL),)
@@ -275,11 +286,15 @@ def test_decode_phase_runs_on_real_timings(tiny_model_dir, linear_latency):
     assert 1 <= len(r["latency_objective"]["rounds"]) <= 2
 
 
-def test_unreachable_speedup_is_one_line(tiny_model_dir, linear_latency, short_then_reached):
-    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False, speedup=SpeedupConfig(50.0, **FAST))
+@pytest.mark.parametrize("compressor", ["asvd", "prune"])
+def test_unreachable_speedup_is_one_line(tiny_model_dir, linear_latency, short_then_reached, compressor):
+    options = {"layers": "all"} if compressor == "prune" else {}
+    cfg = fast_config(tiny_model_dir, compressor=compressor, evaluate=False, compressor_options=options,
+                      speedup=SpeedupConfig(50.0, **FAST))
     with pytest.raises(GacError, match=r"best reachable speedup of \d+\.\d\dx") as e:
         compress(cfg)
     assert "\n" not in str(e.value)
+    assert ("--head-mode group" in str(e.value)) == (compressor == "prune")  # heads held whole: the way out
 
 
 def test_param_cap_bounds_every_round(tiny_model_dir, linear_latency, short_then_reached):

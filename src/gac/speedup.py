@@ -71,13 +71,20 @@ WHOLE_HEADS = ("prune",)
 
 def objective_config(compressor: str, options: dict, cfg: SpeedupConfig) -> SpeedupConfig:
     """The latency objective for `compressor` with the user's options: heads held whole in the knapsack where
-    WHOLE_HEADS says so and no head mode was given."""
-    if compressor not in WHOLE_HEADS or "head_mode" in options or cfg.whole_heads:
-        return cfg
-    log.info("--speedup with %s: the knapsack keeps attention heads whole (their importance does not hold per "
-             "millisecond, see WHOLE_HEADS); the guard's parameter objective prunes them as --ratio does; give "
-             "--head-mode to let the knapsack prune heads", compressor)
-    return dataclasses.replace(cfg, whole_heads=True)
+    WHOLE_HEADS says so and no head mode was given, free otherwise."""
+    whole = compressor in WHOLE_HEADS and "head_mode" not in options
+    if whole and not cfg.whole_heads:
+        log.info("--speedup with %s: the knapsack keeps attention heads whole (their importance does not hold per "
+                 "millisecond, see WHOLE_HEADS); the guard's parameter objective prunes them as --ratio does; give "
+                 "--head-mode to let the knapsack prune heads", compressor)
+    return cfg if whole == cfg.whole_heads else dataclasses.replace(cfg, whole_heads=whole)
+
+
+def held_whole(unit, cfg: SpeedupConfig) -> bool:
+    """Whether the knapsack leaves this unit as the original has it (an attention head group under whole_heads)."""
+    from gac.models.groups import HeadGroup
+
+    return cfg.whole_heads and isinstance(unit.group, HeadGroup)
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -92,7 +99,8 @@ def parse_shape(text: str) -> tuple[int, int]:
     return b, s
 
 
-FIT_KEYS = ("saving_scale", "fit_scale", "reference_ms", "reference_predicted_saving_ms")  # LatencyModel.fitted's
+# LatencyModel.fitted's figures, and calibrated's table_scale (below 1 when the fitted groups outgrew the baseline)
+FIT_KEYS = ("saving_scale", "fit_scale", "reference_ms", "reference_predicted_saving_ms", "table_scale")
 
 
 @dataclass
@@ -163,18 +171,17 @@ def _timed(model, built: dict, cfg: SpeedupConfig) -> dict:
                    "target_ms": base / (cfg.speedup * (1.0 + floor))} for name in built}
 
 
-def latency_items(units, latency_model, *, whole_heads: bool = False) -> list:
-    """One knapsack item per unit: its candidates, their predicted ms, retained quality and parameters; with
-    `whole_heads` an attention head group's only candidate is the original (FULL)."""
+def latency_items(units, latency_model, *, held=frozenset()) -> list:
+    """One knapsack item per unit: its candidates, their predicted ms, retained quality and parameters; a unit
+    named in `held` has the original (FULL) as its only candidate."""
     from gac.align.latency_model import FULL
     from gac.align.latency_objective import LatencyItem
     from gac.compressors.quality import quality_values
-    from gac.models.groups import HeadGroup
 
     items = []
     for u in units:
         table = latency_model.tables[u.name]
-        cands = [FULL] if whole_heads and isinstance(u.group, HeadGroup) else list(table)
+        cands = [FULL] if u.name in held else list(table)
         items.append(LatencyItem(u.name, tuple(cands), tuple(table[d] for d in cands),
                                  tuple(quality_values(u, cands)), tuple(u.params(d) for d in cands)))
     return items
@@ -205,9 +212,11 @@ def fit_latency(model, compressor, units, lm, cfg: SpeedupConfig, *, groups=None
     from gac.align.latency_model import reference_dims
 
     dims = reference_dims(lm, [u.name for u in units] if groups is None else groups)
+    calibration = dataclasses.replace(cfg, timing_rounds=max(cfg.timing_rounds, 5))  # a median robust to a spike
+    if not dims:  # nothing the objective may cut: the constant alone
+        return lm.calibrated(time_at_phase({"baseline": model}, calibration, aa=False)["baseline"].median_ms)
     reference = copy.deepcopy(model)
     compressor.materialize(reference, units, {u.name: dims.get(u.name) for u in units})
-    calibration = dataclasses.replace(cfg, timing_rounds=max(cfg.timing_rounds, 5))  # a median robust to a spike
     t = time_at_phase({"baseline": model, "reference": reference.eval()}, calibration, aa=False)
     del reference
     fitted = lm.fitted(t["baseline"].median_ms, dims, t["reference"].median_ms)
@@ -228,17 +237,19 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
     worse than the parameter objective at the measured target on calibration text, whatever the latency model's
     errors between the two choices (docs/RESULTS.md, 2026-11-24)."""
     from gac.align.latency_model import Phase, measure_latency_model
-    from gac.models.groups import HeadGroup
+    from gac.align.latency_objective import fastest_ms
 
     phase = Phase(cfg.phase, cfg.batch, cfg.seq)
     lm = measure_latency_model([u.group for u in units], phase, alignment=alignment, device=device, dtype=dtype,
                                repeats=cfg.profile_repeats, progress=progress)
-    held = {u.name for u in units if cfg.whole_heads and isinstance(u.group, HeadGroup)}
+    held = frozenset(u.name for u in units if held_whole(u, cfg))
     lm = fit_latency(model, compressor, units, lm, cfg, groups=[u.name for u in units if u.name not in held])
     baseline_ms = lm.meta["baseline_ms"]
     log.info("latency model%s: baseline %.2f ms measured, groups %.2f ms predicted, constant %.2f ms", cfg.where,
              baseline_ms, lm.full_ms(), lm.constant_ms)
-    items = latency_items(units, lm, whole_heads=cfg.whole_heads)
+    items = latency_items(units, lm, held=held)
+    # below these groups' ms no budget is reachable: the parameter stream may cut held heads, the knapsack not
+    floors = {"latency": fastest_ms(items), "parameter": fastest_ms(latency_items(units, lm) if held else items)}
     cap = cfg.cap_params(sum(u.group.numel for u in units))
     budget = baseline_ms / cfg.speedup - lm.constant_ms  # for the groups' part of the model
     streams = [Stream("latency", budget)]
@@ -265,9 +276,14 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
         from gac.compressors.quality import quality_values
 
         if stream.name == "latency":
-            return select_for_speedup(items, baseline_ms=baseline_ms, constant_ms=lm.constant_ms,
-                                      speedup=cfg.speedup, where=cfg.where, budget_ms=stream.budget,
-                                      param_cap=cap), {}
+            try:
+                return select_for_speedup(items, baseline_ms=baseline_ms, constant_ms=lm.constant_ms,
+                                          speedup=cfg.speedup, where=cfg.where, budget_ms=stream.budget,
+                                          param_cap=cap), {}
+            except GacError as e:
+                if not held:
+                    raise
+                raise GacError(f"{e} (with attention heads whole: --head-mode group lets the knapsack cut them)") from None
         got = parameter_choice(compressor, units, lm, stream.budget, alignment=alignment,
                                value=lambda u, d: quality_values(u, [d])[0],
                                min_ratio=0.0 if cfg.param_cap is None else 1.0 - cfg.param_cap)
@@ -310,7 +326,7 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
         reference_ms = statistics.median(baselines)
         for s in active:
             if s.name in rows:
-                _settle(s, choices[s.name], rows[s.name], built[s.name], cfg, reference_ms, windows, items)
+                _settle(s, choices[s.name], rows[s.name], built[s.name], cfg, reference_ms, windows, floors[s.name])
         del built, passed  # before the next round's copies are built
         lm = lm.recentred(reference_ms)  # the next round's predictions
         if "latency" in rows:
@@ -320,11 +336,10 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
     return outcome
 
 
-def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, reference_ms: float, windows, items) -> None:
+def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, reference_ms: float, windows,
+            floor_ms: float) -> None:
     """Record a stream's round: keep it when it reached the target (its loss measured for the guard) or is the
     fastest yet; else tighten the stream's budget by the measured residual for its next round."""
-    from gac.align.latency_objective import fastest_ms
-
     s.rows.append(row)
     log.info("%sround %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; target %.2fx, "
              "A/A floor %.1f%%)%s", "" if s.name == "latency" else "guard ", row["round"], cfg.where,
@@ -355,7 +370,7 @@ def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, reference_m
         return
     s.loosened = row["reached"]
     s.budget -= (row["gac_measured_ms"] - aim_ms) * reference_ms / row["baseline_measured_ms"]
-    if s.budget < fastest_ms(items):
+    if s.budget < floor_ms:
         log.warning("%s: the tightened budget is below the fastest dims: stopping after round %d", s.name,
                     row["round"])
         s.done = True

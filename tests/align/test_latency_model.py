@@ -186,12 +186,14 @@ def _two_groups():
 
 def test_reference_dims_sit_near_half_each_groups_time():
     lm = _two_groups()
-    assert reference_dims(lm, ["a", "b"]) == {"a": 16, "b": 16}  # 2.5 nearest 2.0 (the tie-break: smaller dim)
+    assert reference_dims(lm, ["a", "b"]) == {"a": 16, "b": 16}  # 2.5 nearest 2.0; b: 1.0 is half of 2.0
+    tie = LatencyModel(lm.phase, {"a": {8: 1.0, 16: 3.0, FULL: 4.0}}, {"a": 4.0})
+    assert reference_dims(tie, ["a"]) == {"a": 8}  # 1.0 and 3.0 equally near 2.0: the smaller dim
     assert reference_dims(lm, ["b"]) == {"b": 16}  # a group not named stays as the original
 
 
 def test_fit_scales_the_saving_to_the_measured_one():
-    """The original measures 20 ms and the reference 14.8 ms: a saving of 5.2 ms where the sweeps predict 2.6 ms, so
+    """The original measures 20 ms and the reference 15 ms: a saving of 5 ms where the sweeps predict 2.5 ms, so
     every table doubles and the constant is what the doubled groups leave of the original."""
     lm = _two_groups()
     ref = {"a": 16, "b": 16}  # predicted saving (4 + 2) - (2.5 + 1) = 2.5
@@ -208,3 +210,16 @@ def test_fit_distrusts_an_implausible_scale(reference_ms):
     fit = lm.fitted(20.0, {"a": 16, "b": 16}, reference_ms)
     assert fit.meta["saving_scale"] == 1.0 and fit.tables == lm.tables and fit.predict({}) == pytest.approx(20.0)
     assert fit.meta["fit_scale"] == pytest.approx((20.0 - reference_ms) / 2.5)
+
+
+def test_fit_of_a_reference_predicted_to_save_nothing_keeps_the_tables():
+    lm = _two_groups()
+    fit = lm.fitted(20.0, {}, 19.0)  # every group as the original
+    assert fit.meta["fit_scale"] is None and fit.meta["saving_scale"] == 1.0 and fit.tables == lm.tables
+
+
+def test_fitted_groups_beyond_the_original_are_scaled_down_again():
+    lm = _two_groups()  # groups 6 ms; a saving of 2.5 ms measured as 4 ms: scale 1.6, groups 9.6 ms > 8 ms measured
+    fit = lm.fitted(8.0, {"a": 16, "b": 16}, 4.0)
+    assert fit.meta["saving_scale"] == pytest.approx(1.6) and fit.meta["table_scale"] == pytest.approx(8.0 / 9.6)
+    assert fit.constant_ms == 0.0 and fit.predict({}) == pytest.approx(8.0)

@@ -119,15 +119,16 @@ class LatencyModel:
         reference's predicted saving is the measured one, then the constant set as `calibrated` sets it. Isolated
         kernel sweeps need not time an op as the model runs it (caches, threads, another day's machine speed): on
         one 2-core Xeon they under-predicted every saving by a fifth (docs/RESULTS.md, 2026-11-25). A scale outside
-        [MIN_FIT, MAX_FIT] (a timing spike, a reference that saves nothing) is not trusted: the tables stay."""
+        [MIN_FIT, MAX_FIT] (a timing spike, a reference that saves nothing) is not trusted: the tables stay. Where
+        the fitted groups add up to more than the original, `calibrated` scales them down again (meta
+        table_scale), as it does unfitted tables."""
         predicted = self.full_ms() - math.fsum(self.ms(g, reference.get(g)) for g in self.tables)
         measured = baseline_ms - reference_ms
-        scale = measured / predicted if predicted > 0 else math.nan
+        scale = measured / predicted if predicted > 0 else None  # None: a reference predicted to save nothing
         fit = {"reference_ms": reference_ms, "reference_predicted_saving_ms": predicted, "fit_scale": scale}
-        if not MIN_FIT <= scale <= MAX_FIT:
+        if scale is None or not MIN_FIT <= scale <= MAX_FIT:
             log.warning("the reference model saved %.3g ms measured against %.3g ms predicted: the latency tables are "
-                        "not rescaled (a scale of %.3g is outside [%g, %g])", measured, predicted, scale, MIN_FIT,
-                        MAX_FIT)
+                        "not rescaled (a scale outside [%g, %g] is not trusted)", measured, predicted, MIN_FIT, MAX_FIT)
             scale = 1.0
         scaled = replace(self, tables={g: {d: ms * scale for d, ms in t.items()} for g, t in self.tables.items()},
                          original={g: ms * scale for g, ms in self.original.items()},

@@ -80,7 +80,7 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
               help="prune: layers to prune, e.g. 1-28, 2,4,6 or all [default: all but the first and last].")
 @click.option("--head-mode", type=click.Choice(["group", "uniform", "none"]),
               help="prune: remove whole KV groups, the same number of query heads per group, or no heads "
-                   "[default: group; none under --speedup].")
+                   "[default: group; under --speedup the knapsack keeps heads whole unless this is given].")
 @click.option("--group-size", type=Int(1, 1024, example=1), help="palu: KV heads sharing one down-projection [default: 1].")
 @click.option("--calib-file", type=click.Path(dir_okay=False), help="Calibration text [default: Python docs].")
 @click.option("--eval-file", type=click.Path(dir_okay=False), help="Held-out evaluation text [default: Python docs].")
