@@ -67,14 +67,13 @@ def config(model, name: str, args, speedup=None):
 
 
 def analyses(model, calib, name: str, args, speedup) -> tuple:
-    """((analysis, config) of the latency objective, (analysis, config) of the parameter objective): gac compress's
-    analysis (one calibration, spectra and loss model), shared: --speedup changes no compressor option (prune's
-    heads are held whole in the knapsack alone, gac.speedup.WHOLE_HEADS)."""
+    """(analysis, config of the latency objective, config of the parameter objective): gac compress's analysis (one
+    calibration, spectra and loss model), shared by both: --speedup changes no compressor option (prune's heads are
+    held whole in the knapsack alone, gac.speedup.WHOLE_HEADS)."""
     from gac.api import analyze
 
     latency, parameters = config(model, name, args, speedup), config(model, name, args)
-    units = analyze(model, calib, latency)
-    return (units, latency), (units, parameters)
+    return analyze(model, calib, latency), latency, parameters
 
 
 def evaluate(built, held_out, lm, dims) -> dict:
@@ -109,11 +108,11 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
     cfg = SpeedupConfig(args.targets[0], phase=args.phase, batch=batch, seq=seq, rounds=args.rounds,
                         timing_rounds=args.timing_rounds)
     t0 = time.perf_counter()
-    (analyzed, latency_cfg), (by_params, params_cfg) = analyses(model, calib, name, args, cfg)
+    analyzed, latency_cfg, params_cfg = analyses(model, calib, name, args, cfg)
     analyze_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    # the parameter objective's groups (the latency objective's closed loop measures its own, from the cache)
-    lm = measure_latency_model([u.group for u in by_params.units], Phase(args.phase, batch, seq), alignment=args.align,
+    # the groups' tables for the ratio rows (the latency objective's closed loop measures its own, from the cache)
+    lm = measure_latency_model([u.group for u in analyzed.units], Phase(args.phase, batch, seq), alignment=args.align,
                                device=args.device, dtype=args.dtype, progress=False)
     table_s = time.perf_counter() - t0
     out = {"compressor": name, "analyze_s": analyze_s, "latency_table_s": table_s, "latency": [], "ratio": [],
@@ -158,12 +157,12 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
                 row[key] = {"ratio": guard[stream].get("ratio"), "dims": dims,
                             **evaluate(m.eval(), held_out, outcome.latency_model, dims)}
                 built[f"{key} {target:g}"] = (row[key], m)
-    lm = fit_latency(model, by_params.compressor, by_params.units, lm, cfg)  # for the parameter objective's rows
+    lm = fit_latency(model, analyzed.compressor, analyzed.units, lm, cfg)  # for the parameter objective's rows
     out["ratio_saving_scale"] = lm.meta.get("saving_scale")
     for ratio in args.ratios:
-        dims = select_dims(model, by_params, dataclasses.replace(params_cfg, ratio=ratio)).dims["gac"]
+        dims = select_dims(model, analyzed, dataclasses.replace(params_cfg, ratio=ratio)).dims["gac"]
         m = copy.deepcopy(model)
-        by_params.compressor.materialize(m, by_params.units, dims)
+        analyzed.compressor.materialize(m, analyzed.units, dims)
         row = {"ratio": ratio, **evaluate(m.eval(), held_out, lm, dims)}
         out["ratio"].append(row)
         built[f"ratio {ratio:g}"] = (row, m)

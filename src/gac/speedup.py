@@ -249,7 +249,7 @@ def select_by_latency(model, compressor, units, cfg: SpeedupConfig, *, alignment
              baseline_ms, lm.full_ms(), lm.constant_ms)
     items = latency_items(units, lm, held=held)
     # below these groups' ms no budget is reachable: the parameter stream may cut held heads, the knapsack not
-    floors = {"latency": fastest_ms(items), "parameter": fastest_ms(latency_items(units, lm) if held else items)}
+    floors = {"latency": fastest_ms(items), "parameter": lm.fastest_ms()}
     cap = cfg.cap_params(sum(u.group.numel for u in units))
     budget = baseline_ms / cfg.speedup - lm.constant_ms  # for the groups' part of the model
     streams = [Stream("latency", budget)]

@@ -186,6 +186,7 @@ def _two_groups():
 
 def test_reference_dims_sit_near_half_each_groups_time():
     lm = _two_groups()
+    assert lm.fastest_ms() == pytest.approx(1.5) and lm.scaled(2.0).fastest_ms() == pytest.approx(3.0)
     assert reference_dims(lm, ["a", "b"]) == {"a": 16, "b": 16}  # 2.5 nearest 2.0; b: 1.0 is half of 2.0
     tie = LatencyModel(lm.phase, {"a": {8: 1.0, 16: 3.0, FULL: 4.0}}, {"a": 4.0})
     assert reference_dims(tie, ["a"]) == {"a": 8}  # 1.0 and 3.0 equally near 2.0: the smaller dim

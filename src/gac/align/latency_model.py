@@ -107,11 +107,17 @@ class LatencyModel:
         if scale != 1.0:
             log.warning("the op sweeps add up to %.3g ms, more than the %.3g ms measured for the whole model: "
                         "tables scaled by %.3f", full, baseline_ms, scale)
-        tables = {g: {d: ms * scale for d, ms in t.items()} for g, t in self.tables.items()}
-        original = {g: ms * scale for g, ms in self.original.items()}
-        meta = {**self.meta, "baseline_ms": baseline_ms, "table_scale": scale}
-        return LatencyModel(self.phase, tables, original, max(baseline_ms - full * scale, 0.0), meta,
-                            dict(self.full_dims))
+        return replace(self.scaled(scale, baseline_ms=baseline_ms, table_scale=scale),
+                       constant_ms=max(baseline_ms - full * scale, 0.0))
+
+    def scaled(self, scale: float, **meta) -> LatencyModel:
+        """Every table and original time times `scale`, `meta` added to the model's."""
+        return replace(self, tables={g: {d: ms * scale for d, ms in t.items()} for g, t in self.tables.items()},
+                       original={g: ms * scale for g, ms in self.original.items()}, meta={**self.meta, **meta})
+
+    def fastest_ms(self) -> float:
+        """Every group's predicted ms at its fastest candidate, summed: no budget below this is reachable."""
+        return math.fsum(min(t.values()) for t in self.tables.values())
 
     def fitted(self, baseline_ms: float, reference: dict, reference_ms: float) -> LatencyModel:
         """The model calibrated on two whole-model timings taken side by side: the original (`baseline_ms`) and a
@@ -130,10 +136,7 @@ class LatencyModel:
             log.warning("the reference model saved %.3g ms measured against %.3g ms predicted: the latency tables are "
                         "not rescaled (a scale outside [%g, %g] is not trusted)", measured, predicted, MIN_FIT, MAX_FIT)
             scale = 1.0
-        scaled = replace(self, tables={g: {d: ms * scale for d, ms in t.items()} for g, t in self.tables.items()},
-                         original={g: ms * scale for g, ms in self.original.items()},
-                         meta={**self.meta, **fit, "saving_scale": scale})
-        return scaled.calibrated(baseline_ms)
+        return self.scaled(scale, **fit, saving_scale=scale).calibrated(baseline_ms)
 
     def recentred(self, baseline_ms: float) -> LatencyModel:
         """The same tables with the constant re-set so that the original predicts `baseline_ms` (never below zero):
