@@ -94,3 +94,23 @@ def test_decode_step_is_the_same_token_at_the_same_position_every_call(model_typ
     assert torch.allclose(first, ref, rtol=1e-4, atol=1e-4 * scale)
     assert pre.shape == (batch, 1, model.config.vocab_size)
     assert torch.allclose(pre, ref, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_decode_passes_the_cache_by_the_name_the_forward_takes():
+    """transformers 5.x renamed `past_key_values` to `cache` (the old name warns on every compress); older forwards
+    know only the old name."""
+    import inspect
+
+    from gac.evaluate.latency import cache_argument
+
+    for model_type in ("llama", "phi"):
+        model = tiny_model(model_type)
+        name = cache_argument(model)
+        assert name in inspect.signature(model.forward).parameters
+        assert name == "cache" or "cache" not in inspect.signature(model.forward).parameters
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, **kwargs):
+            return input_ids
+
+    assert cache_argument(Old()) == "past_key_values"

@@ -7,6 +7,7 @@ events time the GPU, not Python's launches (a call that cannot be captured is ti
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,6 +51,12 @@ def prefill_call(model, batch: int, seq: int, seed: int = 0) -> Callable[[], obj
     return lambda: model(ids, use_cache=False, logits_to_keep=1)
 
 
+def cache_argument(model) -> str:
+    """The forward's name for the KV cache: `cache` since transformers 5.x renamed it (the old name still works there
+    but warns), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def decode_call(model, batch: int, context: int, seed: int = 0) -> Callable[[], object]:
     """One decode step per call at a fixed position: a static KV cache holds `context` tokens (prefilled once) and
     each call writes the next token's keys and values at position `context` (the same work every call)."""
@@ -58,8 +65,9 @@ def decode_call(model, batch: int, context: int, seed: int = 0) -> Callable[[], 
     device = input_device(model)
     ids = _tokens(model, batch, context + 1, seed).to(device)  # [B, context + 1]
     cache = StaticCache(config=model.config, max_cache_len=context + 1)  # per-layer shapes taken at first use
+    kw = {cache_argument(model): cache}
     with torch.inference_mode():
-        model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(ids[:, :context], **kw, use_cache=True, logits_to_keep=1)
     # Each static layer counts the tokens it holds on the device; rewinding the counters before every step keeps
     # the step at position `context` (a device op, so a CUDA graph replays it too).
     counters = [c for c in (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", ()))
@@ -75,7 +83,7 @@ def decode_call(model, batch: int, context: int, seed: int = 0) -> Callable[[], 
     def call():
         for c in counters:
             c.fill_(context)
-        return model(step, past_key_values=cache, cache_position=position, use_cache=True, logits_to_keep=1)
+        return model(step, **kw, cache_position=position, use_cache=True, logits_to_keep=1)
 
     return call
 
