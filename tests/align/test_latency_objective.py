@@ -97,6 +97,7 @@ def test_unreachable_speedup_names_the_best_reachable_one():
     msg = str(e.value)
     assert "\n" not in msg and "prefill 1x512" in msg
     assert "1.66x" in msg  # 20 / (10 + 2) = 1.667, rounded down so the suggestion is reachable
+    assert "take 10 of the original's 20 ms" in msg  # why: the ops the dims shape are half the time
     choice = select_for_speedup([item], baseline_ms=20.0, constant_ms=10.0, speedup=1.66)
     assert choice.dims["g"] == 8 and 10.0 + choice.predicted_ms <= 20.0 / 1.66
 

@@ -131,7 +131,8 @@ def select_for_speedup(items: list[LatencyItem], *, baseline_ms: float, constant
     if floor > groups_budget:
         best = math.floor(baseline_ms / (constant_ms + floor) * 100) / 100  # rounded down: reachable as printed
         advice = f"ask for --speedup {best:.2f} or less" if best > 1.0 else "no choice of dims is predicted faster"
-        raise GacError(f"speedup {speedup:g}x is out of reach{where}: the fastest dims predict "
-                       f"{constant_ms + floor:.4g} ms against {baseline_ms:.4g} ms, a best reachable speedup of "
+        raise GacError(f"speedup {speedup:g}x is out of reach{where}: the ops these dims shape take "
+                       f"{baseline_ms - constant_ms:.4g} of the original's {baseline_ms:.4g} ms and, at the fastest "
+                       f"dims, the model is predicted at {constant_ms + floor:.4g} ms, a best reachable speedup of "
                        f"{best:.2f}x; {advice}")
     return solve_latency(items, groups_budget, param_cap=param_cap)
