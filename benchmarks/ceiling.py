@@ -53,10 +53,7 @@ def flop_share(model, linears: list[str]) -> float:
 
 
 def main() -> None:
-    from gac.compressors import make_compressor
-    from gac.models.groups import linears_of
-    from gac.models.loading import load_model
-    from gac.speedup import SpeedupConfig, time_beside
+    from gac.errors import GacError
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -67,9 +64,20 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
+    try:
+        run(args)
+    except GacError as e:
+        sys.exit(f"error: {e}")
 
+
+def run(args) -> None:
+    from gac.compressors import make_compressor
+    from gac.models.groups import linears_of
+    from gac.models.loading import load_model
+    from gac.speedup import SpeedupConfig, parse_shape, time_beside
+
+    batch, seq = parse_shape(args.shape)
     model = load_model(args.model, dtype=args.dtype, device=args.device).model
-    batch, seq = (int(x) for x in args.shape.split("x"))
     linears = {name: linears_of(make_compressor(name).groups(model)) for name in args.compressors}
     free = {name: ceiling_copy(model, linears[name]) for name in args.compressors}
     print(f"{torch.__version__}, {args.device}, {args.dtype}, {torch.get_num_threads()} threads, {args.model}")
@@ -80,9 +88,9 @@ def main() -> None:
         with torch.inference_mode():
             base, floor, t = time_beside(model, free, cfg)
         for name in args.compressors:
-            ms = t[name].median_ms
-            print(f"| {name} | {phase} {args.shape} | {100 * flop_share(model, linears[name]):.1f}% | {base:.2f} | {ms:.2f} | "
-                  f"{base / ms:.3f}x | {100 * floor:.1f}% |", flush=True)
+            ms, share = t[name].median_ms, flop_share(model, linears[name])
+            print(f"| {name} | {phase} {args.shape} | {100 * share:.1f}% | {base:.2f} | {ms:.2f} | {base / ms:.3f}x | "
+                  f"{100 * floor:.1f}% |", flush=True)
 
 
 if __name__ == "__main__":
