@@ -300,3 +300,15 @@ def test_profile_candidates_drive_pruned_widths(tiny_model_dir, tmp_path):
     r = compress(cfg).report
     assert r["dims"]["gac"] and all(d % 8 == 0 and d % 16 != 0 for d in r["dims"]["gac"].values())
     assert r["variants"]["gac"]["params"] <= r["budget_params"]
+
+
+def test_heads_at_their_minimum_are_one_warning(caplog):
+    """A deep cut floors the heads of most layers at once: one line names how many, not one line per layer."""
+    model, names, windows, comp, units = _setup(head_mode="group")
+    with caplog.at_level("WARNING", logger="gac.compressors.prune"):
+        minimum = sum(u.fixed_params + u.min_dim * u.params_per_dim for u in units)
+        dims = comp.allocate(units, minimum + 64)  # a little above the least every layer must keep
+    floored = [u for u in units if isinstance(u, AttentionUnit) and dims[u.name] == u.min_dim < u.max_dim]
+    assert len(floored) >= 2
+    lines = [r.getMessage() for r in caplog.records if "keep the minimum" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(f"{len(floored)} attention layers keep the minimum (one KV group)")

@@ -48,21 +48,34 @@ def setup_logging(quiet: bool = False) -> None:
 
 
 def print_report(report: dict) -> None:
+    """The variants side by side. Under --ratio: parameters against the budget, prefill speed-up against the
+    unaligned compression. Under --speedup (no budget, no unaligned variant): parameters against the original, and
+    the speed-up measured at the objective's phase and shape, the baseline timed beside."""
     from rich.console import Console
     from rich.table import Table
 
-    v = report["variants"]
-    table = Table(title=f"{report['model']} · {report['compressor']} · ratio {report['ratio']} · "
-                        f"{report['device']} {report['dtype']} · budget {report['budget_params']:,} params")
-    for col in ("variant", "params", "vs budget", "aligned", "ppl", "prefill ms", "decode ms/tok", "prefill speed-up vs unaligned"):
+    from gac.evaluate.report import goal_text
+
+    v, obj = report["variants"], report.get("objective")
+    title = f"{report['model']} · {report['compressor']} · {goal_text(report)} · {report['device']} {report['dtype']}"
+    if obj:
+        size_col, size_ref = "vs original", v["baseline"]["params"]
+        speed_col, speed_key, speed_ref = (f"measured speed-up at {obj['phase']} {obj['shape']}", "measured_ms",
+                                           v["baseline"].get("measured_ms"))
+    else:
+        title += f" · budget {report['budget_params']:,} params"
+        size_col, size_ref = "vs budget", report["budget_params"]
+        speed_col, speed_key, speed_ref = "prefill speed-up vs unaligned", "prefill_ms", v.get("unaligned", {}).get(
+            "prefill_ms")
+    table = Table(title=title)
+    for col in ("variant", "params", size_col, "aligned", "ppl", "prefill ms", "decode ms/tok", speed_col):
         table.add_column(col, justify="left" if col == "variant" else "right")
-    ref = v.get("unaligned", {}).get("prefill_ms")
     for name, x in v.items():
         def f(key, spec):
             return "-" if x.get(key) is None else format(x[key], spec)
 
-        speed = f"{ref / x['prefill_ms']:.3f}x" if ref and x.get("prefill_ms") else "-"
-        table.add_row(name, f"{x['params']:,}", f"{x['params'] / report['budget_params']:.3f}",
+        speed = f"{speed_ref / x[speed_key]:.3f}x" if speed_ref and x.get(speed_key) else "-"
+        table.add_row(name, f"{x['params']:,}", f"{x['params'] / size_ref:.3f}",
                       f"{x['aligned_fraction']:.2f}", f("ppl", ".2f"), f("prefill_ms", ".1f"),
                       f("decode_ms_per_token", ".2f"), speed)
     console = Console()

@@ -194,13 +194,17 @@ class PruneCompressor(Compressor):
         gains = [scaled_step_gains(u) for u in units]
         steps = allocate_steps(gains, [u.dim_step * u.params_per_dim for u in units],
                                [u.min_dim // u.dim_step for u in units], [u.fixed_params for u in units], budget)
-        dims = {}
+        dims, floored = {}, []
         for u, s in zip(units, steps):
             dim = s * u.dim_step
             dims[u.name] = None if dim >= u.max_dim else dim
             if isinstance(u, AttentionUnit) and dim == u.min_dim < u.max_dim:
-                log.warning("%s keeps its minimum (%s): no ratio can remove more heads there", u.name,
-                            "one KV group" if u.group.mode == "group" else "one query head per group")
+                floored.append(u)
+        if floored:  # one line for all of them: a deep cut floors most layers at once
+            log.warning("%d attention layer%s keep%s the minimum (%s): no ratio can remove more heads there (%s)",
+                        len(floored), "s" if len(floored) > 1 else "", "" if len(floored) > 1 else "s",
+                        "one KV group" if floored[0].group.mode == "group" else "one query head per group",
+                        ", ".join(u.name for u in floored[:3]) + (", ..." if len(floored) > 3 else ""))
         return dims
 
     def cut(self, unit, dim: int):

@@ -16,18 +16,27 @@ def _fmt(x, spec):
     return "n/a" if x is None else format(x, spec)
 
 
+def goal_text(r: dict) -> str:
+    """What the run asked for: `speedup S x at PHASE BxS` (the latency objective) or `ratio R`."""
+    obj = r.get("objective")
+    return f"speedup {obj['speedup']}x at {obj['phase']} {obj['shape']}" if obj else f"ratio {r['ratio']}"
+
+
 def report_markdown(r: dict) -> str:
     v = r["variants"]
     unaligned = v.get("unaligned", {})
     obj = r.get("objective")
-    goal = f"speedup {obj['speedup']}x at {obj['phase']} {obj['shape']}" if obj else f"ratio {r['ratio']}"
+    goal = goal_text(r)
+    size_ref = v["baseline"]["params"] if obj else r["budget_params"]  # --speedup has no parameter budget
     lines = [
         f"# gac compress: {r['model']}, {r['compressor']}, {goal}",
         "",
         f"device {r['device']} ({r.get('device_name', '')}), dtype {r['dtype']}, alignment {r['alignment']}; "
-        f"budget {r['budget_params']:,} of {r['compressible_params']:,} compressible parameters.",
+        + (f"no parameter budget (the latency objective); {r['compressible_params']:,} compressible parameters."
+           if obj else f"budget {r['budget_params']:,} of {r['compressible_params']:,} compressible parameters."),
         "",
-        "| variant | params | vs budget | aligned | ppl | prefill ms | decode ms/token | prefill vs unaligned |",
+        f"| variant | params | {'vs original' if obj else 'vs budget'} | aligned | ppl | prefill ms | decode ms/token | "
+        "prefill vs unaligned |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in VARIANTS:
@@ -41,7 +50,7 @@ def report_markdown(r: dict) -> str:
         if x.get("prefill_spread_pct") is not None:
             prefill += f" (±{x['prefill_spread_pct']:.0f}%)"
         lines.append(
-            f"| {name} | {x['params']:,} | {x['params'] / r['budget_params']:.3f} | {x['aligned_fraction']:.2f} | "
+            f"| {name} | {x['params']:,} | {x['params'] / size_ref:.3f} | {x['aligned_fraction']:.2f} | "
             f"{_fmt(x.get('ppl'), '.2f')} | {prefill} | {_fmt(x.get('decode_ms_per_token'), '.2f')} | {speed} |"
         )
     lines += _target_lines(r.get("target"))
