@@ -373,6 +373,42 @@ def test_parameter_choice_is_the_smallest_ratio_within_the_budget(tiny_model_dir
     assert parameter_choice(comp, units, lm, 1e-6, alignment=8, value=value) is None
 
 
+def test_parameter_choice_probes_ratios_quietly(tiny_model_dir, caplog):
+    """The bisection tries deep ratios the user never asked for: prune's warning that heads sit at their minimum
+    stays out of the log there, and prune's logger keeps its level afterwards."""
+    import logging
+
+    from gac.align.latency_model import Phase
+    from gac.align.parameter_at_latency import MAX_RATIO, dims_at_ratio, parameter_choice
+    from gac.api import analyze
+    from gac.data import load_windows
+    from gac.models.loading import load_model
+
+    cfg = fast_config(tiny_model_dir, compressor="prune", compressor_options={"layers": "all"})
+    loaded = load_model(cfg.model)
+    calib, _ = load_windows(loaded.tokenizer, cfg.text)
+    analyzed = analyze(loaded.model, calib, cfg)
+    units, comp = analyzed.units, analyzed.compressor
+    lm = _linear_latency([u.group for u in units], Phase(seq=16))
+    prune_log = logging.getLogger(type(comp).__module__)
+    with caplog.at_level("WARNING", logger=prune_log.name):
+        deep = next(r for r in (MAX_RATIO, 0.9, 0.85, 0.8, 0.75, 0.7)
+                    if _allocates(dims_at_ratio, comp, units, r))  # a deep ratio floors heads: it warns when asked
+        assert any("keep" in r.getMessage() and "minimum" in r.getMessage() for r in caplog.records), deep
+        caplog.clear()
+        parameter_choice(comp, units, lm, 0.5 * lm.full_ms(), alignment=8, value=lambda u, d: 0.0)
+        assert not [r for r in caplog.records if "minimum" in r.getMessage()]
+    assert prune_log.level == logging.NOTSET
+
+
+def _allocates(dims_at_ratio, comp, units, ratio) -> bool:
+    try:
+        dims_at_ratio(comp, units, ratio, alignment=8)
+        return True
+    except GacError:
+        return False
+
+
 def test_fit_latency_times_a_reference_model_beside_the_original(tiny_model_dir, monkeypatch):
     """The reference model is built at reference_dims and timed beside the original; its measured saving, 1.5x the
     sweeps' prediction here, scales every table, and the fitted model predicts both timings."""

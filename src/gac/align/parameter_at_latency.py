@@ -4,7 +4,9 @@ under that parameter budget, aligned as `gac compress --ratio` aligns it, is pre
 
 from __future__ import annotations
 
+import logging
 import math
+from contextlib import contextmanager
 
 from gac.align.latency_objective import LatencyChoice
 from gac.errors import GacError
@@ -22,6 +24,18 @@ def dims_at_ratio(compressor, units, ratio: float, *, alignment: int) -> dict:
     return {**unaligned, **select_within_budget(units, unaligned, budget, alignment=alignment, window=1).dims}
 
 
+@contextmanager
+def _quiet(logger: logging.Logger):
+    """The compressor's warnings off while the bisection probes ratios the user never asked for (prune warns at
+    deep ratios that heads reach their minimum)."""
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def parameter_choice(compressor, units, latency_model, budget_ms: float, *, value, alignment: int,
                      min_ratio: float = 0.0, steps: int = 14) -> tuple[float, LatencyChoice] | None:
     """(ratio, choice): the parameter objective at the smallest ratio from `min_ratio` (a parameter cap) whose
@@ -31,7 +45,8 @@ def parameter_choice(compressor, units, latency_model, budget_ms: float, *, valu
 
     def at(ratio):
         try:
-            dims = dims_at_ratio(compressor, units, ratio, alignment=alignment)
+            with _quiet(logging.getLogger(type(compressor).__module__)):
+                dims = dims_at_ratio(compressor, units, ratio, alignment=alignment)
             return dims, math.fsum(latency_model.ms(u.name, dims.get(u.name)) for u in units)
         except GacError:  # the compressor's smallest dims cannot meet this parameter budget, or a dim is no candidate
             return None
