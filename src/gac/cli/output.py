@@ -54,19 +54,14 @@ def print_report(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gac.evaluate.report import goal_text
+    from gac.evaluate.report import goal_text, params_column, speed_column, speed_text
 
-    v, obj = report["variants"], report.get("objective")
+    v = report["variants"]
     title = f"{report['model']} · {report['compressor']} · {goal_text(report)} · {report['device']} {report['dtype']}"
-    if obj:
-        size_col, size_ref = "vs original", v["baseline"]["params"]
-        speed_col, speed_key, speed_ref = (f"measured speed-up at {obj['phase']} {obj['shape']}", "measured_ms",
-                                           v["baseline"].get("measured_ms"))
-    else:
+    if not report.get("objective"):
         title += f" · budget {report['budget_params']:,} params"
-        size_col, size_ref = "vs budget", report["budget_params"]
-        speed_col, speed_key, speed_ref = "prefill speed-up vs unaligned", "prefill_ms", v.get("unaligned", {}).get(
-            "prefill_ms")
+    size_col, size_ref = params_column(report)
+    speed_col, speed_key, speed_ref = speed_column(report)
     table = Table(title=title)
     for col in ("variant", "params", size_col, "aligned", "ppl", "prefill ms", "decode ms/tok", speed_col):
         table.add_column(col, justify="left" if col == "variant" else "right")
@@ -74,10 +69,9 @@ def print_report(report: dict) -> None:
         def f(key, spec):
             return "-" if x.get(key) is None else format(x[key], spec)
 
-        speed = f"{speed_ref / x[speed_key]:.3f}x" if speed_ref and x.get(speed_key) else "-"
         table.add_row(name, f"{x['params']:,}", f"{x['params'] / size_ref:.3f}",
                       f"{x['aligned_fraction']:.2f}", f("ppl", ".2f"), f("prefill_ms", ".1f"),
-                      f("decode_ms_per_token", ".2f"), speed)
+                      f("decode_ms_per_token", ".2f"), speed_text(x, speed_key, speed_ref, "-"))
     console = Console()
     if not console.is_terminal:  # logs and pipes get the full table, not an 80-column squeeze
         console = Console(width=160)

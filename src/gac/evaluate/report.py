@@ -22,12 +22,35 @@ def goal_text(r: dict) -> str:
     return f"speedup {obj['speedup']}x at {obj['phase']} {obj['shape']}" if obj else f"ratio {r['ratio']}"
 
 
+def params_column(r: dict) -> tuple[str, int]:
+    """(label, denominator) of the parameter comparison: the budget under --ratio; the original under --speedup,
+    which has no parameter budget."""
+    if r.get("objective"):
+        return "vs original", r["variants"]["baseline"]["params"]
+    return "vs budget", r["budget_params"]
+
+
+def speed_column(r: dict) -> tuple[str, str, float | None]:
+    """(label, variant key, reference ms) of the speed comparison: prefill against the unaligned compression under
+    --ratio; under --speedup (no unaligned variant) the time measured at the objective's phase and shape against
+    the baseline timed beside it."""
+    v, obj = r["variants"], r.get("objective")
+    if obj:
+        return f"measured speed-up at {obj['phase']} {obj['shape']}", "measured_ms", v["baseline"].get("measured_ms")
+    return "prefill speed-up vs unaligned", "prefill_ms", v.get("unaligned", {}).get("prefill_ms")
+
+
+def speed_text(x: dict, key: str, reference_ms: float | None, missing: str) -> str:
+    """A variant's speed-up, reference over its `key` ms, or `missing` where either time is absent."""
+    return f"{reference_ms / x[key]:.3f}x" if reference_ms and x.get(key) else missing
+
+
 def report_markdown(r: dict) -> str:
     v = r["variants"]
-    unaligned = v.get("unaligned", {})
     obj = r.get("objective")
     goal = goal_text(r)
-    size_ref = v["baseline"]["params"] if obj else r["budget_params"]  # --speedup has no parameter budget
+    size_col, size_ref = params_column(r)
+    unaligned_ms = v.get("unaligned", {}).get("prefill_ms")
     lines = [
         f"# gac compress: {r['model']}, {r['compressor']}, {goal}",
         "",
@@ -35,17 +58,14 @@ def report_markdown(r: dict) -> str:
         + (f"no parameter budget (the latency objective); {r['compressible_params']:,} compressible parameters."
            if obj else f"budget {r['budget_params']:,} of {r['compressible_params']:,} compressible parameters."),
         "",
-        f"| variant | params | {'vs original' if obj else 'vs budget'} | aligned | ppl | prefill ms | decode ms/token | "
-        "prefill vs unaligned |",
+        f"| variant | params | {size_col} | aligned | ppl | prefill ms | decode ms/token | prefill vs unaligned |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in VARIANTS:
         if name not in v:
             continue
         x = v[name]
-        speed = "n/a"
-        if unaligned.get("prefill_ms") and x.get("prefill_ms"):
-            speed = f"{unaligned['prefill_ms'] / x['prefill_ms']:.3f}x"
+        speed = speed_text(x, "prefill_ms", unaligned_ms, "n/a")
         prefill = _fmt(x.get("prefill_ms"), ".1f")
         if x.get("prefill_spread_pct") is not None:
             prefill += f" (±{x['prefill_spread_pct']:.0f}%)"
