@@ -49,6 +49,7 @@ def test_table_and_plot_show_the_parameter_objective_at_equal_speed(tmp_path):
     text = pareto.markdown(result)
     assert "| vs params at equal measured speed |" in text and "-1.0% (params 14.14, ratios 0.1-0.2) |" in text
     assert "n/a: 1.600x is not between two ratio rows (measured 1.100x..1.400x) |" in text
+    assert "| 1.150x | +4.5% |" in text and "| 1.600x | +6.7% |" in text  # measured against the target
     rows = [line for line in text.splitlines() if line.startswith("|")]
     assert len(rows) == 2 + 1 + 2 + len(RATIOS) and all(line.count("|") == rows[0].count("|") for line in rows)
     pareto.plot(result, tmp_path / "p.png")

@@ -11,6 +11,7 @@ import pytest
 
 from gac.api import CompressConfig, compress
 from gac.errors import GacError
+from gac.evaluate.report import report_markdown
 from gac.speedup import SpeedupConfig, parse_shape
 from tests.test_api import fast_config
 
@@ -72,7 +73,8 @@ def short_then_reached(monkeypatch):
     return fake
 
 
-FAST = {"seq": 16, "timing_rounds": 3, "profile_repeats": 3, "rounds": 2}
+# margin 0: the loop's mechanics against the target itself (test_the_loop_aims_at_the_target_and_its_margin: with one)
+FAST = {"seq": 16, "timing_rounds": 3, "profile_repeats": 3, "rounds": 2, "margin": 0.0}
 
 
 @pytest.mark.parametrize("compressor", ["asvd", "palu", "prune"])
@@ -84,7 +86,7 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
     compress(cfg)
     r = json.loads((out / "report.json").read_text())
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16",
-                              "param_cap": None, "guard": True, "whole_heads": compressor == "prune"}
+                              "margin": 0.0, "param_cap": None, "guard": True, "whole_heads": compressor == "prune"}
     assert r["ratio"] is None and set(r["variants"]) == {"baseline", "gac"}
     fit = r["latency_objective"]["fit"]  # the fake times the reference as the baseline: a saving of 0, not trusted
     assert fit["reference_ms"] == pytest.approx(BASE_MS) and fit["saving_scale"] == 1.0
@@ -232,6 +234,35 @@ def test_the_loop_recalibrates_on_the_baselines_timed_beside_the_models(tiny_mod
                                                                          / first["gac_measured_ms"] - 1)
 
 
+def test_the_loop_aims_at_the_target_and_its_margin(tiny_model_dir, monkeypatch, linear_latency):
+    """With a 3% margin, round 1 measures 1% past the target: it reached the target, not the aim, so the budget is
+    tightened by the shortfall from the aim; round 2 measures 5% past the target and is kept. The first budget is
+    the one at target * 1.03."""
+    r = _guarded(tiny_model_dir, monkeypatch, {"latency": {1: 1 / 1.01, "else": 1 / 1.05}}, guard=False, margin=0.03)
+    lo = r["latency_objective"]
+    first, second = lo["rounds"]
+    assert r["objective"]["margin"] == 0.03
+    assert first["budget_ms"] == pytest.approx(BASE_MS / (1.05 * 1.03) - lo["constant_ms"])
+    assert first["measured_speedup"] == pytest.approx(1.05 * 1.01) and not first["reached"]
+    gate = BASE_MS / (1.05 * 1.03 * 1.01)  # the aim beyond the 1% A/A floor
+    assert first["target_ms"] == pytest.approx(gate)
+    assert second["budget_ms"] == pytest.approx(first["budget_ms"] - (BASE_MS / (1.05 * 1.01) - gate * 0.99))
+    assert second["reached"] and lo["round"] == 2 and lo["measured_speedup"] >= 1.05 * 1.03
+    assert "and its 3% margin" in report_markdown(r)
+
+
+@pytest.mark.parametrize("floor, expected", [(0.5, "aim"), (1.88, "floor"), (1.95, "target")])
+def test_start_budget_gives_up_the_margin_before_the_target(floor, expected, caplog):
+    """The first budget is at the target and its margin; where only the margin is out of reach, at the fastest dims
+    (with a warning); where the target is, at the target's, for the solver to refuse in one line."""
+    from gac.speedup import start_budget
+
+    cfg = SpeedupConfig(1.05, margin=0.03)
+    at = {"aim": 2.0 / (1.05 * 1.03), "floor": floor, "target": 2.0 / 1.05}
+    assert start_budget(2.0, 0.0, floor, cfg) == pytest.approx(at[expected])
+    assert ("not its 3% margin" in caplog.text) == (expected == "floor")
+
+
 def test_no_guard_builds_the_knapsack_choice_alone(tiny_model_dir, monkeypatch, linear_latency):
     fake = ShortThenReached()
     monkeypatch.setattr("gac.speedup.time_at_phase", fake)
@@ -315,7 +346,8 @@ def test_param_cap_bounds_every_round(tiny_model_dir, linear_latency, short_then
 
 
 @pytest.mark.parametrize("bad", [{"speedup": 1.0}, {"speedup": float("nan")}, {"phase": "train"}, {"batch": 0},
-                                 {"rounds": 0}, {"param_cap": 0}, {"param_cap": 1.5}])
+                                 {"rounds": 0}, {"param_cap": 0}, {"param_cap": 1.5}, {"margin": -0.01},
+                                 {"margin": 0.5}, {"margin": float("nan")}])
 def test_bad_speedup_options(bad):
     with pytest.raises(GacError):
         SpeedupConfig(**{"speedup": 1.2, **bad})

@@ -21,6 +21,10 @@ from tests.cli.test_compress_cli import FAST, run_gac
     (["--no-guard"], "give --speedup too"),
     (["--speedup", "1.2", "--param-cap", "1.5"], "outside (0, 1]"),
     (["--speedup", "1.2", "--param-cap", "0"], "--param-cap"),
+    (["--margin", "0.03"], "give --speedup too"),
+    (["--speedup", "1.2", "--margin", "-0.01"], "outside [0, 0.5)"),
+    (["--speedup", "1.2", "--margin", "0.5"], "--margin"),
+    (["--speedup", "1.2", "--margin", "nan"], "--margin"),
 ])
 def test_speedup_option_errors(tiny_model_dir, tmp_path, extra, expected):
     p = run_gac("compress", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o"), *FAST, *extra)
@@ -33,14 +37,14 @@ def test_speedup_option_errors(tiny_model_dir, tmp_path, extra, expected):
 def test_speedup_run(tiny_model_dir, tmp_path):
     out = tmp_path / "o"
     p = run_gac("compress", "--model", str(tiny_model_dir), "--compressor", "prune", "--prune-layers", "all",
-                "--speedup", "1.05", "--shape", "1x64", "--param-cap", "0.95", "--out", str(out), *FAST)
+                "--speedup", "1.05", "--shape", "1x64", "--param-cap", "0.95", "--margin", "0.01", "--out", str(out), *FAST)
     if p.returncode == 2:  # a tiny model on a busy CPU may predict no speedup at all: then one line says so
         assert "best reachable speedup" in p.stderr and "Traceback" not in p.stderr, p.stderr
         return
     assert p.returncode == 0, p.stderr
     r = json.loads((out / "report.json").read_text())
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x64",
-                              "param_cap": 0.95, "guard": True, "whole_heads": True}
+                              "margin": 0.01, "param_cap": 0.95, "guard": True, "whole_heads": True}
     assert {"predicted_ms", "measured_ms"} <= set(r["variants"]["gac"])
     assert all(row["params"] <= 0.95 * r["compressible_params"] for row in r["latency_objective"]["rounds"])
     guard = r["latency_objective"]["guard"]  # the parameter objective's choice beside it keeps the cap too

@@ -99,7 +99,7 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
                    "not fit; refused before any work when even that would not.")
 @click.option("--dry-run", is_flag=True,
               help="Print the forecast (peak memory per device, disk, rough time) from the config alone and exit.")
-def command(model, compressor, ratio, speedup, phase, shape, param_cap, no_guard, out, alignment, no_align, profile, target,
+def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, no_guard, out, alignment, no_align, profile, target,
             allow_profile_mismatch, dtype, device, factorization, alpha, importance, prune_layers, head_mode,
             group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
             quiet, layerwise, max_memory, dry_run):
@@ -123,7 +123,7 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, no_guard
     options = _given(alpha=alpha, importance=importance, layers=prune_layers, head_mode=head_mode,
                      group_size=group_size)
     _check_options(compressor or CompressConfig.compressor, options)
-    objective = latency_objective(speedup, phase, shape, param_cap, ratio=ratio, no_guard=no_guard)
+    objective = latency_objective(speedup, phase, shape, param_cap, ratio=ratio, no_guard=no_guard, margin=margin)
     cfg = CompressConfig(
         **_given(model=model, compressor=compressor, ratio=ratio, out=out, alignment=alignment, profile=profile,
                  target=target, dtype=dtype, device=device, factorization=factorization),

@@ -90,7 +90,8 @@ def report_markdown(r: dict) -> str:
                 lines.append(f"- {name}: predicted {x['predicted_ms']:.2f} ms, measured {x['measured_ms']:.2f} ms "
                              f"({x['prediction_error_pct']:+.1f}%)")
         lo = r.get("latency_objective", {})
-        lines.append(f"- measured speedup {lo.get('measured_speedup', float('nan')):.3f}x against {obj['speedup']}x "
+        margin = f" and its {100 * obj['margin']:g}% margin" if obj.get("margin") else ""
+        lines.append(f"- measured speedup {lo.get('measured_speedup', float('nan')):.3f}x against {obj['speedup']}x{margin} "
                      f"({'reached' if lo.get('reached') else 'short'}; A/A floor {lo.get('aa_floor_pct', float('nan')):.1f}%, "
                      f"{len(lo.get('rounds', []))} round(s))")
         guard = lo.get("guard", {})
