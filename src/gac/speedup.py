@@ -367,7 +367,7 @@ def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, reference_m
     """Record a stream's round: keep it when it reached the target (its loss measured for the guard) or is the
     fastest yet; else tighten the stream's budget by the measured residual for its next round."""
     s.rows.append(row)
-    log.info("%sround %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; target %.2fx, "
+    log.info("%sround %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; aim %.4gx, "
              "A/A floor %.1f%%)%s", "" if s.name == "latency" else "guard ", row["round"], cfg.where,
              row["gac_predicted_ms"], row["gac_measured_ms"], row["baseline_measured_ms"], row["measured_speedup"],
              cfg.aim, row["aa_floor_pct"],
@@ -412,7 +412,7 @@ def _keep(streams: list[Stream], cfg: SpeedupConfig) -> tuple[dict, dict, dict]:
                                            s.name != "latency"))
     else:
         best = max(kept, key=lambda s: s.kept[1]["measured_speedup"])
-        log.warning("no round reached %.3gx%s%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)", cfg.aim,
+        log.warning("no round reached %.4gx%s%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)", cfg.aim,
                     cfg.where, f" (the {cfg.speedup:g}x target and its {100 * cfg.margin:g}% margin)" if cfg.margin
                     else "", best.kept[1]["measured_speedup"], best.kept[1]["aa_floor_pct"])
     guard = {s.name: {"reached": s.reached, "loss": s.loss, "rounds": len(s.rows),

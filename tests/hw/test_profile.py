@@ -108,6 +108,44 @@ def test_profile_caches_and_reuses(cache, tmp_path, monkeypatch):
         hp.profile(TINY, force=True, progress=False)
 
 
+def test_a_cache_swept_by_an_older_method_is_measured_again(cache, tmp_path, monkeypatch):
+    """Both caches (the per-device one and --speedup's auto sweeps) measure again a profile without today's
+    sweep_method: its CPU sweeps read operands from cache."""
+    from gac.align.profiled import _cached_sweep, auto_cache_path
+
+    first = hp.profile(TINY, progress=False)
+    assert first["sweep_method"] == hp.SWEEP_METHOD
+    old = {k: v for k, v in first.items() if k != "sweep_method"}
+    hp.save_profile(old, hp.cached_profile_path())
+    assert hp.load_cached_profile(TINY) is None
+    hp.save_profile(old, auto_cache_path(TINY, device="cpu", dtype="float32"))
+    monkeypatch.setattr(hp, "run_profile", lambda *a, **k: first)
+    assert _cached_sweep(TINY, device="cpu", dtype="float32", progress=False) is first
+    assert hp.load_profile(auto_cache_path(TINY, device="cpu", dtype="float32"))["sweep_method"] == hp.SWEEP_METHOD
+
+
+@pytest.mark.parametrize("chunk_mib, llc_mib, copies", [(100, 480, 10), (100, 4096, 21), (1500, 480, 1),
+                                                        (1, 480, hp.MAX_COPIES), (10, 32, 7)])
+def test_cpu_chunk_copies_exceed_twice_the_last_level_cache(chunk_mib, llc_mib, copies):
+    """A chunk's input sets together exceed twice the cache (at most CPU_ROTATION_CAP: 2 GiB, here 21 x 100 MiB),
+    one set per dim where the chunk alone does, and no more than MAX_COPIES."""
+    assert hp.cpu_chunk_copies(chunk_mib << 20, llc_mib << 20) == copies
+
+
+def test_cpu_sweep_rotates_operand_copies(monkeypatch):
+    """On CPU each dim of a chunk gets the copies cpu_chunk_copies asks for its chunk's bytes (recorded per entry)."""
+    monkeypatch.setattr(hp, "last_level_cache_bytes", lambda: 64 << 10)  # 64 KiB: a few copies of tiny operands
+    spec = dataclasses.replace(TINY, ops=("gemm_n",), m_values=(4,))
+    entry = hp.run_profile(spec, progress=False)["ops"][0]
+    shape = entry["shape"]
+    chunk = sum(hp._set_bytes(hp._tensor_shapes("gemm_n", 4, d, shape), torch.float32) for d in TINY.dims)
+    assert entry["copies"] == hp.cpu_chunk_copies(chunk, 64 << 10) > 1
+
+
+def test_last_level_cache_is_read_or_defaulted():
+    assert hp.last_level_cache_bytes() >= 1 << 20
+
+
 def test_spec_validation():
     with pytest.raises(GacError, match="unknown op"):
         hp.SweepSpec(ops=("conv",))

@@ -87,13 +87,15 @@ def auto_cache_path(spec, *, device: str, dtype: str):
 
 def _cached_sweep(spec, *, device: str, dtype: str, progress: bool) -> dict:
     """The auto sweep for `spec`, measured once per device, dtype, torch version and spec, then read back."""
-    from gac.hw.profile import load_profile, run_profile, save_profile
+    from gac.hw.profile import current_method, load_profile, run_profile, save_profile
 
     path = auto_cache_path(spec, device=device, dtype=dtype)
     if path.is_file():
         try:
-            log.info("reusing the cached sweep %s", path)
-            return load_profile(path)
+            cached = load_profile(path)
+            if current_method(cached):
+                log.info("reusing the cached sweep %s", path)
+                return cached
         except GacError as e:
             log.warning("measuring again: %s", e)
     result = run_profile(spec, device=device, dtype=dtype, progress=progress)

@@ -34,6 +34,11 @@ ALL_OPS = (*OPS, "sdpa_heads")  # sdpa_heads: swept over query heads, sized by t
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")  # tried in this order
 MAX_HEAD_DIM = 1024  # above any model's attention head (usually 64-256); catches GEMM ranges given as head dims
 CUDA_CHUNK = 32  # dims timed round-robin together on CUDA, each with input sets over twice the L2
+# How a sweep lays out its operands, recorded in the profile; the caches measure again a sweep made another way.
+# 2: on CPU too, a chunk's input sets together exceed twice the last-level cache (1: one set per dim on CPU, which
+# read decode GEMVs 1.44-1.55x faster than from memory on a 480 MiB-L3 Xeon, docs/RESULTS.md 2026-11-25)
+SWEEP_METHOD = 2
+CPU_ROTATION_CAP = 2 << 30  # bytes of input sets per chunk at most on CPU, whatever cache size the host reports
 
 
 @dataclass(frozen=True)
@@ -197,20 +202,49 @@ class _Point:
 MAX_COPIES = 256
 
 
+def _set_bytes(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> int:
+    return sum(torch.Size(s).numel() for s in shapes) * torch.empty((), dtype=dtype).element_size()
+
+
 def _copies(shapes: list[tuple[int, ...]], device: torch.device, dtype: torch.dtype, buffers: int) -> int:
-    """Input sets to rotate through: on CUDA enough that together they exceed twice the L2 cache, so every call
+    """Input sets to rotate through on CUDA: enough that together they exceed twice the L2 cache, so every call
     reads its operands from device memory as a real model's layers do (cached weights would flatter small M)."""
     if device.type != "cuda":
         return 1
-    set_bytes = sum(torch.Size(s).numel() for s in shapes) * torch.empty((), dtype=dtype).element_size()
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
-    return int(min(MAX_COPIES, max(buffers, -(-2 * l2 // max(set_bytes, 1)) + 1)))
+    return int(min(MAX_COPIES, max(buffers, -(-2 * l2 // max(_set_bytes(shapes, dtype), 1)) + 1)))
 
 
-def _build_point(op: str, m: int, dim: int, shape, *, device, dtype, buffers: int, gen) -> _Point:
+def last_level_cache_bytes() -> int:
+    """The CPU's largest cache in bytes, from Linux's sysfs; 32 MiB where it cannot be read."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            number, unit = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip()).groups()
+        except (OSError, AttributeError):
+            continue
+        sizes.append(int(number) << {"": 0, "K": 10, "M": 20, "G": 30}[unit])
+    return max(sizes, default=32 << 20)
+
+
+def cpu_chunk_copies(chunk_bytes: int, llc_bytes: int | None = None) -> int:
+    """Input sets per dim on CPU for a chunk whose dims' sets take `chunk_bytes`: the dims are timed round-robin, so
+    a set comes back after every other dim's, and with this many copies of each the chunk's operands together
+    exceed twice the last-level cache (at most CPU_ROTATION_CAP bytes): every call reads its operands from memory,
+    as the model's layers do with 400+ MiB of weights streaming through."""
+    llc = last_level_cache_bytes() if llc_bytes is None else llc_bytes
+    want = min(2 * llc, CPU_ROTATION_CAP)
+    return int(min(MAX_COPIES, max(1, -(-want // max(chunk_bytes, 1)))))
+
+
+def _build_point(op: str, m: int, dim: int, shape, *, device, dtype, buffers: int, gen,
+                 copies: int | None = None) -> _Point:
+    """`copies` input sets (default: _copies), the first random, the rest its clones (the values do not matter to
+    the time, only that each copy has its own memory)."""
     shapes = _tensor_shapes(op, m, dim, shape)
-    copies = _copies(shapes, device, dtype, buffers)
-    inputs = [tuple(torch.randn(s, generator=gen, device=device, dtype=dtype) for s in shapes) for _ in range(copies)]
+    copies = _copies(shapes, device, dtype, buffers) if copies is None else copies
+    first = tuple(torch.randn(s, generator=gen, device=device, dtype=dtype) for s in shapes)
+    inputs = [first, *(tuple(t.clone() for t in first) for _ in range(copies - 1))]
     attention = op in ("sdpa", "sdpa_heads")
     kernel = _kernel(op, causal=attention and m == shape.get("seq") and m > 1)
     backend = _first_sdpa_backend(kernel, inputs[0], device) if attention else None
@@ -229,12 +263,15 @@ def _entries(spec: SweepSpec) -> list[tuple[str, int, tuple[int, ...]]]:
 
 def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
     shape = _entry_shape(op, m, spec.sizes)
-    ms, p10, p90, backends, methods = [], [], [], [], set()
+    ms, p10, p90, backends, methods, n_copies = [], [], [], [], set(), set()
     chunk_size = min(spec.chunk, CUDA_CHUNK) if device.type == "cuda" else spec.chunk  # bounded device memory
     for start in range(0, len(dims), chunk_size):
         chunk = dims[start : start + chunk_size]
-        points = {d: _build_point(op, m, d, shape, device=device, dtype=dtype, buffers=spec.buffers, gen=gen)
-                  for d in chunk}
+        copies = None  # CUDA: per dim (_copies)
+        if device.type == "cpu":
+            copies = cpu_chunk_copies(sum(_set_bytes(_tensor_shapes(op, m, d, shape), dtype) for d in chunk))
+        points = {d: _build_point(op, m, d, shape, device=device, dtype=dtype, buffers=spec.buffers, gen=gen,
+                                  copies=copies) for d in chunk}
         by_backend: dict[str | None, dict[str, Callable]] = {}
         for d, p in points.items():
             by_backend.setdefault(p.backend, {})[str(d)] = p.fn
@@ -246,6 +283,7 @@ def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
             with _sdpa_context(backend):
                 timings.update(time_interleaved(fns, device=device, warmup=spec.warmup, rounds=spec.repeats,
                                                 graph_calls=graph_calls))
+        n_copies.update(p.copies for p in points.values())
         for d in chunk:
             t = timings[str(d)]
             methods.add(t.method)
@@ -256,7 +294,8 @@ def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
         del points, by_backend  # free this chunk's input sets before the next is built
         bar.update(len(chunk))
     entry = {"op": op, "shape": shape, "m": m, "backend": max(set(backends), key=backends.count),
-             "dims": list(dims), "ms": ms, "p10_ms": p10, "p90_ms": p90, "timing": "+".join(sorted(methods))}
+             "dims": list(dims), "ms": ms, "p10_ms": p10, "p90_ms": p90, "timing": "+".join(sorted(methods)),
+             "copies": max(n_copies)}  # input sets rotated per dim (the most of any chunk)
     if len(set(backends)) > 1:
         entry["backends"] = backends  # per dim, when the SDPA backend changes along the sweep
     return entry
@@ -332,6 +371,7 @@ def run_profile(spec: SweepSpec | None, *, device: str = "cpu", dtype: str = "fl
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "elapsed_s": round(time.perf_counter() - t0, 2),
         "spec": spec.to_json(),
+        "sweep_method": SWEEP_METHOD,
         "ops": ops,
     }
 
@@ -389,7 +429,16 @@ def load_cached_profile(spec: SweepSpec | None = None, *, device: str = "cpu", d
         return None
     if spec is not None and cached.get("spec") != resolve_spec(spec).to_json():
         return None
-    return cached
+    return cached if current_method(cached) else None
+
+
+def current_method(profile: Mapping) -> bool:
+    """Whether a (cached) profile was swept the way this version sweeps (SWEEP_METHOD; profiles before it: 1)."""
+    if profile.get("sweep_method", 1) == SWEEP_METHOD:
+        return True
+    logger.info("the cached sweep was measured by method %s, not %s (operands rotated past the cache on CPU too): "
+                "measuring again", profile.get("sweep_method", 1), SWEEP_METHOD)
+    return False
 
 
 def profile(
