@@ -171,7 +171,7 @@ def time_beside(model, built: dict, cfg: SpeedupConfig) -> tuple[float, float, d
 
 _TIMED = ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct", "measured_speedup", "target_ms")
 GUARD_WINDOWS = 8  # calibration windows on which the guard compares the two streams' reaching models
-OVERSHOOT = 0.02  # a reaching model this much (or two A/A floors) past the target gets one looser round
+OVERSHOOT = 0.02  # a reaching model this much (or two A/A floors) past the aim gets one looser round
 
 
 def _timed(model, built: dict, cfg: SpeedupConfig) -> dict:
@@ -364,8 +364,8 @@ def start_budget(baseline_ms: float, constant_ms: float, floor_ms: float, cfg: S
 
 def _settle(s: Stream, choice, row: dict, built, cfg: SpeedupConfig, reference_ms: float, windows,
             floor_ms: float) -> None:
-    """Record a stream's round: keep it when it reached the target (its loss measured for the guard) or is the
-    fastest yet; else tighten the stream's budget by the measured residual for its next round."""
+    """Record a stream's round: keep it when it reached the aim, the target and its margin (its loss measured for the
+    guard), or is the fastest yet; else tighten the stream's budget by the measured residual for its next round."""
     s.rows.append(row)
     log.info("%sround %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; aim %.4gx, "
              "A/A floor %.1f%%)%s", "" if s.name == "latency" else "guard ", row["round"], cfg.where,

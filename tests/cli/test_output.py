@@ -31,6 +31,9 @@ def test_speedup_report_compares_with_the_original_at_the_objective_shape(capsys
     print_report(r)
     out = capsys.readouterr().out
     assert "speedup 1.1x at decode 1x512" in out and "ratio None" not in out and "budget" not in out
+    assert "aimed" not in out  # no margin recorded (reports before it)
+    print_report({**r, "objective": {**r["objective"], "margin": 0.03}})
+    assert "speedup 1.1x at decode 1x512 (aimed 3% past)" in capsys.readouterr().out
     assert "vs original" in out and "0.600" in out and "1.250x" in out  # 600 / 1000 params; 4.0 / 3.2 measured
     md = report_markdown(r)
     assert "no parameter budget" in md and "| gac | 600 | 0.600 |" in md

@@ -17,9 +17,13 @@ def _fmt(x, spec):
 
 
 def goal_text(r: dict) -> str:
-    """What the run asked for: `speedup S x at PHASE BxS` (the latency objective) or `ratio R`."""
+    """What the run asked for: `speedup S x at PHASE BxS` (the latency objective, with the margin it aimed past S)
+    or `ratio R`."""
     obj = r.get("objective")
-    return f"speedup {obj['speedup']}x at {obj['phase']} {obj['shape']}" if obj else f"ratio {r['ratio']}"
+    if not obj:
+        return f"ratio {r['ratio']}"
+    margin = f" (aimed {100 * obj['margin']:g}% past)" if obj.get("margin") else ""
+    return f"speedup {obj['speedup']}x at {obj['phase']} {obj['shape']}{margin}"
 
 
 def params_column(r: dict) -> tuple[str, int]:
