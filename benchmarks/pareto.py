@@ -102,12 +102,11 @@ def time_together(model, built: dict, cfg, rounds: int) -> dict:
 def run_compressor(name, model, calib, held_out, args) -> dict:
     from gac.align.latency_model import Phase, measure_latency_model
     from gac.api import select_dims
-    from gac.speedup import SpeedupConfig, fit_latency
+    from gac.speedup import SpeedupConfig, fit_latency, parse_shape
 
-    batch, seq = (int(x) for x in args.shape.split("x"))
+    batch, seq = parse_shape(args.shape)
     cfg = SpeedupConfig(args.targets[0], phase=args.phase, batch=batch, seq=seq, rounds=args.rounds,
-                        timing_rounds=args.timing_rounds,
-                        **({} if args.margin is None else {"margin": args.margin}))
+                        timing_rounds=args.timing_rounds, margin=args.margin)
     t0 = time.perf_counter()
     analyzed, latency_cfg, params_cfg = analyses(model, calib, name, args, cfg)
     analyze_s = time.perf_counter() - t0
@@ -418,6 +417,8 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> None:
+    from gac.speedup import SpeedupConfig
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--compressors", nargs="+", default=["asvd", "svd_llm", "palu", "prune"])
@@ -430,7 +431,8 @@ def main(argv=None) -> None:
     p.add_argument("--align", type=int, default=8)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--timing-rounds", type=int, default=10, help="interleaved calls per closed-loop timing")
-    p.add_argument("--margin", type=float, help="--speedup's margin past each target [default: gac's]")
+    p.add_argument("--margin", type=float, default=SpeedupConfig.margin,
+                   help="--speedup's margin past each target (gac compress --margin)")
     p.add_argument("--final-rounds", type=int, default=20,
                    help="interleaved calls per model in the final timing of every model of a compressor together")
     p.add_argument("--seq-len", type=int, default=512)

@@ -33,12 +33,12 @@ def main(argv=None) -> None:
     from gac.data import TextConfig, load_windows
     from gac.evaluate.perplexity import perplexity
     from gac.models.loading import load_model
-    from gac.speedup import SpeedupConfig
+    from gac.speedup import SpeedupConfig, parse_shape
 
     result = json.loads(Path(args.run).read_text())
     run = next(c for c in result["compressors"] if c["compressor"] == args.compressor)
     a = result["args"]
-    batch, seq = (int(x) for x in a["shape"].split("x"))
+    batch, seq = parse_shape(a["shape"])
     loaded = load_model(args.model, dtype=a["dtype"], device=a["device"])
     model = loaded.model.eval()
     calib, _ = load_windows(loaded.tokenizer, TextConfig(seq_len=a["seq_len"], calib_windows=a["calib_windows"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import os
@@ -215,8 +216,10 @@ def _copies(shapes: list[tuple[int, ...]], device: torch.device, dtype: torch.dt
     return int(min(MAX_COPIES, max(buffers, -(-2 * l2 // max(_set_bytes(shapes, dtype), 1)) + 1)))
 
 
+@functools.cache
 def last_level_cache_bytes() -> int:
-    """The CPU's largest cache in bytes, from Linux's sysfs; 32 MiB where it cannot be read."""
+    """The CPU's largest cache in bytes, from Linux's sysfs (read once per process); 32 MiB where it cannot be
+    read."""
     sizes = []
     for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         try:
