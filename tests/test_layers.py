@@ -72,6 +72,7 @@ ALLOWED = {
     "gac.hw": set(),
     "gac.models": {"gac.hw"},
     "gac.align": {"gac.hw", "gac.models"},
+    "gac.serve": {"gac.hw", "gac.models"},
     **{leaf: set() for leaf in LEAVES},
 }
 

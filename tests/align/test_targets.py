@@ -81,3 +81,26 @@ def test_compress_with_a_target_meets_it_under_the_same_budget(tiny_model_dir, t
     assert "Target llama.cpp:q8_0" in (out / "report.md").read_text()
     assert json.loads((out / "gac_plan.json").read_text())["target"] == "llama.cpp:q8_0"
     assert result.report["dims"]["gac"].keys() == result.report["dims"]["unaligned"].keys()
+
+
+def test_tensor_parallel_target_asks_each_shard_for_the_multiple():
+    t = TARGETS["vllm:tp2"]
+    mlp = _mlp()
+    assert mlp.shard_row_lengths(1400, 2) == [700] and mlp.shard_row_lengths(1401, 2) is None
+    assert t.allows(mlp, 1408) and not t.allows(mlp, 1400)  # 704 = 88 x 8; 700 is not a multiple of 8
+    assert t.allows(mlp, 1536)  # the model's own width
+    cands = t.candidates_for(8)(_Unit(mlp), 1400, 1)
+    assert cands and all(c % 16 == 0 for c in cands)
+    assert not TARGETS["vllm:tp4"].allows(mlp, 1400) and TARGETS["vllm:tp4"].allows(mlp, 1408)
+
+
+def test_tensor_parallel_target_keeps_whole_heads_on_every_rank():
+    g = _heads(kv_heads=4, heads=8, head_dim=64)  # group mode: dim = kept KV width
+    t2, t4 = TARGETS["vllm:tp2"], TARGETS["vllm:tp4"]
+    assert t2.allows(g, 2 * 64) and g.shard_row_lengths(2 * 64, 2) == [128]  # 2 KV, 4 query heads: 2 per rank
+    assert not t2.allows(g, 3 * 64)  # 3 KV heads do not split over 2 ranks
+    assert t4.allows(g, 2 * 64) and g.shard_row_lengths(2 * 64, 4) == [64]  # 4 query heads, 2 KV replicated
+    assert not t4.allows(g, 1 * 64)  # 2 query heads over 4 ranks
+    assert TARGETS["llama.cpp:q8_0"].allows(g, 3 * 64)  # tp 1: the old rule, unchanged
+    smol = _heads()  # SmolLM2: 9 query heads in 3 KV groups; tp 2 cannot split them, not even the whole block
+    assert t2.allowed_dims(smol) == [128] and not t2.allows(smol, smol.full_dim)  # 2 KV groups: 6 and 2 heads

@@ -92,3 +92,37 @@ def test_existing_output_needs_force(tiny_model_dir, tmp_path):
     assert out.read_bytes() == b"old"
     assert run_gac("export", str(tiny_model_dir), "--out", str(out), "--force", "--quiet").returncode == 0
     assert out.read_bytes()[:4] == b"GGUF"
+
+
+def test_export_hf_writes_the_families_own_class_or_keeps_the_gac_structure(tiny_model_dir, lowrank_dir, tmp_path):
+    """--format hf: a plain model becomes an HF directory of its own class (engines load it natively, same
+    logits); a gac output keeps its structure and plan, under the architecture name gac's vLLM plugin serves."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gac.models.loading import load_model
+
+    plain, kept = tmp_path / "plain", tmp_path / "kept"
+    p = run_gac("export", str(tiny_model_dir), "--format", "hf", "--out", str(plain), "--quiet")
+    assert p.returncode == 0, p.stderr
+    config = json.loads((plain / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "gac_structure" not in config
+    assert not (plain / "modeling_gac.py").exists() and (plain / "tokenizer.json").is_file()
+    ids = torch.arange(12)[None]
+    with torch.inference_mode():
+        a = AutoModelForCausalLM.from_pretrained(plain).eval()(ids).logits
+        b = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()(ids).logits
+    torch.testing.assert_close(a, b)
+    assert run_gac("export", str(lowrank_dir), "--format", "hf", "--out", str(kept), "--quiet").returncode == 0
+    config = json.loads((kept / "config.json").read_text())
+    assert config["architectures"] == ["GacLlamaForCausalLM"] and config["gac_structure"]["lowrank"]
+    with torch.inference_mode():
+        a = load_model(str(kept)).model(ids).logits
+        b = load_model(str(lowrank_dir)).model(ids).logits
+    torch.testing.assert_close(a, b)
+    outs = tmp_path / "outs"
+    outs.mkdir()
+    _one_error_line(run_gac("export", str(tiny_model_dir), "--format", "hf", "--out", str(outs / "x"), "--type",
+                            "q8_0"), "--type and --report are for --format gguf")
+    _one_error_line(run_gac("export", str(tiny_model_dir), "--format", "hf", "--out", str(plain)), "already exists")
+    assert list(outs.iterdir()) == []

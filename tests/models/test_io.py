@@ -127,6 +127,47 @@ def test_modeling_file_imports_no_gac(saved):
     assert "class LowRankLinear" in text
 
 
+def test_saved_architecture_is_the_one_gacs_vllm_plugin_serves(saved):
+    """save_pretrained writes the live class (LlamaForCausalLM, which vLLM would build at the original shapes);
+    the saved name is the Gac class that both auto_map and gac's vLLM plugin resolve."""
+    config = json.loads((saved / "config.json").read_text())
+    assert config["architectures"] == ["GacLlamaForCausalLM"]
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_gac.GacLlamaForCausalLM"
+
+
+def test_vllm_transformers_backend_cannot_build_a_resized_model(saved):
+    """Built from inside vLLM's Transformers backend (which fuses projections by shape), a gac model with a
+    structure refuses with the fix; built from anywhere else, it builds. A frame of that file name stands in."""
+    from transformers import AutoConfig
+
+    from gac.models.modeling_gac import VLLM_TRANSFORMERS_BACKEND, gac_class
+
+    config = AutoConfig.from_pretrained(saved)
+    cls = gac_class(config.model_type)
+    inside = compile("cls(config)", f"/site-packages/{VLLM_TRANSFORMERS_BACKEND}base.py", "eval")
+    with pytest.raises(ValueError, match=r"pip install 'gac\[vllm\]'"):
+        eval(inside, {"cls": cls, "config": config})
+    assert isinstance(eval(compile("cls(config)", "/site-packages/elsewhere.py", "eval"),
+                           {"cls": cls, "config": config}), cls)
+    base = gac_class(config.model_type, base_model=True)  # what that backend builds: AutoModel, the decoder
+    with pytest.raises(ValueError, match="Transformers backend cannot build"):
+        eval(inside, {"cls": base, "config": config})
+    config.gac_structure = {}
+    assert isinstance(eval(inside, {"cls": cls, "config": config}), cls)  # nothing resized: vLLM may build it
+
+
+def test_automodel_is_the_decoder_at_the_saved_shapes(saved, compressed):
+    from transformers import AutoModel
+
+    _, _, _, _, ids, _ = compressed
+    config = json.loads((saved / "config.json").read_text())
+    assert config["auto_map"]["AutoModel"] == "modeling_gac.GacLlamaModel"
+    decoder = AutoModel.from_pretrained(saved, trust_remote_code=True).eval()
+    full = load_model(str(saved)).model
+    with torch.inference_mode():
+        torch.testing.assert_close(decoder(ids).last_hidden_state, full.model(ids).last_hidden_state)
+
+
 def test_existing_dir_refused_unless_force(compressed, tmp_path):
     model, tok, structure, plan, ids, expected = compressed
     out = tmp_path / "out"

@@ -2,7 +2,8 @@
 
 A target maps a group kind ("mlp", "heads", "rank", "head_rank") to a multiple that every row length the group's
 dim sets must meet (`DimGroup.row_lengths`: the MLP width for the down projection, kept query heads x head_dim for
-the o projection, the rank for a low-rank pair's second half). `gac compress --target NAME` offers the knapsack
+the o projection, the rank for a low-rank pair's second half); a tensor-parallel target (`tp`) asks it of each
+rank's shard, and that the group split evenly (`DimGroup.shard_row_lengths`). `gac compress --target NAME` offers the knapsack
 only candidates that meet it, under the same parameter budget, and the report says which dims were constrained
 and why. A GPU's tile sizes or an engine's head sizes are further rows of the same table.
 """
@@ -27,15 +28,21 @@ class Target:
     name: str
     multiples: dict = field(default_factory=dict)  # group kind -> multiple its row lengths must meet
     why: str = ""
+    tp: int = 1  # tensor-parallel degree: the multiples hold for each rank's shard (DimGroup.shard_row_lengths)
 
     def multiple(self, kind: str) -> int | None:
         return self.multiples.get(kind)
 
     def allows(self, group, dim: int) -> bool:
-        """Row lengths that meet the multiple, or the group left whole: the unmodified model's own shape is not
-        the compression's to fix (e.g. whole heads whose query width can never be a multiple of 256)."""
+        """Row lengths (each rank's, under tensor parallelism) that meet the multiple, or the group left whole: the
+        unmodified model's own shape is not the compression's to fix (e.g. whole heads whose query width can never
+        be a multiple of 256). A group the target's ranks cannot split is refused even whole: no engine of that
+        degree can serve it."""
+        rows = group.shard_row_lengths(dim, self.tp)
+        if rows is None:  # the engine cannot split it over its ranks at all, whole or not
+            return False
         m = self.multiple(group.kind)
-        return m is None or dim == group.full_dim or all(r % m == 0 for r in group.row_lengths(dim))
+        return m is None or dim == group.full_dim or all(r % m == 0 for r in rows)
 
     def allowed_dims(self, group) -> list[int]:
         """The group's grid points the target allows (at least its full dim, where it has one)."""
@@ -85,7 +92,18 @@ class _TargetCandidates:
         return sorted(set(allowed[max(0, i - window):i] + allowed[i:i + window])) or allowed[-1:]
 
 
+_TP = ("vLLM at tensor parallel size {n} splits every layer's query and KV heads and MLP channels over {n} ranks "
+       "(low-rank pairs: a replicated or row-parallel, b column-parallel or replicated; ranks never split): each "
+       "must divide by {n}, and each rank's row length (MLP width / {n}, kept heads x head_dim / {n}, a rank) must "
+       "stay a multiple of 8 for the GPU's aligned kernels")
+
+
+def _tp(n: int) -> Target:
+    return Target(f"vllm:tp{n}", {"mlp": 8, "heads": 8, "rank": 8, "head_rank": 8}, _TP.format(n=n), tp=n)
+
+
 TARGETS = {
+    **{f"vllm:tp{n}": _tp(n) for n in (2, 4, 8)},
     "llama.cpp:q8_0": Target("llama.cpp:q8_0", {"mlp": 32, "heads": 32, "rank": 32, "head_rank": 32},
                              _Q32.format(t="q8_0")),
     "llama.cpp:q4_0": Target("llama.cpp:q4_0", {"mlp": 32, "heads": 32, "rank": 32, "head_rank": 32},

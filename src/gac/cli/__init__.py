@@ -99,3 +99,5 @@ from gac.cli.inspect import command as inspect_cmd  # noqa: E402
 main.add_command(inspect_cmd)
 from gac.cli.export import command as export_cmd  # noqa: E402
 main.add_command(export_cmd)
+from gac.cli.serve_check import command as serve_check_cmd  # noqa: E402
+main.add_command(serve_check_cmd)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import click
 
 from gac.cli.options import Int
-
-FORMATS = ("gguf",)
-
+from gac.export.export import FORMATS
 
 def print_export(report: dict) -> None:
     """One line for the file, the type counts, then every fallback with its cause."""
@@ -27,19 +25,23 @@ def print_export(report: dict) -> None:
 @click.command("export")
 @click.argument("model")
 @click.option("--format", "format_", type=click.Choice(FORMATS), default="gguf", show_default=True,
-              help="Output format (llama.cpp's GGUF).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output file (.gguf).")
+              help="gguf: llama.cpp's GGUF file; hf: a Hugging Face directory (transformers, vLLM).")
+@click.option("--out", required=True, type=click.Path(), help="Output file (.gguf), or directory (--format hf).")
 @click.option("--type", "type_", help="f16, q8_0, q4_0 or q4_k_m (llama.cpp's quantizer) [default: f16].")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the per-tensor type report (JSON).")
 @click.option("--threads", type=Int(0, 1024, example=2), help="Quantizer threads [default: 0, all cores].")
 @click.option("--force", is_flag=True, help="Replace an existing output file.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def command(model, format_, out, type_, report, threads, force, quiet) -> None:
-    """Export MODEL (a gac output, an HF directory, a .gguf or an alias) for a serving engine (llama.cpp)."""
+    """Export MODEL (a gac output, an HF directory, a .gguf or an alias) for a serving engine: llama.cpp (gguf) or
+    transformers and vLLM (hf)."""
     from gac.cli.output import setup_logging
-    from gac.export.export import ExportConfig, export
+    from gac.export.export import ExportConfig, export, export_hf
 
     setup_logging(quiet)
     given = {k: v for k, v in {"type": type_, "report": report, "threads": threads}.items() if v is not None}
-    result = export(ExportConfig(model=model, out=out, force=force, **given))
-    print_export(result.report)
+    cfg = ExportConfig(model=model, out=out, format=format_, force=force, **given)
+    if format_ == "hf":
+        click.echo(f"saved {model} as a Hugging Face directory: {export_hf(cfg)}")
+        return
+    print_export(export(cfg).report)

@@ -1,5 +1,6 @@
 """`gac export`: a model (a gac output, an HF directory, a .gguf or the embedded alias) as a GGUF that llama.cpp
-serves, quantized by llama.cpp, with the per-tensor type report. The output file is written atomically."""
+serves, quantized by llama.cpp, with the per-tensor type report; or (`--format hf`) as a Hugging Face directory that
+transformers and vLLM read (the embedded original's baseline beside its compressed models). Outputs are atomic."""
 
 from __future__ import annotations
 
@@ -21,13 +22,22 @@ class ExportConfig:
 
     model: str
     out: str
+    format: str = "gguf"  # or "hf": a Hugging Face directory (safetensors, config, tokenizer)
     type: str = "f16"
     report: str | None = None  # where to write the JSON type report (default: none)
     threads: int = 0  # quantizer threads; 0: llama.cpp's default (all cores)
     force: bool = False
 
     def __post_init__(self):
+        if self.format not in FORMATS:
+            raise GacError(f"unknown format {self.format!r}: use one of {', '.join(FORMATS)}")
         check_type(self.type)
+        if self.format == "hf" and (self.type != "f16" or self.report):
+            raise GacError("--type and --report are for --format gguf: an HF directory keeps the weights as loaded "
+                           "(float32); drop them")
+
+
+FORMATS = ("gguf", "hf")
 
 
 @dataclass
@@ -83,6 +93,30 @@ def write_f16(loaded, path: Path) -> object:
     fields = tokenizer_fields(loaded.source, src if src.is_dir() else None)
     name = Path(loaded.source).name.removesuffix(".gguf") or "gac"
     return write_gguf(loaded.model, path, tokenizer_fields=fields, name=name)
+
+
+def export_hf(cfg: ExportConfig) -> Path:
+    """A Hugging Face directory of the model: a gac output keeps its structure and plan (gac.models.io.save); any
+    other model (the embedded GGUF, dequantized; an HF directory) is saved as its family's own class, which
+    transformers, lm-evaluation-harness and vLLM load natively."""
+    from gac import validate
+    from gac.atomic import atomic_dir
+    from gac.models.io import is_gac_dir, read_plan, save
+    from gac.models.loading import load_model
+
+    out = validate.output_dir(cfg.out, force=cfg.force)
+    source = Path(cfg.model).expanduser()
+    if source.is_dir() and not (source / "config.json").is_file():
+        raise GacError(f"{cfg.model} is not a model directory (no config.json): pass a gac output, a Hugging Face "
+                       "model directory, a .gguf or an alias")
+    loaded = load_model(cfg.model, dtype="float32", device="cpu")
+    if source.is_dir() and is_gac_dir(source):
+        return save(loaded.model, loaded.tokenizer, out, plan=read_plan(source), force=cfg.force)
+    with atomic_dir(out, force=cfg.force) as tmp:
+        loaded.model.save_pretrained(tmp, safe_serialization=True)
+        if loaded.tokenizer is not None:
+            loaded.tokenizer.save_pretrained(tmp)
+    return out
 
 
 def export(cfg: ExportConfig) -> ExportResult:

@@ -56,6 +56,19 @@ class GgufNames:
 # model_type -> llama.cpp names, for the families llama.cpp runs as `llama` (or `deci` when layers differ)
 GGUF_FAMILIES = {"llama": GgufNames(), "mistral": GgufNames()}
 
+@dataclass(frozen=True)
+class VllmNames:
+    """vLLM's side of a layout: the vLLM model class gac's plugin builds on, and the fused linears that class makes
+    of the q/k/v projections and of the MLP producers (loaded from the separate HF weights by shard)."""
+
+    model_class: str = "LlamaForCausalLM"
+    qkv: str = "qkv_proj"
+    producers: str = "gate_up_proj"
+
+
+# model_type -> vLLM's names, for the families gac's vLLM plugin serves (gac.serve.vllm_model)
+VLLM_FAMILIES = {"llama": VllmNames()}
+
 # model_type -> layout. Each needs a transformers `<Name>ForCausalLM` (see modeling_gac.py).
 FAMILIES = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA, "granite": LLAMA, "olmo2": LLAMA,
             "phi": PHI}
@@ -149,6 +162,14 @@ class Adapter:
             pairs += [(f"{prefix}.{hf}", gg) for hf, gg in names.layer_norms]
             out.update({hf: f"{blk}.{gg}" for hf, gg in pairs})
         return out
+
+    def vllm_names(self) -> VllmNames:
+        """vLLM's names for this family; a family gac's vLLM plugin does not serve is one line."""
+        names = VLLM_FAMILIES.get(self.model_type)
+        if names is None:
+            raise GacError(f"gac's vLLM plugin serves the {', '.join(VLLM_FAMILIES)} family, not {self.model_type!r}: "
+                           "serve this model with transformers (gac.load, lm-eval's hf backend) instead")
+        return names
 
     def per_head_norm(self, attention_module):
         """The attention's query norm module, if the family has one (None otherwise)."""

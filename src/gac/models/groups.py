@@ -94,6 +94,12 @@ class DimGroup:
         32 or 256) of the member linears that `dim` sets: a width's consumers, a low-rank pair's second half."""
         return [dim]
 
+    def shard_row_lengths(self, dim: int, tp: int) -> list[int] | None:
+        """The row lengths each rank of a degree-`tp` tensor-parallel engine reads at `dim` (gac.serve.layout's
+        sharding plan), or None where `tp` cannot split the group evenly. A rank is never split: each rank reads
+        the pair's full rank."""
+        return self.row_lengths(dim)
+
 
 @dataclass(frozen=True)
 class RankGroup(DimGroup):
@@ -191,6 +197,10 @@ class WidthGroup(DimGroup):
     def profile_shape(self):
         return {"k": self.hidden}
 
+    def shard_row_lengths(self, dim: int, tp: int) -> list[int] | None:
+        """Channels are split over the ranks: producers column-parallel, the consumer row-parallel."""
+        return None if dim % tp else [dim // tp]
+
 
 @dataclass(frozen=True)
 class HeadGroup(DimGroup):
@@ -253,10 +263,24 @@ class HeadGroup(DimGroup):
         """The o projection reads the kept query heads: KV width x group size (group mode), or the width."""
         return [dim * self.group_size if self.mode == "group" else dim]
 
+    def shard_row_lengths(self, dim: int, tp: int) -> list[int] | None:
+        """Heads are split over the ranks: every rank needs whole query heads and whole KV heads (or, with fewer
+        KV heads than ranks, a share of a replicated one, as vLLM does)."""
+        q = dim * self.group_size if self.mode == "group" else dim
+        kv = dim // self.head_dim if self.mode == "group" else self.num_kv_heads
+        return [q // tp] if heads_split(q // self.head_dim, kv, tp) else None
+
     def compressed_dims(self) -> list[int]:
         """The query and KV widths where they differ from the original's."""
         widths = ((self.live_heads, self.num_heads), (self.live_kv_heads, self.num_kv_heads))
         return [live * self.head_dim for live, full in widths if live != full]
+
+
+def heads_split(num_heads: int, num_kv_heads: int, tp: int, *, kv_replicable: bool = True) -> bool:
+    """Whether `tp` tensor-parallel ranks split a layer's heads: whole query heads per rank, and whole KV heads per
+    rank or (kv_replicable: dense K/V, as vLLM does) fewer KV heads than ranks, each replicated."""
+    kv_ok = num_kv_heads % tp == 0 or (kv_replicable and tp % num_kv_heads == 0)
+    return num_heads % tp == 0 and kv_ok
 
 
 # --- reading a model ---------------------------------------------------------------------------------------

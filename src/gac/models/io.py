@@ -85,12 +85,15 @@ def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict, max_shard_s
     config = model.config
     config.gac_structure = structure_of(model)
     name = gac_class(config.model_type).__name__
-    config.auto_map = {"AutoModelForCausalLM": f"modeling_gac.{name}"}
-    config.architectures = [name]
+    config.auto_map = {"AutoModelForCausalLM": f"modeling_gac.{name}",
+                       "AutoModel": f"modeling_gac.{gac_class(config.model_type, base_model=True).__name__}"}
     if weights:
         model.save_pretrained(d, safe_serialization=True, max_shard_size=max_shard_size)
-    else:
-        config.save_pretrained(d)
+    # after save_pretrained, which writes the live class's name: serving engines resolve the model class by this
+    # name (vLLM finds gac's plugin under it, never its own class for the original shapes)
+    config.architectures = [name]
+    config.save_pretrained(d)
+    if not weights:
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(d)
     if tokenizer is not None:

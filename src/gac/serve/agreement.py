@@ -1,0 +1,103 @@
+"""Does vLLM serve the model gac saved? For each model directory: greedy tokens and prompt log-probabilities from
+vLLM against gac's own transformers forward on the same token ids (8 prompts from the embedded Python docs).
+`gac serve-check DIR [DIR...] [--tp 2]` prints it.
+
+Reported per model: the share of generated positions whose tokens agree, the same with transformers fed vLLM's
+own tokens (teacher-forced: a divergence at a near-tie does not count its whole tail), the largest prompt
+log-probability difference and vLLM's load time.
+"""
+
+from __future__ import annotations
+
+import time
+
+PROMPTS = 8
+PROMPT_TOKENS = 24
+MAX_TOKENS = 32
+
+
+def prompt_ids(tokenizer, count: int = PROMPTS, tokens: int = PROMPT_TOKENS) -> list[list[int]]:
+    """The first `tokens` tokens of `count` topics of Python's docs (embedded: no download)."""
+    from pydoc_data.topics import topics
+
+    keys = sorted(topics)[::max(1, len(topics) // count)][:count]
+    return [tokenizer(" ".join(topics[k].split()), add_special_tokens=False).input_ids[:tokens] for k in keys]
+
+
+def hf_run(model_dir, prompts: list[list[int]], max_tokens: int) -> dict:
+    """Greedy tokens (no stop token) and prompt log-probabilities from transformers, as gac loads the model."""
+    import torch
+
+    from gac.models.loading import load_model
+
+    model = load_model(str(model_dir), dtype="float32", device="cpu").model
+    tokens, logprobs = [], []
+    with torch.inference_mode():
+        for ids in prompts:
+            out = model(torch.tensor([ids]), use_cache=True)
+            lp = out.logits[0, :-1].float().log_softmax(-1)  # [S - 1, V]
+            logprobs.append(lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist())
+            past, nxt, gen = out.past_key_values, int(out.logits[0, -1].argmax()), []
+            for _ in range(max_tokens):
+                gen.append(nxt)
+                out = model(torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+                past, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
+            tokens.append(gen)
+    return {"tokens": tokens, "prompt_logprobs": logprobs, "model": model}
+
+
+def teacher_forced(model, prompts, generated) -> list[list[int]]:
+    """transformers' greedy choice at each generated position, given vLLM's own tokens before it."""
+    import torch
+
+    with torch.inference_mode():
+        return [model(torch.tensor([ids + gen[:-1]])).logits[0, len(ids) - 1:].argmax(-1).tolist()
+                for ids, gen in zip(prompts, generated)]
+
+
+def vllm_run(model_dir, prompts: list[list[int]], max_tokens: int, *, dtype: str, tp: int) -> dict:
+    from vllm import SamplingParams, TokensPrompt
+
+    from gac.serve.vllm_engine import make_llm
+
+    start = time.perf_counter()
+    llm = make_llm(model_dir, dtype=dtype, tp=tp, max_model_len=256)
+    load_s = time.perf_counter() - start
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=0)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    logprobs = [[next(iter(d.values())).logprob for d in o.prompt_logprobs[1:]] for o in outs]
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    return {"tokens": tokens, "prompt_logprobs": logprobs, "load_s": load_s}
+
+
+def compare(hf: dict, vl: dict, forced: list[list[int]]) -> dict:
+    pairs = [(a, b) for x, y in zip(hf["tokens"], vl["tokens"]) for a, b in zip(x, y)]
+    forced_pairs = [(a, b) for x, y in zip(forced, vl["tokens"]) for a, b in zip(x, y)]
+    diffs = [abs(a - b) for x, y in zip(hf["prompt_logprobs"], vl["prompt_logprobs"]) for a, b in zip(x, y)]
+    return {"positions": len(pairs), "token_agreement": sum(a == b for a, b in pairs) / len(pairs),
+            "teacher_forced_agreement": sum(a == b for a, b in forced_pairs) / len(forced_pairs),
+            "prompt_logprob_max_abs_diff": max(diffs), "prompt_logprob_mean_abs_diff": sum(diffs) / len(diffs),
+            "vllm_load_s": vl["load_s"], "vllm_tokens": vl["tokens"], "hf_tokens": hf["tokens"]}
+
+
+def agreement(model_dirs, *, dtype: str = "float32", tp: int = 1, max_tokens: int = MAX_TOKENS) -> dict:
+    """{model dir: compare(...)}: vLLM first for every model (each engine shut down before the next), then
+    transformers."""
+    from transformers import AutoTokenizer
+
+    from gac.serve.vllm_engine import check_installed, check_servable
+
+    check_installed()
+    for d in model_dirs:
+        check_servable(d, tp)
+    results = {}
+    served = {}
+    for d in model_dirs:
+        prompts = prompt_ids(AutoTokenizer.from_pretrained(d))
+        served[d] = (prompts, vllm_run(d, prompts, max_tokens, dtype=dtype, tp=tp))
+    for d, (prompts, vl) in served.items():
+        hf = hf_run(d, prompts, max_tokens)
+        results[str(d)] = compare(hf, vl, teacher_forced(hf["model"], prompts, vl["tokens"]))
+    return results

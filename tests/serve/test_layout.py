@@ -1,0 +1,57 @@
+"""What an engine must build, read off a saved config (gac.serve.layout), and the tensor-parallel rules: no vLLM."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoConfig
+
+from gac.errors import GacError
+from gac.serve.layout import check_tensor_parallel, layer_layouts
+
+
+def layouts(d):
+    return layer_layouts(AutoConfig.from_pretrained(d))
+
+
+def test_original_is_every_layer_at_full_size(serve_dirs):
+    for lay in layouts(serve_dirs["original"]):
+        assert (lay.num_heads, lay.num_kv_heads, lay.head_dim, lay.width) == (4, 2, 32, 320)
+        assert all(p.dense for p in lay.projections)
+        assert [(p.out_features, p.in_features) for p in lay.projections] == [
+            (128, 128), (64, 128), (64, 128), (128, 128), (320, 128), (320, 128), (128, 320)]
+
+
+def test_resized_layers_keep_their_own_heads_and_widths(serve_dirs):
+    lays = layouts(serve_dirs["resized"])
+    assert [(x.num_heads, x.num_kv_heads) for x in lays] == [(4, 2), (2, 1), (2, 2), (4, 2)]
+    assert [x.width for x in lays] == [157, 320, 320, 200]
+    assert lays[1].o.in_features == 2 * 32 and lays[1].qkv[1].out_features == 32
+    assert lays[0].consumers[0].in_features == 157
+
+
+@pytest.mark.parametrize("name, key", [("asvd", "lowrank"), ("palu", "grouped_lowrank")])
+def test_factorized_projections_carry_their_ranks(serve_dirs, name, key):
+    config = AutoConfig.from_pretrained(serve_dirs[name])
+    saved = config.gac_structure[key]
+    assert saved
+    read = {f"model.layers.{lay.index}": lay for lay in layouts(serve_dirs[name])}
+    for module, rank in saved.items():
+        block, _, proj = module.rpartition(".")
+        lay = read[block.rpartition(".")[0]]
+        (p,) = [p for p in lay.projections if p.name == proj]
+        assert (p.ranks == tuple(rank)) if key == "grouped_lowrank" else (p.rank == rank)
+
+
+def test_tensor_parallel_refusals_name_the_layer_and_the_fix(serve_dirs):
+    check_tensor_parallel(layouts(serve_dirs["original"]), 2)
+    check_tensor_parallel(layouts(serve_dirs["original"]), 4)  # 2 dense KV heads over 4 ranks: replicated
+    with pytest.raises(GacError, match=r"layer 0 keeps MLP width 157, not divisible by tensor parallel size 2: "
+                                       r"compress with --target vllm:tp2"):
+        check_tensor_parallel(layouts(serve_dirs["resized"]), 2)
+    with pytest.raises(GacError, match="layer 0 keeps 4 query heads and 2 KV heads"):
+        check_tensor_parallel(layouts(serve_dirs["original"]), 3)
+    factored_kv = [lay for lay in layouts(serve_dirs["palu"])]
+    with pytest.raises(GacError, match="2 KV heads"):  # factorized K/V cannot be replicated over 4 ranks
+        check_tensor_parallel(factored_kv, 4)
+    with pytest.raises(GacError, match="not valid"):
+        check_tensor_parallel(factored_kv, 0)
