@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
+
+from tests.conftest import installed_for_ci
 
 
 @pytest.fixture(scope="session")
 def llama_cpp():
-    """llama-cpp-python; CI installs it (scripts/setup.sh llamacpp), so there a missing one fails, never skips."""
-    try:
-        import llama_cpp
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("llama-cpp-python is not installed: CI's set-up is `bash scripts/setup.sh llamacpp`")
-        pytest.skip("llama-cpp-python is not installed: bash scripts/setup.sh llamacpp")
-    return llama_cpp
+    """llama-cpp-python (required under CI)."""
+    return installed_for_ci("llama_cpp", "llama-cpp-python", "llamacpp")
 
 
 def pruned_variants(model, calib, *, ratio: float, targets: tuple[str, ...], layers="all") -> dict:

@@ -4,14 +4,13 @@ per-layer MLP widths and head counts (KV heads too), a repaired (zero-padded) mo
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.conftest import tiny_tokenizer
+from tests.conftest import installed_for_ci, tiny_tokenizer
 
 SERVE_TINY = dict(hidden_size=128, intermediate_size=320, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=320, max_position_embeddings=512, tie_word_embeddings=True)
@@ -24,14 +23,8 @@ def run_gac(*args, timeout=900):
 
 @pytest.fixture(scope="session")
 def vllm():
-    """vLLM (CPU build); CI installs it (scripts/setup.sh vllm), so there a missing one fails, never skips."""
-    try:
-        import vllm
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("vLLM is not installed: CI's set-up is `bash scripts/setup.sh llamacpp vllm`")
-        pytest.skip("vLLM is not installed: bash scripts/setup.sh vllm")
-    return vllm
+    """vLLM, its CPU build here (required under CI)."""
+    return installed_for_ci("vllm", "vLLM", "vllm")
 
 
 def serve_tiny_model():

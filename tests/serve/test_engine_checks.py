@@ -49,3 +49,14 @@ def test_a_family_the_plugin_does_not_serve_is_refused(tmp_path):
         variant="unaligned", source_model="x", alignment=None, dims={}))
     with pytest.raises(GacError, match="vLLM plugin serves the llama family, not 'qwen2'"):
         vllm_engine.check_servable(tmp_path / "q")
+
+
+@pytest.mark.parametrize("script", ["vllm_bench.py", "vllm_models.py"])
+def test_serving_benchmarks_parse_their_options(script):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / script
+    p = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "--out" in p.stdout, p.stderr

@@ -55,3 +55,19 @@ def test_tensor_parallel_refusals_name_the_layer_and_the_fix(serve_dirs):
         check_tensor_parallel(factored_kv, 4)
     with pytest.raises(GacError, match="not valid"):
         check_tensor_parallel(factored_kv, 0)
+
+
+def test_a_vllm_tp2_target_gives_a_model_two_ranks_split(serve_dirs, tmp_path):
+    """prune under --target vllm:tp2, same budget: every width splits into two shards of a multiple of 8, every
+    head count splits, so the saved model passes the plan's check at TP=2 (the unaligned prune need not)."""
+    from gac.api import CompressConfig, compress
+    from gac.data import TextConfig
+
+    out = tmp_path / "tp2"
+    compress(CompressConfig(model=str(serve_dirs["original"]), compressor="prune", ratio=0.3, out=str(out),
+                            target="vllm:tp2", evaluate=False, progress=False, compressor_options={"layers": "all"},
+                            text=TextConfig(seq_len=32, calib_windows=2, eval_windows=1)))
+    lays = layouts(out)
+    assert any(x.width < 320 for x in lays)
+    assert all(x.width % 16 == 0 and x.num_heads % 2 == 0 for x in lays)
+    check_tensor_parallel(lays, 2)

@@ -5,6 +5,8 @@ vLLM cannot serve is refused in one line before vLLM starts."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -52,22 +54,42 @@ def test_refusals_are_one_line_before_vllm_starts(vllm, serve_dirs, tmp_path):
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no config.json" in p.stderr
 
 
-TRANSFORMERS_BACKEND = """
-import sys
+START_VLLM = """
+import json, sys
 from vllm import LLM
 if __name__ == "__main__":
-    try:
-        LLM(model=sys.argv[1], model_impl="transformers", trust_remote_code=True, dtype="float32",
-            max_model_len=128, enforce_eager=True)
-    except Exception:
-        sys.exit(3)
+    for model, kwargs in json.loads(sys.argv[1]):
+        try:
+            LLM(model=model, dtype="float32", max_model_len=128, enforce_eager=True, **kwargs)
+            print("LOADED", model)
+        except Exception as e:
+            print("REFUSED", model, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
 """
 
 
-def test_vllm_transformers_backend_refuses_instead_of_loading_wrong(vllm, serve_dirs, tmp_path):
-    script = tmp_path / "backend.py"
-    script.write_text(TRANSFORMERS_BACKEND)
-    p = subprocess.run([sys.executable, str(script), str(serve_dirs["asvd"])], capture_output=True, text=True,
-                       timeout=600, env={**__import__("os").environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
-    assert p.returncode == 3
-    assert "vLLM's Transformers backend cannot build" in p.stdout + p.stderr
+def start_vllm(tmp_path, cases) -> str:
+    """Start vllm.LLM directly (as a user does, no gac wrapper) on each (model, kwargs); its report lines."""
+    script = tmp_path / "start.py"
+    script.write_text(START_VLLM)
+    p = subprocess.run([sys.executable, str(script), json.dumps(cases)], capture_output=True, text=True,
+                       timeout=900, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    return p.stdout + p.stderr
+
+
+def test_vllm_refuses_what_it_cannot_serve_right(vllm, serve_dirs, tmp_path):
+    """Started directly: a size the ranks cannot split and an output saved under the family's own class are
+    refused by the plugin's config check before an engine starts; vLLM's Transformers backend refuses to build a
+    factorized model; nothing loads wrong."""
+    old = tmp_path / "old-asvd"
+    shutil.copytree(serve_dirs["asvd"], old)
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
+    resized, asvd = str(serve_dirs["resized"]), str(serve_dirs["asvd"])
+    tp2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+    out = start_vllm(tmp_path, [[resized, tp2], [str(old), {}],
+                                [asvd, {"model_impl": "transformers", "trust_remote_code": True}]])
+    assert (f"REFUSED {resized} GacError layer 0 keeps MLP width 157, not divisible by tensor parallel size 2"
+            in out)
+    assert f"REFUSED {old} GacError {old} is a gac output saved under LlamaForCausalLM" in out
+    assert f"REFUSED {asvd}" in out and "vLLM's Transformers backend cannot build" in out
+    assert "LOADED" not in out

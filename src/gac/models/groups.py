@@ -96,8 +96,8 @@ class DimGroup:
 
     def shard_row_lengths(self, dim: int, tp: int) -> list[int] | None:
         """The row lengths each rank of a degree-`tp` tensor-parallel engine reads at `dim` (gac.serve.layout's
-        sharding plan), or None where `tp` cannot split the group evenly. A rank is never split: each rank reads
-        the pair's full rank."""
+        sharding plan), or None where `tp` cannot split the group evenly. A low-rank pair's inner rank is never
+        split: every tensor-parallel rank reads all of it."""
         return self.row_lengths(dim)
 
 

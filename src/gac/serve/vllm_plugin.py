@@ -1,6 +1,8 @@
 """gac's vLLM plugin (entry point `vllm.general_plugins`, loaded by vLLM in every process it starts): registers
 gac's model class under each architecture name gac writes (config.json's `architectures`, e.g.
-GacLlamaForCausalLM), so vLLM builds a gac output with its own layers instead of the Transformers backend."""
+GacLlamaForCausalLM), so vLLM builds a gac output with its own layers instead of the Transformers backend; and a
+config check for those names that refuses a tensor-parallel size the saved sizes do not divide while vLLM builds
+its configuration, before any engine process starts."""
 
 from __future__ import annotations
 
@@ -16,8 +18,42 @@ def architectures() -> dict[str, str]:
             for t, names in VLLM_FAMILIES.items()}
 
 
+class ConfigCheck:
+    """vLLM's per-architecture configuration hook (the interface of vllm.model_executor.models.config), for gac's
+    architecture names and for the family's own (vLLM's class would build a gac output at the original shapes)."""
+
+    @staticmethod
+    def verify_and_update_config(vllm_config) -> None:
+        from gac.errors import GacError
+        from gac.serve.layout import check_tensor_parallel, layer_layouts
+
+        config = vllm_config.model_config.hf_config
+        if getattr(config, "gac_structure", None) is None:
+            return  # not a gac output
+        arch = vllm_config.model_config.architecture
+        gac_arch = f"Gac{arch}"
+        if gac_arch in architectures():  # saved before gac wrote its own name: the family's class
+            raise GacError(f"{vllm_config.model_config.model} is a gac output saved under {arch}, which vLLM builds "
+                           f"at the original shapes: serve it with --hf-overrides '{{\"architectures\": "
+                           f"[\"{gac_arch}\"]}}', or re-save it with `gac export DIR --format hf --out NEW`")
+        check_tensor_parallel(layer_layouts(config), vllm_config.parallel_config.tensor_parallel_size)
+
+    @staticmethod
+    def verify_and_update_model_config(model_config) -> None:
+        return
+
+
 def register() -> None:
     from vllm import ModelRegistry
 
     for arch, cls in architectures().items():
         ModelRegistry.register_model(arch, cls)
+    try:  # vLLM's table of configuration hooks; without it, the model class refuses the same sizes later
+        from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    except ImportError:
+        return
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    families = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t] for t in VLLM_FAMILIES]
+    for arch in [*architectures(), *families]:
+        MODELS_CONFIG_MAP.setdefault(arch, ConfigCheck)
