@@ -1,7 +1,7 @@
 """Schema of a hardware profile (`gac profile` output): field types, finite positive latencies, and the dtype and
 device it was measured for against the ones in use. Pure Python (no torch), so checks run before any work.
 
-Decision (README, Usage): a profile measured for another dtype or device type (cpu vs cuda) than the run uses
+Decision (docs/USAGE.md): a profile measured for another dtype or device type (cpu vs cuda) than the run uses
 is an error; `--allow-profile-mismatch` turns it into a warning that names both. Another machine of the same
 device type (another CPU model, another GPU) is fine: that is what sharing profiles is for.
 """

@@ -1,7 +1,7 @@
 """Checks at the edge, before any work starts: option values, input files (bounded reads, encodings) and output
 locations (probed for writability up front). Each failure is one GacError line naming the problem and the fix.
 
-Decisions (README, Usage):
+Decisions (docs/USAGE.md):
 - Text files (--calib-file, --eval-file) must be UTF-8 (a UTF-8 BOM is dropped) or UTF-16/UTF-32 with a BOM.
   Anything else (Latin-1, binary, NUL bytes) is refused with the `iconv` command that converts it, never
   decoded with replacement characters.

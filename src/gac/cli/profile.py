@@ -89,7 +89,7 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
         try:
             spec = spec_from_plan(read_plan_file(plan), spec)
         except GacError as e:
-            raise GacError(f"{plan}: {e}: fix the plan (format: README, `gac select`)" if str(plan) not in str(e)
+            raise GacError(f"{plan}: {e}: fix the plan (format: docs/USAGE.md, `gac select`)" if str(plan) not in str(e)
                            else str(e)) from None
     if model_spec:
         from gac.models.loading import load_model

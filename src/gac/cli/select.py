@@ -33,7 +33,7 @@ def select_cmd(plan: Path, out: Path | None, as_json: bool) -> None:
     try:
         result = select(data)
     except GacError as e:
-        raise GacError(f"{plan}: {e}: fix the plan (format: README, `gac select`)") from None
+        raise GacError(f"{plan}: {e}: fix the plan (format: docs/USAGE.md, `gac select`)") from None
     if out is not None:
         write_json_atomic(out, result.to_dict())
     if as_json:

@@ -1,7 +1,7 @@
 """Verify what a checkpoint holds before and after loading it: a damaged, incomplete or tampered model is a
 one-line GacError, never a silently random-initialized one.
 
-Decisions (README, Usage):
+Decisions (docs/USAGE.md):
 - Weights are read from safetensors (model.safetensors or a sharded index). Every header is parsed and every
   shard must exist before transformers is asked to load anything.
 - A pickle checkpoint (pytorch_model.bin) is read only through torch's weights-only unpickler
