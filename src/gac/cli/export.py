@@ -7,6 +7,7 @@ import click
 from gac.cli.options import Int
 from gac.export.export import FORMATS
 
+
 def print_export(report: dict) -> None:
     """One line for the file, the type counts, then every fallback with its cause."""
     types = ", ".join(f"{n} {t}" for t, n in sorted(report["types"].items(), key=lambda kv: -kv[1]))
