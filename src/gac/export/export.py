@@ -64,6 +64,15 @@ def check_output(out: str, force: bool) -> Path:
     return _check_out_file(out, ".gguf", "--out", force, ": e.g. --out model-q4_k_m.gguf")
 
 
+def check_model_dir(spec: str) -> Path:
+    """`spec` as a path; a directory must hold a model (config.json), checked before anything is loaded."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise GacError(f"{spec} is neither a gac output nor a model directory (no config.json): pass a "
+                       "directory `gac compress` wrote, a Hugging Face model directory or a .gguf")
+    return path
+
+
 def check_source(spec: str) -> None:
     """A directory must be a model directory; a gac output must be one export can represent (checked before
     the model is loaded where the plan says so)."""
@@ -71,11 +80,8 @@ def check_source(spec: str) -> None:
     from gac.compressors.base import LowRankCompressor
     from gac.models.io import is_gac_dir, read_plan
 
-    path = Path(spec).expanduser()
+    path = check_model_dir(spec)
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise GacError(f"{spec} is neither a gac output nor a model directory (no config.json): pass a "
-                           "directory `gac compress` wrote, a Hugging Face model directory or a .gguf")
         if is_gac_dir(path):
             compressor = (read_plan(path).get("compressor") or {}).get("name")
             if compressor in REGISTRY and isinstance(make_compressor(compressor), LowRankCompressor):
@@ -105,10 +111,7 @@ def export_hf(cfg: ExportConfig) -> Path:
     from gac.models.loading import load_model
 
     out = validate.output_dir(cfg.out, force=cfg.force)
-    source = Path(cfg.model).expanduser()
-    if source.is_dir() and not (source / "config.json").is_file():
-        raise GacError(f"{cfg.model} is not a model directory (no config.json): pass a gac output, a Hugging Face "
-                       "model directory, a .gguf or an alias")
+    source = check_model_dir(cfg.model)
     loaded = load_model(cfg.model, dtype="float32", device="cpu")
     if source.is_dir() and is_gac_dir(source):
         return save(loaded.model, loaded.tokenizer, out, plan=read_plan(source), force=cfg.force)

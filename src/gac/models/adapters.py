@@ -104,6 +104,12 @@ class LayerModules:
     def linears(self) -> list[str]:
         return [self.q, self.k, self.v, self.o, *self.producers, *self.consumers]
 
+    def shapes(self, hidden: int, q_width: int, kv_width: int, mlp_width: int) -> dict[str, tuple[int, int]]:
+        """{linear: (out_features, in_features)} of every dense projection at these widths."""
+        return {self.q: (q_width, hidden), self.k: (kv_width, hidden), self.v: (kv_width, hidden),
+                self.o: (hidden, q_width), **{n: (mlp_width, hidden) for n in self.producers},
+                **{n: (hidden, mlp_width) for n in self.consumers}}
+
 
 @dataclass(frozen=True)
 class Adapter:

@@ -29,8 +29,7 @@ def structure_of(model) -> dict:
     live: dict = {key: {} for key in KEYS}
     covered = {"linear": set(), "attention": set()}
     for layer in adapter.layers(config):
-        default = {layer.q: (q, hidden), layer.k: (kv, hidden), layer.v: (kv, hidden), layer.o: (hidden, q),
-                   **{n: (inter, hidden) for n in layer.producers}, **{n: (hidden, inter) for n in layer.consumers}}
+        default = layer.shapes(hidden, q, kv, inter)
         for name, shape in default.items():
             m = model.get_submodule(name)
             if (m.out_features, m.in_features) != shape:

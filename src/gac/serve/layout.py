@@ -64,28 +64,22 @@ def layer_layouts(config) -> list[LayerLayout]:
     grouped, attention = structure.get("grouped_lowrank", {}), structure.get("attention", {})
     hidden, inter = config.hidden_size, adapter.intermediate_size(config)
 
-    def projection(name: str, out_features: int, in_features: int) -> Projection:
-        out_features, in_features = linear.get(name, (out_features, in_features))
-        ranks = grouped.get(name)
-        return Projection(name.rpartition(".")[2], int(in_features), int(out_features), lowrank.get(name),
-                          tuple(int(r) for r in ranks) if ranks else None)
-
     layouts = []
     for layer in adapter.layers(config):
         heads = attention.get(layer.attention, {})
         num_heads = int(heads.get("num_heads", geo.num_heads))
         num_kv = int(heads.get("num_kv_heads", geo.num_kv_heads))
-        q, kv = num_heads * geo.head_dim, num_kv * geo.head_dim
-        producers = tuple(projection(n, inter, hidden) for n in layer.producers)
-        widths = {p.out_features for p in producers}
+        shapes = {**layer.shapes(hidden, num_heads * geo.head_dim, num_kv * geo.head_dim, inter),
+                  **{n: tuple(shape) for n, shape in linear.items()}}  # saved shapes over the defaults
+        p = {n: Projection(n.rpartition(".")[2], int(shapes[n][1]), int(shapes[n][0]), lowrank.get(n),
+                           tuple(int(r) for r in grouped[n]) if n in grouped else None) for n in layer.linears}
+        widths = {p[n].out_features for n in layer.producers} | {p[n].in_features for n in layer.consumers}
         if len(widths) != 1:
-            raise GacError(f"{layer.mlp}: its producers disagree on the MLP width ({sorted(widths)}): the saved "
+            raise GacError(f"{layer.mlp}: its projections disagree on the MLP width ({sorted(widths)}): the saved "
                            "structure is damaged; re-run `gac compress`")
-        width = widths.pop()
-        layouts.append(LayerLayout(
-            layer.index, num_heads, num_kv, geo.head_dim, width,
-            (projection(layer.q, q, hidden), projection(layer.k, kv, hidden), projection(layer.v, kv, hidden)),
-            projection(layer.o, hidden, q), producers, tuple(projection(n, hidden, width) for n in layer.consumers)))
+        layouts.append(LayerLayout(layer.index, num_heads, num_kv, geo.head_dim, widths.pop(),
+                                   (p[layer.q], p[layer.k], p[layer.v]), p[layer.o],
+                                   tuple(p[n] for n in layer.producers), tuple(p[n] for n in layer.consumers)))
     return layouts
 
 

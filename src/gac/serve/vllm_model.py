@@ -11,6 +11,7 @@ Weights load under their HF names; vLLM checks that every parameter was loaded, 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterable
 
 import torch
@@ -164,9 +165,9 @@ class GacMLP(HfNamedBlock, LlamaMLP):
 class GacDecoderLayer(LlamaDecoderLayer):
     """vLLM's decoder layer built from a per-layer copy of the config (head counts, MLP width)."""
 
-    def __init__(self, *, vllm_config, prefix: str = "", config=None):
+    def __init__(self, *, vllm_config, layouts: list[LayerLayout], prefix: str = "", config=None):
         config = config or vllm_config.model_config.hf_config
-        layout = layer_layouts(config)[extract_layer_index(prefix)]
+        layout = layouts[extract_layer_index(prefix)]
         names = adapter_for(config).vllm_names()
         own = copy.copy(config)
         own.num_attention_heads, own.num_key_value_heads = layout.num_heads, layout.num_kv_heads
@@ -187,7 +188,8 @@ class GacLlamaForCausalLM(LlamaForCausalLM):
     hf_to_vllm_mapper = WeightsMapper()
 
     def __init__(self, *, vllm_config, prefix: str = ""):
-        config = vllm_config.model_config.hf_config
-        check_tensor_parallel(layer_layouts(config), get_tensor_model_parallel_world_size())
-        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=GacDecoderLayer)
+        layouts = layer_layouts(vllm_config.model_config.hf_config)  # read once, handed to every layer
+        check_tensor_parallel(layouts, get_tensor_model_parallel_world_size())
+        super().__init__(vllm_config=vllm_config, prefix=prefix,
+                         layer_type=functools.partial(GacDecoderLayer, layouts=layouts))
         self.model.hf_to_vllm_mapper = WeightsMapper()  # the blocks map q/k/v and the producers themselves
