@@ -5,6 +5,7 @@ Run: .venv/bin/python benchmarks/select_speed.py   (figures are printed, never a
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -65,9 +66,14 @@ def gac_command() -> list[str]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(SHAPES), default=list(SHAPES),
+                        help="which model shapes to plan (default: all)")
+    args = parser.parse_args()
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, {os.cpu_count()} cpus")
     with tempfile.TemporaryDirectory() as tmp:
-        for model, shape in SHAPES.items():
+        for model in args.models:
+            shape = SHAPES[model]
             plan_dict = llama_plan(*shape)
             plan = Plan.from_dict(plan_dict)
             runs = [select(plan) for _ in range(5)]

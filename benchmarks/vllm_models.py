@@ -28,6 +28,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> None:
+    args = parse_args(argv)  # first: --help answers before the heavy imports
     from transformers import AutoTokenizer
 
     from gac.api import CompressConfig, _save, compress
@@ -35,7 +36,6 @@ def main(argv=None) -> None:
     from gac.export.export import ExportConfig, export_hf
     from gac.repair.repair import repair_dir
 
-    args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

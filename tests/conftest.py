@@ -86,3 +86,13 @@ def tiny_phi_dir(tmp_path_factory):
 def tiny():
     """A fresh tiny random Llama model (eval mode)."""
     return tiny_model()
+
+
+SLOW_MARKERS = ("integration", "vllm")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test on the embedded model or in vLLM is also `slow`, so `pytest -m "not slow"` is the quick loop."""
+    for item in items:
+        if any(item.get_closest_marker(m) for m in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)

@@ -15,13 +15,11 @@ import torch
 from click.testing import CliRunner
 
 from gac.cli import main
+from tests.helpers import FIX_WORDS
 
 LEGACY = Path(__file__).parent / "data" / "legacy-0.1.0"  # a tiny gac output with every structure kind
 FAST = ["--seq-len", "32", "--calib-windows", "2", "--eval-windows", "1", "--prefill-tokens", "16", "--no-eval",
         "--quiet"]
-FIX_WORDS = ("pass ", "use ", "run ", "put ", "choose ", "give ", "check ", "convert", "re-run", "re-measure",
-             "re-download", "re-save", "restore", "remove ", "fix ", "make it", "measure ", "free space",
-             "see `", "leave it out", "copy ")
 PWNED = Path("/tmp/gac-hostile-pickle-ran")
 
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 import transformers
 
-from gac.inspect import inspect_model, plot_dims
+from gac.evaluate.dims_plot import plot_dims
+from gac.models.dims import inspect_model
 from gac.models.adapters import adapter_for
 from gac.models.dims import params_and_alignment
 from gac.models.surgery import factorize

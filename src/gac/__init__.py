@@ -1,7 +1,7 @@
 """gac: GPU-Aligned Compression. Compress, then pick hardware-aligned dims under the same parameter budget.
 
 Public verbs (imported lazily so `import gac` stays light): compress, select, load, save, profile, bench,
-repair_dir and inspect_model (the last two are named apart from the `gac.repair` and `gac.inspect` modules).
+repair_dir (named apart from the `gac.repair` package) and inspect_model.
 """
 
 __version__ = "0.1.0"
@@ -14,7 +14,7 @@ _EXPORTS = {
     "profile": "gac.hw.profile",
     "bench": "gac.evaluate.bench",
     "repair_dir": "gac.repair",
-    "inspect_model": "gac.inspect",
+    "inspect_model": "gac.models.dims",
 }
 
 

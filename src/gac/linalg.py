@@ -84,11 +84,6 @@ def factorize_from_svd(svd: ScaledSVD, rank: int) -> tuple[torch.Tensor, torch.T
     return A, B
 
 
-def factorize(weight: torch.Tensor, rank: int, scale: torch.Tensor | None = None):
-    """Best rank-r approximation of weight in the (optionally input-scaled) Frobenius norm, as (A, B)."""
-    return factorize_from_svd(scaled_svd(weight, scale), rank)
-
-
 def whiten(xtx: torch.Tensor, *, max_tries: int = 8) -> torch.Tensor:
     """Lower-triangular S with S S^T = X^T X (Cholesky, float64), so ||W X^T||_F = ||W S||_F.
 
@@ -104,10 +99,6 @@ def whiten(xtx: torch.Tensor, *, max_tries: int = 8) -> torch.Tensor:
             return S
         ridge = mean_diag * (1e-6 * 10**attempt)
     raise ValueError("X^T X is not positive definite even with a ridge; calibrate on more tokens")
-
-
-def lowrank_params(in_features: int, out_features: int, rank: int) -> int:
-    return rank * (in_features + out_features)
 
 
 def max_useful_rank(in_features: int, out_features: int) -> int:

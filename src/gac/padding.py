@@ -50,29 +50,6 @@ def pad_lowrank(a: torch.Tensor, b: torch.Tensor, rank: int):
     return a2, pad_cols(b, rank)
 
 
-def pad_producer_consumer(w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, width: int):
-    """y = W2 f(W1 x + b1): widen the hidden width with zero rows of W1 (and b1) and zero columns of W2.
-
-    Exact for any elementwise f: the new channels are f(0), and the zero columns of W2 that read them drop them.
-    Returns (w1, b1, w2).
-    """
-    if w1.shape[0] != w2.shape[1]:
-        raise ValueError(f"producer {tuple(w1.shape)} and consumer {tuple(w2.shape)} disagree on the width")
-    w1p, b1p = pad_rows(w1, width, b1)
-    return w1p, b1p, pad_cols(w2, width)
-
-
-def pad_mlp(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, width: int):
-    """Gated MLP down(silu(gate x) * up x): intermediate width I -> width.
-
-    gate [I, H] and up [I, H] get zero rows, down [H, I] zero columns. Exact: a new channel is silu(0) * 0 = 0,
-    and down reads it through a zero column anyway. Returns (gate, up, down).
-    """
-    if not (gate.shape == up.shape and gate.shape[0] == down.shape[1]):
-        raise ValueError(f"gate {tuple(gate.shape)}, up {tuple(up.shape)} and down {tuple(down.shape)} are not one MLP")
-    return pad_rows(gate, width)[0], pad_rows(up, width)[0], pad_cols(down, width)
-
-
 def pad_grouped_lowrank(a: torch.Tensor, bs: list[torch.Tensor], ranks: list[int]):
     """Pad each head group's rank of a grouped factorization: a [sum r_g, in] gets zero rows at the end of every
     group's segment, each b_g [out_g, r_g] zero columns. Every group's b_g(a_g x) is unchanged."""

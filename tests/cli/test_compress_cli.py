@@ -7,11 +7,9 @@ import sys
 
 import pytest
 
+from tests.helpers import run_gac
+
 FAST = ["--seq-len", "32", "--calib-windows", "4", "--eval-windows", "2", "--prefill-tokens", "16", "--quiet"]
-
-
-def run_gac(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "gac", *args], capture_output=True, text=True, env=env, timeout=600)
 
 
 def test_compress_smoke(tiny_model_dir, tmp_path):

@@ -7,11 +7,11 @@ from hypothesis import strategies as st
 
 from gac.compressors.allocation import DENSE, allocate_ranks
 from gac.errors import GacError
-from gac.linalg import lowrank_params, max_useful_rank
+from gac.linalg import max_useful_rank
 
 
 def _params(shapes, ranks):
-    return sum(o * i if r is DENSE else lowrank_params(i, o, r) for (o, i), r in zip(shapes, ranks))
+    return sum(o * i if r is DENSE else r * (i + o) for (o, i), r in zip(shapes, ranks))
 
 
 def _spectrum(rng, k, decay):
@@ -25,7 +25,7 @@ def _next_cost(shape, rank):
     o, i = shape
     if rank < max_useful_rank(i, o):
         return o + i
-    return o * i - lowrank_params(i, o, rank)
+    return o * i - rank * (i + o)
 
 
 @st.composite

@@ -4,21 +4,10 @@ nothing written."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-
-def run_gac(*args):
-    return subprocess.run([sys.executable, "-m", "gac", *args], capture_output=True, text=True, timeout=600)
-
-
-def _one_error_line(p, expected: str) -> None:
-    assert p.returncode == 2, (p.stdout, p.stderr)
-    assert "Traceback" not in p.stderr
-    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and expected in lines[0], p.stderr
+from tests.helpers import assert_one_error_line, run_gac
 
 
 def test_export_f16_smoke(tiny_model_dir, tmp_path):
@@ -80,7 +69,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(tiny_model_dir, lowrank_dir, 
     }
     for case, (args, expected) in cases.items():
         p = run_gac("export", *args)
-        _one_error_line(p, expected)
+        assert_one_error_line(p, expected)
         assert list(outs.iterdir()) == [], case  # nothing half-written
     assert a_file.read_text() == "x"
 
@@ -88,7 +77,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(tiny_model_dir, lowrank_dir, 
 def test_existing_output_needs_force(tiny_model_dir, tmp_path):
     out = tmp_path / "m.gguf"
     out.write_bytes(b"old")
-    _one_error_line(run_gac("export", str(tiny_model_dir), "--out", str(out)), "already exists")
+    assert_one_error_line(run_gac("export", str(tiny_model_dir), "--out", str(out)), "already exists")
     assert out.read_bytes() == b"old"
     assert run_gac("export", str(tiny_model_dir), "--out", str(out), "--force", "--quiet").returncode == 0
     assert out.read_bytes()[:4] == b"GGUF"
@@ -122,7 +111,7 @@ def test_export_hf_writes_the_families_own_class_or_keeps_the_gac_structure(tiny
     torch.testing.assert_close(a, b)
     outs = tmp_path / "outs"
     outs.mkdir()
-    _one_error_line(run_gac("export", str(tiny_model_dir), "--format", "hf", "--out", str(outs / "x"), "--type",
+    assert_one_error_line(run_gac("export", str(tiny_model_dir), "--format", "hf", "--out", str(outs / "x"), "--type",
                             "q8_0"), "--type and --report are for --format gguf")
-    _one_error_line(run_gac("export", str(tiny_model_dir), "--format", "hf", "--out", str(plain)), "already exists")
+    assert_one_error_line(run_gac("export", str(tiny_model_dir), "--format", "hf", "--out", str(plain)), "already exists")
     assert list(outs.iterdir()) == []

@@ -11,8 +11,8 @@ from gac.errors import GacError
 from gac.hw.device import DTYPES
 from gac.models.loading import embedded_gguf, load_model
 from tests.conftest import tiny_model
+from tests.helpers import FIX_WORDS
 
-FIX_WORDS = ("pass ", "use ", "run ", "put ", "choose ", "download ")
 
 
 def _assert_one_line_with_fix(err: GacError):

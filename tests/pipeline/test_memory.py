@@ -4,8 +4,6 @@ for the layer-by-layer pipeline; --max-memory picks the pipeline or refuses befo
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import transformers
 from gac.api import CompressConfig
 from gac.errors import GacError
 from gac.pipeline.memory import GIB, Shapes, forecast, plan_memory
+from tests.helpers import run_gac
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configs"
 RATE = 1e11  # FLOP/s: fixed so the tests do not time this machine
@@ -60,10 +59,6 @@ def test_max_memory_picks_layerwise_or_refuses(tmp_path):
     assert plan_memory(tight) is True
     with pytest.raises(GacError, match="needs about"):
         plan_memory(dataclasses.replace(cfg, max_memory=f"cpu={layerwise // 2}"))
-
-
-def run_gac(*args):
-    return subprocess.run([sys.executable, "-m", "gac", *args], capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.mark.parametrize("name", ["llama-3-8b", "llama-3-70b"])

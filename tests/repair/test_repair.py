@@ -14,7 +14,7 @@ import transformers
 from gac.compressors import make_compressor
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
-from gac.inspect import inspect_model
+from gac.models.dims import inspect_model
 from gac.models import io
 from gac.models.adapters import adapter_for
 from gac.models.groups import linears_of

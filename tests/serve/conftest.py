@@ -4,21 +4,15 @@ per-layer MLP widths and head counts (KV heads too), a repaired (zero-padded) mo
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from tests.conftest import installed_for_ci, tiny_tokenizer
+from tests.helpers import run_gac
 
 SERVE_TINY = dict(hidden_size=128, intermediate_size=320, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=320, max_position_embeddings=512, tie_word_embeddings=True)
 FAST = ["--seq-len", "32", "--calib-windows", "4", "--no-eval", "--quiet"]
-
-
-def run_gac(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "gac", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +56,7 @@ def serve_dirs(tmp_path_factory):
                        "palu": ["--compressor", "palu", "--ratio", "0.3"],
                        "prune": ["--compressor", "prune", "--ratio", "0.3"],
                        "asvd-unaligned": ["--compressor", "asvd", "--ratio", "0.3", "--no-align"]}.items():
-        p = run_gac("compress", "--model", str(original), *args, "--out", str(root / name), *FAST)
+        p = run_gac("compress", "--model", str(original), *args, "--out", str(root / name), *FAST, timeout=900)
         assert p.returncode == 0, p.stderr
         dirs[name] = root / name
     p = run_gac("repair", str(root / "asvd-unaligned"), "--out", str(root / "repaired"), "--no-latency")

@@ -12,14 +12,14 @@ import sys
 
 import pytest
 
-from tests.serve.conftest import run_gac
+from tests.helpers import run_gac
 
 pytestmark = pytest.mark.vllm
 LOGPROB_TOL = 1e-3  # float32: vLLM and transformers differ only by summation order (measured: about 1e-6)
 
 
 def serve_check(dirs, out, *args):
-    p = run_gac("serve-check", *map(str, dirs), "--out", str(out), *args)
+    p = run_gac("serve-check", *map(str, dirs), "--out", str(out), *args, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
 

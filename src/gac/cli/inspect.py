@@ -43,7 +43,8 @@ def command(model, align_text, json_out, plot, limit) -> None:
     validate.local_model_typo(model)
     setup_logging(quiet=True)
     from gac.atomic import write_file, write_text
-    from gac.inspect import inspect_model, plot_dims
+    from gac.evaluate.dims_plot import plot_dims
+    from gac.models.dims import inspect_model
     from gac.models.loading import load_model
 
     result = inspect_model(load_model(model).model, alignments)

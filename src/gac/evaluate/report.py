@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 VARIANTS = ("baseline", "unaligned", "gac")
-CONTRACT_KEYS = ("params", "aligned_fraction", "ppl", "prefill_ms", "decode_ms_per_token")
 
 
 def report_json(report: dict) -> str:

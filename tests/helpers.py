@@ -1,0 +1,36 @@
+"""What several test files share: running the `gac` command, and what a user-facing error must look like."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+# an error names its fix with one of these (the `error: <problem>: <fix>` rule)
+FIX_WORDS = ("pass ", "use ", "run ", "put ", "choose ", "give ", "check ", "convert", "re-run", "re-measure",
+             "re-download", "re-save", "restore", "remove ", "fix ", "make it", "measure ", "free space",
+             "see `", "leave it out", "copy ", "download ", "export ", "serve ", "install ",
+             "drop ", "e.g. ")
+
+
+def run_gac(*args, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m gac ARGS` in a fresh process, output captured, never raising on a non-zero exit."""
+    return subprocess.run([sys.executable, "-m", "gac", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout, check=False)
+
+
+def assert_one_error_line(p: subprocess.CompletedProcess, expected: str = "") -> str:
+    """The command failed with exit 2 and one `error: <problem>: <fix>` line containing `expected`, no traceback."""
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and expected in lines[0], p.stderr
+    assert_names_a_fix(lines[0])
+    return lines[0]
+
+
+def assert_names_a_fix(message: str) -> None:
+    """One line, a problem and a fix after `: `, and the fix is said with a verb a user can act on."""
+    assert message and "\n" not in message, message
+    problem, _, fix = message.removeprefix("error: ").partition(": ")
+    assert problem and fix, message
+    assert any(w in message for w in FIX_WORDS), f"no fix named: {message}"
