@@ -75,3 +75,18 @@ def test_help_does_not_import_torch():
             "assert 'torch' not in sys.modules, 'torch imported'")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_importance_choices_are_the_library_s():
+    from gac.cli.compress import IMPORTANCE
+    from gac.importance import LOWRANK_IMPORTANCE, PROXIES
+
+    assert set(IMPORTANCE) == set(LOWRANK_IMPORTANCE) | set(PROXIES)
+
+
+def test_compressor_choices_are_the_registry():
+    from gac.cli.compress import command
+    from gac.compressors import REGISTRY
+
+    option = next(p for p in command.params if p.name == "compressor")
+    assert list(option.type.choices) == list(REGISTRY)
