@@ -14,7 +14,7 @@ from gac.evaluate.latency import decode_call, prefill_call
 from gac.models.groups import linears_of
 from tests.conftest import tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("ceiling_bench", ROOT / "benchmarks/ceiling.py")
 ceiling = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ceiling)
