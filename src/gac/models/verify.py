@@ -248,5 +248,5 @@ def check_modeling_code(d, plan: dict, *, allow_modified: bool = False) -> None:
     if allow_modified:
         log.warning("%s; loading with gac's own classes, which never run it", problem)
         return
-    raise GacError(f"{problem}: restore it or remove it (gac never runs it; re-saving with `gac export DIR --format "
-                   "hf --out NEW` writes gac's own), or pass allow_modified_code=True to gac.load to load anyway")
+    raise GacError(f"{problem}: remove it (gac never runs it; `gac export DIR --format hf --out NEW` then writes "
+                   "gac's own) or restore it, or load anyway with gac.load(DIR, allow_modified_code=True)")
