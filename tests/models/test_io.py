@@ -164,7 +164,8 @@ def test_after_import_gac_transformers_loads_it_with_gacs_classes(saved, compres
             sys.exit("the directory's code was imported")
     """)
     src = Path(io.__file__).parents[2]  # this gac, whatever the working directory (not an installed one)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "hf-modules"), "PYTHONPATH": str(src)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "hf-modules"),
+           "PYTHONPATH": str(src)}
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -191,8 +191,8 @@ def load(path, *, dtype: str = "float32", device: str = "cpu", device_map: str |
                                           **placement_kwargs(placement))
     except (AttributeError, KeyError, ValueError, TypeError, RuntimeError) as e:  # structure names no such module
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise GacError(f"{path}: gac_structure does not fit the {family_of(config.model_type)} model ({first}): the output is "
-                       "damaged or edited; restore it or re-run `gac compress`") from None
+        raise GacError(f"{path}: gac_structure does not fit the {family_of(config.model_type)} model ({first}): the "
+                       "output is damaged or edited; restore it or re-run `gac compress`") from None
     verify.check_loading_info(info, str(path), gac_output=True)  # the structure must place every tensor, both ways
     model = model.eval() if placement.dispatched else model.to(device).eval()
     try:

@@ -168,9 +168,13 @@ def gac_config_class(model_type: str):
 
 
 class _GacConfigMixin:
+    # transformers' configs are dataclasses: __post_init__ is where a subclass adds to construction
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         register_model_classes(type(self))
+
+
+_REGISTERED: set = set()  # config classes whose model classes are registered
 
 
 def register_model_classes(config_class) -> None:
@@ -185,9 +189,6 @@ def register_model_classes(config_class) -> None:
     _REGISTERED.add(config_class)
     AutoModelForCausalLM.register(config_class, gac_class(config_class.model_type), exist_ok=True)
     AutoModel.register(config_class, gac_class(config_class.model_type, base_model=True), exist_ok=True)
-
-
-_REGISTERED: set = set()
 
 
 def _build(name: str):
