@@ -205,6 +205,20 @@ def test_a_gac_output_resaves_as_the_same_model(saved, compressed, tmp_path):
     torch.testing.assert_close(_logits(io.load(again).model, ids), expected, atol=1e-6, rtol=0)
 
 
+def test_gac_classes_are_built_once_and_pickle(saved):
+    """The same class object on every lookup (transformers' Auto mappings key on it) and a loaded config pickles
+    (vLLM hands it to its engine process so)."""
+    import pickle
+
+    from gac.models import modeling_gac
+
+    config = io.read_config(saved)
+    assert type(config) is modeling_gac.gac_config_class("llama") is modeling_gac.gac_config_class("gac_llama")
+    assert modeling_gac.gac_class("llama") is modeling_gac.gac_class("gac_llama") is modeling_gac.GacLlamaForCausalLM
+    again = pickle.loads(pickle.dumps(config))
+    assert type(again) is type(config) and again.gac_structure == config.gac_structure
+
+
 def test_modeling_file_imports_no_gac(saved):
     text = (saved / MODELING_FILE).read_text()
     assert "import gac" not in text

@@ -153,7 +153,7 @@ def gac_class(model_type: str, base_model: bool = False):
     if base is None or not hasattr(transformers, base):
         raise ValueError(f"transformers has no {'base' if base_model else 'causal LM'} class for model type "
                          f"{family!r}")
-    return __getattr__(f"Gac{base}")
+    return _class(f"Gac{base}")
 
 
 def gac_config_class(model_type: str):
@@ -164,7 +164,7 @@ def gac_config_class(model_type: str):
     base = CONFIG_MAPPING_NAMES.get(family)
     if base is None or not hasattr(transformers, base):
         raise ValueError(f"transformers has no config class for model type {family!r}")
-    return __getattr__(f"Gac{base}")
+    return _class(f"Gac{base}")
 
 
 class _GacConfigMixin:
@@ -202,17 +202,25 @@ def _build(name: str):
                                                      "model_type": gac_model_type(base.model_type)})
     if name.endswith(("ForCausalLM", "Model")):
         prefix = "" if name.endswith("ForCausalLM") else f"{base.base_model_prefix}."
-        config_class = __getattr__(f"Gac{base.config_class.__name__}")
+        config_class = _class(f"Gac{base.config_class.__name__}")
         return type(name, (_GacStructureMixin, base), {"__module__": __name__, "structure_prefix": prefix,
                                                        "config_class": config_class})
     return None
 
 
+def _class(name: str):
+    """This module's class `name`, built on first use and then always the same object (transformers' Auto
+    mappings key on it, and pickle, which vLLM uses to hand the config to its engine, finds it by name)."""
+    cls = globals().get(name)
+    if cls is None:
+        cls = _build(name)
+        if cls is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = cls
+    return cls
+
+
 def __getattr__(name: str):
     """`modeling_gac.GacLlamaForCausalLM` (config.auto_map's AutoModelForCausalLM), `GacLlamaModel` (its AutoModel)
-    or `GacLlamaConfig` (its AutoConfig), for any family: built once, on first use."""
-    cls = _build(name)
-    if cls is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = cls
-    return cls
+    or `GacLlamaConfig` (its AutoConfig), for any family."""
+    return _class(name)
