@@ -174,12 +174,18 @@ def remove_stale_partials(parent: Path) -> list[Path]:
                         "there", p)
         elif writer[0] != here:
             log.warning("%s: left, written by host %s", p, writer[0])
-        elif os.name != "posix" or _running(writer[1]):
+        elif os.name != "posix":  # os.kill(pid, 0) would end the process there, not ask about it
+            log.warning("%s: left, written by pid %d; remove it if that process is gone", p, writer[1])
+        elif _running(writer[1]):
             log.info("%s: left, its writer (pid %d) is running", p, writer[1])
         else:
             shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-            log.warning("removed %s, left by a killed run (pid %d is gone)", p, writer[1])
+            if p.exists():  # another user's, say
+                log.warning("%s: left by a killed run (pid %d is gone) but could not be removed: remove it by hand",
+                            p, writer[1])
+            else:
+                removed.append(p)
+                log.warning("removed %s, left by a killed run (pid %d is gone)", p, writer[1])
     return removed
 
 
