@@ -20,12 +20,10 @@ import sys
 log = logging.getLogger(__name__)
 
 AUTO_CONFIG = "transformers.models.auto.configuration_auto"
-_registered = False
 
 
 def register() -> None:
     """Register model type gac_<family> with AutoConfig for every family gac reads. Idempotent."""
-    global _registered
     from transformers.models.auto.configuration_auto import AutoConfig
 
     from gac.models.adapters import FAMILIES
@@ -33,7 +31,6 @@ def register() -> None:
 
     for family in FAMILIES:
         AutoConfig.register(gac_model_type(family), gac_config_class(family), exist_ok=True)
-    _registered = True
 
 
 def register_when_transformers_loads() -> None:

@@ -6,14 +6,15 @@ writes (same names, same index), so transformers and `gac.load` read them as usu
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+from gac.atomic import new_file_mode
 from gac.models.lazy import SAFE_INDEX
 
 
 class ShardWriter:
-    """Collects shards in directory `d` (an atomic_dir's temporary directory, which gives the shards the usual
-    file mode: safetensors writes 0600)."""
+    """Collects shards in directory `d` (normally an atomic_dir's temporary directory)."""
 
     def __init__(self, d):
         self.d = Path(d)
@@ -36,6 +37,7 @@ class ShardWriter:
             return
         path = self.d / f"part-{len(self.parts):05d}.safetensors"
         save_file(unique, str(path), metadata={"format": "pt"})
+        os.chmod(path, new_file_mode())  # safetensors writes 0600: a saved model's files are readable as usual
         self.parts.append((path, list(unique)))
         self.total_size += sum(t.numel() * t.element_size() for t in unique.values())
 
