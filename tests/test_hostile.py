@@ -4,10 +4,15 @@ hidden temporary). Run in-process through click's runner (torch is imported once
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import signal
 import struct
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -140,6 +145,14 @@ def make_gac(kind: str, tmp: Path) -> Path:
         _save_state(d, state)
     elif kind == "plan-nested":
         (d / "gac_plan.json").write_text("[" * 200_000 + "]" * 200_000)
+    elif kind == "edited-code":  # what trust_remote_code users would run, changed after gac wrote it
+        plan = json.loads((d / "gac_plan.json").read_text())
+        plan["modeling_sha256"] = hashlib.sha256((d / "modeling_gac.py").read_bytes()).hexdigest()
+        (d / "gac_plan.json").write_text(json.dumps(plan))
+        with open(d / "modeling_gac.py", "a") as f:
+            f.write(f"\nopen({str(PWNED)!r}, 'w').write('the directory code ran')\n")
+    elif kind == "unknown-model-type":
+        config["model_type"] = "gac_gpt9"
     elif kind != "ok":
         raise ValueError(kind)
     (d / "config.json").write_text(json.dumps(config))
@@ -347,6 +360,7 @@ CASES = {
     "bench unknown hub id (offline)": ["bench", "someone/no-such-model"],
     "inspect unknown hub id (offline)": ["inspect", "someone/no-such-model"],
     "bench gac output without plan": ["bench", "gac:no-plan", "--points", "1x8", "--rounds", "1"],
+    "bench gac output with edited modeling code": ["bench", "gac:edited-code", "--points", "1x8", "--rounds", "1"],
     # ---- inspect
     "inspect json under a file": ["inspect", "{gac}", "--json", "file:a-file/d.json"],
     "inspect plot under /proc": ["inspect", "{gac}", "--plot", "/proc/gac-d.png"],
@@ -361,6 +375,8 @@ CASES = {
     "inspect gac output bad structure type": ["inspect", "gac:bad-structure-type"],
     "inspect gac output missing tensor": ["inspect", "gac:missing-tensor"],
     "inspect gac output nested plan": ["inspect", "gac:plan-nested"],
+    "inspect gac output with edited modeling code": ["inspect", "gac:edited-code"],
+    "inspect gac output of an unknown model type": ["inspect", "gac:unknown-model-type"],
     "inspect missing tensor": ["inspect", "model:missing-tensor"],
     "inspect model is /dev/zero": ["inspect", "/dev/zero"],
     "inspect NaN weights": ["inspect", "model:nan-weights"],
@@ -379,6 +395,7 @@ CASES = {
     "repair gac output without structure": ["repair", "gac:no-structure", "--out", "{out}", "--no-latency"],
     "repair gac output without plan": ["repair", "gac:no-plan", "--out", "{out}", "--no-latency"],
     "repair gac output tampered rank": ["repair", "gac:tampered-rank", "--out", "{out}", "--no-latency"],
+    "repair gac output with edited modeling code": ["repair", "gac:edited-code", "--out", "{out}", "--no-latency"],
     "repair malicious pickle": ["repair", "model:evil-pickle", "--out", "{out}", "--no-latency"],
 }
 
@@ -436,3 +453,90 @@ def test_table_covers_every_verb_with_enough_cases():
     assert len(verbs) >= 60
     assert {v: verbs.count(v) >= 8 for v in ("compress", "select", "profile", "bench", "inspect", "repair")} == \
         dict.fromkeys(("compress", "select", "profile", "bench", "inspect", "repair"), True)
+
+
+# ------------------------------------------------- loading without gac, file modes, what a killed run leaves
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.fixture(scope="module")
+def new_gac_dir(tmp_path_factory):
+    """The legacy output saved again by this gac (model type gac_llama, modeling_gac.py's hash in the plan)."""
+    from gac.models.io import load, read_plan, save
+
+    loaded = load(LEGACY)
+    return save(loaded.model, loaded.tokenizer, tmp_path_factory.mktemp("new") / "gac", plan=read_plan(LEGACY))
+
+
+def test_transformers_without_gac_raises_instead_of_building_random_weights(new_gac_dir, tmp_path):
+    """In a process that never imports gac, without trust_remote_code: transformers raises naming
+    trust_remote_code (the model type is gac's), never a LlamaForCausalLM with random factorized projections."""
+    script = textwrap.dedent(f"""
+        import sys
+        from transformers import AutoModelForCausalLM
+        try:
+            model = AutoModelForCausalLM.from_pretrained({str(new_gac_dir)!r})
+        except ValueError as e:
+            print("RAISED", " ".join(str(e).split()))
+        else:
+            print("BUILT", type(model).__name__)
+        assert not any(n.split(".")[0] == "gac" for n in sys.modules), "gac was imported"
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "hf-modules"), "PYTHONPATH": ""}
+    p = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "RAISED" in p.stdout and "trust_remote_code=True" in p.stdout and "BUILT" not in p.stdout
+    assert json.loads((new_gac_dir / "config.json").read_text())["model_type"] == "gac_llama"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask-022", "umask-077"])
+def test_every_file_of_every_output_has_the_usual_mode(umask, tmp_path, tiny_model_dir, new_gac_dir):
+    """0666 (files) and 0777 (directories) minus the umask, whichever library wrote the file (safetensors writes
+    0600): a compressed model (one file, and shards from --layerwise) and a re-saved gac output."""
+    runs = {"compress": ["compress", "--model", str(tiny_model_dir), "--out", str(tmp_path / "compress"), *FAST],
+            "layerwise": ["compress", "--model", str(tiny_model_dir), "--out", str(tmp_path / "layerwise"),
+                          "--layerwise", *FAST],
+            "export": ["export", str(new_gac_dir), "--format", "hf", "--out", str(tmp_path / "export")]}
+    before = os.umask(umask)
+    try:
+        for name, args in runs.items():
+            result = CliRunner().invoke(main, args, prog_name="gac")
+            assert result.exit_code == 0, (name, result.output, result.stderr)
+    finally:
+        os.umask(before)
+    for name in runs:
+        out = tmp_path / name
+        assert (out / "gac_plan.json").is_file()
+        modes = {str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777 for p in [out, *out.rglob("*")]}
+        expected = {k: (0o777 if (tmp_path / k).is_dir() else 0o666) & ~umask for k in modes}
+        assert modes == expected
+    assert any((tmp_path / "layerwise").glob("model-*-of-*.safetensors"))  # the sharded writer's files too
+
+
+def test_what_a_killed_run_left_is_named_and_removed_by_the_next_run(tmp_path, new_gac_dir):
+    """SIGKILL (no cleanup runs) leaves .NAME.*.partial; the next run into the same parent names it and removes
+    it, since its writer is gone, and leaves the one of a writer that is still running."""
+    parent = tmp_path / "outs"
+    killed = textwrap.dedent(f"""
+        import os, signal
+        from gac.atomic import atomic_dir
+        with atomic_dir({str(parent / "model")!r}) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"x" * 100_000)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    p = subprocess.run([sys.executable, "-c", killed], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL
+    (left,) = parent.glob(".model.*.partial")
+    from gac.atomic import _writer
+
+    running = parent / f".other.abcd1234.{_writer()}.partial"  # this test's own process: a live writer
+    running.mkdir()
+    p = subprocess.run([sys.executable, "-m", "gac", "export", str(new_gac_dir), "--format", "hf", "--out",
+                        str(parent / "model")], env={**env, "COLUMNS": "1000"},  # log lines unwrapped
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"removed {left}, left by a killed run" in p.stdout + p.stderr
+    assert sorted(x.name for x in parent.iterdir()) == sorted([running.name, "model"])

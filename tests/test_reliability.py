@@ -143,9 +143,52 @@ def test_output_directories_have_the_usual_permissions(tmp_path):
 
     with atomic_dir(tmp_path / "out") as d:
         (d / "f").write_text("x")
+        (d / "private").write_text("as safetensors writes it")
+        os.chmod(d / "private", 0o600)
+        (d / "sub").mkdir(mode=0o700)
+        (d / "sub" / "g").write_text("y")
     assert ((tmp_path / "out").stat().st_mode & 0o777) == 0o777 & ~_umask()
+    assert ((tmp_path / "out" / "sub").stat().st_mode & 0o777) == 0o777 & ~_umask()
+    for name in ("f", "private", "sub/g"):
+        assert ((tmp_path / "out" / name).stat().st_mode & 0o777) == 0o666 & ~_umask(), name
     p = write_text(tmp_path / "r.json", "{}")
     assert (p.stat().st_mode & 0o777) == 0o666 & ~_umask()
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid  # reaped: no process has it now (reuse within the test is vanishingly unlikely)
+
+
+def test_stale_partials_of_dead_writers_are_named_and_removed(tmp_path, caplog):
+    """The next atomic_dir into a parent removes what killed runs of this host left there, and names (only) what
+    it cannot judge: a live writer's, another host's, an earlier gac's without a writer in its name."""
+    from gac.atomic import _writer, atomic_dir
+
+    host = _writer().rpartition("-")[0]
+    dead = tmp_path / f".a.abcd1234.{host}-{_dead_pid()}.partial"
+    live = tmp_path / f".b.abcd1234.{host}-{os.getpid()}.partial"
+    other = tmp_path / ".c.v1.2.abcd1234.elsewhere-1.partial"
+    old = tmp_path / ".d.abcd1234.partial"
+    for d in (dead, live, other, old):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x" * 1000)
+    with caplog.at_level(logging.INFO, logger="gac.atomic"), atomic_dir(tmp_path / "out") as t:
+        (t / "f").write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, old.name, "out"])
+    assert f"removed {dead}, left by a killed run" in caplog.text
+    assert f"{live}: left, its writer (pid {os.getpid()}) is running" in caplog.text
+    assert f"{other}: left, written by host elsewhere" in caplog.text
+    assert f"{old}: left by an earlier interrupted run" in caplog.text
+
+
+def test_a_temporary_directory_names_its_writer(tmp_path):
+    from gac.atomic import _writer, _writer_of, atomic_dir
+
+    with atomic_dir(tmp_path / "my.model") as t:
+        assert t.name.startswith(".my.model.") and t.name.endswith(f".{_writer()}.partial")
+        assert _writer_of(t.name) == (_writer().rpartition("-")[0], os.getpid())
 
 
 def test_write_failure_leaves_nothing_and_is_one_line(tmp_path):

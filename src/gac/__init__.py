@@ -2,6 +2,9 @@
 
 Public verbs (imported lazily so `import gac` stays light): compress, select, load, save, profile, bench,
 repair_dir (named apart from the `gac.repair` package) and inspect_model.
+
+Importing gac also registers gac's model types with transformers' Auto classes (when transformers loads them), so
+that AutoModelForCausalLM.from_pretrained(DIR) builds a gac output without trust_remote_code.
 """
 
 __version__ = "0.1.0"
@@ -24,3 +27,12 @@ def __getattr__(name):
 
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'gac' has no attribute {name!r}")
+
+
+def _register_with_transformers():
+    from gac.models.auto_classes import register_when_transformers_loads
+
+    register_when_transformers_loads()
+
+
+_register_with_transformers()

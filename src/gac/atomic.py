@@ -6,8 +6,11 @@ temporary behind.
   same cleanup that handles Ctrl-C runs for them too. The CLI wraps every verb in it.
 - `critical()`: signals are held (deferred, not lost) while an output is swapped into place, so a rename pair is
   never cut in half; they are delivered right after.
-- `atomic_dir(out, force)`: yields a temporary sibling directory to fill; on success it replaces `out`
-  (created with the usual 0777 & ~umask permissions, not mkdtemp's 0700); on any exception it is removed.
+- `atomic_dir(out, force)`: yields a temporary sibling directory to fill; on success it replaces `out`, every file
+  in it 0666 and every directory 0777 minus the umask, whatever its writer used (mkdtemp's 0700, safetensors'
+  0600); on any exception it is removed. Only SIGKILL or a power cut can leave that sibling
+  (`.NAME.RAND.HOST-PID.partial`) behind: the next atomic_dir in the same parent names each such leftover and
+  removes those whose writer process is gone.
 - `write_file(path, write)`: the same for one file (`write(tmp_path)` fills it; the suffix is kept for
   matplotlib and friends).
 """
@@ -15,14 +18,19 @@ temporary behind.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 from pathlib import Path
 
 from gac.errors import GacError
+
+log = logging.getLogger(__name__)
 
 HANDLED = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s is not None)
 HELD = tuple(s for s in (signal.SIGINT, *HANDLED))
@@ -98,12 +106,13 @@ def atomic_dir(out, *, force: bool = False, flag: str = "--out"):
     out = Path(out).expanduser().absolute()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        remove_stale_partials(out.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=f".{_writer()}.partial", dir=out.parent))
     except OSError as e:
         raise _oserror(out, e, flag) from None
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # a saved model is readable like any directory, not 0700
         yield tmp
+        usual_modes(tmp)
         _swap_in(tmp, out, force)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -111,6 +120,73 @@ def atomic_dir(out, *, force: bool = False, flag: str = "--out"):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def usual_modes(d: Path) -> None:
+    """Every file under `d` 0666 and every directory (d included) 0777 minus the umask: a saved model is readable
+    like anything else the user writes, whichever library wrote each file."""
+    file_mode, dir_mode = new_file_mode(), 0o777 & ~_umask()
+    os.chmod(d, dir_mode)
+    for root, dirs, files in os.walk(d):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), dir_mode)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, file_mode)
+
+
+def _writer() -> str:
+    """HOST-PID of this process, as the name of its temporary directories carries it (the host without dots)."""
+    return f"{re.sub(r'[^A-Za-z0-9-]', '-', socket.gethostname())}-{os.getpid()}"
+
+
+def _writer_of(name: str) -> tuple[str, int] | None:
+    """(host, pid) from `.NAME.RAND.HOST-PID.partial`; None for a name without them (an earlier gac's)."""
+    host, _, pid = name.removesuffix(".partial").rpartition(".")[2].rpartition("-")
+    return (host, int(pid)) if host and pid.isdigit() else None
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def remove_stale_partials(parent: Path) -> list[Path]:
+    """Remove the `.*.partial` directories in `parent` whose writer (a process on this host) is gone, as a killed
+    run leaves them; log each one found, removed or left (a writer still running, another host's, an earlier
+    gac's without a writer in its name). Returns the removed ones."""
+    removed = []
+    try:
+        found = sorted(p for p in Path(parent).glob(".*.partial") if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return removed
+    here = _writer().rpartition("-")[0]
+    for p in found:
+        writer = _writer_of(p.name)
+        if writer is None:
+            log.warning("%s: left by an earlier interrupted run of unknown writer; remove it if no run is writing "
+                        "there", p)
+        elif writer[0] != here:
+            log.warning("%s: left, written by host %s", p, writer[0])
+        elif os.name != "posix":  # os.kill(pid, 0) would end the process there, not ask about it
+            log.warning("%s: left, written by pid %d; remove it if that process is gone", p, writer[1])
+        elif _running(writer[1]):
+            log.info("%s: left, its writer (pid %d) is running", p, writer[1])
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+            if p.exists():  # another user's, say
+                log.warning("%s: left by a killed run (pid %d is gone) but could not be removed: remove it by hand",
+                            p, writer[1])
+            else:
+                removed.append(p)
+                log.warning("removed %s, left by a killed run (pid %d is gone)", p, writer[1])
+    return removed
 
 
 def _swap_in(tmp: Path, out: Path, force: bool) -> None:

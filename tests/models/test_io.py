@@ -18,6 +18,7 @@ from gac.models.adapters import adapter_for
 from gac.models.io import MODELING_FILE, PLAN_FILE, save
 from gac.models.loading import load_model
 from gac.models.modeling_gac import LowRankLinear
+from gac.models.verify import code_hash
 from tests.conftest import tiny_model, tiny_tokenizer
 
 
@@ -63,13 +64,17 @@ def _logits(model, ids):
 
 def test_saved_dir_contents(saved, compressed):
     _, _, structure, plan, _, _ = compressed
-    assert json.loads((saved / PLAN_FILE).read_text()) == json.loads(json.dumps(plan))
+    written = json.loads((saved / PLAN_FILE).read_text())
+    assert written == {**json.loads(json.dumps(plan)), io.MODELING_HASH: code_hash(saved / MODELING_FILE)}
     assert (saved / "report.json").read_text() == "{}"
-    assert (saved / MODELING_FILE).is_file()
+    assert (saved / MODELING_FILE).read_bytes() == Path(io.__file__).with_name(MODELING_FILE).read_bytes()
     assert (saved / "model.safetensors").is_file()
     config = json.loads((saved / "config.json").read_text())
     assert config["gac_structure"] == structure
-    assert config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_gac.")
+    assert config["model_type"] == "gac_llama"  # transformers alone does not know it: no silent LlamaForCausalLM
+    assert config["auto_map"] == {"AutoConfig": "modeling_gac.GacLlamaConfig",
+                                  "AutoModelForCausalLM": "modeling_gac.GacLlamaForCausalLM",
+                                  "AutoModel": "modeling_gac.GacLlamaModel"}
 
 
 def test_gac_load_gives_same_logits(saved, compressed):
@@ -118,6 +123,100 @@ def test_plain_transformers_loads_in_fresh_process(saved, compressed, tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+IMPORT_ORDERS = {
+    "gac first": "import gac\nfrom transformers import AutoModelForCausalLM, AutoTokenizer",
+    "transformers first": "from transformers import AutoModelForCausalLM, AutoTokenizer\nimport gac",
+    "a config class first": "import gac\nfrom transformers import LlamaConfig\n"
+                            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+}
+
+
+@pytest.mark.parametrize("order", list(IMPORT_ORDERS))
+def test_after_import_gac_transformers_loads_it_with_gacs_classes(saved, compressed, tmp_path, order):
+    """After `import gac` (before or after transformers), AutoModelForCausalLM.from_pretrained(DIR) builds gac's
+    own classes without trust_remote_code; with trust_remote_code=True too: the directory's modeling_gac.py (here
+    one that leaves a mark when run) is never imported."""
+    import shutil
+
+    _, _, structure, _, ids, expected = compressed
+    d = tmp_path / "model"
+    shutil.copytree(saved, d)
+    mark = tmp_path / "ran"
+    with open(d / MODELING_FILE, "a") as f:
+        f.write(f"\nopen({str(mark)!r}, 'w').write('the directory code ran')\n")
+    ref = tmp_path / "ref.pt"
+    torch.save({"ids": ids, "logits": expected}, ref)
+    script = IMPORT_ORDERS[order] + textwrap.dedent(f"""
+        import sys, torch
+        ref = torch.load({str(ref)!r})
+        for trust in (False, True):
+            model = AutoModelForCausalLM.from_pretrained({str(d)!r}, trust_remote_code=trust).eval()
+            if type(model).__module__ != "gac.models.modeling_gac" or type(model).__name__ != "GacLlamaForCausalLM":
+                sys.exit(f"built {{type(model).__module__}}.{{type(model).__name__}}")
+            with torch.inference_mode():
+                diff = (model(ref["ids"], use_cache=False).logits - ref["logits"]).abs().max().item()
+            if diff > 1e-6:
+                sys.exit(f"logits differ by {{diff}}")
+        AutoTokenizer.from_pretrained({str(d)!r})
+        if any(n.startswith("transformers_modules") for n in sys.modules):
+            sys.exit("the directory's code was imported")
+    """)
+    src = Path(io.__file__).parents[2]  # this gac, whatever the working directory (not an installed one)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "hf-modules"),
+           "PYTHONPATH": str(src)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not mark.exists()
+    assert "could not register" not in proc.stderr
+
+
+def test_gac_load_runs_no_code_from_the_directory_and_refuses_an_edited_one(saved, compressed, tmp_path, caplog):
+    import shutil
+
+    _, _, _, _, ids, expected = compressed
+    d = tmp_path / "model"
+    shutil.copytree(saved, d)
+    mark = tmp_path / "ran"
+    with open(d / MODELING_FILE, "a") as f:
+        f.write(f"\nopen({str(mark)!r}, 'w').write('the directory code ran')\n")
+    with pytest.raises(GacError, match="modeling_gac.py differs from the file gac wrote") as info:
+        io.load(d)
+    assert "allow_modified_code=True" in str(info.value) and "\n" not in str(info.value)
+    with caplog.at_level("WARNING", logger="gac.models.verify"):
+        loaded = io.load(d, allow_modified_code=True)
+    assert "never run it" in caplog.text
+    torch.testing.assert_close(_logits(loaded.model, ids), expected, atol=1e-6, rtol=0)
+    (d / MODELING_FILE).unlink()  # nothing left that trust_remote_code could run: gac needs no such file
+    torch.testing.assert_close(_logits(io.load(d).model, ids), expected, atol=1e-6, rtol=0)
+    assert not mark.exists()
+
+
+def test_a_gac_output_resaves_as_the_same_model(saved, compressed, tmp_path):
+    """Loaded (gac's config class, model type gac_llama) and saved again: the same files' meaning and logits."""
+    _, _, _, plan, ids, expected = compressed
+    loaded = io.load(saved)
+    again = save(loaded.model, loaded.tokenizer, tmp_path / "again", plan=io.read_plan(saved))
+    first, second = (json.loads((d / "config.json").read_text()) for d in (saved, again))
+    assert second == first
+    assert io.read_plan(again) == io.read_plan(saved)
+    torch.testing.assert_close(_logits(io.load(again).model, ids), expected, atol=1e-6, rtol=0)
+
+
+def test_gac_classes_are_built_once_and_pickle(saved):
+    """The same class object on every lookup (transformers' Auto mappings key on it) and a loaded config pickles
+    (vLLM hands it to its engine process so)."""
+    import pickle
+
+    from gac.models import modeling_gac
+
+    config = io.read_config(saved)
+    assert type(config) is modeling_gac.gac_config_class("llama") is modeling_gac.gac_config_class("gac_llama")
+    assert modeling_gac.gac_class("llama") is modeling_gac.gac_class("gac_llama") is modeling_gac.GacLlamaForCausalLM
+    again = pickle.loads(pickle.dumps(config))
+    assert type(again) is type(config) and again.gac_structure == config.gac_structure
 
 
 def test_modeling_file_imports_no_gac(saved):

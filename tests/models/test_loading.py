@@ -168,5 +168,5 @@ def test_gac_dir_without_tokenizer_is_still_detected(tmp_path, tiny_model_dir):
     config = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**config, "gac_structure": {}}))  # every gac output has one
     loaded = load_model(str(d))
-    assert loaded.model.config.model_type == "llama"
+    assert loaded.model.config.model_type == "gac_llama"  # gac's config class of the llama family
     assert loaded.tokenizer is None

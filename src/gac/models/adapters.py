@@ -192,7 +192,11 @@ def attention_geometry(config) -> AttentionGeometry:
 
 
 def adapter_for(config) -> Adapter:
+    """The family's adapter; a gac output's model type (gac_<family>) reads as its family."""
+    from gac.models.modeling_gac import family_of
+
     model_type = getattr(config, "model_type", None)
+    model_type = family_of(model_type) if isinstance(model_type, str) else model_type
     if model_type not in FAMILIES:
         raise GacError(
             f"unsupported architecture {model_type!r}: gac supports {', '.join(FAMILIES)}; "

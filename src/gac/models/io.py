@@ -12,6 +12,7 @@ from gac.models.placement import SHARD_SIZE, Placement
 
 PLAN_FILE = "gac_plan.json"
 MODELING_FILE = "modeling_gac.py"
+MODELING_HASH = "modeling_sha256"  # gac_plan.json: sha256 of the modeling_gac.py gac wrote
 PLAN_VERSION = 1
 
 
@@ -79,31 +80,71 @@ def write_beside_weights(model, tokenizer, d, *, plan: dict, extra_files: dict |
 
 def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict, max_shard_size=SHARD_SIZE,
            weights: bool = True) -> None:
-    from gac.models.modeling_gac import gac_class
     from gac.models.structure import structure_of
+    from gac.models.verify import code_hash
 
-    config = model.config
-    config.gac_structure = structure_of(model)
-    name = gac_class(config.model_type).__name__
-    config.auto_map = {"AutoModelForCausalLM": f"modeling_gac.{name}",
-                       "AutoModel": f"modeling_gac.{gac_class(config.model_type, base_model=True).__name__}"}
+    model.config.gac_structure = structure_of(model)
     if weights:
         model.save_pretrained(d, safe_serialization=True, max_shard_size=max_shard_size)
-    # after save_pretrained, which writes the live class's name: serving engines resolve the model class by this
-    # name (vLLM finds gac's plugin under it, never its own class for the original shapes)
-    config.architectures = [name]
-    config.save_pretrained(d)
+    # after save_pretrained, which writes the live config: config.json gets gac's model type and class names
+    saved_config(model.config).save_pretrained(d)
     if not weights:
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(d)
     if tokenizer is not None:
         tokenizer.save_pretrained(d)
     shutil.copyfile(Path(__file__).with_name(MODELING_FILE), d / MODELING_FILE)
+    # what gac wrote, so that gac.load can refuse an edited copy (which trust_remote_code users would run)
+    plan = {**plan, MODELING_HASH: code_hash(d / MODELING_FILE)}
     (d / PLAN_FILE).write_text(json.dumps(plan, indent=2))
     for name, content in extra_files.items():
         mode = "wb" if isinstance(content, bytes) else "w"
         with open(d / name, mode) as f:
             f.write(content)
+
+
+def saved_config(config):
+    """The config gac saves: the family's config as Gac<Config> (model_type gac_<family>, which transformers
+    knows only through gac or the directory's modeling_gac.py, so the output never loads as the family's plain
+    class with random factorized weights); `architectures` names gac's class, under which serving engines find
+    gac's plugin (vLLM), never their own class for the original shapes; auto_map points trust_remote_code users
+    without gac at the directory's modeling_gac.py."""
+    from gac.models.modeling_gac import gac_class
+
+    saved = as_gac_config(config)
+    name = gac_class(saved.model_type).__name__
+    saved.architectures = [name]
+    saved.auto_map = {"AutoConfig": f"modeling_gac.{type(saved).__name__}",
+                      "AutoModelForCausalLM": f"modeling_gac.{name}",
+                      "AutoModel": f"modeling_gac.{gac_class(saved.model_type, base_model=True).__name__}"}
+    return saved
+
+
+def as_gac_config(config):
+    """`config` (the family's, or already gac's) as a new Gac<Config> of the same values."""
+    from gac.models.modeling_gac import gac_config_class
+
+    values = {k: v for k, v in config.to_dict().items() if k != "model_type"}  # the class says which
+    return gac_config_class(config.model_type).from_dict(values)
+
+
+def read_config(path: Path):
+    """config.json as gac's config class, without running the directory's code: gac's model type (gac_<family>)
+    and, for outputs of earlier gac versions, the family's own."""
+    from transformers import AutoConfig
+
+    from gac.models.adapters import adapter_for
+    from gac.models.auto_classes import register
+
+    register()  # gac's model types, whatever the import order was
+    try:
+        config = AutoConfig.from_pretrained(path)  # registered classes: never the directory's modeling_gac.py
+    except ValueError:  # a model type neither transformers nor gac knows (AutoConfig asks for remote code)
+        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+        raise GacError(f"{path}: unsupported model type {model_type!r} in config.json: pass a directory gac wrote "
+                       "for a family it supports, or restore its config.json") from None
+    adapter_for(config)  # a supported family, or one line saying which are
+    return as_gac_config(config)
 
 
 def read_plan(path) -> dict:
@@ -119,38 +160,39 @@ def read_plan(path) -> dict:
 
 
 def load(path, *, dtype: str = "float32", device: str = "cpu", device_map: str | None = None,
-         max_memory: str | dict | None = None, offload_folder: str | None = None):
-    """Load a directory written by `save`: rebuild the compressed shapes from its config, then the weights.
+         max_memory: str | dict | None = None, offload_folder: str | None = None,
+         allow_modified_code: bool = False):
+    """Load a directory written by `save`: rebuild the compressed shapes from its config, then the weights, with
+    gac's own classes: the directory's modeling_gac.py is never run.
 
     device_map="auto" (with optional max_memory, accelerate's format or "cpu=8GiB,0=20GiB") places the model
     through accelerate over the GPUs, CPU and disk (offload_folder, a temporary directory by default) instead of
-    loading it whole onto `device`."""
-    from transformers import AutoConfig, AutoTokenizer
+    loading it whole onto `device`. A modeling_gac.py that differs from the one gac wrote is refused (users of
+    trust_remote_code would run it); allow_modified_code=True loads anyway, with a warning."""
+    from transformers import AutoTokenizer
 
     from gac.hw.device import check_device, torch_dtype
-    from gac.models.adapters import adapter_for
-    from gac.models.modeling_gac import gac_class
+    from gac.models import verify
+    from gac.models.modeling_gac import family_of, gac_class
 
     path = Path(path)
-    read_plan(path)
+    plan = read_plan(path)
     check_device(device)
     placement = Placement(device_map, max_memory, offload_folder)
-    config = AutoConfig.from_pretrained(path)
-    adapter_for(config)  # a supported family, or one line saying which are
+    verify.check_modeling_code(path, plan, allow_modified=allow_modified_code)
+    config = read_config(path)
     cls = gac_class(config.model_type)
-    from gac.models import verify
-
     verify.check_structure(getattr(config, "gac_structure", None), str(path))
     verify.check_config(config, str(path))
     verify.check_weight_files(path)
     try:
-        model, info = cls.from_pretrained(path, dtype=torch_dtype(dtype), output_loading_info=True,
+        model, info = cls.from_pretrained(path, config=config, dtype=torch_dtype(dtype), output_loading_info=True,
                                           ignore_mismatched_sizes=True,  # mismatches are reported below
                                           **placement_kwargs(placement))
     except (AttributeError, KeyError, ValueError, TypeError, RuntimeError) as e:  # structure names no such module
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise GacError(f"{path}: gac_structure does not fit the {config.model_type} model ({first}): the output is "
-                       "damaged or edited; restore it or re-run `gac compress`") from None
+        raise GacError(f"{path}: gac_structure does not fit the {family_of(config.model_type)} model ({first}): the "
+                       "output is damaged or edited; restore it or re-run `gac compress`") from None
     verify.check_loading_info(info, str(path), gac_output=True)  # the structure must place every tensor, both ways
     model = model.eval() if placement.dispatched else model.to(device).eval()
     try:

@@ -11,6 +11,11 @@ Self-contained on purpose: it imports torch and transformers only, never gac. Th
 The model class is the family's own transformers class with this structure applied first: config.auto_map names
 `modeling_gac.Gac<Class>` (e.g. GacLlamaForCausalLM, and GacLlamaModel for AutoModel), built on first use for any
 family transformers ships. Built by vLLM's Transformers backend, which cannot hold these shapes, it refuses.
+
+config.json's model_type is `gac_<family>` (e.g. gac_llama, config class GacLlamaConfig, the family's config under
+its own name): transformers knows it only from this file (trust_remote_code) or through gac, which registers these
+classes with transformers' Auto classes, so a gac output never loads as the family's plain class with its
+factorized projections randomly initialized.
 """
 
 import sys
@@ -126,25 +131,96 @@ class _GacStructureMixin:
         apply_gac_structure(self, structure)
 
 
+GAC_MODEL_TYPE_PREFIX = "gac_"  # config.json's model_type: gac_<family> (gac.models.adapters reads the same)
+
+
+def gac_model_type(family: str) -> str:
+    return f"{GAC_MODEL_TYPE_PREFIX}{family}"
+
+
+def family_of(model_type: str) -> str:
+    """The family of a gac model type (gac_llama -> llama); a family's own model type is returned as it is."""
+    return model_type[len(GAC_MODEL_TYPE_PREFIX):] if model_type.startswith(GAC_MODEL_TYPE_PREFIX) else model_type
+
+
 def gac_class(model_type: str, base_model: bool = False):
     """Gac<Family>ForCausalLM (or, base_model, Gac<Family>Model): the family's transformers class that first
-    rebuilds the saved structure."""
+    rebuilds the saved structure. model_type: the family's (llama) or gac's (gac_llama)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
-    base = (MODEL_MAPPING_NAMES if base_model else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).get(model_type)
+    family = family_of(model_type)
+    base = (MODEL_MAPPING_NAMES if base_model else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).get(family)
     if base is None or not hasattr(transformers, base):
         raise ValueError(f"transformers has no {'base' if base_model else 'causal LM'} class for model type "
-                         f"{model_type!r}")
-    return __getattr__(f"Gac{base}")
+                         f"{family!r}")
+    return _class(f"Gac{base}")
+
+
+def gac_config_class(model_type: str):
+    """Gac<Family>Config: the family's config class under model type gac_<family>."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    family = family_of(model_type)
+    base = CONFIG_MAPPING_NAMES.get(family)
+    if base is None or not hasattr(transformers, base):
+        raise ValueError(f"transformers has no config class for model type {family!r}")
+    return _class(f"Gac{base}")
+
+
+class _GacConfigMixin:
+    # transformers' configs are dataclasses: __post_init__ is where a subclass adds to construction
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        register_model_classes(type(self))
+
+
+_REGISTERED: set = set()  # config classes whose model classes are registered
+
+
+def register_model_classes(config_class) -> None:
+    """Map `config_class` to this module's model classes in AutoModelForCausalLM and AutoModel. Run when a config
+    of the class is first built (registering the model classes where the config class is registered could run
+    while transformers is still importing the family's modeling module); transformers does the same for a
+    trust_remote_code load."""
+    if config_class in _REGISTERED:
+        return
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    _REGISTERED.add(config_class)
+    AutoModelForCausalLM.register(config_class, gac_class(config_class.model_type), exist_ok=True)
+    AutoModel.register(config_class, gac_class(config_class.model_type, base_model=True), exist_ok=True)
+
+
+def _build(name: str):
+    """Gac<Config> (the family's config class under model type gac_<family>), Gac<Family>ForCausalLM or
+    Gac<Family>Model (the decoder alone, the structure's names read below the base model's prefix)."""
+    base = getattr(transformers, name[3:], None) if name.startswith("Gac") else None
+    if base is None:
+        return None
+    if name.endswith("Config"):
+        return type(name, (_GacConfigMixin, base), {"__module__": __name__,
+                                                     "model_type": gac_model_type(base.model_type)})
+    if name.endswith(("ForCausalLM", "Model")):
+        prefix = "" if name.endswith("ForCausalLM") else f"{base.base_model_prefix}."
+        config_class = _class(f"Gac{base.config_class.__name__}")
+        return type(name, (_GacStructureMixin, base), {"__module__": __name__, "structure_prefix": prefix,
+                                                       "config_class": config_class})
+    return None
+
+
+def _class(name: str):
+    """This module's class `name`, built on first use and then always the same object (transformers' Auto
+    mappings key on it, and pickle, which vLLM uses to hand the config to its engine, finds it by name)."""
+    cls = globals().get(name)
+    if cls is None:
+        cls = _build(name)
+        if cls is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = cls
+    return cls
 
 
 def __getattr__(name: str):
-    """`modeling_gac.GacLlamaForCausalLM` (config.auto_map's AutoModelForCausalLM) or `GacLlamaModel` (its
-    AutoModel: the decoder alone, the structure's names read below the base model's prefix) for any family."""
-    base = getattr(transformers, name[3:], None) if name.startswith("Gac") else None
-    if base is not None and name.endswith(("ForCausalLM", "Model")):
-        prefix = "" if name.endswith("ForCausalLM") else f"{base.base_model_prefix}."
-        cls = type(name, (_GacStructureMixin, base), {"__module__": __name__, "structure_prefix": prefix})
-        globals()[name] = cls  # built once
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """`modeling_gac.GacLlamaForCausalLM` (config.auto_map's AutoModelForCausalLM), `GacLlamaModel` (its AutoModel)
+    or `GacLlamaConfig` (its AutoConfig), for any family."""
+    return _class(name)

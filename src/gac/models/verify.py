@@ -11,10 +11,13 @@ Decisions (docs/USAGE.md):
   would otherwise be randomly initialized. Unexpected (extra) tensors are logged and ignored.
 - A gac output's `gac_structure` (config.json) is checked for types, applied, and then must account for every
   tensor in its weights, both ways.
+- A gac output's `modeling_gac.py` is never run by gac, but users of trust_remote_code would run it: one that
+  differs from the file gac wrote (its sha256 in gac_plan.json) is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -224,3 +227,26 @@ def check_structure(structure, source: str) -> dict:
             if not ok:
                 bad(f"has an invalid {kind} entry for {name}: {v!r}")
     return structure
+
+
+def code_hash(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def check_modeling_code(d, plan: dict, *, allow_modified: bool = False) -> None:
+    """The directory's modeling_gac.py is the one gac wrote (sha256 recorded in gac_plan.json), or one GacError;
+    allow_modified: a warning instead. Outputs of gac versions that recorded no hash, and directories without the
+    file (nothing there that could run), pass."""
+    from gac.models.io import MODELING_FILE, MODELING_HASH, PLAN_FILE
+
+    d = Path(d)
+    expected, code = plan.get(MODELING_HASH), d / MODELING_FILE
+    if expected is None or not code.is_file() or code_hash(code) == expected:
+        return
+    problem = (f"{code} differs from the file gac wrote (its sha256 in {PLAN_FILE}), and transformers runs it for "
+               "anyone who loads this directory with trust_remote_code=True")
+    if allow_modified:
+        log.warning("%s; loading with gac's own classes, which never run it", problem)
+        return
+    raise GacError(f"{problem}: remove it (gac never runs it; `gac export DIR --format hf --out NEW` then writes "
+                   "gac's own) or restore it, or load anyway with gac.load(DIR, allow_modified_code=True)")

@@ -1,6 +1,8 @@
 """gac's vLLM plugin (entry point `vllm.general_plugins`, loaded by vLLM in every process it starts): registers
-gac's model class under each architecture name gac writes (config.json's `architectures`, e.g.
-GacLlamaForCausalLM), so vLLM builds a gac output with its own layers instead of the Transformers backend; and a
+gac's model types (gac_<family>) with transformers, through which vLLM reads config.json, so that no
+trust_remote_code is needed; gac's model class under each architecture name gac writes (config.json's
+`architectures`, e.g. GacLlamaForCausalLM), so vLLM builds a gac output with its own layers instead of the
+Transformers backend; and a
 config check for those names that refuses a tensor-parallel size the saved sizes do not divide while vLLM builds
 its configuration, before any engine process starts."""
 
@@ -46,6 +48,9 @@ class ConfigCheck:
 def register() -> None:
     from vllm import ModelRegistry
 
+    from gac.models.auto_classes import register as register_model_types
+
+    register_model_types()
     for arch, cls in architectures().items():
         ModelRegistry.register_model(arch, cls)
     try:  # vLLM's table of configuration hooks; without it, the model class refuses the same sizes later
