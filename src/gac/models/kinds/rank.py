@@ -87,7 +87,9 @@ class RankGroup(DimGroup):
 
 @dataclass(frozen=True)
 class HeadRankGroup(RankGroup):
-    """Rows [row0, row0 + out_features) of a K or V projection: one PaLU group of KV heads."""
+    """Rows [row0, row0 + out_features) of a K or V projection: one PaLU group of KV heads. Its output width is
+    its share of the shared down-projection's rows (that GEMM's N is the sum over the linear's groups: a multiple
+    of anything every group's rank is a multiple of)."""
 
     group: int = 0
     row0: int = 0
@@ -123,11 +125,6 @@ class HeadRankGroup(RankGroup):
         aligned dim) reconstructs it exactly; capping at break-even (57 of 64 rows on SmolLM2) left GAC only 56
         for every group the allocation wanted whole."""
         return min(self.out_features, self.in_features)
-
-    def out_lengths(self, dim: int) -> list[int]:
-        """Its share of the shared down-projection's rows (that GEMM's N is the sum over the linear's groups, a
-        multiple of anything every group's rank is a multiple of)."""
-        return [dim]
 
     def cut(self, model, cut) -> None:
         type(self).cut_all(model, [(self, cut)])
