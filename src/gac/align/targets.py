@@ -81,8 +81,8 @@ class Target:
             if n is not None:
                 entry.update(out_multiple=n, out_lengths=g.out_lengths(int(d)))
             if not any(x != g.full_dim for x in self.allowed_dims(g)):
-                rule = " and ".join(f"{side} multiples of {x}" for side, x in (("row lengths", m), ("output widths", n))
-                                    if x is not None)
+                sides = (("row lengths", m), ("output widths", n))
+                rule = " and ".join(f"{side} that are multiples of {x}" for side, x in sides if x is not None)
                 entry["unattainable"] = (f"no reduced {g.kind} dim on this group's grid (step {g.step}) gives {rule}: "
                                          "only the whole group meets it")
             groups[u.name] = entry
