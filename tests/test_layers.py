@@ -102,3 +102,18 @@ def test_projection_names_only_in_the_family_adapters():
         text = path.read_text()
         spelled = [p for p in PROJECTION_NAMES if f'"{p}"' in text or f"'{p}'" in text or f".{p}" in text]
         assert not spelled, f"{path.relative_to(SRC)} spells {spelled}: ask gac.models.adapters or the groups"
+
+
+def test_no_module_switches_on_a_group_kind():
+    """A kind's behaviour is on the kind (gac.models.kinds): no isinstance(..., <Kind>Group) anywhere else."""
+    kinds = SRC / "models" / "kinds"
+    found = []
+    for path in SRC.rglob("*.py"):
+        if kinds in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+                names = [n.id if isinstance(n, ast.Name) else getattr(n, "attr", "") for n in ast.walk(node.args[1])]
+                if any(name.endswith("Group") for name in names):
+                    found.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not found, f"switches on a group kind: {found}; ask the group (DimGroup) instead"

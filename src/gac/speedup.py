@@ -93,10 +93,9 @@ def objective_config(compressor: str, options: dict, cfg: SpeedupConfig) -> Spee
 
 
 def held_whole(unit, cfg: SpeedupConfig) -> bool:
-    """Whether the knapsack leaves this unit as the original has it (an attention head group under whole_heads)."""
-    from gac.models.groups import HeadGroup
-
-    return cfg.whole_heads and isinstance(unit.group, HeadGroup)
+    """Whether the knapsack leaves this unit as the original has it (a group whose kind removes attention heads,
+    under whole_heads)."""
+    return cfg.whole_heads and unit.group.removes_heads
 
 
 def parse_shape(text: str) -> tuple[int, int]:

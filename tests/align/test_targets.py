@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gac.align.targets import TARGETS, get_target
+from gac.align.targets import TARGETS, Target, get_target
 from gac.errors import GacError
 from gac.models.groups import HeadGroup, WidthGroup
 
@@ -104,3 +104,43 @@ def test_tensor_parallel_target_keeps_whole_heads_on_every_rank():
     assert TARGETS["llama.cpp:q8_0"].allows(g, 3 * 64)  # tp 1: the old rule, unchanged
     smol = _heads()  # SmolLM2: 9 query heads in 3 KV groups; tp 2 cannot split them, not even the whole block
     assert t2.allowed_dims(smol) == [128] and not t2.allows(smol, smol.full_dim)  # 2 KV groups: 6 and 2 heads
+
+
+def test_marlin_constrains_input_and_output_widths():
+    """vllm:marlin asks K % 128 of every input width and N % 64 of every output width a dim sets: an MLP width of
+    1472 feeds gate and up at N = 1472 (23 x 64) but the down projection at K = 1472 (not 128's), and a KV group
+    of head_dim 32 feeds o at K = 4 x 32 per group (always 128's) but k and v at N = 32 per group."""
+    t = TARGETS["vllm:marlin"]
+    mlp = _mlp(full=2048)
+    assert mlp.row_lengths(1472) == mlp.out_lengths(1472) == [1472]
+    assert not t.allows(mlp, 1472) and t.allows(mlp, 1408)  # the input side refuses; 11 x 128 meets both
+    g = _heads(kv_heads=4, heads=16, head_dim=32)  # group mode: dim = kept KV width, 4 query heads per KV head
+    assert g.row_lengths(3 * 32) == [384] and g.out_lengths(3 * 32) == [384, 96]  # o's K; q's and k/v's N
+    assert not t.allows(g, 3 * 32) and t.allows(g, 2 * 32)  # only the output side refuses 3 KV heads
+    assert t.allowed_dims(g) == [64, 128]
+    inputs_only = Target("k128", dict(t.multiples))  # the same row without its output rule allows them
+    assert inputs_only.allows(g, 3 * 32) and inputs_only.allowed_dims(g) == [32, 64, 96, 128]
+    cands = t.candidates_for(8)(_Unit(g), 96, 1)
+    assert cands == [64, 128]
+    r = t.report([_Unit(g), _Unit(mlp)], {"l.attn": 96, "l.mlp": 1408})
+    assert r["out_multiples"]["heads"] == 64 and r["constrained"] == 2 and r["met"] == 1
+    assert r["groups"]["l.attn"]["out_lengths"] == [384, 96] and not r["groups"]["l.attn"]["met"]
+
+
+def test_output_widths_per_tensor_parallel_rank():
+    mlp = _mlp()
+    assert mlp.shard_out_lengths(1408, 2) == [704] and mlp.shard_out_lengths(1401, 2) is None
+    g = _heads(kv_heads=4, heads=8, head_dim=64)
+    assert g.shard_out_lengths(2 * 64, 2) == [128, 64]  # 2 query heads and 1 KV head per rank
+    assert g.shard_out_lengths(2 * 64, 4) == [64, 64]  # 1 query head; 2 KV heads over 4 ranks: one replicated each
+    assert g.shard_out_lengths(3 * 64, 2) is None  # 3 KV heads do not split over 2 ranks
+    uniform = HeadGroup("l.attn", 4 * 64, block="l.attn", q="q", k="k", v="v", o="o", hidden=576, num_heads=8,
+                        num_kv_heads=4, head_dim=64, mode="uniform", live_heads=8, live_kv_heads=4)
+    assert uniform.out_lengths(4 * 64) == [256]  # k and v stay whole in uniform mode: not this dim's to set
+
+
+def test_every_kind_is_in_every_all_kind_row():
+    from gac.models.groups import KINDS
+
+    assert all(set(t.multiples) == set(KINDS) for t in TARGETS.values())
+    assert set(TARGETS["vllm:marlin"].out_multiples) == set(KINDS)

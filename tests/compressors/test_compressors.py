@@ -127,6 +127,18 @@ def test_unknown_compressor_raises():
     assert all(n in str(info.value) for n in REGISTRY)
 
 
+def test_a_compressor_says_whether_it_factorizes_and_what_one_layer_caches():
+    """What the memory forecast and export read off the compressor instead of switching on its class."""
+    from gac.pipeline.memory import Shapes
+
+    factorizes = {n: make_compressor(n).factorizes for n in REGISTRY}
+    assert factorizes == {"svd": True, "asvd": True, "svd_llm": True, "prune": False, "palu": True}
+    s = Shapes(layers=2, hidden=64, intermediate=160, q_width=64, kv_width=32, vocab=320, tied=True)
+    cached = {n: make_compressor(n).cut_state_bytes(s, 4) for n in REGISTRY}
+    assert cached["prune"] == 0 and 0 < cached["palu"] < cached["svd"] == cached["asvd"] == cached["svd_llm"]
+    assert cached["palu"] == 2 * 4 * 32 * (64 + 32)  # K and V: A [kv, hidden] and B blocks at full rank
+
+
 @pytest.mark.parametrize("alpha", [-0.1, 2.01, 5.0])
 def test_asvd_alpha_outside_range_raises(alpha):
     with pytest.raises(GacError, match="alpha"):

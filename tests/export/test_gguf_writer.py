@@ -11,7 +11,7 @@ from gac.errors import GacError
 from gac.export.gguf_writer import geometry, permute_rotary, write_gguf
 from gac.export.tokenizer import fields_from_hf
 from gac.models.groups import groups_of
-from gac.models.surgery import keep_channels, keep_heads
+from gac.models.surgery import Keep, KeepHeads
 
 
 def _field(reader, key):
@@ -20,10 +20,9 @@ def _field(reader, key):
 
 def _deci_model(model):
     """Layer 0: MLP cut to 100 of 160 channels; layer 1: one of two KV groups (and its query heads) removed."""
-    mlp0 = groups_of(model, "mlp")[0]
-    keep_channels(model, mlp0, torch.arange(30, 130))  # 100 channels
-    heads1 = groups_of(model, "heads")[1]
-    keep_heads(model, heads1, torch.tensor([2, 3]), torch.tensor([1]))  # KV head 1 serves query heads 2 and 3
+    groups_of(model, "mlp")[0].cut(model, Keep(torch.arange(30, 130)))  # 100 channels
+    # KV head 1 serves query heads 2 and 3
+    groups_of(model, "heads")[1].cut(model, KeepHeads(torch.tensor([2, 3]), torch.tensor([1])))
     return model
 
 

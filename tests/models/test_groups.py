@@ -138,6 +138,23 @@ def test_head_rank_groups_factorize_and_pad_together():
     _close(_logits(model, IDS), before)
 
 
+def test_head_rank_groups_of_one_linear_are_cut_all_or_none():
+    """They share one down-projection: a cut of some of them would build a projection with fewer rows."""
+    model = tiny_model(seed=5)
+    groups = groups_of(model, "head_rank", heads_per_group=1)
+    assert all(g.groups_per_linear == KV for g in groups)
+    with pytest.raises(GacError, match=f"1 of its {KV} head groups"):
+        surgery.apply(model, [(groups[0], surgery.Factors(torch.randn(2, H), torch.randn(HD, 2)))])
+    assert isinstance(model.get_submodule(groups[0].linear), torch.nn.Linear)  # left as it was
+
+
+def test_attention_heads_are_not_padded():
+    model = tiny_model()
+    heads = groups_of(model, "heads")[0]
+    with pytest.raises(TypeError, match="cannot be zero-padded exactly"):
+        surgery.pad(model, [(heads, heads.dim + HD)])
+
+
 @pytest.mark.parametrize("family", ["llama", "phi"])
 def test_structure_round_trip(family):
     """structure_of reads every kind off a live model; applying it to a fresh model rebuilds the same shapes."""

@@ -35,10 +35,11 @@ def resized(model):
     from gac.models.groups import groups_of
 
     heads = groups_of(model, "heads", layers=[1, 2])
-    surgery.keep_heads(model, heads[0], torch.tensor([2, 3]), torch.tensor([1]))
-    surgery.keep_heads(model, heads[1], torch.tensor([0, 2]), torch.tensor([0, 1]))
-    for group, width in zip(groups_of(model, "mlp", layers=[0, 3]), (157, 200)):
-        surgery.keep_channels(model, group, torch.arange(width))
+    cuts = [(heads[0], surgery.KeepHeads(torch.tensor([2, 3]), torch.tensor([1]))),
+            (heads[1], surgery.KeepHeads(torch.tensor([0, 2]), torch.tensor([0, 1])))]
+    cuts += [(group, surgery.Keep(torch.arange(width)))
+             for group, width in zip(groups_of(model, "mlp", layers=[0, 3]), (157, 200))]
+    surgery.apply(model, cuts)
     return model
 
 

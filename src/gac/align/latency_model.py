@@ -16,11 +16,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from gac.errors import GacError
-from gac.models.groups import DimGroup, HeadGroup, HeadRankGroup, RankGroup, WidthGroup
+from gac.models.groups import DimGroup
+from gac.models.kinds.base import FULL, Term
 
 log = logging.getLogger(__name__)
 PHASES = ("prefill", "decode")
-FULL = None  # candidate key: the group as the original model has it (dense weight, whole width, every head)
 MIN_FIT, MAX_FIT = 0.5, 2.0  # the table scales `LatencyModel.fitted` trusts
 
 
@@ -50,21 +50,6 @@ class Phase:
 
     def to_dict(self) -> dict:
         return {"phase": self.name, "shape": self.shape}
-
-
-@dataclass(frozen=True)
-class Term:
-    """One op whose time changes with a group's dim: `weight` x the op's time at the swept dim `mult * d // div`
-    (e.g. a query projection's N is group_size x the KV width; SDPA's query heads are a width / head_dim)."""
-
-    op: str  # gemm_n | gemm_k | lowrank | sdpa_heads
-    shape: tuple  # sorted (key, value) pairs of the op's fixed sizes (SDPA's batch and seq come from the phase)
-    mult: int = 1
-    weight: float = 1.0
-    div: int = 1
-
-    def dim(self, d: int) -> int:
-        return self.mult * d // self.div
 
 
 @dataclass
@@ -179,67 +164,16 @@ def reference_dims(lm: LatencyModel, groups) -> dict:
 # ---- which ops change with each group's dim ----------------------------------------------------------------
 
 
-def _shape(**sizes) -> tuple:
-    return tuple(sorted(sizes.items()))
-
-
-def group_terms(group: DimGroup, groups_per_linear: int = 1) -> tuple[list | None, list[Term]]:
-    """(dense, terms): the ops whose time changes with the group's dim d, and for a group whose original layout is
-    not its terms at full dim (a dense weight), the (term, swept dim) pairs that time that layout (else None)."""
-    if isinstance(group, HeadRankGroup):  # PaLU: a 1/G share of the shared down GEMM [G r, in], its own up GEMM
-        G = groups_per_linear
-        dense = [(Term("gemm_n", _shape(k=group.in_features), weight=1.0 / G), G * group.out_features)]
-        return dense, [Term("gemm_n", _shape(k=group.in_features), mult=G, weight=1.0 / G),
-                       Term("gemm_k", _shape(n=group.out_features))]
-    if isinstance(group, RankGroup):  # b(a(x)): both GEMMs of the pair; dense: one GEMM [out, in]
-        dense = [(Term("gemm_n", _shape(k=group.in_features)), group.out_features)]
-        return dense, [Term("lowrank", _shape(**{"in": group.in_features, "out": group.out_features}))]
-    if isinstance(group, WidthGroup):  # producers [w, hidden] (N = w), consumers [hidden, w] (K = w)
-        return None, [Term("gemm_n", _shape(k=group.hidden), weight=len(group.producers)),
-                      Term("gemm_k", _shape(n=group.hidden), weight=len(group.consumers))]
-    if isinstance(group, HeadGroup):  # q rows and o columns: group_size x the KV width in group mode
-        gs = group.group_size if group.mode == "group" else 1
-        terms = [Term("gemm_n", _shape(k=group.hidden), mult=gs), Term("gemm_k", _shape(n=group.hidden), mult=gs)]
-        # the layer's attention timed at the kept query heads: whole KV groups go with their query heads, or
-        # query heads go within each KV group and every KV head stays
-        kv = _shape(head_dim=group.head_dim, **({"q_per_kv": gs} if group.mode == "group"
-                                                else {"kv_heads": group.num_kv_heads}))
-        terms.append(Term("sdpa_heads", kv, mult=gs, div=group.head_dim))
-        if group.mode == "group":  # k and v lose the same KV width
-            terms.append(Term("gemm_n", _shape(k=group.hidden), weight=2))
-        return None, terms
-    raise GacError(f"{group.name}: no latency terms for groups of kind {group.kind!r}")
-
-
 def candidate_dims(group: DimGroup, alignment: int) -> list:
-    """The wide candidate range: every multiple of `alignment` (whole heads for head groups) from the smallest up to
-    the largest dim that still saves something, then FULL (the original) where the group may stay as it is."""
-    if group.step > 1:
-        dims = list(group.grid())
-    else:
-        dims = [d for d in range(alignment, group.max_dim + 1, alignment) if d >= group.min_dim]
-    if isinstance(group, HeadRankGroup):
-        return dims or [group.max_dim]  # a grouped factorization has no dense member
-    if isinstance(group, RankGroup):
-        return dims + [FULL]
-    return [d for d in dims if d < group.max_dim] + [FULL]
-
-
-def _per_linear(groups) -> dict:
-    """{linear: number of PaLU head groups sharing its down-projection}."""
-    counts = defaultdict(int)
-    for g in groups:
-        if isinstance(g, HeadRankGroup):
-            counts[g.linear] += 1
-    return counts
+    """The group's candidates in the tables: its kind's wide range (DimGroup.wide_candidates)."""
+    return group.wide_candidates(alignment)
 
 
 def sweep_needs(groups: list[DimGroup], alignment: int) -> dict:
     """{(op, shape): set of swept dims} every group's candidates need."""
-    per_linear = _per_linear(groups)
     needs = defaultdict(set)
     for g in groups:
-        dense, terms = group_terms(g, per_linear.get(getattr(g, "linear", ""), 1))
+        dense, terms = g.latency_terms()
         for term, x in dense or [(t, t.dim(g.max_dim)) for t in terms]:  # the original layout
             needs[(term.op, term.shape)].add(x)
         for d in candidate_dims(g, alignment):
@@ -257,10 +191,9 @@ def _terms_ms(terms: list[Term], d: int, op_tables: dict) -> float:
 def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict) -> tuple[dict, dict]:
     """({group: {candidate: ms}}, {group: ms as the original has it}) from measured op tables
     {(op, shape): {swept dim: ms}}."""
-    per_linear = _per_linear(groups)
     tables, original = {}, {}
     for g in groups:
-        dense, terms = group_terms(g, per_linear.get(getattr(g, "linear", ""), 1))
+        dense, terms = g.latency_terms()
         original[g.name] = (math.fsum(t.weight * op_tables[(t.op, t.shape)][x] for t, x in dense) if dense
                             else _terms_ms(terms, g.max_dim, op_tables))
         tables[g.name] = {d: original[g.name] if d is FULL else _terms_ms(terms, d, op_tables)

@@ -1,11 +1,14 @@
 """Deployment targets: what alignment each kind of dimension group needs for a format or engine, as a table.
 
-A target maps a group kind ("mlp", "heads", "rank", "head_rank") to a multiple that every row length the group's
-dim sets must meet (`DimGroup.row_lengths`: the MLP width for the down projection, kept query heads x head_dim for
-the o projection, the rank for a low-rank pair's second half); a tensor-parallel target (`tp`) asks it of each
-rank's shard, and that the group split evenly (`DimGroup.shard_row_lengths`). `gac compress --target NAME` offers the knapsack
-only candidates that meet it, under the same parameter budget, and the report says which dims were constrained
-and why. A GPU's tile sizes or an engine's head sizes are further rows of the same table.
+A target row maps a group kind ("mlp", "heads", "rank", "head_rank") to a multiple that every input width the
+group's dim sets must meet (`multiples`, K: `DimGroup.row_lengths`, the MLP width for the down projection, kept query
+heads x head_dim for the o projection, the rank for a low-rank pair's second half) and, where the engine asks it, a
+multiple for every output width (`out_multiples`, N: `DimGroup.out_lengths`, the MLP width for gate and up, the kept
+query and KV widths for q, k and v, the rank for a pair's first half). A tensor-parallel target (`tp`) asks both of
+each rank's shard, and that the group split evenly (`DimGroup.shard_row_lengths`, `shard_out_lengths`). `gac compress
+--target NAME` offers the knapsack only candidates that meet it, under the same parameter budget, and the report
+says which dims were constrained and why. A GPU's tile sizes or an engine's head sizes are further rows of the
+same table: the groups answer the widths, the row states the rules.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from gac.errors import GacError
+from gac.models.groups import KINDS
 
 _Q32 = ("llama.cpp packs each weight row in blocks of 32 values for {t}; a row whose length (the down "
         "projection's input, the MLP width; the o projection's, heads x head_dim) is not a multiple falls back "
@@ -26,23 +30,32 @@ _K256 = ("llama.cpp's K-quants ({t}) pack each row in super-blocks of 256; a row
 @dataclass(frozen=True)
 class Target:
     name: str
-    multiples: dict = field(default_factory=dict)  # group kind -> multiple its row lengths must meet
+    multiples: dict = field(default_factory=dict)  # group kind -> multiple its input widths (row lengths, K) meet
     why: str = ""
     tp: int = 1  # tensor-parallel degree: the multiples hold for each rank's shard (DimGroup.shard_row_lengths)
+    out_multiples: dict = field(default_factory=dict)  # group kind -> multiple its output widths (N) meet
 
     def multiple(self, kind: str) -> int | None:
         return self.multiples.get(kind)
 
+    def out_multiple(self, kind: str) -> int | None:
+        return self.out_multiples.get(kind)
+
+    def constrains(self, kind: str) -> bool:
+        return self.multiple(kind) is not None or self.out_multiple(kind) is not None
+
     def allows(self, group, dim: int) -> bool:
-        """Row lengths (each rank's, under tensor parallelism) that meet the multiple, or the group left whole: the
-        unmodified model's own shape is not the compression's to fix (e.g. whole heads whose query width can never
-        be a multiple of 256). A group the target's ranks cannot split is refused even whole: no engine of that
-        degree can serve it."""
+        """Input and output widths (each rank's, under tensor parallelism) that meet their multiples, or the group
+        left whole: the unmodified model's own shape is not the compression's to fix (e.g. whole heads whose query
+        width can never be a multiple of 256). A group the target's ranks cannot split is refused even whole: no
+        engine of that degree can serve it."""
         rows = group.shard_row_lengths(dim, self.tp)
         if rows is None:  # the engine cannot split it over its ranks at all, whole or not
             return False
-        m = self.multiple(group.kind)
-        return m is None or dim == group.full_dim or all(r % m == 0 for r in rows)
+        if dim == group.full_dim:
+            return True
+        return (_meet(rows, self.multiple(group.kind))
+                and _meet(group.shard_out_lengths(dim, self.tp), self.out_multiple(group.kind)))
 
     def allowed_dims(self, group) -> list[int]:
         """The group's grid points the target allows (at least its full dim, where it has one)."""
@@ -60,17 +73,26 @@ class Target:
         groups = {}
         for u in units:
             g, d = u.group, chosen.get(u.name)
-            m = self.multiple(g.kind)
-            if m is None or d is None:
+            if not self.constrains(g.kind) or d is None:
                 continue
+            m, n = self.multiple(g.kind), self.out_multiple(g.kind)
             entry = {"kind": g.kind, "multiple": m, "dim": int(d), "row_lengths": g.row_lengths(int(d)),
                      "met": self.allows(g, int(d))}
+            if n is not None:
+                entry.update(out_multiple=n, out_lengths=g.out_lengths(int(d)))
             if not any(x != g.full_dim for x in self.allowed_dims(g)):
-                entry["unattainable"] = (f"no reduced {g.kind} dim on this group's grid (step {g.step}) gives row "
-                                         f"lengths that are multiples of {m}: only the whole group meets it")
+                sides = (("row lengths", m), ("output widths", n))
+                rule = " and ".join(f"{side} that are multiples of {x}" for side, x in sides if x is not None)
+                entry["unattainable"] = (f"no reduced {g.kind} dim on this group's grid (step {g.step}) gives {rule}: "
+                                         "only the whole group meets it")
             groups[u.name] = entry
-        return {"name": self.name, "multiples": dict(self.multiples), "why": self.why, "groups": groups,
-                "met": sum(e["met"] for e in groups.values()), "constrained": len(groups)}
+        out = {"name": self.name, "multiples": dict(self.multiples), "why": self.why, "groups": groups,
+               "met": sum(e["met"] for e in groups.values()), "constrained": len(groups)}
+        return {**out, "out_multiples": dict(self.out_multiples)} if self.out_multiples else out
+
+
+def _meet(lengths: list[int], multiple: int | None) -> bool:
+    return multiple is None or all(x % multiple == 0 for x in lengths)
 
 
 class _TargetCandidates:
@@ -96,20 +118,28 @@ _TP = ("vLLM at tensor parallel size {n} splits every layer's query and KV heads
        "(low-rank pairs: a replicated or row-parallel, b column-parallel or replicated; ranks never split): each "
        "must divide by {n}, and each rank's row length (MLP width / {n}, kept heads x head_dim / {n}, a rank) must "
        "stay a multiple of 8 for the GPU's aligned kernels")
+_MARLIN = ("vLLM's Marlin kernels (GPTQ and AWQ 4- and 8-bit weights) take a weight only when its input width K is a "
+           "multiple of 128 and its output width N a multiple of 64 (min_thread_k, min_thread_n in vLLM's "
+           "marlin_utils): K is the MLP width for the down projection, kept heads x head_dim for the o projection, "
+           "a rank for a low-rank pair's second half; N the MLP width for gate and up, the kept query and KV widths "
+           "for q, k and v, a rank for a pair's first half")
+
+
+def _every(multiple: int) -> dict:
+    """The same multiple for every group kind: an engine's rule is on widths, which every kind answers."""
+    return dict.fromkeys(KINDS, multiple)
 
 
 def _tp(n: int) -> Target:
-    return Target(f"vllm:tp{n}", {"mlp": 8, "heads": 8, "rank": 8, "head_rank": 8}, _TP.format(n=n), tp=n)
+    return Target(f"vllm:tp{n}", _every(8), _TP.format(n=n), tp=n)
 
 
 TARGETS = {
     **{f"vllm:tp{n}": _tp(n) for n in (2, 4, 8)},
-    "llama.cpp:q8_0": Target("llama.cpp:q8_0", {"mlp": 32, "heads": 32, "rank": 32, "head_rank": 32},
-                             _Q32.format(t="q8_0")),
-    "llama.cpp:q4_0": Target("llama.cpp:q4_0", {"mlp": 32, "heads": 32, "rank": 32, "head_rank": 32},
-                             _Q32.format(t="q4_0")),
-    "llama.cpp:q4_k_m": Target("llama.cpp:q4_k_m", {"mlp": 256, "heads": 256, "rank": 256, "head_rank": 256},
-                               _K256.format(t="q4_k_m")),
+    "vllm:marlin": Target("vllm:marlin", _every(128), _MARLIN, out_multiples=_every(64)),
+    "llama.cpp:q8_0": Target("llama.cpp:q8_0", _every(32), _Q32.format(t="q8_0")),
+    "llama.cpp:q4_0": Target("llama.cpp:q4_0", _every(32), _Q32.format(t="q4_0")),
+    "llama.cpp:q4_k_m": Target("llama.cpp:q4_k_m", _every(256), _K256.format(t="q4_k_m")),
 }
 
 

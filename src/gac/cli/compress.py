@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gac.cli.objective import latency_objective, speedup_options
+from gac.align.targets import TARGETS
 from gac.cli.options import Int, Real
 from gac.compressors import REGISTRY  # names only: the compressors themselves (and torch) load when one is built
 
@@ -64,9 +65,8 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--profile", type=click.Path(dir_okay=False),
               help="Hardware profile JSON driving the candidates (from `gac profile`, any machine), or `auto`: "
                    "measure this device around the dims needed.")
-@click.option("--target", help="Deployment target whose alignment the dims must meet, e.g. llama.cpp:q4_k_m "
-                                "(also llama.cpp:q8_0, llama.cpp:q4_0) or vllm:tp2 (tp4, tp8: tensor-parallel "
-                                "shards); the knapsack keeps the same budget.")
+@click.option("--target", help=f"Deployment target whose alignment the dims must meet: {', '.join(TARGETS)} "
+                                "(vllm:tpN: tensor-parallel shards); the knapsack keeps the same budget.")
 @click.option("--allow-profile-mismatch", is_flag=True,
               help="Use a --profile measured for another dtype or device type (a warning instead of an error).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="[default: float32]")

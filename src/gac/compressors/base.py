@@ -22,6 +22,7 @@ import torch
 from gac.compressors.allocation import DENSE, allocate_ranks
 from gac.compressors.loss_model import (allocate_by_curves, lowrank_loss_curve, lowrank_options, slope_at,
                                         truncation_factors)
+from gac.compressors.quality import curve_quality, energy_quality
 from gac.errors import GacError
 from gac.linalg import ScaledSVD, factorize_from_svd, scaled_svd
 from gac.models.groups import DimGroup, RankGroup, groups_of, linears_of
@@ -87,6 +88,11 @@ class Unit:
         model, the knapsack uses the linear score * (|W(d)| - |W(d*)|)."""
         return None
 
+    def quality_values(self, candidates: list) -> list[float]:
+        """Retained quality at each candidate dim (None: as the original), higher is better, 0 the original:
+        what the latency objective's knapsack adds up (gac.compressors.quality)."""
+        raise TypeError(f"{type(self).__name__} has no quality model")
+
 
 @dataclass
 class LowRankUnit(Unit):
@@ -106,6 +112,14 @@ class LowRankUnit(Unit):
             return None
         loss = self.options()[0]
         return [float(loss[dim] - loss[min(d, self.max_dim)]) for d in candidates]
+
+    def quality_values(self, candidates: list) -> list[float]:
+        """Minus the loss model's predicted loss, or without a curve minus the importance the lost spectral energy
+        carries."""
+        if self.curve is not None:
+            return curve_quality(self.curve, candidates)
+        energy = self.svd.energy_fraction.double().cpu().numpy()  # share of ||W S||^2 per singular direction
+        return energy_quality(energy, self.score * self.numel, candidates)
 
     @property
     def in_features(self) -> int:
@@ -141,6 +155,7 @@ class Compressor:
         return self.own_xtx or self.proxy == OUTPUT
 
     factorization = "svd"  # how low-rank compressors take their spectra: gac.linalg.FACTORIZATIONS
+    factorizes = False  # whether its cut is a low-rank factorization (factors to hold; no llama.cpp architecture)
 
     def __init__(self, config):
         self.config = config
@@ -177,6 +192,11 @@ class Compressor:
         """{key: tensor}: what `cut` needs beyond what release_factors keeps, for every dim selection may ask. A
         compressor that overrides factorize_units overrides this too; empty for units that hold all they cut by."""
         return {}
+
+    def cut_state_bytes(self, shapes, value_bytes: int) -> int:
+        """The size of one layer's cut_state at `value_bytes` per value, from its shapes alone
+        (gac.pipeline.memory.Shapes): what the memory forecast counts for the layer-wise factor cache."""
+        return 0
 
     def load_cut_state(self, units: list[Unit], tensors: dict) -> None:
         """Give `units` back what cut_state returned (the tensors may be read from disk)."""
@@ -215,6 +235,7 @@ class LowRankCompressor(Compressor):
     """Factorize every compressible linear as b(a(x)). Subclasses define the input scaling and the importance."""
 
     name = "lowrank"
+    factorizes = True
 
     def groups(self, model) -> list[RankGroup]:
         return groups_of(model, "rank")
@@ -284,6 +305,12 @@ class LowRankCompressor(Compressor):
             A, B = max_rank_factors(u.svd, u.max_dim)
             state[f"{u.name}.A"], state[f"{u.name}.B"] = A.to(dtype), B.to(dtype)
         return state
+
+    def cut_state_bytes(self, shapes, value_bytes: int) -> int:
+        """A and B of every linear at the largest rank selection may ask for (break-even)."""
+        from gac.linalg import max_useful_rank
+
+        return sum(value_bytes * max_useful_rank(i, o) * (o + i) for o, i in shapes.linears())
 
     def load_cut_state(self, units: list[LowRankUnit], tensors: dict) -> None:
         for u in units:

@@ -59,6 +59,10 @@ class PaluCompressor(LowRankCompressor):
             u.score = max(u.score, 1e-12)
         return units
 
+    def cut_state_bytes(self, shapes, value_bytes: int) -> int:
+        """K and V only, each head group up to full rank: A [kv, hidden], B blocks [rows, rows] (at most [kv, kv])."""
+        return 2 * value_bytes * shapes.kv_width * (shapes.hidden + shapes.kv_width)
+
     def factorize_units(self, model, units, stats, progress: bool = False) -> None:
         """Each head group's rows, whitened by its linear's inputs (one Cholesky per linear)."""
         whitened = {}

@@ -12,9 +12,11 @@ import torch
 
 from gac.compressors.allocation import greedy_steps
 from gac.compressors.base import Compressor, Unit, normalize_scores
+from gac.compressors.quality import pruned_quality
 from gac.errors import GacError
 from gac.importance import check_proxy, measure
-from gac.models.groups import DimGroup, WidthGroup, check_heads_prunable, groups_of, linears_of
+from gac.models.adapters import adapter_for
+from gac.models.groups import DimGroup, check_heads_prunable, groups_of, linears_of
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +59,46 @@ class PruneConfig:
 
 
 # --- units: a group and how important each step of it is --------------------------------------------------
+def _vec(t) -> np.ndarray:
+    return t.detach().double().cpu().numpy()
+
+
 @dataclass
-class MLPUnit(Unit):
+class PrunedUnit(Unit):
+    """A group cut in steps (channels, heads) whose importances are known: its quality at a dim is minus the
+    importance of the steps pruned away."""
+
+    @classmethod
+    def scored(cls, group, scores: dict) -> PrunedUnit:
+        """The unit of `group`, its steps scored from the proxy's per-linear scores (gac.importance.measure)."""
+        raise NotImplementedError
+
+    @property
+    def total_importance(self) -> float:
+        raise NotImplementedError
+
+    def step_gains(self) -> np.ndarray:
+        """Importance of each successive step kept (non-increasing)."""
+        raise NotImplementedError
+
+    def cut(self, dim: int):
+        """What surgery keeps at `dim` (gac.models.surgery.Keep or KeepHeads)."""
+        raise NotImplementedError
+
+    def quality_values(self, candidates: list) -> list[float]:
+        return pruned_quality(scaled_step_gains(self), self.dim_step, candidates)
+
+
+@dataclass
+class MLPUnit(PrunedUnit):
     """A layer's MLP width group; dim = kept intermediate channels (producer rows, consumer columns)."""
 
     channel_importance: np.ndarray | None = None  # [intermediate] float64
+
+    @classmethod
+    def scored(cls, group, scores):
+        imp = sum(_vec(scores[n].out) for n in group.producers) + sum(_vec(scores[n].inp) for n in group.consumers)
+        return cls(group, channel_importance=imp)  # [intermediate]
 
     @property
     def total_importance(self) -> float:
@@ -73,13 +110,25 @@ class MLPUnit(Unit):
     def kept_channels(self, dim: int) -> torch.Tensor:
         return _top(self.channel_importance, dim)
 
+    def cut(self, dim: int):
+        from gac.models.surgery import Keep
+
+        return Keep(self.kept_channels(dim))
+
 
 @dataclass
-class AttentionUnit(Unit):
+class AttentionUnit(PrunedUnit):
     """A layer's attention head group (gac.models.groups.HeadGroup: whole KV groups, or query heads per group)."""
 
     head_importance: np.ndarray | None = None  # [num_heads] q rows + o columns of each query head
     kv_importance: np.ndarray | None = None  # [num_kv_heads] k and v rows of each KV head
+
+    @classmethod
+    def scored(cls, group, scores):
+        g = group
+        per_head = (_vec(scores[g.q].out) + _vec(scores[g.o].inp)).reshape(g.num_heads, g.head_dim).sum(1)
+        per_kv = (_vec(scores[g.k].out) + _vec(scores[g.v].out)).reshape(g.num_kv_heads, g.head_dim).sum(1)
+        return cls(g, head_importance=per_head, kv_importance=per_kv)
 
     @property
     def total_importance(self) -> float:
@@ -105,6 +154,14 @@ class AttentionUnit(Unit):
             kv = torch.arange(g.num_kv_heads)
             q = torch.cat([k * gs + _top(self._by_group()[k], steps) for k in range(g.num_kv_heads)])
         return q, kv
+
+    def cut(self, dim: int):
+        from gac.models.surgery import KeepHeads
+
+        return KeepHeads(*self.kept_heads(dim))
+
+
+UNITS = {"mlp": MLPUnit, "heads": AttentionUnit}  # group kind -> its pruned unit
 
 
 def _top(importance: np.ndarray, k: int) -> torch.Tensor:
@@ -146,7 +203,7 @@ class PruneCompressor(Compressor):
     name = "prune"
 
     def _layers(self, config) -> list[int]:
-        n = config.num_hidden_layers
+        n = adapter_for(config).layer_count(config)
         layers = self.config.layers
         if layers is None:
             if n < 3:
@@ -175,18 +232,7 @@ class PruneCompressor(Compressor):
         scores = measure(self.config.importance, model, linears_of(groups), stats=stats, windows=windows,
                          progress=progress)
 
-        def vec(t):
-            return t.detach().double().cpu().numpy()
-
-        units = []
-        for g in groups:
-            if isinstance(g, WidthGroup):
-                imp = sum(vec(scores[n].out) for n in g.producers) + sum(vec(scores[n].inp) for n in g.consumers)
-                units.append(MLPUnit(g, channel_importance=imp))  # [intermediate]
-            else:
-                per_head = (vec(scores[g.q].out) + vec(scores[g.o].inp)).reshape(g.num_heads, g.head_dim).sum(1)
-                per_kv = (vec(scores[g.k].out) + vec(scores[g.v].out)).reshape(g.num_kv_heads, g.head_dim).sum(1)
-                units.append(AttentionUnit(g, head_importance=per_head, kv_importance=per_kv))
+        units = [UNITS[g.kind].scored(g, scores) for g in groups]
         return normalize_scores(units, [u.total_importance / u.numel for u in units])
 
     def allocate(self, units: list, budget: int) -> dict[str, int | None]:
@@ -198,7 +244,7 @@ class PruneCompressor(Compressor):
         for u, s in zip(units, steps):
             dim = s * u.dim_step
             dims[u.name] = None if dim >= u.max_dim else dim
-            if isinstance(u, AttentionUnit) and dim == u.min_dim < u.max_dim:
+            if u.group.removes_heads and dim == u.min_dim < u.max_dim:
                 floored.append(u)
         if floored:  # one line for all of them: a deep cut floors most layers at once
             log.warning("%d attention layer%s keep%s the minimum (%s): no ratio can remove more heads there (%s)",
@@ -207,12 +253,8 @@ class PruneCompressor(Compressor):
                         ", ".join(u.name for u in floored[:3]) + (", ..." if len(floored) > 3 else ""))
         return dims
 
-    def cut(self, unit, dim: int):
-        from gac.models.surgery import Keep, KeepHeads
-
-        if isinstance(unit, MLPUnit):
-            return Keep(unit.kept_channels(dim))
-        return KeepHeads(*unit.kept_heads(dim))
+    def cut(self, unit: PrunedUnit, dim: int):
+        return unit.cut(dim)
 
 
 CONFIG, COMPRESSOR = PruneConfig, PruneCompressor

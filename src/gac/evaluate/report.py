@@ -116,5 +116,8 @@ def _target_lines(t: dict | None) -> list[str]:
              "| group | kind | multiple | dim | row lengths | met |", "|---|---|---:|---:|---|---|"]
     for name, g in t["groups"].items():
         met = "yes" if g["met"] else f"no{': ' + g['unattainable'] if 'unattainable' in g else ''}"
-        lines.append(f"| {name} | {g['kind']} | {g['multiple']} | {g['dim']} | {g['row_lengths']} | {met} |")
+        multiple, lengths = g["multiple"], g["row_lengths"]
+        if "out_multiple" in g:  # a rule on output widths too (N), beside the row lengths (K)
+            multiple, lengths = f"K {multiple}, N {g['out_multiple']}", f"K {lengths}, N {g['out_lengths']}"
+        lines.append(f"| {name} | {g['kind']} | {multiple} | {g['dim']} | {lengths} | {met} |")
     return lines

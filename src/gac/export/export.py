@@ -77,14 +77,13 @@ def check_source(spec: str) -> None:
     """A directory must be a model directory; a gac output must be one export can represent (checked before
     the model is loaded where the plan says so)."""
     from gac.compressors import REGISTRY, make_compressor
-    from gac.compressors.base import LowRankCompressor
     from gac.models.io import is_gac_dir, read_plan
 
     path = check_model_dir(spec)
     if path.is_dir():
         if is_gac_dir(path):
             compressor = (read_plan(path).get("compressor") or {}).get("name")
-            if compressor in REGISTRY and isinstance(make_compressor(compressor), LowRankCompressor):
+            if compressor in REGISTRY and make_compressor(compressor).factorizes:
                 raise GacError(f"{spec} was compressed with {compressor}, a low-rank (factorized) model that no "
                                "llama.cpp architecture can represent: export a pruned model (`gac compress "
                                "--compressor prune`) or serve this one with transformers (gac.load)")

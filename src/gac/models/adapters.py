@@ -148,6 +148,9 @@ class Adapter:
     def geometry(self, config) -> AttentionGeometry:
         return attention_geometry(config)
 
+    def hidden_size(self, config) -> int:
+        return config.hidden_size
+
     def intermediate_size(self, config) -> int:
         return config.intermediate_size
 

@@ -1,4 +1,5 @@
-"""The one module surgery: cut, factorize or zero-pad a dimension group of a live model, in place.
+"""The one module surgery: the primitives that cut, factorize or zero-pad linears of a live model, in place, and
+the two entry points that hand each group to its kind (gac.models.kinds), which calls them.
 
 Thin on purpose: the maths (factors, kept indices, padding) is computed elsewhere as plain tensors; this module
 only builds modules of the new shapes and swaps them in. Compressors, repair and loading all come through here
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gac.models.groups import DimGroup, HeadGroup, HeadRankGroup, RankGroup, WidthGroup, is_lowrank
+from gac.models.kinds.base import DimGroup, by_kind, is_lowrank
 from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear, set_module
 from gac.padding import pad_cols, pad_grouped_lowrank, pad_lowrank, pad_rows
 
@@ -42,49 +43,16 @@ class KeepHeads:
 
 
 def apply(model: nn.Module, cuts: list[tuple[DimGroup, object]]) -> None:
-    """Cut every (group, Factors | Keep | KeepHeads) pair into `model`. Head-rank groups of one linear are
-    applied together (one shared down-projection)."""
-    by_linear: dict[str, list[tuple[HeadRankGroup, Factors]]] = {}
-    for group, cut in cuts:
-        if isinstance(group, HeadRankGroup):
-            by_linear.setdefault(group.linear, []).append((group, cut))
-        elif isinstance(group, RankGroup):
-            factorize(model, group.linear, cut.A, cut.B)
-        elif isinstance(group, WidthGroup):
-            keep_channels(model, group, cut.channels)
-        elif isinstance(group, HeadGroup):
-            keep_heads(model, group, cut.q_heads, cut.kv_heads)
-        else:
-            raise TypeError(f"no surgery for {type(group).__name__}")
-    for linear, parts in by_linear.items():
-        parts.sort(key=lambda p: p[0].group)
-        factorize_head_groups(model, linear, [(c.A, c.B) for _, c in parts])
+    """Cut every (group, Factors | Keep | KeepHeads) pair into `model`: each kind cuts its own groups
+    (DimGroup.cut_all: head-rank groups of one linear together, one shared down-projection)."""
+    for kind, pairs in by_kind(cuts).items():
+        kind.cut_all(model, pairs)
 
 
 def pad(model: nn.Module, targets: list[tuple[DimGroup, int]]) -> None:
     """Zero-pad each group to its target dim (>= its live dim): the model computes the same function."""
-    by_linear: dict[str, dict[int, int]] = {}
-    for group, dim in targets:
-        if dim == group.dim:
-            continue
-        if isinstance(group, HeadRankGroup):
-            by_linear.setdefault(group.linear, {})[group.group] = dim
-        elif isinstance(group, RankGroup):
-            m = model.get_submodule(group.linear)
-            a, b = pad_lowrank(m.a.weight, m.b.weight, dim)
-            set_module(model, group.linear, lowrank(a, b, m.b.bias))
-        elif isinstance(group, WidthGroup):
-            for name in group.producers:
-                set_module(model, name, _widen_out(model.get_submodule(name), dim))
-            for name in group.consumers:
-                set_module(model, name, _widen_in(model.get_submodule(name), dim))
-        else:
-            raise TypeError(f"{type(group).__name__} cannot be zero-padded exactly")
-    for linear, new in by_linear.items():
-        m = model.get_submodule(linear)
-        ranks = [new.get(g, r) for g, r in enumerate(m.ranks)]
-        a, bs = pad_grouped_lowrank(m.a.weight, [b.weight for b in m.b], ranks)
-        set_module(model, linear, grouped_lowrank(a, bs, [b.bias for b in m.b]))
+    for kind, pairs in by_kind([(g, dim) for g, dim in targets if dim != g.dim]).items():
+        kind.pad_all(model, pairs)
 
 
 # --- factorize ---------------------------------------------------------------------------------------------
@@ -155,22 +123,16 @@ def channels_of(heads: torch.Tensor, head_dim: int) -> torch.Tensor:
     return (heads[:, None] * head_dim + torch.arange(head_dim)).reshape(-1)
 
 
-def keep_channels(model: nn.Module, group: WidthGroup, channels: torch.Tensor) -> None:
-    """Keep MLP channels `channels` in every producer (rows) and consumer (columns) of the group."""
-    for name in group.producers:
-        set_module(model, name, sliced_linear(model.get_submodule(name), rows=channels))
-    for name in group.consumers:
-        set_module(model, name, sliced_linear(model.get_submodule(name), cols=channels))
+def keep_rows(model: nn.Module, names, rows: torch.Tensor) -> None:
+    """Keep output features `rows` of each linear in `names` (bias rows follow)."""
+    for name in names:
+        set_module(model, name, sliced_linear(model.get_submodule(name), rows=rows))
 
 
-def keep_heads(model: nn.Module, group: HeadGroup, q_heads: torch.Tensor, kv_heads: torch.Tensor) -> None:
-    """Keep query heads `q_heads` (q rows, o columns) and KV heads `kv_heads` (k and v rows)."""
-    q_ch, kv_ch = channels_of(q_heads, group.head_dim), channels_of(kv_heads, group.head_dim)
-    set_module(model, group.q, sliced_linear(model.get_submodule(group.q), rows=q_ch))
-    set_module(model, group.k, sliced_linear(model.get_submodule(group.k), rows=kv_ch))
-    set_module(model, group.v, sliced_linear(model.get_submodule(group.v), rows=kv_ch))
-    set_module(model, group.o, sliced_linear(model.get_submodule(group.o), cols=q_ch))
-    set_head_counts(model.get_submodule(group.block), len(q_heads), len(kv_heads))
+def keep_columns(model: nn.Module, names, cols: torch.Tensor) -> None:
+    """Keep input features `cols` of each linear in `names`."""
+    for name in names:
+        set_module(model, name, sliced_linear(model.get_submodule(name), cols=cols))
 
 
 def set_head_counts(attention: nn.Module, heads: int, kv_heads: int) -> None:
@@ -180,6 +142,33 @@ def set_head_counts(attention: nn.Module, heads: int, kv_heads: int) -> None:
 
 
 # --- zero-pad ----------------------------------------------------------------------------------------------
+def pad_lowrank_linear(model: nn.Module, name: str, rank: int) -> None:
+    """The LowRankLinear `name` at inner rank `rank` (>= its own): zero rows of a, zero columns of b."""
+    m = model.get_submodule(name)
+    a, b = pad_lowrank(m.a.weight, m.b.weight, rank)
+    set_module(model, name, lowrank(a, b, m.b.bias))
+
+
+def pad_grouped_lowrank_linear(model: nn.Module, name: str, ranks: dict[int, int]) -> None:
+    """The GroupedLowRankLinear `name` with group g at rank ranks[g] (>= its own); groups not named keep theirs."""
+    m = model.get_submodule(name)
+    new = [ranks.get(g, r) for g, r in enumerate(m.ranks)]
+    a, bs = pad_grouped_lowrank(m.a.weight, [b.weight for b in m.b], new)
+    set_module(model, name, grouped_lowrank(a, bs, [b.bias for b in m.b]))
+
+
+def widen_rows(model: nn.Module, names, width: int) -> None:
+    """Each linear in `names` (dense or a low-rank pair) with `width` output features, the new ones zero."""
+    for name in names:
+        set_module(model, name, _widen_out(model.get_submodule(name), width))
+
+
+def widen_columns(model: nn.Module, names, width: int) -> None:
+    """Each linear in `names` (dense or a low-rank pair) reading `width` input features, the new ones ignored."""
+    for name in names:
+        set_module(model, name, _widen_in(model.get_submodule(name), width))
+
+
 @torch.no_grad()
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)

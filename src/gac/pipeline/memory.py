@@ -11,7 +11,8 @@ Peak resident memory of each pipeline, in bytes, b = bytes per parameter of the 
 plus the interpreter with torch and transformers imported (measured ~0.6 GB on CPU). Which terms apply is read off
 the compressor the run builds (gac.compressors.make_compressor): X^T X when it needs_xtx (own_xtx: the whitened SVD's
 work), the loss model's work for importance "output", the gradient pass (the reverse sweep layer-wise)
-when it needs_windows, factors for a LowRankCompressor, one probe pass per weight for measured sensitivity.
+when it needs_windows, factors where it factorizes (and the layer-wise cache: its cut_state_bytes), one probe
+pass per weight for measured sensitivity.
 Disk: the output; layer-wise, also the stored activations (reverse sweep) and the factor cache (factors at the
 largest rank selection may ask for, in the working dtype): activations + max(output, cache) + one layer's cache, an
 upper bound (the reverse sweep frees each layer's input as it caches its factors, materialization each layer's
@@ -93,27 +94,12 @@ def _factor_bytes(o: int, i: int) -> int:
     return 4 * (o * k + k + k * i)  # U, S, Vh in float32
 
 
-def _cached_bytes(c, s: Shapes, b: int) -> int:
-    """One layer's factors in the layer-wise factor cache: A and B at the largest rank selection may ask for
-    (break-even; PaLU: K and V only, each head group up to full rank), b bytes per value."""
-    from gac.compressors.base import LowRankCompressor
-    from gac.compressors.palu import PaluCompressor
-    from gac.linalg import max_useful_rank
-
-    if isinstance(c, PaluCompressor):
-        return 2 * b * s.kv_width * (s.hidden + s.kv_width)  # A [kv, hidden], B blocks [rows, rows] (at most [kv, kv])
-    if isinstance(c, LowRankCompressor):
-        return sum(b * max_useful_rank(i, o) * (o + i) for o, i in s.linears())
-    return 0
-
-
 def forecast(config, *, compressor: str = "asvd", options: dict | None = None, ratio: float = 0.15,
              dtype: str = "float32", calib_windows: int = 16, seq_len: int = 512, layerwise: bool = True,
              flops_per_s: float | None = None) -> Forecast:
     """Predicted peak memory, output size and time of compressing a model of this config with the compressor
     `compressor` built from `options` (its config options, as CompressConfig.compressor_options)."""
     from gac.compressors import make_compressor
-    from gac.compressors.base import LowRankCompressor
     from gac.importance import OUTPUT
 
     s = Shapes.of(config)
@@ -123,7 +109,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
         from gac.pipeline.analyze import check_layerwise
 
         check_layerwise(c)  # the same one-line refusal as the run
-    lowrank = isinstance(c, LowRankCompressor)
+    lowrank = c.factorizes
     xtx, own = c.needs_xtx, c.own_xtx  # X^T X collected in the analysis; own: the SVD is whitened by it
     loss_model = lowrank and c.proxy == OUTPUT
     reverse = c.needs_windows  # a gradient pass (whole), the reverse sweep (layer-wise)
@@ -131,7 +117,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     tokens = calib_windows * seq_len
     act = b  # hidden states in the model's dtype
     layer_factors = sum(_factor_bytes(o, i) for o, i in s.linears()) if lowrank else 0
-    cached = _cached_bytes(c, s, b)  # layer-wise: what materialization reads instead of factorizing again
+    cached = c.cut_state_bytes(s, b)  # layer-wise: what materialization reads instead of factorizing again
     # linears fed by one activation share one X^T X (q/k/v, gate/up): inputs of width hidden, q width, intermediate
     layer_xtx = sum(8 * i * i for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
     big_o, big_i = max(s.linears(), key=lambda oi: oi[0] * oi[1])

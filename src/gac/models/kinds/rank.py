@@ -1,0 +1,172 @@
+"""Low-rank kinds: `rank`, one linear [out, in] as a pair b(a(x)) of inner rank d (None while dense), and
+`head_rank`, one PaLU group of KV heads of a K or V projection: rows [row0, row0 + rows), its own rank, the
+projection's head groups sharing one down-projection a."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gac.errors import GacError
+from gac.models.kinds.base import FULL, DimGroup, Term, is_grouped_lowrank, is_lowrank, shape
+
+
+@dataclass(frozen=True)
+class RankGroup(DimGroup):
+    linear: str = ""
+    in_features: int = 0
+    out_features: int = 0
+    kind: ClassVar[str] = "rank"
+    profile_op: ClassVar[str] = "lowrank"
+
+    allows_dense: ClassVar[bool] = True  # keeping the weight whole is one of its options
+
+    @classmethod
+    def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
+        groups = []
+        for name in layer.linears:
+            m = model.get_submodule(name)
+            if is_grouped_lowrank(m):
+                continue  # its ranks are head_rank groups
+            rank = int(m.rank) if is_lowrank(m) else None
+            groups.append(cls(name, rank, linear=name, in_features=m.in_features, out_features=m.out_features))
+        return groups
+
+    @property
+    def linears(self):
+        return (self.linear,)
+
+    @property
+    def rows(self) -> slice:
+        """The rows of `linear` this group factorizes: all of them (a head group: its heads' rows)."""
+        return slice(0, self.out_features)
+
+    @property
+    def numel(self):
+        return self.in_features * self.out_features
+
+    @property
+    def params_per_dim(self):
+        return self.in_features + self.out_features
+
+    @property
+    def max_dim(self):  # the largest rank that still saves parameters
+        return (self.numel - 1) // self.params_per_dim
+
+    @property
+    def full_dim(self):
+        return None
+
+    @property
+    def profile_shape(self):
+        return {"in": self.in_features, "out": self.out_features}
+
+    def check(self, dim: int) -> None:  # any rank up to full is a valid factorization, if not a saving one
+        if not 1 <= dim <= min(self.in_features, self.out_features):
+            raise GacError(f"{self.name}: rank {dim} is outside [1, {min(self.in_features, self.out_features)}]")
+
+    def cut(self, model, cut) -> None:
+        from gac.models.surgery import factorize
+
+        factorize(model, self.linear, cut.A, cut.B)
+
+    def pad(self, model, dim: int) -> None:
+        from gac.models.surgery import pad_lowrank_linear
+
+        pad_lowrank_linear(model, self.linear, dim)
+
+    def latency_terms(self):
+        """b(a(x)): both GEMMs of the pair; dense: one GEMM [out, in]."""
+        dense = [(Term("gemm_n", shape(k=self.in_features)), self.out_features)]
+        return dense, [Term("lowrank", shape(**{"in": self.in_features, "out": self.out_features}))]
+
+    def wide_candidates(self, alignment: int) -> list:
+        """Every aligned rank that saves parameters, then the dense weight."""
+        return self.aligned_dims(alignment) + [FULL]
+
+
+@dataclass(frozen=True)
+class HeadRankGroup(RankGroup):
+    """Rows [row0, row0 + out_features) of a K or V projection: one PaLU group of KV heads. Its output width is
+    its share of the shared down-projection's rows (that GEMM's N is the sum over the linear's groups: a multiple
+    of anything every group's rank is a multiple of)."""
+
+    group: int = 0
+    row0: int = 0
+    groups_per_linear: int = 1  # head groups of its linear, all sharing its down-projection
+    kind: ClassVar[str] = "head_rank"
+    allows_dense: ClassVar[bool] = False  # the grouped factorization has no dense member
+
+    @classmethod
+    def read(cls, model, adapter, layer, *, heads_per_group: int = 1, **_) -> list[DimGroup]:
+        geo = adapter.geometry(model.config)
+        if heads_per_group < 1 or geo.num_kv_heads % heads_per_group:
+            raise GacError(f"palu group size {heads_per_group} does not divide the {geo.num_kv_heads} KV heads: "
+                           "choose a divisor")
+        rows = heads_per_group * geo.head_dim
+        groups = []
+        for name in (layer.k, layer.v):
+            m = model.get_submodule(name)
+            ranks = list(m.ranks) if is_grouped_lowrank(m) else [None] * (m.out_features // rows)
+            if len(ranks) * rows != m.out_features:
+                raise GacError(f"{name}: {m.out_features} rows do not split into groups of {rows}")
+            for g, rank in enumerate(ranks):
+                groups.append(cls(f"{name}#g{g}", rank, linear=name, in_features=m.in_features, out_features=rows,
+                                  group=g, row0=g * rows, groups_per_linear=len(ranks)))
+        return groups
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.row0, self.row0 + self.out_features)
+
+    @property
+    def max_dim(self):
+        """Up to full rank, past break-even: a group cannot stay dense, but rank = its rows (whole heads, an
+        aligned dim) reconstructs it exactly; capping at break-even (57 of 64 rows on SmolLM2) left GAC only 56
+        for every group the allocation wanted whole."""
+        return min(self.out_features, self.in_features)
+
+    def cut(self, model, cut) -> None:
+        type(self).cut_all(model, [(self, cut)])
+
+    @classmethod
+    def cut_all(cls, model, pairs) -> None:
+        """The head groups of one linear become one GroupedLowRankLinear: their A blocks stacked, in group order."""
+        from gac.models.surgery import factorize_head_groups
+
+        for linear, parts in _by_linear(pairs).items():
+            first = parts[0][0]
+            if len(parts) != first.groups_per_linear:
+                raise GacError(f"{linear}: {len(parts)} of its {first.groups_per_linear} head groups given a cut; "
+                               "they share one down-projection: cut them all at once")
+            parts.sort(key=lambda p: p[0].group)
+            factorize_head_groups(model, linear, [(c.A, c.B) for _, c in parts])
+
+    def pad(self, model, dim: int) -> None:
+        type(self).pad_all(model, [(self, dim)])
+
+    @classmethod
+    def pad_all(cls, model, pairs) -> None:
+        """Each linear rebuilt once, its groups not named keeping their ranks."""
+        from gac.models.surgery import pad_grouped_lowrank_linear
+
+        for linear, parts in _by_linear(pairs).items():
+            pad_grouped_lowrank_linear(model, linear, {g.group: dim for g, dim in parts})
+
+    def latency_terms(self):
+        """A 1/G share of the shared down GEMM [G r, in] and its own up GEMM; dense: a 1/G share of [G rows, in]."""
+        G = self.groups_per_linear
+        dense = [(Term("gemm_n", shape(k=self.in_features), weight=1.0 / G), G * self.out_features)]
+        return dense, [Term("gemm_n", shape(k=self.in_features), mult=G, weight=1.0 / G),
+                       Term("gemm_k", shape(n=self.out_features))]
+
+    def wide_candidates(self, alignment: int) -> list:
+        """Aligned ranks only (a grouped factorization has no dense member), at least its full rank."""
+        return self.aligned_dims(alignment) or [self.max_dim]
+
+
+def _by_linear(pairs) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for group, x in pairs:
+        out.setdefault(group.linear, []).append((group, x))
+    return out
