@@ -179,7 +179,8 @@ def load(path, *, dtype: str = "float32", device: str = "cpu", device_map: str |
     plan = read_plan(path)
     check_device(device)
     placement = Placement(device_map, max_memory, offload_folder)
-    verify.check_modeling_code(path, plan, allow_modified=allow_modified_code)
+    verify.check_modeling_code(path / MODELING_FILE, plan.get(MODELING_HASH), PLAN_FILE,
+                               allow_modified=allow_modified_code)
     config = read_config(path)
     cls = gac_class(config.model_type)
     verify.check_structure(getattr(config, "gac_structure", None), str(path))

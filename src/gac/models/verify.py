@@ -233,17 +233,13 @@ def code_hash(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def check_modeling_code(d, plan: dict, *, allow_modified: bool = False) -> None:
-    """The directory's modeling_gac.py is the one gac wrote (sha256 recorded in gac_plan.json), or one GacError;
-    allow_modified: a warning instead. Outputs of gac versions that recorded no hash, and directories without the
-    file (nothing there that could run), pass."""
-    from gac.models.io import MODELING_FILE, MODELING_HASH, PLAN_FILE
-
-    d = Path(d)
-    expected, code = plan.get(MODELING_HASH), d / MODELING_FILE
+def check_modeling_code(code: Path, expected: str | None, plan_name: str, *, allow_modified: bool = False) -> None:
+    """`code` (a directory's modeling_gac.py) is the one gac wrote (sha256 `expected`, recorded in `plan_name`), or
+    one GacError; allow_modified: a warning instead. Outputs of gac versions that recorded no hash, and directories
+    without the file (nothing there that could run), pass."""
     if expected is None or not code.is_file() or code_hash(code) == expected:
         return
-    problem = (f"{code} differs from the file gac wrote (its sha256 in {PLAN_FILE}), and transformers runs it for "
+    problem = (f"{code} differs from the file gac wrote (its sha256 in {plan_name}), and transformers runs it for "
                "anyone who loads this directory with trust_remote_code=True")
     if allow_modified:
         log.warning("%s; loading with gac's own classes, which never run it", problem)
