@@ -5,7 +5,8 @@ import itertools
 import pytest
 import torch
 
-from gac.linalg import factorize_from_svd, max_useful_rank, scaled_svd, whiten
+from gac.linalg import factorize_from_svd, scaled_svd, whiten
+from gac.models.kinds.rank import max_useful_rank
 
 SHAPES = [(8, 6), (6, 8), (24, 16)]  # [out, in]: tall, wide, and the one used with a scale
 

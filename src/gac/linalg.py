@@ -99,8 +99,3 @@ def whiten(xtx: torch.Tensor, *, max_tries: int = 8) -> torch.Tensor:
             return S
         ridge = mean_diag * (1e-6 * 10**attempt)
     raise ValueError("X^T X is not positive definite even with a ridge; calibrate on more tokens")
-
-
-def max_useful_rank(in_features: int, out_features: int) -> int:
-    """Largest rank whose factorization has fewer parameters than the dense weight."""
-    return (in_features * out_features - 1) // (in_features + out_features)

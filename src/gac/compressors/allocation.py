@@ -7,6 +7,7 @@ import heapq
 import numpy as np
 
 from gac.errors import GacError
+from gac.models.kinds.rank import max_useful_rank
 
 DENSE = None  # a weight whose allocation reaches the break-even rank stays dense
 
@@ -53,7 +54,7 @@ def allocate_ranks(energies: list[np.ndarray], scores: list[float], shapes: list
     gains, costs = [], []
     for e, score, (o, i) in zip(energies, scores, shapes):
         numel, total = o * i, float(score) * o * i
-        cap = (numel - 1) // (o + i)  # largest rank that still saves parameters
+        cap = max_useful_rank(i, o)
         e = np.asarray(e)
         g = total * np.asarray(e[1:cap], dtype=np.float64)  # ranks 2..cap: direction r at rank r
         c = np.full(len(g), o + i, dtype=np.int64)

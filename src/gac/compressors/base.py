@@ -308,7 +308,7 @@ class LowRankCompressor(Compressor):
 
     def cut_state_bytes(self, shapes, value_bytes: int) -> int:
         """A and B of every linear at the largest rank selection may ask for (break-even)."""
-        from gac.linalg import max_useful_rank
+        from gac.models.kinds.rank import max_useful_rank
 
         return sum(value_bytes * max_useful_rank(i, o) * (o + i) for o, i in shapes.linears())
 

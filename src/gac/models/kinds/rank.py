@@ -11,6 +11,11 @@ from gac.errors import GacError
 from gac.models.kinds.base import FULL, DimGroup, Term, is_grouped_lowrank, is_lowrank, shape
 
 
+def max_useful_rank(in_features: int, out_features: int) -> int:
+    """Break-even: the largest rank whose factorization r (in + out) has fewer parameters than the dense weight."""
+    return (in_features * out_features - 1) // (in_features + out_features)
+
+
 @dataclass(frozen=True)
 class RankGroup(DimGroup):
     linear: str = ""
@@ -51,7 +56,7 @@ class RankGroup(DimGroup):
 
     @property
     def max_dim(self):  # the largest rank that still saves parameters
-        return (self.numel - 1) // self.params_per_dim
+        return max_useful_rank(self.in_features, self.out_features)
 
     @property
     def full_dim(self):
