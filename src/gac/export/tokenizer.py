@@ -19,16 +19,14 @@ def source_gguf(spec: str) -> Path | None:
     """The GGUF a model spec's tokenizer comes from: the alias's or the file's, or, for a gac output, that of the
     model it was compressed from (gac_plan.json's source_model), when that still resolves; else None."""
     from gac.models.io import is_gac_dir, read_plan
-    from gac.models.loading import EMBEDDED, embedded_gguf
+    from gac.models.loading import gguf_of
 
     seen = set()
     while spec not in seen:
         seen.add(spec)
-        if spec in EMBEDDED:
-            return embedded_gguf(spec)
+        if (gguf := gguf_of(spec)) is not None:
+            return gguf
         path = Path(spec).expanduser()
-        if path.is_file() and path.suffix == ".gguf":
-            return path
         if path.is_dir() and is_gac_dir(path):
             source = read_plan(path).get("source_model")
             if not isinstance(source, str):

@@ -58,6 +58,14 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu",
                        "weights and tokenizer belong together, or re-download it") from e
 
 
+def gguf_of(spec: str) -> Path | None:
+    """The GGUF file a model spec names: the embedded alias's, or a .gguf path; None for anything else."""
+    if spec in EMBEDDED:
+        return embedded_gguf(spec)
+    path = Path(spec).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
 def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> LoadedModel:
     from gac.validate import local_model_typo
 
@@ -65,11 +73,8 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
     torch_dt = torch_dtype(dtype)
     path = Path(spec).expanduser()
     check_placeable(spec, placement)
-    if spec in EMBEDDED:
-        gguf = embedded_gguf(spec)
+    if (gguf := gguf_of(spec)) is not None:
         loaded = _load_hf(str(gguf.parent), torch_dt, gguf_file=gguf.name, source=spec)
-    elif path.is_file() and path.suffix == ".gguf":
-        loaded = _load_hf(str(path.parent), torch_dt, gguf_file=path.name, source=spec)
     elif path.is_dir():
         if not (path / "config.json").is_file():
             raise GacError(f"{path} has no config.json: pass a Hugging Face model directory, a .gguf file or an alias")

@@ -203,14 +203,11 @@ def config_of(spec: str):
 
     from transformers import AutoConfig
 
-    from gac.models.loading import EMBEDDED, embedded_gguf
+    from gac.models.loading import gguf_of
 
-    if spec in EMBEDDED:
-        gguf = embedded_gguf(spec)
+    if (gguf := gguf_of(spec)) is not None:
         return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     path = Path(spec).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     if path.is_dir() and (path / "config.json").is_file():
         return AutoConfig.from_pretrained(str(path))
     if path.is_file() and path.suffix == ".json":
