@@ -378,18 +378,25 @@ def test_parse_shape():
             parse_shape(bad)
 
 
-def test_parameter_choice_is_the_smallest_ratio_within_the_budget(tiny_model_dir):
-    """The guard's solver: the ratio bisected to the budget, at or above a cap's ratio, None below every ratio."""
-    from gac.align.latency_model import Phase
-    from gac.align.parameter_at_latency import dims_at_ratio, parameter_choice
+@pytest.fixture(scope="module")
+def asvd_analysis(tiny_model_dir):
+    """(original model, gac.api.Analyzed): asvd's analysis of the tiny model, shared by the tests that only read it
+    (each cuts copies)."""
     from gac.api import analyze
     from gac.data import load_windows
     from gac.models.loading import load_model
 
     cfg = fast_config(tiny_model_dir, compressor="asvd")
     loaded = load_model(cfg.model)
-    calib, _ = load_windows(loaded.tokenizer, cfg.text)
-    analyzed = analyze(loaded.model, calib, cfg)
+    return loaded.model, analyze(loaded.model, load_windows(loaded.tokenizer, cfg.text)[0], cfg)
+
+
+def test_parameter_choice_is_the_smallest_ratio_within_the_budget(asvd_analysis):
+    """The guard's solver: the ratio bisected to the budget, at or above a cap's ratio, None below every ratio."""
+    from gac.align.latency_model import Phase
+    from gac.align.parameter_at_latency import dims_at_ratio, parameter_choice
+
+    _, analyzed = asvd_analysis
     units, comp = analyzed.units, analyzed.compressor
     lm = _linear_latency([u.group for u in units], Phase(seq=16))
     full = lm.full_ms()
@@ -450,19 +457,14 @@ def _allocates(dims_at_ratio, comp, units, ratio) -> bool:
         return False
 
 
-def test_fit_latency_times_a_reference_model_beside_the_original(tiny_model_dir):
+def test_fit_latency_times_a_reference_model_beside_the_original(asvd_analysis):
     """The reference model is built at reference_dims and timed beside the original; its measured saving, 1.5x the
     sweeps' prediction here, scales every table, and the fitted model predicts both timings."""
     from gac.align.latency_model import Phase, reference_dims
-    from gac.api import analyze
-    from gac.data import load_windows
     from gac.hw.timing import Timing
-    from gac.models.loading import load_model
     from gac.speedup import fit_latency
 
-    cfg = fast_config(tiny_model_dir, compressor="asvd")
-    loaded = load_model(cfg.model)
-    analyzed = analyze(loaded.model, load_windows(loaded.tokenizer, cfg.text)[0], cfg)
+    model, analyzed = asvd_analysis
     units = analyzed.units
     lm = _linear_latency([u.group for u in units], Phase(seq=16))
     ref = reference_dims(lm, [u.name for u in units])
@@ -474,25 +476,20 @@ def test_fit_latency_times_a_reference_model_beside_the_original(tiny_model_dir)
         seen.update(models)
         return {"baseline": Timing(*(4 * [base]), 1), "reference": Timing(*(4 * [base - 1.5 * saving]), 1)}
 
-    fit = fit_latency(loaded.model, analyzed.compressor, units, lm, objective(timing))
-    assert seen["baseline"] is loaded.model and sum(p.numel() for p in seen["reference"].parameters()) < sum(
-        p.numel() for p in loaded.model.parameters())
+    fit = fit_latency(model, analyzed.compressor, units, lm, objective(timing))
+    assert seen["baseline"] is model and sum(p.numel() for p in seen["reference"].parameters()) < sum(
+        p.numel() for p in model.parameters())
     assert fit.meta["saving_scale"] == pytest.approx(1.5)
     assert fit.predict({}) == pytest.approx(base) and fit.predict(ref) == pytest.approx(base - 1.5 * saving)
 
 
-def test_the_closed_loop_runs_on_its_instruments_alone(tiny_model_dir):
+def test_the_closed_loop_runs_on_its_instruments_alone(asvd_analysis):
     """The loop as an object over one analysis: its tables come from the injected factory (called once, at the
     objective's phase and shape), every timing from the injected timer, and the outcome hands on the model the kept
     round built and timed, cut at the kept dims."""
-    from gac.api import analyze
     from gac.closed_loop import ClosedLoop
-    from gac.data import load_windows
-    from gac.models.loading import load_model
 
-    cfg = fast_config(tiny_model_dir, compressor="asvd")
-    loaded = load_model(cfg.model)
-    analyzed = analyze(loaded.model, load_windows(loaded.tokenizer, cfg.text)[0], cfg)
+    model, analyzed = asvd_analysis
     phases = []
 
     def tables(groups, phase, **kw):
@@ -502,12 +499,12 @@ def test_the_closed_loop_runs_on_its_instruments_alone(tiny_model_dir):
     timer = ShortThenReached()
     speedup = SpeedupConfig(1.05, **{**FAST, "batch": 2}, guard=False,
                             instruments=Instruments(timer=timer, latency_model=tables))
-    outcome = ClosedLoop(loaded.model, analyzed.compressor, analyzed.units, speedup, alignment=8, device="cpu",
+    outcome = ClosedLoop(model, analyzed.compressor, analyzed.units, speedup, alignment=8, device="cpu",
                          dtype="float32", progress=False).run()
     assert phases == [("prefill", 2, 16, FAST["profile_repeats"])]
     assert [row["reached"] for row in outcome.rounds] == [False, True] and outcome.final["stream"] == "latency"
     assert [name for name, model in timer.seen if model is outcome.model] == ["latency", "latency"]
-    rebuilt = copy.deepcopy(loaded.model)
+    rebuilt = copy.deepcopy(model)
     analyzed.compressor.materialize(rebuilt, analyzed.units, outcome.dims)
     kept = outcome.model.state_dict()
     assert rebuilt.state_dict().keys() == kept.keys()
