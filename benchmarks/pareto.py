@@ -132,14 +132,14 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
             out["latency"].append({"target": target, "error": str(e)})
             log.info("%s %.2fx: %s", name, target, e)
             continue
-        m = copy.deepcopy(model)
-        analyzed.compressor.materialize(m, analyzed.units, outcome.dims)
+        m = outcome.model  # as the loop built and timed it
         guard = outcome.guard
         row = {"target": target, "loop_s": time.perf_counter() - t0, "rounds": outcome.rounds,
                "reached": outcome.final["reached"], "loop_speedup": outcome.final["measured_speedup"],
                "dims": outcome.dims, "kept": guard["kept"], "saving_scale": outcome.latency_model.meta.get("saving_scale"),
-               "guard": {s: {k: g.get(k) for k in ("reached", "loss", "measured_speedup", "rounds", "ratio")}
-                         for s, g in guard.items() if s != "kept"},
+               "guard": {s.name: {"reached": s.reached, "loss": s.loss, "rounds": len(s.rows),
+                                  **{k: s.kept[1].get(k) if s.kept else None for k in ("measured_speedup", "ratio")}}
+                         for s in outcome.streams},
                **evaluate(m.eval(), held_out, outcome.latency_model, outcome.dims)}
         out["latency"].append(row)
         built[f"latency {target:g}"] = (row, m)
@@ -150,11 +150,11 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
             if dims is None:
                 row[key] = {"reason": f"no {stream} stream" if stream not in guard else "no choice within the budget"}
             elif stream == guard["kept"]:
-                row[key] = {"same": True, "ratio": guard[stream].get("ratio")}  # the row's own model
+                row[key] = {"same": True, "ratio": row["guard"][stream]["ratio"]}  # the row's own model
             else:
                 m = copy.deepcopy(model)
                 analyzed.compressor.materialize(m, analyzed.units, dims)
-                row[key] = {"ratio": guard[stream].get("ratio"), "dims": dims,
+                row[key] = {"ratio": row["guard"][stream]["ratio"], "dims": dims,
                             **evaluate(m.eval(), held_out, outcome.latency_model, dims)}
                 built[f"{key} {target:g}"] = (row[key], m)
     lm = fit_latency(model, analyzed.compressor, analyzed.units, lm, cfg)  # for the parameter objective's rows

@@ -72,6 +72,20 @@ def test_ratio_outside_open_interval(ratio):
         CompressConfig(ratio=ratio)
 
 
+def test_the_config_owns_the_choice_of_objective():
+    """Neither objective given: the parameter objective at DEFAULT_RATIO (the CLI's default, which passes no ratio);
+    a speedup alone has no ratio; both are one line, for an API caller as for the CLI."""
+    from gac.api import DEFAULT_RATIO
+    from gac.speedup import SpeedupConfig
+
+    assert CompressConfig().ratio == DEFAULT_RATIO == 0.15 and CompressConfig(ratio=0.3).ratio == 0.3
+    latency = CompressConfig(speedup=SpeedupConfig(1.2))
+    assert latency.ratio is None and latency.analysis_ratio == DEFAULT_RATIO  # the analysis probes at the default
+    with pytest.raises(GacError, match="--speedup and --ratio exclude each other") as e:
+        CompressConfig(ratio=0.15, speedup=SpeedupConfig(1.2))
+    assert "\n" not in str(e.value)
+
+
 def test_existing_output_refused_before_work(tiny_model_dir, tmp_path):
     out = tmp_path / "exists"
     out.mkdir()

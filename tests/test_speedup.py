@@ -1,18 +1,22 @@
 """`--speedup`: latency as the objective end to end on a tiny random model (report keys, the closed loop's rounds,
 the chosen dims within each group's candidates), its options' one-line errors and quality values per compressor.
-Timing figures are not asserted: a tiny model on a shared CPU is noise; benchmarks/pareto.py prints the real ones."""
+The loop measures through injected instruments (gac.speedup.Instruments): stand-in timers and latency tables drive
+its mechanics; real timing figures are not asserted (a tiny model on a shared CPU is noise; benchmarks/pareto.py
+prints the real ones)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
 import pytest
+import torch
 
 from gac.api import CompressConfig, compress
 from gac.errors import GacError
-from gac.evaluate.report import report_markdown
-from gac.speedup import SpeedupConfig, parse_shape
+from gac.evaluate.report import kept_round, report_markdown
+from gac.speedup import Instruments, SpeedupConfig, parse_shape
 from tests.test_api import fast_config
 
 
@@ -27,24 +31,21 @@ def _linear_latency(groups, phase, *, alignment=8, **_):
     return LatencyModel(phase, *build_tables(groups, alignment, op_tables), full_dims=full_dims)
 
 
-@pytest.fixture
-def linear_latency(monkeypatch):
-    monkeypatch.setattr("gac.align.latency_model.measure_latency_model", _linear_latency)
-
-
 BASE_MS = 2.0
 
 
 class ShortThenReached:
-    """Timing stand-in: the baseline at 2 ms (its A/A twin at 2.02), each built model (the knapsack's, "latency", and
+    """Timer stand-in: the baseline at 2 ms (its A/A twin at 2.02), each built model (the knapsack's, "latency", and
     the guard's, "parameter") 5% short of the target on its first timing and 1% under it afterwards, so that each
-    stream's closed loop must tighten once. `factors` {stream: {call: factor}} overrides a stream's schedule."""
+    stream's closed loop must tighten once. `factors` {stream: {call: factor}} overrides a stream's schedule. `seen`
+    lists every (name, model) it timed."""
 
     def __init__(self, factors=None):
         from collections import Counter
 
         self.calls = Counter()
         self.factors = factors or {}
+        self.seen = []
 
     def factor(self, name, call):
         return self.factors.get(name, {}).get(call, self.factors.get(name, {}).get("else", 1.05 if call == 1 else
@@ -57,45 +58,56 @@ class ShortThenReached:
             return Timing(ms, ms, ms, ms, 1)
 
         out = {"baseline": t(BASE_MS)}
-        for name in models:
+        for name, model in models.items():
             if name != "baseline":
                 self.calls[name] += 1
+                self.seen.append((name, model))
                 out[name] = t(BASE_MS / cfg.speedup * self.factor(name, self.calls[name]))
         if aa:
             out["baseline (A/A)"] = t(BASE_MS * 1.01)
         return out
 
 
-@pytest.fixture
-def short_then_reached(monkeypatch):
-    fake = ShortThenReached()
-    monkeypatch.setattr("gac.speedup.time_at_phase", fake)
-    return fake
-
-
 # margin 0: the loop's mechanics against the target itself (test_the_loop_aims_at_the_target_and_its_margin: with one)
 FAST = {"seq": 16, "timing_rounds": 3, "profile_repeats": 3, "rounds": 2, "margin": 0.0}
 
 
+def objective(timer=None, loss=None, speedup=1.05, **kw) -> SpeedupConfig:
+    """The latency objective at FAST (kw overrides) on the linear latency tables, timed by `timer` (None: the real
+    timer) and the guard's loss from `loss` (None: the real one)."""
+    instruments = Instruments(latency_model=_linear_latency, loss=loss, **({"timer": timer} if timer else {}))
+    return SpeedupConfig(speedup, **{**FAST, **kw}, instruments=instruments)
+
+
 @pytest.mark.parametrize("compressor", ["asvd", "palu", "prune"])
-def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, short_then_reached):
+def test_speedup_report(tiny_model_dir, tmp_path, compressor):
     out = tmp_path / "out"
     options = {"layers": "all"} if compressor == "prune" else {}
+    timer = ShortThenReached()
     cfg = fast_config(tiny_model_dir, compressor=compressor, out=str(out), compressor_options=options,
-                      speedup=SpeedupConfig(1.05, **FAST))
-    compress(cfg)
+                      speedup=objective(timer))
+    result = compress(cfg)
     r = json.loads((out / "report.json").read_text())
+    assert r == json.loads(json.dumps(result.report))
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16",
                               "margin": 0.0, "param_cap": None, "guard": True, "whole_heads": compressor == "prune"}
     assert r["ratio"] is None and set(r["variants"]) == {"baseline", "gac"}
+    assert r["pipeline"] == "whole" and r["saved_variant"] == "gac"
+    # the variants are timed at the objective's shape, not --prefill-tokens' (FAST_LATENCY: 16 tokens, a KV cache of 8)
+    assert (r["latency"]["batch"], r["latency"]["prefill_tokens"], r["latency"]["decode_context"]) == (1, 16, 16)
     fit = r["latency_objective"]["fit"]  # the fake times the reference as the baseline: a saving of 0, not trusted
     assert fit["reference_ms"] == pytest.approx(BASE_MS) and fit["saving_scale"] == 1.0
     for v in ("baseline", "gac"):  # figures only: a tiny model's op sweeps on a busy CPU can even sum past the model
         assert math.isfinite(r["variants"][v]["predicted_ms"]) and r["variants"][v]["measured_ms"] > 0
     assert "selection" not in r  # the rounds are written once, in latency_objective
-    rounds = r["latency_objective"]["rounds"]
-    assert r["latency_objective"]["round"] == 2 and r["latency_objective"]["reached"]  # the kept round's figures
+    lo = r["latency_objective"]
+    rounds, guard = lo["rounds"], lo["guard"]
+    assert lo["round"] == 2 and lo["reached"]  # the kept round's figures
     assert len(rounds) == 2 and [row["reached"] for row in rounds] == [False, True]
+    # each round once: the knapsack's in `rounds`, the guard's in its history; the streams name their kept round
+    assert "history" not in guard["latency"] and [row["round"] for row in guard["parameter"]["history"]] == [1, 2]
+    assert kept_round(lo, "latency") == rounds[1] and guard["latency"]["round"] == 2
+    assert set(guard["latency"]) == {"reached", "loss", "rounds", "round", "dims"}
     # round 2's budget is round 1's less the measured shortfall from the target beyond the 1% A/A floor, and one
     # floor more: the next round aims past the gate
     assert rounds[0]["target_ms"] == pytest.approx(BASE_MS / (1.05 * 1.01))
@@ -103,19 +115,22 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor, linear_latency, sh
     assert rounds[1]["budget_ms"] == pytest.approx(rounds[0]["budget_ms"] - (BASE_MS - aim))
     assert rounds[1]["gac_predicted_ms"] <= rounds[0]["gac_predicted_ms"]
     assert r["variants"]["gac"]["measured_ms"] == pytest.approx(0.99 * BASE_MS / 1.05)
-    assert r["latency_objective"]["aa_floor_pct"] == pytest.approx(1.0)
+    assert lo["aa_floor_pct"] == pytest.approx(1.0)
     for row in rounds:  # the solver's prediction never exceeds the budget it was given
-        assert row["gac_predicted_ms"] - r["latency_objective"]["constant_ms"] <= row["budget_ms"] + 1e-9
-    assert r["saved_variant"] == "gac"
+        assert row["gac_predicted_ms"] - lo["constant_ms"] <= row["budget_ms"] + 1e-9
+    # the saved and evaluated model is the one the loop built and timed in the kept round, not a model cut again
+    kept = lo["stream"]
+    assert any(model is result.models["gac"] for name, model in timer.seen if name == kept)
+    assert sum(model is result.models["gac"] for _, model in timer.seen) == 2  # the round's timing and its confirmation
     md = (out / "report.md").read_text()
     assert "speedup 1.05x at prefill 1x16" in md and "measured speedup" in md and "reached" in md
     assert all(d % 8 == 0 for d in r["dims"]["gac"].values())  # the wide candidates are aligned dims
     assert "screen" in rounds[1] and "screen" not in rounds[0]  # the reaching round was timed twice
     if compressor == "prune":  # the knapsack keeps heads whole under --speedup unless asked for
         assert "head_mode" not in r["compressor_options"] and r["objective"]["whole_heads"]
-        kept = r["latency_objective"]["guard"]["latency"]["dims"]  # head groups analyzed, for the guard's --ratio
-        heads = [name for name in kept if name.endswith("self_attn")]
-        assert heads and all(kept[name] is None for name in heads), kept
+        dims = guard["latency"]["dims"]  # head groups analyzed, for the guard's --ratio
+        heads = [name for name in dims if name.endswith("self_attn")]
+        assert heads and all(dims[name] is None for name in heads), dims
 
 
 def lucky_then_short():
@@ -123,12 +138,11 @@ def lucky_then_short():
     return ShortThenReached({"latency": {1: 0.97, 2: 1.02, "else": 0.97}})
 
 
-def test_a_reaching_round_must_be_confirmed(tiny_model_dir, monkeypatch, linear_latency):
+def test_a_reaching_round_must_be_confirmed(tiny_model_dir):
     """A round that reaches the target on its first timing and falls short on the second is not kept as reached;
     the budget is tightened by the second timing's shortfall."""
-    monkeypatch.setattr("gac.speedup.time_at_phase", lucky_then_short())
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
-                      speedup=SpeedupConfig(1.05, **FAST, guard=False))
+                      speedup=objective(lucky_then_short(), guard=False))
     r = compress(cfg).report
     first, second = r["latency_objective"]["rounds"]
     assert first["screen"]["measured_speedup"] == pytest.approx(1.05 / 0.97)
@@ -139,59 +153,57 @@ def test_a_reaching_round_must_be_confirmed(tiny_model_dir, monkeypatch, linear_
     assert r["variants"]["gac"]["measured_ms"] == pytest.approx(0.97 * BASE_MS / 1.05)  # the confirming timing
 
 
-def _guarded(tiny_model_dir, monkeypatch, factors, **kw):
-    monkeypatch.setattr("gac.speedup.time_at_phase", ShortThenReached(factors))
-    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False, speedup=SpeedupConfig(1.05, **{**FAST, **kw}))
+def _guarded(tiny_model_dir, factors, loss=None, **kw):
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
+                      speedup=objective(ShortThenReached(factors), loss=loss, **kw))
     return compress(cfg).report
 
 
-def test_guard_keeps_the_lower_loss_of_the_reaching_models(tiny_model_dir, monkeypatch, linear_latency):
+def test_guard_keeps_the_lower_loss_of_the_reaching_models(tiny_model_dir):
     """Both streams reach the target in round 2: each one's loss is measured on its own model (here a stand-in loss,
     the model's parameter count / 1e5), the lower is kept, and the parameter objective's choice was predicted
     within its own budget."""
-    def loss_of_size(model, windows, **_):
-        return math.exp(sum(p.numel() for p in model.parameters()) / 1e5)
+    def loss_of_size(model, windows):
+        return sum(p.numel() for p in model.parameters()) / 1e5
 
-    monkeypatch.setattr("gac.evaluate.perplexity.perplexity", loss_of_size)
-    r = _guarded(tiny_model_dir, monkeypatch, {})
+    r = _guarded(tiny_model_dir, {}, loss=loss_of_size)
     lo = r["latency_objective"]
     guard = lo["guard"]
     assert guard["latency"]["reached"] and guard["parameter"]["reached"]
-    a, b = guard["latency"], guard["parameter"]
-    assert a["params"] != b["params"] and a["dims"] != b["dims"]  # two different choices were built
-    assert (a["loss"] - b["loss"]) * 1e5 == pytest.approx(a["params"] - b["params"])  # each on its own model
+    a, b = kept_round(lo, "latency"), kept_round(lo, "parameter")
+    assert a["params"] != b["params"] and guard["latency"]["dims"] != guard["parameter"]["dims"]  # two choices
+    assert (guard["latency"]["loss"] - guard["parameter"]["loss"]) * 1e5 == pytest.approx(a["params"] - b["params"])
     kept = "latency" if a["params"] <= b["params"] else "parameter"
     assert guard["kept"] == kept == lo["stream"]
     assert r["dims"]["gac"] == {k: v for k, v in guard[kept]["dims"].items() if v is not None}
     assert b["gac_predicted_ms"] - lo["constant_ms"] <= b["budget_ms"] + 1e-9
-    assert [row["round"] for row in b["history"]] == [1, 2] and not b["history"][0]["reached"]
+    assert [row["round"] for row in guard["parameter"]["history"]] == [1, 2]
+    assert not guard["parameter"]["history"][0]["reached"] and "ratio" in b
 
 
-def test_guard_keeps_the_stream_that_reaches(tiny_model_dir, monkeypatch, linear_latency):
+def test_guard_keeps_the_stream_that_reaches(tiny_model_dir):
     """The parameter objective's model reaches the target in round 1 and the knapsack's never does: the guard's is
     kept (and it was timed only until it reached); the other way round, the knapsack's."""
-    r = _guarded(tiny_model_dir, monkeypatch, {"latency": {"else": 1.05}, "parameter": {"else": 0.985}})
+    r = _guarded(tiny_model_dir, {"latency": {"else": 1.05}, "parameter": {"else": 0.985}})
     guard = r["latency_objective"]["guard"]
     assert guard["kept"] == "parameter" and not guard["latency"]["reached"]
     assert guard["parameter"]["rounds"] == 1 and guard["latency"]["rounds"] == 2
     assert r["variants"]["gac"]["measured_ms"] == pytest.approx(0.985 * BASE_MS / 1.05)
-    r = _guarded(tiny_model_dir, monkeypatch, {"latency": {"else": 0.985}, "parameter": {"else": 1.05}})
+    r = _guarded(tiny_model_dir, {"latency": {"else": 0.985}, "parameter": {"else": 1.05}})
     assert r["latency_objective"]["guard"]["kept"] == "latency" and r["latency_objective"]["stream"] == "latency"
 
 
-@pytest.mark.parametrize("second, kept_round", [(0.95, 2), (1.05, 1)])
-def test_a_model_far_past_the_target_gets_one_looser_round(tiny_model_dir, monkeypatch, linear_latency, second,
-                                                           kept_round):
+@pytest.mark.parametrize("second, kept", [(0.95, 2), (1.05, 1)])
+def test_a_model_far_past_the_target_gets_one_looser_round(tiny_model_dir, second, kept):
     """Round 1 reaches the target 5% past it: round 2 solves at a budget loosened by that excess, and is kept if it
     reaches the target too (else round 1 stays kept); no third round either way."""
-    r = _guarded(tiny_model_dir, monkeypatch, {"latency": {1: 0.95, 2: 0.95, "else": second}}, guard=False,
-                 rounds=3)
+    r = _guarded(tiny_model_dir, {"latency": {1: 0.95, 2: 0.95, "else": second}}, guard=False, rounds=3)
     first, looser = r["latency_objective"]["rounds"]
     assert first["reached"] and looser["reached"] == (second < 1)
     aim = BASE_MS / (1.05 * 1.01) * 0.99
     assert looser["budget_ms"] == pytest.approx(first["budget_ms"] + (aim - 0.95 * BASE_MS / 1.05))
     assert looser["gac_predicted_ms"] >= first["gac_predicted_ms"]
-    assert r["latency_objective"]["round"] == kept_round and r["latency_objective"]["reached"]
+    assert r["latency_objective"]["round"] == kept and r["latency_objective"]["reached"]
 
 
 class SlowCalibration(ShortThenReached):
@@ -212,13 +224,12 @@ class SlowCalibration(ShortThenReached):
 BIG_MS = 20.0
 
 
-def test_the_loop_recalibrates_on_the_baselines_timed_beside_the_models(tiny_model_dir, monkeypatch, linear_latency):
+def test_the_loop_recalibrates_on_the_baselines_timed_beside_the_models(tiny_model_dir):
     """A slow calibration timing sets round 1's constant; from then on the constant and the residual's scale come
     from the median of the baselines timed beside the models: round 2's budget moves by the shortfall itself, not
     by 1.5x it, and the report's baseline prediction is the baseline measured beside the models."""
-    monkeypatch.setattr("gac.speedup.time_at_phase", SlowCalibration())
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
-                      speedup=SpeedupConfig(1.05, **FAST, guard=False))
+                      speedup=objective(SlowCalibration(), guard=False))
     r = compress(cfg).report
     lo = r["latency_objective"]
     first, second = lo["rounds"]
@@ -234,11 +245,11 @@ def test_the_loop_recalibrates_on_the_baselines_timed_beside_the_models(tiny_mod
                                                                          / first["gac_measured_ms"] - 1)
 
 
-def test_the_loop_aims_at_the_target_and_its_margin(tiny_model_dir, monkeypatch, linear_latency):
+def test_the_loop_aims_at_the_target_and_its_margin(tiny_model_dir):
     """With a 3% margin, round 1 measures 1% past the target: it reached the target, not the aim, so the budget is
     tightened by the shortfall from the aim; round 2 measures 5% past the target and is kept. The first budget is
     the one at target * 1.03."""
-    r = _guarded(tiny_model_dir, monkeypatch, {"latency": {1: 1 / 1.01, "else": 1 / 1.05}}, guard=False, margin=0.03)
+    r = _guarded(tiny_model_dir, {"latency": {1: 1 / 1.01, "else": 1 / 1.05}}, guard=False, margin=0.03)
     lo = r["latency_objective"]
     first, second = lo["rounds"]
     assert r["objective"]["margin"] == 0.03
@@ -263,11 +274,9 @@ def test_start_budget_gives_up_the_margin_before_the_target(floor, expected, cap
     assert ("not its 3% margin" in caplog.text) == (expected == "floor")
 
 
-def test_no_guard_builds_the_knapsack_choice_alone(tiny_model_dir, monkeypatch, linear_latency):
+def test_no_guard_builds_the_knapsack_choice_alone(tiny_model_dir):
     fake = ShortThenReached()
-    monkeypatch.setattr("gac.speedup.time_at_phase", fake)
-    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
-                      speedup=SpeedupConfig(1.05, **FAST, guard=False))
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False, speedup=objective(fake, guard=False))
     guard = compress(cfg).report["latency_objective"]["guard"]
     assert set(guard) == {"latency", "kept"} and guard["latency"]["loss"] is None
     assert set(fake.calls) == {"reference", "latency"}  # the fit's reference, then the knapsack's models alone
@@ -309,31 +318,30 @@ def test_held_heads_leave_the_knapsack_one_candidate_per_head_group():
             assert a == b
 
 
-def test_decode_phase_runs_on_real_timings(tiny_model_dir, linear_latency):
-    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
-                      speedup=SpeedupConfig(1.05, phase="decode", **FAST))
+def test_decode_phase_runs_on_real_timings(tiny_model_dir):
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False, speedup=objective(phase="decode"))
     r = compress(cfg).report  # real decode timings: figures only, whether the target is reached is noise here
     assert r["objective"]["phase"] == "decode" and r["variants"]["gac"]["measured_ms"] > 0
     assert 1 <= len(r["latency_objective"]["rounds"]) <= 2
 
 
 @pytest.mark.parametrize("compressor", ["asvd", "prune"])
-def test_unreachable_speedup_is_one_line(tiny_model_dir, linear_latency, short_then_reached, compressor):
+def test_unreachable_speedup_is_one_line(tiny_model_dir, compressor):
     options = {"layers": "all"} if compressor == "prune" else {}
     cfg = fast_config(tiny_model_dir, compressor=compressor, evaluate=False, compressor_options=options,
-                      speedup=SpeedupConfig(50.0, **FAST))
+                      speedup=objective(ShortThenReached(), speedup=50.0))
     with pytest.raises(GacError, match=r"best reachable speedup of \d+\.\d\dx") as e:
         compress(cfg)
     assert "\n" not in str(e.value)
     assert ("--head-mode group" in str(e.value)) == (compressor == "prune")  # heads held whole: the way out
 
 
-def test_param_cap_bounds_every_round(tiny_model_dir, linear_latency, short_then_reached):
+def test_param_cap_bounds_every_round(tiny_model_dir):
     """A cap below what the latency target alone chooses binds: every round keeps at most the cap's parameters."""
     def run(cap):
         cfg = fast_config(tiny_model_dir, compressor="prune", evaluate=False,
                           compressor_options={"layers": "all", "head_mode": "group"},
-                          speedup=SpeedupConfig(1.05, **FAST, param_cap=cap))
+                          speedup=objective(ShortThenReached(), param_cap=cap))
         return compress(cfg).report
 
     free = run(None)
@@ -354,7 +362,8 @@ def test_bad_speedup_options(bad):
 
 
 @pytest.mark.parametrize("extra, flag", [({"profile": "auto"}, "--profile"), ({"align": False}, "--no-align"),
-                                         ({"target": "llama.cpp:q8_0"}, "--target"), ({"layerwise": True}, "--layerwise")])
+                                         ({"target": "llama.cpp:q8_0"}, "--target"),
+                                         ({"layerwise": True}, "--layerwise"), ({"ratio": 0.2}, "--ratio")])
 def test_speedup_exclusions_hold_for_the_python_api(extra, flag):
     with pytest.raises(GacError, match=flag) as e:
         CompressConfig(speedup=SpeedupConfig(1.2), **extra)
@@ -369,18 +378,25 @@ def test_parse_shape():
             parse_shape(bad)
 
 
-def test_parameter_choice_is_the_smallest_ratio_within_the_budget(tiny_model_dir):
-    """The guard's solver: the ratio bisected to the budget, at or above a cap's ratio, None below every ratio."""
-    from gac.align.latency_model import Phase
-    from gac.align.parameter_at_latency import dims_at_ratio, parameter_choice
+@pytest.fixture(scope="module")
+def asvd_analysis(tiny_model_dir):
+    """(original model, gac.api.Analyzed): asvd's analysis of the tiny model, shared by the tests that only read it
+    (each cuts copies)."""
     from gac.api import analyze
     from gac.data import load_windows
     from gac.models.loading import load_model
 
     cfg = fast_config(tiny_model_dir, compressor="asvd")
     loaded = load_model(cfg.model)
-    calib, _ = load_windows(loaded.tokenizer, cfg.text)
-    analyzed = analyze(loaded.model, calib, cfg)
+    return loaded.model, analyze(loaded.model, load_windows(loaded.tokenizer, cfg.text)[0], cfg)
+
+
+def test_parameter_choice_is_the_smallest_ratio_within_the_budget(asvd_analysis):
+    """The guard's solver: the ratio bisected to the budget, at or above a cap's ratio, None below every ratio."""
+    from gac.align.latency_model import Phase
+    from gac.align.parameter_at_latency import dims_at_ratio, parameter_choice
+
+    _, analyzed = asvd_analysis
     units, comp = analyzed.units, analyzed.compressor
     lm = _linear_latency([u.group for u in units], Phase(seq=16))
     full = lm.full_ms()
@@ -441,19 +457,14 @@ def _allocates(dims_at_ratio, comp, units, ratio) -> bool:
         return False
 
 
-def test_fit_latency_times_a_reference_model_beside_the_original(tiny_model_dir, monkeypatch):
+def test_fit_latency_times_a_reference_model_beside_the_original(asvd_analysis):
     """The reference model is built at reference_dims and timed beside the original; its measured saving, 1.5x the
     sweeps' prediction here, scales every table, and the fitted model predicts both timings."""
     from gac.align.latency_model import Phase, reference_dims
-    from gac.api import analyze
-    from gac.data import load_windows
     from gac.hw.timing import Timing
-    from gac.models.loading import load_model
     from gac.speedup import fit_latency
 
-    cfg = fast_config(tiny_model_dir, compressor="asvd")
-    loaded = load_model(cfg.model)
-    analyzed = analyze(loaded.model, load_windows(loaded.tokenizer, cfg.text)[0], cfg)
+    model, analyzed = asvd_analysis
     units = analyzed.units
     lm = _linear_latency([u.group for u in units], Phase(seq=16))
     ref = reference_dims(lm, [u.name for u in units])
@@ -465,9 +476,36 @@ def test_fit_latency_times_a_reference_model_beside_the_original(tiny_model_dir,
         seen.update(models)
         return {"baseline": Timing(*(4 * [base]), 1), "reference": Timing(*(4 * [base - 1.5 * saving]), 1)}
 
-    monkeypatch.setattr("gac.speedup.time_at_phase", timing)
-    fit = fit_latency(loaded.model, analyzed.compressor, units, lm, SpeedupConfig(1.2, **FAST))
-    assert seen["baseline"] is loaded.model and sum(p.numel() for p in seen["reference"].parameters()) < sum(
-        p.numel() for p in loaded.model.parameters())
+    fit = fit_latency(model, analyzed.compressor, units, lm, objective(timing))
+    assert seen["baseline"] is model and sum(p.numel() for p in seen["reference"].parameters()) < sum(
+        p.numel() for p in model.parameters())
     assert fit.meta["saving_scale"] == pytest.approx(1.5)
     assert fit.predict({}) == pytest.approx(base) and fit.predict(ref) == pytest.approx(base - 1.5 * saving)
+
+
+def test_the_closed_loop_runs_on_its_instruments_alone(asvd_analysis):
+    """The loop as an object over one analysis: its tables come from the injected factory (called once, at the
+    objective's phase and shape), every timing from the injected timer, and the outcome hands on the model the kept
+    round built and timed, cut at the kept dims."""
+    from gac.closed_loop import ClosedLoop
+
+    model, analyzed = asvd_analysis
+    phases = []
+
+    def tables(groups, phase, **kw):
+        phases.append((phase.name, phase.batch, phase.seq, kw["repeats"]))
+        return _linear_latency(groups, phase, **kw)
+
+    timer = ShortThenReached()
+    speedup = SpeedupConfig(1.05, **{**FAST, "batch": 2}, guard=False,
+                            instruments=Instruments(timer=timer, latency_model=tables))
+    outcome = ClosedLoop(model, analyzed.compressor, analyzed.units, speedup, alignment=8, device="cpu",
+                         dtype="float32", progress=False).run()
+    assert phases == [("prefill", 2, 16, FAST["profile_repeats"])]
+    assert [row["reached"] for row in outcome.rounds] == [False, True] and outcome.final["stream"] == "latency"
+    assert [name for name, model in timer.seen if model is outcome.model] == ["latency", "latency"]
+    rebuilt = copy.deepcopy(model)
+    analyzed.compressor.materialize(rebuilt, analyzed.units, outcome.dims)
+    kept = outcome.model.state_dict()
+    assert rebuilt.state_dict().keys() == kept.keys()
+    assert all(torch.allclose(v, kept[k]) for k, v in rebuilt.state_dict().items())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import io
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 
 # a variant's measured keys, null in the report under --no-eval
 NOT_EVALUATED = ("ppl", "prefill_ms", "prefill_spread_pct", "decode_ms_per_token", "decode_spread_pct")
+DEFAULT_RATIO = 0.15  # the parameter objective's ratio when neither a ratio nor a speedup is given
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class CompressConfig:
 
     model: str = "smollm2-135m"
     compressor: str = "asvd"
-    ratio: float = 0.15
+    ratio: float | None = None  # share of compressible parameters to remove (None: DEFAULT_RATIO; none under --speedup)
     out: str | None = None
     alignment: int = 8
     align: bool = True  # False (--no-align): save the compressor's own dims
@@ -39,7 +41,7 @@ class CompressConfig:
     compressor_options: dict = field(default_factory=dict)
     speedup: object | None = None  # gac.speedup.SpeedupConfig: latency as the objective (--speedup), not a ratio
     text: TextConfig = TextConfig()
-    latency: LatencyConfig = LatencyConfig()
+    latency: LatencyConfig = LatencyConfig()  # under --speedup at the objective's shape (evaluation_latency)
     evaluate: bool = True
     force: bool = False
     progress: bool = True
@@ -47,7 +49,12 @@ class CompressConfig:
     max_memory: str | None = None  # "cpu=8GiB,0=20GiB": the forecast must fit (gac.pipeline.memory)
 
     def __post_init__(self):
-        if not (isinstance(self.ratio, (int, float)) and 0.0 < self.ratio < 1.0):
+        if self.speedup is not None and self.ratio is not None:
+            raise GacError("--speedup and --ratio exclude each other (--ratio is for the parameter objective): give "
+                           "one of them")
+        if self.speedup is None and self.ratio is None:
+            object.__setattr__(self, "ratio", DEFAULT_RATIO)
+        if self.speedup is None and not (isinstance(self.ratio, (int, float)) and 0.0 < self.ratio < 1.0):
             raise GacError(f"ratio {self.ratio} is outside (0, 1): pass the share of parameters to remove, e.g. --ratio 0.15")
         if self.alignment < 1:
             raise GacError(f"alignment {self.alignment} must be a positive integer, e.g. --align 8")
@@ -77,6 +84,22 @@ class CompressConfig:
                            "--layerwise/--max-memory, or use --ratio")
 
     @property
+    def analysis_ratio(self) -> float:
+        """The ratio the analysis probes at (keep = 1 - ratio) and the memory forecast sizes the output by: the given
+        one, or DEFAULT_RATIO under --speedup, which has none."""
+        return DEFAULT_RATIO if self.ratio is None else self.ratio
+
+    @property
+    def saved_variant(self) -> str:
+        """The variant written to `out`: GAC's dims, or the compressor's own under --no-align."""
+        return "gac" if self.align else "unaligned"
+
+    @property
+    def evaluation_latency(self) -> LatencyConfig:
+        """How the variants are timed: `latency`, at the objective's phase shape under --speedup."""
+        return self.latency if self.speedup is None else self.speedup.latency_config(self.latency)
+
+    @property
     def factorization_method(self) -> str:
         """The factorization `auto` resolves to: the Gram path on CUDA (cuSOLVER's SVD is slow), exact SVD else."""
         if self.factorization != "auto":
@@ -86,7 +109,7 @@ class CompressConfig:
 
 @dataclass
 class CompressResult:
-    report: dict
+    report: dict  # report.json's content (gac.evaluate.report.Report.to_dict)
     out: Path | None
     models: dict  # variant name -> model (kept for callers that go on using them)
 
@@ -109,19 +132,20 @@ class Analyzed:
 
 @dataclass
 class Selected(Analyzed):
-    """What the compressor found and GAC chose, before any model is cut."""
+    """What the compressor found and GAC chose; models are cut later, except those the selection built itself."""
 
     budget: int
     dims: dict  # variant ("unaligned", "gac") -> {unit name: dim or None}
-    selection: object  # gac.align.plan.SelectionResult, or gac.speedup.LatencyOutcome under --speedup
+    selection: object  # gac.align.plan.SelectionResult, or gac.closed_loop.LatencyOutcome under --speedup
     profile_excluded: dict | None = None  # {unit name: {dim: reason}}: aligned dims the profile ruled out
     target: dict | None = None  # report.json's "target": which dims the deployment target constrained, and why
+    built: dict = field(default_factory=dict)  # {variant: model} already cut at its dims (the closed loop's kept one)
 
 
 def analyze(model, calib, cfg: CompressConfig, compressor=None, source=None) -> Analyzed:
     """Calibrate on `calib` [n, seq] and let the compressor analyze every group (spectra, loss model, importance) at
-    keep = 1 - cfg.ratio. The model is not changed. source: a gac.models.lazy weight source for the layer-by-layer
-    pipeline (None: the whole model at once)."""
+    keep = 1 - cfg.analysis_ratio. The model is not changed. source: a gac.models.lazy weight source for the
+    layer-by-layer pipeline (None: the whole model at once)."""
     from gac.calibrate import calibrate
     from gac.compressors import make_compressor
     from gac.models.groups import linears_of
@@ -132,33 +156,35 @@ def analyze(model, calib, cfg: CompressConfig, compressor=None, source=None) -> 
     if cfg.speedup is None:
         _check_feasible(groups, cfg)
     names = linears_of(groups)
+    keep = 1.0 - cfg.analysis_ratio
     if source is not None:
         from gac.pipeline.analyze import analyze_layerwise
 
-        units = analyze_layerwise(model, source, compressor, groups, calib, keep=1.0 - cfg.ratio, progress=cfg.progress)
+        units = analyze_layerwise(model, source, compressor, groups, calib, keep=keep, progress=cfg.progress)
     else:
         stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
         probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
         grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
-        units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.ratio, progress=cfg.progress,
-                                   **grads)
+        units = compressor.analyze(model, groups, stats, probe=probe, keep=keep, progress=cfg.progress, **grads)
         del stats
     return Analyzed(compressor, units, names, sum(u.group.numel for u in units), calib)
 
 
 def select_dims(model, analyzed: Analyzed, cfg: CompressConfig) -> Selected:
     """The dims of cfg's objective from analyzed units: under --speedup the latency closed loop (which builds and
-    times `model`'s variants), else the compressor's d* under the ratio's budget, then aligned dims by the knapsack
-    (candidates from the static rule, a deployment target or a hardware profile). The model is not changed."""
+    times `model`'s variants and hands its kept model on), else the compressor's d* under the ratio's budget, then
+    aligned dims by the knapsack (candidates from the static rule, a deployment target or a hardware profile). The
+    model is not changed."""
     from gac.align.select import select_within_budget
 
     compressor, units, compressible = analyzed.compressor, analyzed.units, analyzed.compressible
     if cfg.speedup is not None:  # latency as the objective: no parameter budget
-        from gac.speedup import select_by_latency
+        from gac.closed_loop import ClosedLoop
 
-        outcome = select_by_latency(model, compressor, units, cfg.speedup, alignment=cfg.alignment, device=cfg.device,
-                                    dtype=cfg.dtype, windows=analyzed.windows, progress=cfg.progress)
-        return Selected(**vars(analyzed), budget=compressible, dims={"gac": outcome.dims}, selection=outcome)
+        outcome = ClosedLoop(model, compressor, units, cfg.speedup, alignment=cfg.alignment, device=cfg.device,
+                             dtype=cfg.dtype, windows=analyzed.windows, progress=cfg.progress).run()
+        return Selected(**vars(analyzed), budget=compressible, dims={"gac": outcome.dims}, selection=outcome,
+                        built={"gac": outcome.model})
     budget = math.floor((1.0 - cfg.ratio) * compressible)
     unaligned = compressor.allocate(units, budget)
 
@@ -194,9 +220,13 @@ def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, sourc
 
 
 def materialize_variants(model, selected: Selected) -> dict:
-    """{variant: model} for "unaligned" and "gac": each a deep copy of `model`, cut through surgery."""
+    """{variant: model} for "unaligned" and "gac": each a deep copy of `model`, cut through surgery; a variant the
+    selection built already (the closed loop's kept model) is taken as it was built and timed."""
     models = {}
     for variant, dims in selected.dims.items():
+        if variant in selected.built:
+            models[variant] = selected.built[variant].eval()
+            continue
         m = copy.deepcopy(model)
         selected.compressor.materialize(m, selected.units, dims)
         models[variant] = m.eval()
@@ -204,12 +234,12 @@ def materialize_variants(model, selected: Selected) -> dict:
 
 
 def compress(cfg: CompressConfig) -> CompressResult:
-    import torch
-
+    """load -> calibrate -> analyze -> select -> materialize -> evaluate -> report -> save. Whole in memory, or layer
+    by layer (cfg.layerwise, or a --max-memory the whole model would exceed): the two pipelines differ only in how
+    the model is read, cut and written; selection, evaluation and the report are one path."""
     from gac.compressors import make_compressor
     from gac.data import load_windows
     from gac.models.io import check_out_dir
-    from gac.models.loading import load_model
 
     compressor = make_compressor(cfg.compressor, **cfg.compressor_options)
     if cfg.out is not None:
@@ -218,95 +248,70 @@ def compress(cfg: CompressConfig) -> CompressResult:
         from gac.hw.profile import load_profile
 
         load_profile(cfg.profile)  # a bad profile fails now, not after calibration
-
     if cfg.layerwise or cfg.max_memory:
         from gac.pipeline.memory import plan_memory
 
         cfg = dataclasses.replace(cfg, layerwise=plan_memory(cfg))  # layer by layer when whole would not fit
-    if cfg.layerwise:
-        return _compress_layerwise(cfg, compressor)
-    loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    model, tokenizer = loaded.model, loaded.tokenizer
-    _check_uncompressed(model, cfg.model)
-    calib, held_out = load_windows(tokenizer, cfg.text)
-    selected = analyze_and_select(model, calib, cfg, compressor)
-    models = {"baseline": model, **materialize_variants(model, selected)}
-    selected.units = None  # free the SVD factors before evaluation
-    compressible, budget, names = selected.compressible, selected.budget, selected.names
-
-    report = _report_header(cfg, loaded.source, compressible, budget, torch)
-    report["pipeline"] = "whole"
-    report["variants"] = _evaluate(models, names, held_out, cfg)
-    report["dims"] = {v: reduced_dims(d) for v, d in selected.dims.items()}
-    if cfg.speedup is not None:
-        selected.selection.annotate(report)  # the closed loop's rounds: report.json's latency_objective
-    else:
-        report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
-    saved = "gac" if cfg.align else "unaligned"
-    report["saved_variant"] = saved
-    if selected.target is not None:
-        report["target"] = selected.target
-    if selected.profile_excluded is not None:
-        report["profile_excluded_dims"] = sum(map(len, selected.profile_excluded.values()))
-        report["profile_excluded"] = {name: {str(d): why for d, why in sorted(dims.items())}  # JSON keys
-                                      for name, dims in selected.profile_excluded.items()}
-
-    out = None
-    if cfg.out is not None:
-        out = _save(models[saved], tokenizer, cfg, report, compressor)
-    return CompressResult(report, out, models)
-
-
-def _compress_layerwise(cfg: CompressConfig, compressor) -> CompressResult:
-    """compress() layer by layer: a safetensors model directory is read lazily (gac.models.lazy), each variant cut
-    layer by layer and the saved one streamed to shards in the atomic output directory."""
-    import torch
-
-    from gac.atomic import atomic_dir
-    from gac.data import load_windows
-    from gac.models.io import check_out_dir, write_beside_weights
-    from gac.models.lazy import open_source
-    from gac.models.sharded import ShardWriter
-    from gac.pipeline.materialize import materialize_layerwise, outer_tensors
-
-    source, tokenizer, model_name = open_source(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    model = source.model
+    model, tokenizer, model_name, source = _open(cfg)
     _check_uncompressed(model, cfg.model)
     calib, held_out = load_windows(tokenizer, cfg.text)
     selected = analyze_and_select(model, calib, cfg, compressor, source=source)
-    saved = "gac" if cfg.align else "unaligned"
-    report = _report_header(cfg, model_name, selected.compressible, selected.budget, torch)
-    report.update(pipeline="layerwise", saved_variant=saved)
+    with _streamed_output(cfg) as streamed_to:
+        models, ppl = _materialize(model, source, selected, cfg, held_out, streamed_to)
+        report = _report(cfg, model_name, selected, _evaluate(models, selected.names, held_out, cfg, ppl=ppl))
+        out = _save(models[cfg.saved_variant], tokenizer, cfg, report, compressor, streamed_to)
+    return CompressResult(report.to_dict(), out, models)
 
-    def run(out_dir):
-        writer = ShardWriter(out_dir) if out_dir is not None else None
-        models = materialize_layerwise(model, source, selected.compressor, selected.units, selected.dims,
-                                       writer=writer and (saved, writer), progress=cfg.progress,
-                                       held_out=held_out if cfg.evaluate else None)
-        ppl = models.pop("ppl", {})
-        if writer is not None:
-            writer.add(outer_tensors(models[saved]))
-            writer.close()
-        # perplexity layer by layer; latency needs a model whole on the device: null here (`gac bench` the output)
-        report["variants"] = _evaluate({"baseline": model, **models}, selected.names, held_out,
-                                       dataclasses.replace(cfg, evaluate=False))
-        for variant, value in ppl.items():
-            report["variants"][variant]["ppl"] = value
-        report["dims"] = {v: reduced_dims(d) for v, d in selected.dims.items()}
-        report["selection"] = {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}
-        if selected.target is not None:
-            report["target"] = selected.target
-        if out_dir is not None:
-            plan, files = _plan_and_files(models[saved], cfg, report, compressor)
-            write_beside_weights(models[saved], tokenizer, out_dir, plan=plan, extra_files=files)
-        return models
 
-    if cfg.out is None:
-        return CompressResult(report, None, {"baseline": model, **run(None)})
-    out = check_out_dir(cfg.out, cfg.force).resolve()
-    with atomic_dir(out, force=cfg.force) as tmp:
-        models = run(tmp)
-    return CompressResult(report, out, {"baseline": model, **models})
+def _open(cfg: CompressConfig) -> tuple:
+    """(model, tokenizer, model name for the report, layer-wise weight source or None): the model whole in memory,
+    or, layer by layer, a safetensors model directory read lazily (gac.models.lazy)."""
+    if cfg.layerwise:
+        from gac.models.lazy import open_source
+
+        source, tokenizer, model_name = open_source(cfg.model, dtype=cfg.dtype, device=cfg.device)
+        return source.model, tokenizer, model_name, source
+    from gac.models.loading import load_model
+
+    loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    return loaded.model, loaded.tokenizer, loaded.source, None
+
+
+@contextlib.contextmanager
+def _streamed_output(cfg: CompressConfig):
+    """The atomic output directory (renamed to cfg.out on success) that a layer-wise run streams the saved variant's
+    weights into as they are cut; None for a whole-model run, saved at the end, or a run with no output."""
+    if not (cfg.layerwise and cfg.out is not None):
+        yield None
+        return
+    from gac.atomic import atomic_dir
+    from gac.models.io import check_out_dir
+
+    with atomic_dir(check_out_dir(cfg.out, cfg.force).resolve(), force=cfg.force) as tmp:
+        yield tmp
+
+
+def _materialize(model, source, selected: Selected, cfg: CompressConfig, held_out, streamed_to) -> tuple:
+    """({variant: model}, the baseline first; {variant: perplexity} measured on the way, else None): deep copies cut
+    whole, or, layer by layer, every variant cut from the analysis' factor cache with perplexity measured as the
+    layers go by and the saved variant's weights streamed to `streamed_to`."""
+    if source is None:
+        models = {"baseline": model, **materialize_variants(model, selected)}
+        selected.units = None  # free the SVD factors before evaluation
+        return models, None
+    from gac.models.sharded import ShardWriter
+    from gac.pipeline.materialize import materialize_layerwise, outer_tensors
+
+    saved = cfg.saved_variant
+    writer = ShardWriter(streamed_to) if streamed_to is not None else None
+    models = materialize_layerwise(model, source, selected.compressor, selected.units, selected.dims,
+                                   writer=writer and (saved, writer), progress=cfg.progress,
+                                   held_out=held_out if cfg.evaluate else None)
+    ppl = models.pop("ppl", None)
+    if writer is not None:
+        writer.add(outer_tensors(models[saved]))
+        writer.close()
+    return {"baseline": model, **models}, ppl
 
 
 def _check_feasible(groups, cfg: CompressConfig) -> None:
@@ -328,7 +333,11 @@ def _check_uncompressed(model, source: str) -> None:
                        "model, or align this one with `gac repair`")
 
 
-def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig) -> dict:
+def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig, *, ppl: dict | None = None) -> dict:
+    """{variant: figures}: each model's parameters and aligned fraction over `names` and, with cfg.evaluate, its
+    held-out perplexity and prefill and decode latency, all models timed side by side (cfg.evaluation_latency).
+    `ppl`: perplexities measured layer by layer; latency is then not measured (it needs the model whole on the
+    device: `gac bench` the output). What is not measured is null."""
     from gac.evaluate.latency import measure_latency
     from gac.evaluate.perplexity import perplexity
     from gac.models.dims import params_and_alignment
@@ -336,43 +345,64 @@ def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig) -> 
     variants = {}
     for name, m in models.items():
         params, aligned = params_and_alignment(m, names, cfg.alignment)
-        variants[name] = {"params": params, "aligned_fraction": aligned}
-    if not cfg.evaluate:  # the same keys as an evaluated report, unmeasured
-        for v in variants.values():
-            v.update(dict.fromkeys(NOT_EVALUATED))
+        variants[name] = {"params": params, "aligned_fraction": aligned, **dict.fromkeys(NOT_EVALUATED)}
+    if not cfg.evaluate:
+        return variants
+    if ppl is not None:
+        for name, value in ppl.items():
+            variants[name]["ppl"] = value
         return variants
     for name, m in models.items():
         variants[name]["ppl"] = perplexity(m, held_out, desc=f"perplexity {name}", progress=cfg.progress)
     log.info("timing %s side by side", ", ".join(models))
-    for name, lat in measure_latency(models, cfg.latency).items():
+    for name, lat in measure_latency(models, cfg.evaluation_latency).items():
         variants[name].update(lat)
     return variants
 
 
-def _report_header(cfg: CompressConfig, source: str, compressible: int, budget: int, torch) -> dict:
+def _report(cfg: CompressConfig, model_name: str, selected: Selected, variants: dict):
+    """report.json of a run (gac.evaluate.report.Report), built once from the selection and the evaluated variants,
+    whichever the pipeline; under --speedup the closed loop's rounds and each timed variant's figures at the
+    objective's shape."""
+    import torch
+
+    from gac.evaluate.report import Report
     from gac.hw.device import device_name
     from gac.models.io import versions
 
-    return {
-        "model": source, "compressor": cfg.compressor, "ratio": None if cfg.speedup else cfg.ratio,
-        "alignment": cfg.alignment,
-        "device": cfg.device, "device_name": device_name(cfg.device), "dtype": cfg.dtype,
-        "compressible_params": compressible, "budget_params": budget,
-        "compressor_options": dict(cfg.compressor_options), "profile": cfg.profile,
-        "latency": dataclasses.asdict(cfg.latency), "eval_tokens": cfg.text.eval_windows * cfg.text.seq_len,
-        "versions": versions(),
-        "threads": torch.get_num_threads(),
-    }
+    outcome = selected.selection if cfg.speedup is not None else None
+    if outcome is not None:
+        for variant, figures in outcome.variant_figures().items():
+            variants[variant].update(figures)
+    return Report(
+        model=model_name, compressor=cfg.compressor, ratio=cfg.ratio, alignment=cfg.alignment, device=cfg.device,
+        device_name=device_name(cfg.device), dtype=cfg.dtype, compressible_params=selected.compressible,
+        budget_params=selected.budget, compressor_options=dict(cfg.compressor_options), profile=cfg.profile,
+        latency=dataclasses.asdict(cfg.evaluation_latency), eval_tokens=cfg.text.eval_windows * cfg.text.seq_len,
+        versions=versions(), threads=torch.get_num_threads(), pipeline="layerwise" if cfg.layerwise else "whole",
+        variants=variants, dims={v: reduced_dims(d) for v, d in selected.dims.items()},
+        saved_variant=cfg.saved_variant,
+        selection=None if outcome else {k: v for k, v in selected.selection.to_dict().items() if k != "dims"},
+        objective=cfg.speedup.objective() if outcome else None, latency_objective=outcome.report() if outcome else None,
+        target=selected.target, profile_excluded=selected.profile_excluded,
+    )
 
 
-def _save(model, tokenizer, cfg: CompressConfig, report: dict, compressor) -> Path:
-    from gac.models.io import save
+def _save(model, tokenizer, cfg: CompressConfig, report, compressor, streamed_to) -> Path | None:
+    """Write the saved variant with its plan, report.json, report.md and dims.png to cfg.out (None: no output):
+    atomically, or beside the weights already streamed to `streamed_to`, the atomic directory that becomes cfg.out."""
+    from gac.models.io import save, write_beside_weights
 
+    if cfg.out is None:
+        return None
     plan, files = _plan_and_files(model, cfg, report, compressor)
-    return save(model, tokenizer, cfg.out, plan=plan, extra_files=files, force=cfg.force)
+    if streamed_to is None:
+        return save(model, tokenizer, cfg.out, plan=plan, extra_files=files, force=cfg.force)
+    write_beside_weights(model, tokenizer, streamed_to, plan=plan, extra_files=files)
+    return Path(cfg.out).resolve()
 
 
-def _plan_and_files(model, cfg: CompressConfig, report: dict, compressor) -> tuple[dict, dict]:
+def _plan_and_files(model, cfg: CompressConfig, report, compressor) -> tuple[dict, dict]:
     """gac_plan.json's content and the files saved beside the model (report.json, report.md, dims.png)."""
     from gac.evaluate.dims_plot import plot_dims
     from gac.evaluate.report import report_json, report_markdown
@@ -380,12 +410,13 @@ def _plan_and_files(model, cfg: CompressConfig, report: dict, compressor) -> tup
     from gac.models.io import plan_record
 
     plan = plan_record(
-        variant=report["saved_variant"], source_model=report["model"], alignment=cfg.alignment,
-        dims=report["dims"][report["saved_variant"]],
-        compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)}, ratio=report["ratio"],
-        compressible_params=report["compressible_params"], budget_params=report["budget_params"], target=cfg.target,
+        variant=report.saved_variant, source_model=report.model, alignment=cfg.alignment,
+        dims=report.dims[report.saved_variant],
+        compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)}, ratio=report.ratio,
+        compressible_params=report.compressible_params, budget_params=report.budget_params, target=cfg.target,
     )
     png = io.BytesIO()
     plot_dims(inspect_model(model, {cfg.alignment, 8, 16, 32}), png)
-    files = {"report.json": report_json(report), "report.md": report_markdown(report), "dims.png": png.getvalue()}
+    content = report.to_dict()
+    files = {"report.json": report_json(content), "report.md": report_markdown(content), "dims.png": png.getvalue()}
     return plan, files

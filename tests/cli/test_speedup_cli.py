@@ -7,10 +7,15 @@ import json
 
 import pytest
 
+from gac.evaluate.report import kept_round
 from tests.cli.test_compress_cli import FAST, run_gac
+
+TOKENS = FAST.index("--prefill-tokens")
+FAST_SPEEDUP = FAST[:TOKENS] + FAST[TOKENS + 2:]  # --speedup times at its --shape: no --prefill-tokens
 
 
 @pytest.mark.parametrize("extra, expected", [
+    (["--speedup", "1.2", "--prefill-tokens", "64"], "--prefill-tokens"),
     (["--speedup", "1.2", "--ratio", "0.2"], "exclude each other"),
     (["--speedup", "1.2", "--no-align"], "exclude each other"),
     (["--speedup", "1.2", "--profile", "auto"], "exclude each other"),
@@ -27,7 +32,7 @@ from tests.cli.test_compress_cli import FAST, run_gac
     (["--speedup", "1.2", "--margin", "nan"], "--margin"),
 ])
 def test_speedup_option_errors(tiny_model_dir, tmp_path, extra, expected):
-    p = run_gac("compress", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o"), *FAST, *extra)
+    p = run_gac("compress", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o"), *FAST_SPEEDUP, *extra)
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in p.stderr, p.stderr
@@ -37,7 +42,8 @@ def test_speedup_option_errors(tiny_model_dir, tmp_path, extra, expected):
 def test_speedup_run(tiny_model_dir, tmp_path):
     out = tmp_path / "o"
     p = run_gac("compress", "--model", str(tiny_model_dir), "--compressor", "prune", "--prune-layers", "all",
-                "--speedup", "1.05", "--shape", "1x64", "--param-cap", "0.95", "--margin", "0.01", "--out", str(out), *FAST)
+                "--speedup", "1.05", "--shape", "1x64", "--param-cap", "0.95", "--margin", "0.01", "--out", str(out),
+                *FAST_SPEEDUP)
     if p.returncode == 2:  # a tiny model on a busy CPU may predict no speedup at all: then one line says so
         assert "best reachable speedup" in p.stderr and "Traceback" not in p.stderr, p.stderr
         return
@@ -46,6 +52,9 @@ def test_speedup_run(tiny_model_dir, tmp_path):
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x64",
                               "margin": 0.01, "param_cap": 0.95, "guard": True, "whole_heads": True}
     assert {"predicted_ms", "measured_ms"} <= set(r["variants"]["gac"])
+    assert (r["latency"]["batch"], r["latency"]["prefill_tokens"]) == (1, 64)  # every model timed at the objective's
+    lo = r["latency_objective"]
+    assert "history" not in lo["guard"]["latency"] and kept_round(lo, lo["stream"])["round"] == lo["round"]
     assert all(row["params"] <= 0.95 * r["compressible_params"] for row in r["latency_objective"]["rounds"])
     guard = r["latency_objective"]["guard"]  # the parameter objective's choice beside it keeps the cap too
     assert guard["kept"] in ("latency", "parameter") and "parameter" in guard

@@ -111,17 +111,15 @@ def test_profile_caches_and_reuses(cache, tmp_path, monkeypatch):
 def test_a_cache_swept_by_an_older_method_is_measured_again(cache, tmp_path, monkeypatch):
     """Both caches (the per-device one and --speedup's auto sweeps) measure again a profile without today's
     sweep_method: its CPU sweeps read operands from cache."""
-    from gac.align.profiled import _cached_sweep, auto_cache_path
-
     first = hp.profile(TINY, progress=False)
     assert first["sweep_method"] == hp.SWEEP_METHOD
     old = {k: v for k, v in first.items() if k != "sweep_method"}
     hp.save_profile(old, hp.cached_profile_path())
     assert hp.load_cached_profile(TINY) is None
-    hp.save_profile(old, auto_cache_path(TINY, device="cpu", dtype="float32"))
+    hp.save_profile(old, hp.sweep_cache_path(TINY, device="cpu", dtype="float32"))
     monkeypatch.setattr(hp, "run_profile", lambda *a, **k: first)
-    assert _cached_sweep(TINY, device="cpu", dtype="float32", progress=False) is first
-    assert hp.load_profile(auto_cache_path(TINY, device="cpu", dtype="float32"))["sweep_method"] == hp.SWEEP_METHOD
+    assert hp.cached_sweep(TINY, device="cpu", dtype="float32", progress=False) is first
+    assert hp.load_profile(hp.sweep_cache_path(TINY, device="cpu", dtype="float32"))["sweep_method"] == hp.SWEEP_METHOD
 
 
 @pytest.mark.parametrize("chunk_mib, llc_mib, copies", [(100, 480, 10), (100, 4096, 21), (1500, 480, 1),

@@ -62,6 +62,33 @@ def test_layerwise_output_equals_whole_model_output(source_dir, tmp_path, name, 
     assert not list(tmp_path.glob(".*"))  # atomic
 
 
+def test_layerwise_report_carries_what_the_whole_report_does(source_dir, tmp_path):
+    """One report for both pipelines: the same keys and selection (a profile's ruled-out dims included), only the
+    pipeline named differently; report.json is the report the call returns."""
+    from gac.evaluate.latency import LatencyConfig
+    from gac.hw.profile import save_profile
+
+    dims = list(range(1, 65))
+    ms = [1.0 + d * 0.01 + (5.0 if d % 16 == 0 else 0.0) for d in dims]  # every multiple of 16 a cliff
+    entry = {"op": "lowrank", "shape": {"in": 64, "out": 64}, "m": 8, "backend": None, "dims": dims, "ms": ms,
+             "p10_ms": ms, "p90_ms": ms}
+    profile = save_profile({"gac_profile": 1, "device": "cpu", "device_name": "synthetic", "torch": "x",
+                            "dtype": "float32", "threads": 1, "date": "2026-01-01", "ops": [entry]},
+                           tmp_path / "p.json")
+    base = dict(model=str(source_dir), compressor="svd", ratio=0.2, text=TEXT, evaluate=False, progress=False,
+                profile=str(profile), latency=LatencyConfig(prefill_tokens=8))
+    whole = compress(CompressConfig(**base)).report
+    lazy = compress(CompressConfig(**base, out=str(tmp_path / "lazy"), layerwise=True))
+    assert json.loads((lazy.out / "report.json").read_text()) == json.loads(json.dumps(lazy.report))
+    lazy = lazy.report
+    assert set(lazy) == set(whole) and (whole["pipeline"], lazy["pipeline"]) == ("whole", "layerwise")
+    assert lazy["profile_excluded"] and lazy["profile_excluded"] == whole["profile_excluded"]
+    for key in ("dims", "profile_excluded_dims", "budget_params", "variants", "saved_variant"):
+        assert lazy[key] == whole[key], key
+    timeless = [{k: v for k, v in r["selection"].items() if k != "solver_ms"} for r in (lazy, whole)]
+    assert timeless[0] == timeless[1]
+
+
 def test_layerwise_output_loads_offloaded(source_dir, tmp_path):
     cfg = CompressConfig(model=str(source_dir), compressor="svd", ratio=0.2, text=TEXT, evaluate=False,
                          progress=False, out=str(tmp_path / "out"), layerwise=True)

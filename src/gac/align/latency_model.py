@@ -209,10 +209,9 @@ def op_spec(op: str, shape: tuple, dims, phase: Phase, repeats: int):
     its own seq tokens, or at decode one query token per sequence over a KV cache of seq tokens."""
     import dataclasses
 
-    from gac.align.profiled import _fixed_sizes
-    from gac.hw.profile import SweepSpec
+    from gac.hw.profile import FixedSizes, SweepSpec
 
-    sizes, m = _fixed_sizes(op, dict(shape)), phase.m
+    sizes, m = FixedSizes.of(op, dict(shape)), phase.m
     if op == "sdpa_heads":
         sizes = dataclasses.replace(sizes, batch=phase.batch, context=phase.seq)
         m = phase.seq if phase.name == "prefill" else 1
@@ -224,8 +223,8 @@ def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: in
     """Sweep every op and shape the groups' candidates need at the phase's M (cached per device, dtype, torch and
     spec, the spec holding M and the shapes), and return the model with a zero constant (see `calibrated` and
     `fitted`)."""
-    from gac.align.profiled import _cached_sweep
     from gac.hw.device import device_name
+    from gac.hw.profile import cached_sweep
 
     if not groups:
         raise GacError("no dimension groups to predict latency for")
@@ -233,7 +232,7 @@ def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: in
     for (op, shape), dims in sorted(sweep_needs(groups, alignment).items()):
         spec = op_spec(op, shape, dims, phase, repeats)
         log.info("latency table: %s %s at M=%d, %d dims", op, dict(shape), spec.m_values[0], len(dims))
-        entry = _cached_sweep(spec, device=device, dtype=dtype, progress=progress)["ops"][0]
+        entry = cached_sweep(spec, device=device, dtype=dtype, progress=progress)["ops"][0]
         op_tables[(op, shape)] = {int(d): float(ms) for d, ms in zip(entry["dims"], entry["ms"])}
     import torch
 

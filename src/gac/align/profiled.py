@@ -12,24 +12,9 @@ from dataclasses import dataclass, field
 from gac.align.candidates import aligned_candidates
 from gac.errors import GacError
 from gac.hw.cliffs import latency_table
-from gac.hw.profile import SweepSpec
+from gac.hw.profile import FixedSizes, SweepSpec, cached_sweep
 
 log = logging.getLogger(__name__)
-
-
-def _fixed_sizes(op: str, shape: dict):
-    """The FixedSizes that make the `op` sweep measure a unit of this profile_shape (None: an op auto cannot size)."""
-    from gac.hw.profile import FixedSizes
-
-    if op == "lowrank":
-        return FixedSizes(lowrank_in=shape["in"], lowrank_out=shape["out"])
-    if op == "gemm_n":
-        return FixedSizes(hidden=shape["k"])
-    if op == "gemm_k":
-        return FixedSizes(hidden=shape["n"])
-    if op == "sdpa_heads":  # batch and KV length: the caller's phase
-        return FixedSizes(head_dim=shape["head_dim"], kv_heads=shape.get("kv_heads"), q_per_kv=shape.get("q_per_kv"))
-    return None
 
 
 def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, dtype: str, m: int,
@@ -38,8 +23,8 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
     need (low-rank in -> r -> out, GEMM N over K), around the dims the compressor chose. Units on a grid
     (dim_step > 1: whole heads) take their candidates from the grid, not the profile, so are not measured.
 
-    Auto keeps its own cache, one file per sweep spec (auto_cache_path), apart from the one-per-device cache of
-    `gac profile`, so a second compression of the same model on the same device measures nothing."""
+    Auto keeps its own cache, one file per sweep spec (gac.hw.profile.cached_sweep), apart from the one-per-device
+    cache of `gac profile`, so a second compression of the same model on the same device measures nothing."""
     from gac.hw.profile import load_profile
 
     if profile_arg != "auto":
@@ -50,14 +35,14 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
             by_shape[(u.profile_op, tuple(sorted(u.profile_shape.items())))].append(ranks[u.name])
     merged = None
     for (op, shape), dims in sorted(by_shape.items()):
-        sizes = _fixed_sizes(op, dict(shape))
+        sizes = FixedSizes.of(op, dict(shape))
         if sizes is None:
             log.warning("cannot measure %s units automatically: their candidates follow the static rule", op)
             continue
         log.info("profiling %s %s on %s at M=%d", op, dict(shape), device, m)
         spec = SweepSpec(ops=(op,), dims=dims_around(dims, alignment=alignment, window=window), m_values=(m,),
                          sizes=sizes)
-        p = _cached_sweep(spec, device=device, dtype=dtype, progress=progress)
+        p = cached_sweep(spec, device=device, dtype=dtype, progress=progress)
         if merged is None:
             merged = p
         else:
@@ -72,38 +57,6 @@ def profile_candidates_for(profile_arg: str, units, dims: dict, *, device: str, 
     profile = profile_for_model(profile_arg, units, dims, device=device, dtype=dtype, m=m, alignment=alignment,
                                 window=window, progress=progress)
     return candidates_from_profile(profile, m=m, alignment=alignment, window=window) if profile else None
-
-
-def auto_cache_path(spec, *, device: str, dtype: str):
-    """Cache file of one auto sweep: the device/dtype/torch cache name plus a hash of the resolved spec."""
-    import hashlib
-    import json
-
-    from gac.hw.profile import cache_dir, cached_profile_path, resolve_spec
-
-    key = hashlib.sha1(json.dumps(resolve_spec(spec).to_json(), sort_keys=True).encode()).hexdigest()[:12]
-    return cache_dir() / "auto" / f"{cached_profile_path(device, dtype).stem}-{key}.json"
-
-
-def _cached_sweep(spec, *, device: str, dtype: str, progress: bool) -> dict:
-    """The auto sweep for `spec`, measured once per device, dtype, torch version and spec, then read back."""
-    from gac.hw.profile import current_method, load_profile, run_profile, save_profile
-
-    path = auto_cache_path(spec, device=device, dtype=dtype)
-    if path.is_file():
-        try:
-            cached = load_profile(path)
-            if current_method(cached):
-                log.info("reusing the cached sweep %s", path)
-                return cached
-        except GacError as e:
-            log.warning("measuring again: %s", e)
-    result = run_profile(spec, device=device, dtype=dtype, progress=progress)
-    try:
-        save_profile(result, path)
-    except OSError as e:
-        log.warning("could not cache the sweep: %s", e)
-    return result
 
 
 def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: int):

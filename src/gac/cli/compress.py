@@ -57,7 +57,8 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.command("compress")
 @click.option("--model", help="smollm2-135m (default, embedded), a HF model dir, a .gguf file, or a hub id.")
 @click.option("--compressor", type=click.Choice(list(REGISTRY)), help="Dimension-reducing compressor [default: asvd].")
-@click.option("--ratio", type=Real(0, 1, example=0.15), help="Share of compressible parameters to remove, in (0, 1) [default: 0.15].")
+@click.option("--ratio", type=Real(0, 1, example=0.15),
+              help="Share of compressible parameters to remove, in (0, 1) [default: 0.15, without --speedup].")
 @speedup_options
 @click.option("--out", type=click.Path(file_okay=False), help="Output model directory (required unless --dry-run).")
 @click.option("--align", "alignment", type=Int(1, 1024, example=8, hint="give a positive integer up to 1024, usually a power of two, e.g. --align 8"), help="Alignment multiple for candidate dims [default: 8].")
@@ -89,7 +90,8 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--seq-len", type=Int(1, 131072, example=512), help="Tokens per window [default: 512].")
 @click.option("--calib-windows", type=Int(1, 100000, example=16), help="Calibration windows [default: 16].")
 @click.option("--eval-windows", type=Int(1, 100000, example=24), help="Evaluation windows [default: 24].")
-@click.option("--prefill-tokens", type=Int(1, 131072, example=512), help="Prefill length for latency [default: 512].")
+@click.option("--prefill-tokens", type=Int(1, 131072, example=512),
+              help="Prefill length for latency [default: 512; under --speedup its --shape].")
 @click.option("--no-eval", is_flag=True, help="Skip perplexity and latency (parameters and alignment only).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
@@ -125,7 +127,8 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
     options = _given(alpha=alpha, importance=importance, layers=prune_layers, head_mode=head_mode,
                      group_size=group_size)
     _check_options(compressor or CompressConfig.compressor, options)
-    objective = latency_objective(speedup, phase, shape, param_cap, ratio=ratio, no_guard=no_guard, margin=margin)
+    objective = latency_objective(speedup, phase, shape, param_cap, prefill_tokens=prefill_tokens, no_guard=no_guard,
+                                  margin=margin)
     cfg = CompressConfig(
         **_given(model=model, compressor=compressor, ratio=ratio, out=out, alignment=alignment, profile=profile,
                  target=target, dtype=dtype, device=device, factorization=factorization),

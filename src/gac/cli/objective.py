@@ -9,7 +9,7 @@ from gac.cli.options import Real
 SPEEDUP_OPTIONS = (
     click.option("--speedup", type=Real(1, example=1.2),
                  help="Latency as the objective: the best model predicted and measured to run this many times faster "
-                      "than the original at --phase and --shape (excludes --ratio)."),
+                      "than the original at --phase and --shape (excludes --ratio; every model is timed at --shape)."),
     click.option("--phase", type=click.Choice(["prefill", "decode"]),
                  help="--speedup: time a prefill, or one decode step per sequence [default: prefill]."),
     click.option("--shape", help="--speedup: BATCHxTOKENS, tokens prefilled or held in the KV cache [default: 1x512]."),
@@ -32,9 +32,10 @@ def speedup_options(f):
     return f
 
 
-def latency_objective(speedup, phase, shape, param_cap, *, ratio, no_guard=False, margin=None):
-    """gac.speedup.SpeedupConfig from the options, or None for the parameter objective; one-line GacError when
-    --ratio and --speedup are given together (CompressConfig checks the options --speedup excludes)."""
+def latency_objective(speedup, phase, shape, param_cap, *, prefill_tokens=None, no_guard=False, margin=None):
+    """gac.speedup.SpeedupConfig from the options, or None for the parameter objective; one-line GacError for a
+    latency option without --speedup, or --prefill-tokens with it (its --shape sets the timed shape). CompressConfig
+    checks the options --speedup excludes, --ratio included."""
     from gac.errors import GacError
 
     if speedup is None:
@@ -42,9 +43,9 @@ def latency_objective(speedup, phase, shape, param_cap, *, ratio, no_guard=False
             raise GacError("--phase, --shape, --param-cap, --margin and --no-guard set the latency objective: give "
                            "--speedup too, e.g. --speedup 1.2")
         return None
-    if ratio is not None:  # CompressConfig has a default ratio: only here can a given one be told apart
-        raise GacError("--speedup and --ratio exclude each other (--ratio is for the parameter objective): give one "
-                       "of them")
+    if prefill_tokens is not None:
+        raise GacError("--speedup times every model at its --shape, which --prefill-tokens would contradict: give "
+                       "--shape BATCHxTOKENS instead")
     from gac.speedup import SpeedupConfig, parse_shape
 
     batch, seq = parse_shape(shape) if shape is not None else (SpeedupConfig.batch, SpeedupConfig.seq)

@@ -1,14 +1,69 @@
-"""report.json (the contract in DESIGN.md) and a readable report.md table."""
+"""report.json (the contract in DESIGN.md): the Report a run builds once, its JSON, and a readable report.md table."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 
 VARIANTS = ("baseline", "unaligned", "gac")
 
 
+@dataclass
+class Report:
+    """One `gac compress` run's report, built once (gac.api) whichever the pipeline; to_dict() is report.json. The
+    sections of one objective (defaults None) are left out of the JSON under the other."""
+
+    model: str
+    compressor: str
+    ratio: float | None  # null under --speedup, which has no ratio
+    alignment: int
+    device: str
+    device_name: str
+    dtype: str
+    compressible_params: int  # |W|: parameters of all weights the compressor may touch
+    budget_params: int  # floor((1 - ratio) |W|); |W| under --speedup
+    compressor_options: dict
+    profile: str | None
+    latency: dict  # the gac.evaluate.latency.LatencyConfig the variants were timed with
+    eval_tokens: int
+    versions: dict
+    threads: int
+    pipeline: str  # "whole" or "layerwise"
+    variants: dict  # {variant: {params, aligned_fraction, ppl, prefill_ms, decode_ms_per_token, ...}}
+    dims: dict  # {variant: {group: dim}} of the groups each variant reduced
+    saved_variant: str
+    selection: dict | None = None  # --ratio: the knapsack's result (gac.align.plan.SelectionResult less its dims)
+    objective: dict | None = None  # --speedup: the latency objective's options ...
+    latency_objective: dict | None = None  # ... and its closed loop (gac.closed_loop.LatencyOutcome.report)
+    target: dict | None = None  # which dims the deployment target constrained, and why
+    profile_excluded: dict | None = None  # {group: {dim: why}}: the aligned dims a hardware profile ruled out
+
+    def to_dict(self) -> dict:
+        """report.json's object: every field, those of another objective (None) left out; profile_excluded with
+        its count (profile_excluded_dims) and its dims as JSON keys."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.default is not dataclasses.MISSING:
+                continue
+            if f.name == "profile_excluded":
+                out["profile_excluded_dims"] = sum(map(len, value.values()))
+                value = {name: {str(d): why for d, why in sorted(dims.items())} for name, dims in value.items()}
+            out[f.name] = value
+        return out
+
+
 def report_json(report: dict) -> str:
     return json.dumps(report, indent=2)
+
+
+def kept_round(latency_objective: dict, stream: str) -> dict:
+    """The figures of a closed-loop stream's kept round (report.json's latency_objective): the knapsack's rounds are
+    `rounds`, a guard stream's its `history`; each round is written once."""
+    g = latency_objective["guard"][stream]
+    rows = g["history"] if "history" in g else latency_objective["rounds"]
+    return next((row for row in rows if row["round"] == g.get("round")), {})
 
 
 def _fmt(x, spec):
@@ -100,7 +155,7 @@ def report_markdown(r: dict) -> str:
         guard = lo.get("guard", {})
         if "parameter" in guard:
             lines.append("- guard: kept the " + guard["kept"] + " stream's model; " + "; ".join(
-                f"{s}: {g.get('measured_speedup', float('nan')):.3f}x, "
+                f"{s}: {kept_round(lo, s).get('measured_speedup', float('nan')):.3f}x, "
                 f"{'reached' if g['reached'] else 'short'}" + (f", calibration loss {g['loss']:.4f}" if g["loss"] is not
                                                                None else "")
                 for s, g in guard.items() if s != "kept"))

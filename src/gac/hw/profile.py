@@ -64,6 +64,21 @@ class FixedSizes:
         if self.kv_heads is not None and self.q_per_kv is not None:
             raise GacError("give SDPA's kv_heads or q_per_kv, not both")
 
+    @classmethod
+    def of(cls, op: str, shape: Mapping[str, int]) -> FixedSizes | None:
+        """The sizes that make the `op` sweep measure a unit of this shape (a unit's profile_shape, or a latency
+        term's: "in"/"out" of a low-rank pair, "k" of gemm_n, "n" of gemm_k, SDPA heads' "head_dim" and "kv_heads"
+        or "q_per_kv"); None for an op that a shape does not size. SDPA's batch and KV length are the caller's."""
+        if op == "lowrank":
+            return cls(lowrank_in=shape["in"], lowrank_out=shape["out"])
+        if op == "gemm_n":
+            return cls(hidden=shape["k"])
+        if op == "gemm_k":
+            return cls(hidden=shape["n"])
+        if op == "sdpa_heads":
+            return cls(head_dim=shape["head_dim"], kv_heads=shape.get("kv_heads"), q_per_kv=shape.get("q_per_kv"))
+        return None
+
 
 @dataclass(frozen=True)
 class SweepSpec:
@@ -442,6 +457,35 @@ def current_method(profile: Mapping) -> bool:
     logger.info("the cached sweep was measured by method %s, not %s (operands rotated past the cache on CPU too): "
                 "measuring again", profile.get("sweep_method", 1), SWEEP_METHOD)
     return False
+
+
+def sweep_cache_path(spec: SweepSpec, *, device: str, dtype: str) -> Path:
+    """Cache file of one sweep spec: the device/dtype/torch cache name and a hash of the resolved spec, apart from
+    the one-per-device file of `gac profile` (cached_profile_path)."""
+    import hashlib
+
+    key = hashlib.sha1(json.dumps(resolve_spec(spec).to_json(), sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / "auto" / f"{cached_profile_path(device, dtype).stem}-{key}.json"
+
+
+def cached_sweep(spec: SweepSpec, *, device: str, dtype: str, progress: bool = True) -> dict:
+    """The sweep of `spec`, measured once per device, dtype, torch version and spec, then read back: the sweeps of
+    `gac compress --profile auto` and of the latency objective's tables."""
+    path = sweep_cache_path(spec, device=device, dtype=dtype)
+    if path.is_file():
+        try:
+            cached = load_profile(path)
+            if current_method(cached):
+                logger.info("reusing the cached sweep %s", path)
+                return cached
+        except GacError as e:
+            logger.warning("measuring again: %s", e)
+    result = run_profile(spec, device=device, dtype=dtype, progress=progress)
+    try:
+        save_profile(result, path)
+    except OSError as e:
+        logger.warning("could not cache the sweep: %s", e)
+    return result
 
 
 def profile(

@@ -217,9 +217,9 @@ def config_of(spec: str):
 
 def forecast_of(cfg, layerwise: bool) -> Forecast:
     """The forecast for a CompressConfig (gac.api)."""
-    return forecast(config_of(cfg.model), compressor=cfg.compressor, options=cfg.compressor_options, ratio=cfg.ratio,
-                    dtype=cfg.dtype, calib_windows=cfg.text.calib_windows, seq_len=cfg.text.seq_len,
-                    layerwise=layerwise)
+    return forecast(config_of(cfg.model), compressor=cfg.compressor, options=cfg.compressor_options,
+                    ratio=cfg.analysis_ratio, dtype=cfg.dtype, calib_windows=cfg.text.calib_windows,
+                    seq_len=cfg.text.seq_len, layerwise=layerwise)
 
 
 def plan_memory(cfg) -> bool:
