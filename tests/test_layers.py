@@ -80,7 +80,9 @@ ALLOWED = {
     "gac.export": {"gac.hw", "gac.models", "gac.compressors"},
     "gac.repair": {"gac.hw", "gac.models", "gac.align", "gac.evaluate"},
     "gac.speedup": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate"},
-    "gac.api": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate", "gac.pipeline", "gac.speedup"},
+    "gac.closed_loop": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate", "gac.speedup"},
+    "gac.api": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate", "gac.pipeline", "gac.speedup",
+                "gac.closed_loop"},
     **{leaf: set() for leaf in LEAVES},
 }
 
