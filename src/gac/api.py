@@ -11,9 +11,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gac.align.select import COMPRESS_WINDOW, parameter_budget
 from gac.data import TextConfig
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
+from gac.hw.device import ALIGNMENT
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +32,9 @@ class CompressConfig:
     compressor: str = "asvd"
     ratio: float | None = None  # share of compressible parameters to remove (None: DEFAULT_RATIO; none under --speedup)
     out: str | None = None
-    alignment: int = 8
+    alignment: int = ALIGNMENT
     align: bool = True  # False (--no-align): save the compressor's own dims
-    window: int = 1  # aligned candidates each side of d*: re-selection stays within one alignment step
+    window: int = COMPRESS_WINDOW  # aligned candidates each side of d* (gac.align.select says why one)
     profile: str | None = None  # hardware profile JSON driving the candidates
     target: str | None = None  # deployment target (gac.align.targets.TARGETS), e.g. "llama.cpp:q4_k_m"
     dtype: str = "float32"
@@ -185,7 +187,7 @@ def select_dims(model, analyzed: Analyzed, cfg: CompressConfig) -> Selected:
                              dtype=cfg.dtype, windows=analyzed.windows, progress=cfg.progress).run()
         return Selected(**vars(analyzed), budget=compressible, dims={"gac": outcome.dims}, selection=outcome,
                         built={"gac": outcome.model})
-    budget = math.floor((1.0 - cfg.ratio) * compressible)
+    budget = parameter_budget(cfg.ratio, compressible)
     unaligned = compressor.allocate(units, budget)
 
     candidates_for = None
@@ -317,7 +319,7 @@ def _materialize(model, source, selected: Selected, cfg: CompressConfig, held_ou
 def _check_feasible(groups, cfg: CompressConfig) -> None:
     """From the shapes alone, before any calibration: can every group keep its smallest (aligned) dim?"""
     compressible = sum(g.numel for g in groups)
-    budget = math.floor((1.0 - cfg.ratio) * compressible)
+    budget = parameter_budget(cfg.ratio, compressible)
     smallest = sum(g.params(max(g.min_dim, min(cfg.alignment, g.max_dim))) for g in groups)
     if smallest > budget:
         largest = math.floor((1.0 - smallest / compressible) * 1000) / 1000

@@ -8,13 +8,16 @@ import operator
 from collections.abc import Iterable
 
 from gac.errors import GacError
+from gac.hw.device import ALIGNMENT
+
+WINDOW = 4  # aligned candidates each side of d* for an external plan (`gac select`) and a profile's sweep
 
 
 def aligned_candidates(
     dim: float,
-    alignment: int = 8,
+    alignment: int = ALIGNMENT,
     *,
-    window: int = 4,
+    window: int = WINDOW,
     min_dim: int | None = None,
     max_dim: int | None = None,
 ) -> list[int]:
@@ -41,12 +44,12 @@ def aligned_candidates(
     return dims
 
 
-def is_aligned(dim: int | float, alignment: int = 8) -> bool:
+def is_aligned(dim: int | float, alignment: int = ALIGNMENT) -> bool:
     """True when `dim` is a whole number divisible by `alignment`."""
     return float(dim).is_integer() and int(dim) % alignment == 0
 
 
-def aligned_fraction(dims: Iterable[int | float], alignment: int = 8) -> float:
+def aligned_fraction(dims: Iterable[int | float], alignment: int = ALIGNMENT) -> float:
     """Share of `dims` divisible by `alignment`; 1.0 for no dims (nothing is misaligned)."""
     dims = list(dims)
     if not dims:

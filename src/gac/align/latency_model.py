@@ -16,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from gac.errors import GacError
+from gac.hw.device import ALIGNMENT
 from gac.models.groups import DimGroup
 from gac.models.kinds.base import FULL, Term
 
@@ -218,7 +219,7 @@ def op_spec(op: str, shape: tuple, dims, phase: Phase, repeats: int):
     return SweepSpec(ops=(op,), dims=tuple(sorted(dims)), m_values=(m,), sizes=sizes, warmup=2, repeats=repeats)
 
 
-def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: int = 8, device: str = "cpu",
+def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: int = ALIGNMENT, device: str = "cpu",
                           dtype: str = "float32", repeats: int = 11, progress: bool = True) -> LatencyModel:
     """Sweep every op and shape the groups' candidates need at the phase's M (cached per device, dtype, torch and
     spec, the spec holding M and the shapes), and return the model with a zero constant (see `calibrated` and

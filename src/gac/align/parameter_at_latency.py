@@ -17,11 +17,12 @@ MAX_RATIO = 0.95  # the bisection's upper end: a ratio the compressors' smallest
 def dims_at_ratio(compressor, units, ratio: float, *, alignment: int) -> dict:
     """{group: dim or None}: what `gac compress --ratio` selects from analyzed units (the compressor's allocation,
     then aligned dims by the knapsack within one alignment step)."""
-    from gac.align.select import select_within_budget
+    from gac.align.select import COMPRESS_WINDOW, parameter_budget, select_within_budget
 
-    budget = math.floor((1.0 - ratio) * sum(u.group.numel for u in units))
+    budget = parameter_budget(ratio, sum(u.group.numel for u in units))
     unaligned = compressor.allocate(units, budget)
-    return {**unaligned, **select_within_budget(units, unaligned, budget, alignment=alignment, window=1).dims}
+    dims = select_within_budget(units, unaligned, budget, alignment=alignment, window=COMPRESS_WINDOW).dims
+    return {**unaligned, **dims}
 
 
 @contextmanager

@@ -17,9 +17,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gac.align.candidates import aligned_candidates, aligned_fraction
+from gac.align.candidates import WINDOW, aligned_candidates, aligned_fraction
 from gac.align.knapsack import solve_mckp
 from gac.errors import GacError, InfeasibleBudget
+from gac.hw.device import ALIGNMENT
 
 _REQUIRED_WEIGHT_KEYS = ("name", "dim", "score", "params_per_dim")
 
@@ -85,8 +86,8 @@ class Plan:
 
     budget: int
     weights: tuple[WeightSpec, ...]
-    alignment: int = 8
-    window: int = 4
+    alignment: int = ALIGNMENT
+    window: int = WINDOW
 
     def __post_init__(self) -> None:
         put = partial(object.__setattr__, self)

@@ -9,9 +9,10 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gac.align.candidates import aligned_candidates
+from gac.align.candidates import WINDOW, aligned_candidates
 from gac.errors import GacError
 from gac.hw.cliffs import latency_table
+from gac.hw.device import ALIGNMENT
 from gac.hw.profile import FixedSizes, SweepSpec, cached_sweep
 
 log = logging.getLogger(__name__)
@@ -103,8 +104,8 @@ def profile_candidates(
     table: Mapping[int, float],
     dim: float,
     *,
-    alignment: int = 8,
-    window: int = 4,
+    alignment: int = ALIGNMENT,
+    window: int = WINDOW,
     min_dim: int | None = None,
     max_dim: int | None = None,
     tolerance: float = 0.02,
@@ -139,7 +140,7 @@ def profile_candidates(
     return CandidateSet([best], excluded, note)
 
 
-def dims_around(centers, *, alignment: int = 8, window: int = 4) -> tuple[int, ...]:
+def dims_around(centers, *, alignment: int = ALIGNMENT, window: int = WINDOW) -> tuple[int, ...]:
     """Every d* (rounded) plus the aligned dims the candidate rule may consider around it, one multiple wider."""
     dims = set()
     for c in centers:
@@ -163,7 +164,7 @@ def spec_from_plan(plan, base: SweepSpec | None = None) -> SweepSpec:
     return dataclasses.replace(base or SweepSpec(), dims=tuple(sorted(dims)))
 
 
-def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = 8, window: int = 4) -> SweepSpec:
+def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = ALIGNMENT, window: int = WINDOW) -> SweepSpec:
     """`base` with dims swept around every compressible dim of a loaded model (ranks, PaLU group ranks, widths,
     head_dim), GEMMs sized by its hidden size."""
     from gac.models.adapters import adapter_for

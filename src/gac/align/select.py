@@ -9,6 +9,7 @@ dim, grid, bounds), `unit.marginal_score(d)` (importance per parameter at d) and
 from __future__ import annotations
 
 import logging
+import math
 
 from gac.align.candidates import aligned_candidates
 from gac.align.plan import SelectionResult, select
@@ -16,6 +17,14 @@ from gac.errors import InfeasibleBudget
 
 log = logging.getLogger(__name__)
 MAX_EXTRA_WINDOW = 3  # the window grows by at most this many alignment steps
+# `gac compress`'s re-selection: aligned candidates one step each side of the compressor's d* (an external plan,
+# whose d* may be far from any aligned dim, searches candidates.WINDOW steps)
+COMPRESS_WINDOW = 1
+
+
+def parameter_budget(ratio: float, compressible: int) -> int:
+    """B = floor((1 - ratio) |W|): the parameters the compressible weights may keep (report.json's budget_params)."""
+    return math.floor((1.0 - ratio) * compressible)
 
 
 def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, candidates_for=None) -> dict:

@@ -7,6 +7,10 @@ from pathlib import Path
 
 from gac.errors import GacError
 
+# the default multiple every dim is aligned to: 8 elements is the 16 bytes that 16-bit tensor-core GEMMs (and SIMD
+# rows on CPUs) read at once; `--align`, a profile or a --target chooses another
+ALIGNMENT = 8
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 

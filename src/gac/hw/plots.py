@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gac.hw.cliffs import entry_label
+from gac.hw.device import ALIGNMENT
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def _draw_entry(ax, entry: Mapping, alignment: int) -> None:
 
 
 def plot_profile(
-    profile: Mapping, out_dir: str | Path, *, prefix: str = "profile", alignment: int = 8
+    profile: Mapping, out_dir: str | Path, *, prefix: str = "profile", alignment: int = ALIGNMENT
 ) -> list[Path]:
     """Write `{prefix}_{op}.png` per op (one panel per M) into `out_dir`; return the paths written."""
     import matplotlib
