@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import io
 import logging
@@ -229,9 +228,7 @@ def materialize_variants(model, selected: Selected) -> dict:
         if variant in selected.built:
             models[variant] = selected.built[variant].eval()
             continue
-        m = copy.deepcopy(model)
-        selected.compressor.materialize(m, selected.units, dims)
-        models[variant] = m.eval()
+        models[variant] = selected.compressor.built(model, selected.units, dims)
     return models
 
 

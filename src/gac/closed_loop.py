@@ -8,7 +8,6 @@ with the lower calibration loss."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import statistics
@@ -227,9 +226,7 @@ class ClosedLoop:
             rows[s.name] = {"round": k, "budget_ms": s.budget, "baseline_predicted_ms": self.lm.predict({}),
                             "gac_predicted_ms": self.lm.constant_ms + choice.predicted_ms, "params": choice.params,
                             "value": choice.value, **extra}
-            built[s.name] = copy.deepcopy(self.model)
-            self.compressor.materialize(built[s.name], self.units, choice.dims)
-            built[s.name].eval()
+            built[s.name] = self.compressor.built(self.model, self.units, choice.dims)
         if not built:
             return False
         for name, figures in self._timed(built).items():

@@ -5,7 +5,6 @@ the first budget. The loop itself is gac.closed_loop."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import math
@@ -196,9 +195,8 @@ def fit_latency(model, compressor, units, lm, cfg: SpeedupConfig, *, groups=None
     timer = cfg.instruments.timer
     if not dims:  # nothing the objective may cut: the constant alone
         return lm.calibrated(timer({"baseline": model}, calibration, aa=False)["baseline"].median_ms)
-    reference = copy.deepcopy(model)
-    compressor.materialize(reference, units, {u.name: dims.get(u.name) for u in units})
-    t = timer({"baseline": model, "reference": reference.eval()}, calibration, aa=False)
+    reference = compressor.built(model, units, {u.name: dims.get(u.name) for u in units})
+    t = timer({"baseline": model, "reference": reference}, calibration, aa=False)
     del reference
     fitted = lm.fitted(t["baseline"].median_ms, dims, t["reference"].median_ms)
     log.info("latency tables%s fitted on a reference model: it measured %.2f ms against the original's %.2f ms, "

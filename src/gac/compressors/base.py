@@ -211,6 +211,15 @@ class Compressor:
         self.materialize_units(model, units, dims)
         return structure_of(model)
 
+    def built(self, model, units: list[Unit], dims: dict):
+        """A copy of `model` cut to `dims`, in eval mode; `model` itself is left as it is (a variant to time or
+        evaluate beside it)."""
+        import copy
+
+        copied = copy.deepcopy(model)
+        self.materialize_units(copied, units, dims)
+        return copied.eval()
+
     def materialize_units(self, model, units: list[Unit], dims: dict) -> None:
         """Cut every unit whose dim is not None into `model`, in place (through gac.models.surgery)."""
         from gac.models import surgery
