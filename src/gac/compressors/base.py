@@ -108,10 +108,11 @@ class LowRankUnit(Unit):
         return lowrank_options(self.curve, self.in_features, self.out_features, self.group.allows_dense)
 
     def loss_gains(self, dim: int, candidates: list[int]) -> list[float] | None:
+        """The loss model's quality (quality_values) at each candidate, relative to d*: one model for both objectives."""
         if self.curve is None:
             return None
-        loss = self.options()[0]
-        return [float(loss[dim] - loss[min(d, self.max_dim)]) for d in candidates]
+        at_dim, *at_candidates = curve_quality(self.curve, [dim, *candidates])
+        return [q - at_dim for q in at_candidates]
 
     def quality_values(self, candidates: list) -> list[float]:
         """Minus the loss model's predicted loss, or without a curve minus the importance the lost spectral energy
