@@ -119,3 +119,18 @@ def test_no_module_switches_on_a_group_kind():
                 if any(name.endswith("Group") for name in names):
                     found.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert not found, f"switches on a group kind: {found}; ask the group (DimGroup) instead"
+
+
+GEOMETRY_FIELDS = r"config\.(hidden_size|num_attention_heads|intermediate_size|num_key_value_heads|num_hidden_layers|head_dim)\b"
+
+
+def test_config_geometry_only_through_the_family_adapters():
+    """A family may name its sizes otherwise (Phi-3, Gemma's text_config): only the adapter reads them
+    (modeling_gac.py travels alone with a saved model and cannot ask it)."""
+    import re
+
+    for path in SRC.rglob("*.py"):
+        if path.name in ("adapters.py", "modeling_gac.py"):
+            continue
+        found = re.findall(GEOMETRY_FIELDS, path.read_text())
+        assert not found, f"{path.relative_to(SRC)} reads config.{found}: ask gac.models.adapters"

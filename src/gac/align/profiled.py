@@ -171,12 +171,13 @@ def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = AL
     from gac.models.dims import linear_dims
 
     config = model.config
-    dims = linear_dims(model, adapter_for(config).linear_names(config))
+    adapter = adapter_for(config)
+    dims = linear_dims(model, adapter.linear_names(config))
     centers = {r for d in dims for r in d.compressed_dims} | {x for d in dims for x in (d.in_features, d.out_features)}
     centers |= {sum(d.group_ranks) for d in dims if d.group_ranks}  # N of PaLU's shared down-projection GEMM
-    head_dim = adapter_for(config).geometry(config).head_dim
+    head_dim = adapter.geometry(config).head_dim
     base = base or SweepSpec()
-    sizes = dataclasses.replace(base.sizes, hidden=config.hidden_size, lowrank_in=config.hidden_size,
-                                lowrank_out=config.hidden_size)
+    hidden = adapter.hidden_size(config)
+    sizes = dataclasses.replace(base.sizes, hidden=hidden, lowrank_in=hidden, lowrank_out=hidden)
     return dataclasses.replace(base, dims=dims_around(sorted(centers), alignment=alignment, window=window),
                                head_dims=dims_around([head_dim], alignment=alignment, window=window), sizes=sizes)

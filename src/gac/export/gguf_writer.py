@@ -70,11 +70,12 @@ def geometry(model) -> Geometry:
     from gac.models.groups import groups_of
 
     config = model.config
-    geo = adapter_for(config).geometry(config)
+    adapter = adapter_for(config)
+    geo = adapter.geometry(config)
     widths = [g.dim for g in groups_of(model, "mlp")]
     heads = groups_of(model, "heads")
-    return Geometry(config.hidden_size, geo.head_dim, tuple(widths), tuple(h.live_heads for h in heads),
-                    tuple(h.live_kv_heads for h in heads), adapter_for(config).intermediate_size(config),
+    return Geometry(adapter.hidden_size(config), geo.head_dim, tuple(widths), tuple(h.live_heads for h in heads),
+                    tuple(h.live_kv_heads for h in heads), adapter.intermediate_size(config),
                     geo.num_heads)
 
 

@@ -24,7 +24,7 @@ def structure_of(model) -> dict:
     config = model.config
     adapter = adapter_for(config)
     geo = adapter.geometry(config)
-    hidden, inter = config.hidden_size, adapter.intermediate_size(config)
+    hidden, inter = adapter.hidden_size(config), adapter.intermediate_size(config)
     q, kv = geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim
     live: dict = {key: {} for key in KEYS}
     covered = {"linear": set(), "attention": set()}

@@ -54,7 +54,7 @@ class Shapes:
     def of(cls, config) -> Shapes:
         adapter = adapter_for(config)
         geo = adapter.geometry(config)
-        return cls(adapter.layer_count(config), config.hidden_size, adapter.intermediate_size(config),
+        return cls(adapter.layer_count(config), adapter.hidden_size(config), adapter.intermediate_size(config),
                    geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim, config.vocab_size,
                    bool(getattr(config, "tie_word_embeddings", False)))
 

@@ -62,7 +62,7 @@ def layer_layouts(config) -> list[LayerLayout]:
     structure = getattr(config, "gac_structure", None) or {}
     linear, lowrank = structure.get("linear", {}), structure.get("lowrank", {})
     grouped, attention = structure.get("grouped_lowrank", {}), structure.get("attention", {})
-    hidden, inter = config.hidden_size, adapter.intermediate_size(config)
+    hidden, inter = adapter.hidden_size(config), adapter.intermediate_size(config)
 
     layouts = []
     for layer in adapter.layers(config):
