@@ -133,19 +133,24 @@ IMPORT_ORDERS = {
 }
 
 
+def _booby_trapped_copy(saved, tmp_path):
+    """A copy of the saved output whose modeling_gac.py leaves a mark file when it runs: (directory, mark)."""
+    import shutil
+
+    d, mark = tmp_path / "model", tmp_path / "ran"
+    shutil.copytree(saved, d)
+    with open(d / MODELING_FILE, "a") as f:
+        f.write(f"\nopen({str(mark)!r}, 'w').write('the directory code ran')\n")
+    return d, mark
+
+
 @pytest.mark.parametrize("order", list(IMPORT_ORDERS))
 def test_after_import_gac_transformers_loads_it_with_gacs_classes(saved, compressed, tmp_path, order):
     """After `import gac` (before or after transformers), AutoModelForCausalLM.from_pretrained(DIR) builds gac's
     own classes without trust_remote_code; with trust_remote_code=True too: the directory's modeling_gac.py (here
     one that leaves a mark when run) is never imported."""
-    import shutil
-
     _, _, structure, _, ids, expected = compressed
-    d = tmp_path / "model"
-    shutil.copytree(saved, d)
-    mark = tmp_path / "ran"
-    with open(d / MODELING_FILE, "a") as f:
-        f.write(f"\nopen({str(mark)!r}, 'w').write('the directory code ran')\n")
+    d, mark = _booby_trapped_copy(saved, tmp_path)
     ref = tmp_path / "ref.pt"
     torch.save({"ids": ids, "logits": expected}, ref)
     script = IMPORT_ORDERS[order] + textwrap.dedent(f"""
@@ -174,14 +179,8 @@ def test_after_import_gac_transformers_loads_it_with_gacs_classes(saved, compres
 
 
 def test_gac_load_runs_no_code_from_the_directory_and_refuses_an_edited_one(saved, compressed, tmp_path, caplog):
-    import shutil
-
     _, _, _, _, ids, expected = compressed
-    d = tmp_path / "model"
-    shutil.copytree(saved, d)
-    mark = tmp_path / "ran"
-    with open(d / MODELING_FILE, "a") as f:
-        f.write(f"\nopen({str(mark)!r}, 'w').write('the directory code ran')\n")
+    d, mark = _booby_trapped_copy(saved, tmp_path)
     with pytest.raises(GacError, match="modeling_gac.py differs from the file gac wrote") as info:
         io.load(d)
     assert "allow_modified_code=True" in str(info.value) and "\n" not in str(info.value)
