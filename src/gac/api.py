@@ -164,7 +164,9 @@ def analyze(model, calib, cfg: CompressConfig, compressor=None, source=None) -> 
         units = analyze_layerwise(model, source, compressor, groups, calib, keep=keep, progress=cfg.progress)
     else:
         stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
-        probe = calib[:1, : min(256, calib.shape[1])]  # one short window: the loss probe for measured importance
+        from gac.compressors.sensitivity import PROBE_TOKENS
+
+        probe = calib[:1, :PROBE_TOKENS]  # one short window: the loss probe for measured importance
         grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
         units = compressor.analyze(model, groups, stats, probe=probe, keep=keep, progress=cfg.progress, **grads)
         del stats

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+CALIB_BATCH = 4  # calibration windows per forward batch (the layer-by-layer pipeline batches them alike)
+
 
 @dataclass
 class LinearStats:
@@ -68,7 +70,7 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
         raise RuntimeError(f"calibration saw no input for {len(missing)} layers, e.g. {missing[0]}")
 
 
-def calibrate(model, windows: torch.Tensor, names: list[str], *, batch_size: int = 4, xtx: bool = False,
+def calibrate(model, windows: torch.Tensor, names: list[str], *, batch_size: int = CALIB_BATCH, xtx: bool = False,
               progress: bool = True) -> dict[str, LinearStats]:
     """Run the calibration windows [n, seq] through the model and return per-linear input statistics."""
     device = next(model.parameters()).device

@@ -26,6 +26,7 @@ GRADIENT_PROXIES = ("taylor", "fisher")
 # Low-rank compressors also take "output": no per-element proxy but the loss model of gac.compressors.loss_model
 # (each weight's output error under truncation, weighted by the output-gradient Fisher of its output channels).
 OUTPUT = "output"
+GRAD_BATCH = 2  # windows per backward batch of the gradient passes (the layer-by-layer pipeline batches them alike)
 LOWRANK_IMPORTANCE = (OUTPUT, *PROXIES)
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def collect_gradients(model, names: list[str]):
         raise RuntimeError(f"the gradient pass reached no gradient for {len(missing)} weights, e.g. {missing[0]}")
 
 
-def gradient_stats(model, windows: torch.Tensor, names: list[str], *, batch_size: int = 2,
+def gradient_stats(model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH,
                    progress: bool = True) -> dict[str, GradStats]:
     """Language-modelling loss on the calibration windows [n, seq], backward batch by batch, per-channel sums.
 
@@ -207,7 +208,7 @@ def weight_scores(proxy: str, model, names: list[str], *, stats: dict | None = N
     return [scores[n].total / model.get_submodule(n).weight.numel() for n in names]
 
 
-def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size: int = 2,
+def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH,
                   progress: bool = True) -> dict[str, torch.Tensor]:
     """{name: [out] float64}: E_t[(dl_t/dy_tj)^2] per output channel j of each named linear, the empirical Fisher of
     the per-token language-modelling loss l_t with respect to the linear's output y_t, over the calibration windows.

@@ -8,6 +8,8 @@ from tqdm.auto import tqdm
 
 from gac.linalg import factorize_from_svd
 
+PROBE_TOKENS = 256  # the loss probe of measured importance: one calibration window, cut to this length
+
 
 @torch.inference_mode()
 def _loss(model, ids: torch.Tensor) -> float:

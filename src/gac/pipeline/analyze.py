@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from gac.calibrate import collect_stats
+from gac.calibrate import CALIB_BATCH, collect_stats
 from gac.errors import GacError
 from gac.importance import (
+    GRAD_BATCH,
     GRADIENT_PROXIES,
     OUTPUT,
     collect_gradients,
@@ -45,8 +46,6 @@ from gac.pipeline.layers import (
 )
 
 log = logging.getLogger(__name__)
-CALIB_BATCH = 4  # windows per forward batch, as gac.calibrate.calibrate
-GRAD_BATCH = 2  # windows per backward batch, as gac.importance's gradient passes
 assert CALIB_BATCH % GRAD_BATCH == 0  # a calibration batch splits into whole gradient batches
 
 

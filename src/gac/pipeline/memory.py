@@ -100,6 +100,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     """Predicted peak memory, output size and time of compressing a model of this config with the compressor
     `compressor` built from `options` (its config options, as CompressConfig.compressor_options)."""
     from gac.compressors import make_compressor
+    from gac.compressors.sensitivity import PROBE_TOKENS
     from gac.importance import OUTPUT
 
     s = Shapes.of(config)
@@ -113,7 +114,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     xtx, own = c.needs_xtx, c.own_xtx  # X^T X collected in the analysis; own: the SVD is whitened by it
     loss_model = lowrank and c.proxy == OUTPUT
     reverse = c.needs_windows  # a gradient pass (whole), the reverse sweep (layer-wise)
-    probe = min(256, seq_len) if c.measures_sensitivity else 0  # whole model only: one probe pass per weight
+    probe = min(PROBE_TOKENS, seq_len) if c.measures_sensitivity else 0  # whole model only: one probe pass per weight
     tokens = calib_windows * seq_len
     act = b  # hidden states in the model's dtype
     layer_factors = sum(_factor_bytes(o, i) for o, i in s.linears()) if lowrank else 0
