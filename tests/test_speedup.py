@@ -298,7 +298,7 @@ def test_prune_heads_whole_in_the_knapsack_only_by_default():
 
 
 def test_held_heads_leave_the_knapsack_one_candidate_per_head_group():
-    from gac.align.latency_model import FULL, LatencyModel, Phase, candidate_dims
+    from gac.align.latency_model import FULL, LatencyModel, Phase
     from gac.models.groups import HeadGroup
     from gac.speedup import held_whole, latency_items
     from tests.compressors.test_prune import _setup
@@ -306,7 +306,7 @@ def test_held_heads_leave_the_knapsack_one_candidate_per_head_group():
     *_, units = _setup()
     heads = [u for u in units if isinstance(u.group, HeadGroup)]
     assert heads and len(heads) < len(units)
-    tables = {u.name: {d: 1.0 + (d or 0) for d in candidate_dims(u.group, 8)} for u in units}
+    tables = {u.name: {d: 1.0 + (d or 0) for d in u.group.wide_candidates(8)} for u in units}
     lm = LatencyModel(Phase("prefill", 1, 16), tables, {u.name: 1.0 for u in units})
     held = frozenset(u.name for u in units if held_whole(u, SpeedupConfig(1.2, whole_heads=True)))
     assert held == {u.name for u in heads} and not any(held_whole(u, SpeedupConfig(1.2)) for u in units)

@@ -181,7 +181,6 @@ class ClosedLoop:
         """(choice, extra row fields) of stream `s` at its budget; (None, {}) where the guard has no ratio within it."""
         from gac.align.latency_objective import select_for_speedup
         from gac.align.parameter_at_latency import parameter_choice
-        from gac.compressors.quality import quality_values
 
         cfg = self.cfg
         if s.name == "latency":
@@ -195,7 +194,7 @@ class ClosedLoop:
                 raise GacError(f"{e} (with attention heads whole: --head-mode group lets the knapsack cut "
                                "them)") from None
         got = parameter_choice(self.compressor, self.units, self.lm, s.budget, alignment=self.alignment,
-                               value=lambda u, d: quality_values(u, [d])[0],
+                               value=lambda u, d: u.quality_values([d])[0],
                                min_ratio=0.0 if cfg.param_cap is None else 1.0 - cfg.param_cap)
         if got is None:
             log.info("guard: no ratio of the parameter objective is predicted within %.2f ms", s.budget)

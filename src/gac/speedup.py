@@ -174,14 +174,13 @@ def latency_items(units, latency_model, *, held=frozenset()) -> list:
     named in `held` has the original (FULL) as its only candidate."""
     from gac.align.latency_model import FULL
     from gac.align.latency_objective import LatencyItem
-    from gac.compressors.quality import quality_values
 
     items = []
     for u in units:
         table = latency_model.tables[u.name]
         cands = [FULL] if u.name in held else list(table)
         items.append(LatencyItem(u.name, tuple(cands), tuple(table[d] for d in cands),
-                                 tuple(quality_values(u, cands)), tuple(u.params(d) for d in cands)))
+                                 tuple(u.quality_values(cands)), tuple(u.params(d) for d in cands)))
     return items
 
 

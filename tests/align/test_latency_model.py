@@ -8,7 +8,6 @@ from gac.align.latency_model import (
     LatencyModel,
     Phase,
     build_tables,
-    candidate_dims,
     measure_latency_model,
     op_spec,
     reference_dims,
@@ -30,14 +29,14 @@ def test_phase_rows_and_bad_input():
 def test_candidates_span_small_dims_to_full_width():
     m = tiny_model()
     rank = groups_of(m, "rank")[0]  # q_proj 64x64: break-even rank 31
-    assert candidate_dims(rank, 8) == [8, 16, 24, FULL]
+    assert rank.wide_candidates(8) == [8, 16, 24, FULL]
     mlp = groups_of(m, "mlp")[0]  # width 160
-    dims = candidate_dims(mlp, 8)
+    dims = mlp.wide_candidates(8)
     assert dims[0] == 8 and dims[-2] == 152 and dims[-1] is FULL and len(dims) == 20
     heads = groups_of(m, "heads")[0]  # 2 KV groups of head_dim 16
-    assert candidate_dims(heads, 8) == [16, FULL]
+    assert heads.wide_candidates(8) == [16, FULL]
     palu = groups_of(m, "head_rank", heads_per_group=1)[0]  # no dense member
-    assert candidate_dims(palu, 8) == [8, 16]
+    assert palu.wide_candidates(8) == [8, 16]
 
 
 def test_tables_sum_the_ops_that_change_and_keep_cliffs():
@@ -96,7 +95,7 @@ def test_measured_model_covers_every_candidate():
     groups = groups_of(m, "heads")[:1] + groups_of(m, "mlp")[:1]
     lm = measure_latency_model(groups, Phase("prefill", 1, 16), repeats=1, progress=False)
     for g in groups:
-        assert set(lm.tables[g.name]) == set(candidate_dims(g, 8))
+        assert set(lm.tables[g.name]) == set(g.wide_candidates(8))
         assert all(ms > 0 for ms in lm.tables[g.name].values())
 
 
@@ -122,7 +121,7 @@ def test_attention_sweep_has_an_entry_per_candidate_head_count(phase):
     from gac.hw.profile import run_profile
 
     entry = run_profile(spec, progress=False)["ops"][0]
-    heads = sorted(g.group_size * d // g.head_dim for d in candidate_dims(g, 8) if d is not FULL)
+    heads = sorted(g.group_size * d // g.head_dim for d in g.wide_candidates(8) if d is not FULL)
     assert entry["dims"] == sorted({*heads, g.num_heads}) and all(ms > 0 for ms in entry["ms"])
     assert entry["shape"]["seq"] == 16 and entry["shape"]["batch"] == 2
     assert entry["m"] == (16 if phase.name == "prefill" else 1)  # causal over its own tokens, or one over the cache

@@ -7,7 +7,6 @@ import torch
 
 from gac.compressors.base import LowRankUnit
 from gac.compressors.prune import MLPUnit
-from gac.compressors.quality import quality_values
 from gac.linalg import ScaledSVD
 from gac.models.groups import RankGroup, WidthGroup
 
@@ -16,7 +15,7 @@ def test_lowrank_values_follow_the_loss_curve():
     g = RankGroup("w", None, linear="w", in_features=8, out_features=6)  # break-even rank 3
     curve = np.array([4.0, 2.0, 1.5, 0.5])
     u = LowRankUnit(g, score=1.0, curve=curve)
-    assert quality_values(u, [1, 2, 3, None]) == [-2.0, -1.5, -0.5, 0.0]
+    assert u.quality_values([1, 2, 3, None]) == [-2.0, -1.5, -0.5, 0.0]
 
 
 def test_lowrank_values_without_a_curve_follow_the_spectrum():
@@ -24,13 +23,13 @@ def test_lowrank_values_without_a_curve_follow_the_spectrum():
     s = torch.tensor([3.0, 2.0, 1.0, 0.5, 0.1, 0.05])
     svd = ScaledSVD(torch.eye(6), s, torch.eye(6, 8), None)
     u = LowRankUnit(g, score=2.0, svd=svd)
-    values = quality_values(u, [1, 2, 3, None])
+    values = u.quality_values([1, 2, 3, None])
     assert values == sorted(values) and values[-1] == 0.0 and values[0] < 0.0
 
 
 def test_pruned_values_sum_the_importance_cut_away():
     g = WidthGroup("mlp", 4, block="mlp", producers=("a", "b"), consumers=("c",), hidden=2, full=4)
     u = MLPUnit(g, score=1.0, channel_importance=np.array([1.0, 4.0, 2.0, 3.0]))
-    values = quality_values(u, [1, 2, 3, None])
+    values = u.quality_values([1, 2, 3, None])
     scale = u.score * u.numel / 10.0
     assert values == pytest.approx([-6.0 * scale, -3.0 * scale, -1.0 * scale, 0.0])

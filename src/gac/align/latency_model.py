@@ -165,11 +165,6 @@ def reference_dims(lm: LatencyModel, groups) -> dict:
 # ---- which ops change with each group's dim ----------------------------------------------------------------
 
 
-def candidate_dims(group: DimGroup, alignment: int) -> list:
-    """The group's candidates in the tables: its kind's wide range (DimGroup.wide_candidates)."""
-    return group.wide_candidates(alignment)
-
-
 def sweep_needs(groups: list[DimGroup], alignment: int) -> dict:
     """{(op, shape): set of swept dims} every group's candidates need."""
     needs = defaultdict(set)
@@ -177,7 +172,7 @@ def sweep_needs(groups: list[DimGroup], alignment: int) -> dict:
         dense, terms = g.latency_terms()
         for term, x in dense or [(t, t.dim(g.max_dim)) for t in terms]:  # the original layout
             needs[(term.op, term.shape)].add(x)
-        for d in candidate_dims(g, alignment):
+        for d in g.wide_candidates(alignment):
             if d is not FULL:
                 for term in terms:
                     needs[(term.op, term.shape)].add(term.dim(d))
@@ -198,7 +193,7 @@ def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict) -> tup
         original[g.name] = (math.fsum(t.weight * op_tables[(t.op, t.shape)][x] for t, x in dense) if dense
                             else _terms_ms(terms, g.max_dim, op_tables))
         tables[g.name] = {d: original[g.name] if d is FULL else _terms_ms(terms, d, op_tables)
-                          for d in candidate_dims(g, alignment)}
+                          for d in g.wide_candidates(alignment)}
     return tables, original
 
 

@@ -9,12 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def quality_values(unit, candidates: list) -> list[float]:
-    """One value per candidate dim (None: the group as the original has it), comparable across the units of one
-    compressor: the knapsack adds them up."""
-    return unit.quality_values(candidates)
-
-
 def curve_quality(curve, candidates: list) -> list[float]:
     """Minus the predicted loss increase at each rank, `curve` [max_dim + 1] (rank 0..max_dim)."""
     loss = np.asarray(curve, dtype=np.float64)
