@@ -29,7 +29,6 @@ def main(argv=None) -> None:
 
     from gac.align.latency_model import Phase, measure_latency_model
     from gac.api import CompressConfig, analyze, select_dims
-    from gac.compressors.quality import quality_values
     from gac.data import TextConfig, load_windows
     from gac.evaluate.perplexity import perplexity
     from gac.models.loading import load_model
@@ -60,7 +59,7 @@ def main(argv=None) -> None:
     def figures(dims) -> dict:
         built = copy.deepcopy(model)
         analyzed.compressor.materialize(built, units, dims)
-        return {"predicted_loss": -sum(quality_values(u, [dims.get(u.name)])[0] for u in units),
+        return {"predicted_loss": -sum(u.quality_values([dims.get(u.name)])[0] for u in units),
                 "real_loss": loss(built.eval()) - base, "groups_ms": lm.predict(dims) - lm.constant_ms,
                 "low_rank": sum(d is not None for d in dims.values())}
 
