@@ -79,10 +79,11 @@ ALLOWED = {
     "gac.pipeline": {"gac.hw", "gac.models", "gac.compressors"},
     "gac.export": {"gac.hw", "gac.models", "gac.compressors"},
     "gac.repair": {"gac.hw", "gac.models", "gac.align", "gac.evaluate"},
+    "gac.heal": {"gac.hw", "gac.models", "gac.evaluate"},
     "gac.speedup": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate"},
     "gac.closed_loop": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate", "gac.speedup"},
     "gac.api": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate", "gac.pipeline", "gac.speedup",
-                "gac.closed_loop"},
+                "gac.closed_loop", "gac.heal"},
     **{leaf: set() for leaf in LEAVES},
 }
 

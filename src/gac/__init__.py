@@ -1,7 +1,7 @@
 """gac: GPU-Aligned Compression. Compress, then pick hardware-aligned dims under the same parameter budget.
 
 Public verbs (imported lazily so `import gac` stays light): compress, select, load, save, profile, bench,
-repair_dir (named apart from the `gac.repair` package) and inspect_model.
+repair_dir (named apart from the `gac.repair` package), heal_dir and inspect_model.
 
 Importing gac also registers gac's model types with transformers' Auto classes (when transformers loads them), so
 that AutoModelForCausalLM.from_pretrained(DIR) builds a gac output without trust_remote_code.
@@ -17,6 +17,7 @@ _EXPORTS = {
     "profile": "gac.hw.profile",
     "bench": "gac.evaluate.bench",
     "repair_dir": "gac.repair",
+    "heal_dir": "gac.heal",
     "inspect_model": "gac.models.dims",
 }
 

@@ -48,6 +48,7 @@ class CompressConfig:
     progress: bool = True
     layerwise: bool = False  # the layer-by-layer pipeline (gac.pipeline): a model directory is read lazily
     max_memory: str | None = None  # "cpu=8GiB,0=20GiB": the forecast must fit (gac.pipeline.memory)
+    heal: object | None = None  # gac.heal.HealConfig (--heal): distill the saved variant from the original
 
     def __post_init__(self):
         if self.speedup is not None and self.ratio is not None:
@@ -57,6 +58,9 @@ class CompressConfig:
             object.__setattr__(self, "ratio", DEFAULT_RATIO)
         if self.speedup is None and not (isinstance(self.ratio, (int, float)) and 0.0 < self.ratio < 1.0):
             raise GacError(f"ratio {self.ratio} is outside (0, 1): pass the share of parameters to remove, e.g. --ratio 0.15")
+        if self.heal is not None and (self.layerwise or self.max_memory):
+            raise GacError("--heal trains the whole model in memory, so it cannot run layer by layer: drop "
+                           "--layerwise/--max-memory, or heal the output later with `gac heal`")
         if self.alignment < 1:
             raise GacError(f"alignment {self.alignment} must be a positive integer, e.g. --align 8")
         if self.factorization not in ("auto", "svd", "gram"):
@@ -256,10 +260,13 @@ def compress(cfg: CompressConfig) -> CompressResult:
     model, tokenizer, model_name, source = _open(cfg)
     _check_uncompressed(model, cfg.model)
     calib, held_out = load_windows(tokenizer, cfg.text)
+    heal_texts = _heal_config(cfg).windows(tokenizer) if cfg.heal is not None else None  # a bad text fails now
     selected = analyze_and_select(model, calib, cfg, compressor, source=source)
     with _streamed_output(cfg) as streamed_to:
         models, ppl = _materialize(model, source, selected, cfg, held_out, streamed_to)
         report = _report(cfg, model_name, selected, _evaluate(models, selected.names, held_out, cfg, ppl=ppl))
+        if cfg.heal is not None:
+            report.heal = _heal(models, heal_texts, cfg)
         out = _save(models[cfg.saved_variant], tokenizer, cfg, report, compressor, streamed_to)
     return CompressResult(report.to_dict(), out, models)
 
@@ -313,6 +320,18 @@ def _materialize(model, source, selected: Selected, cfg: CompressConfig, held_ou
         writer.add(outer_tensors(models[saved]))
         writer.close()
     return {"baseline": model, **models}, ppl
+
+
+def _heal_config(cfg: CompressConfig):
+    """--heal's gac.heal.HealConfig on the run's evaluation text, device and progress setting."""
+    return dataclasses.replace(cfg.heal, text=cfg.text, device=cfg.device, progress=cfg.progress)
+
+
+def _heal(models: dict, texts, cfg: CompressConfig) -> dict:
+    """--heal: distill the saved variant, in place, from the baseline (the original) on `texts`; the report."""
+    from gac.heal.run import heal_model
+
+    return heal_model(models[cfg.saved_variant], models["baseline"], texts, _heal_config(cfg))
 
 
 def _check_feasible(groups, cfg: CompressConfig) -> None:
@@ -407,6 +426,7 @@ def _plan_and_files(model, cfg: CompressConfig, report, compressor) -> tuple[dic
     """gac_plan.json's content and the files saved beside the model (report.json, report.md, dims.png)."""
     from gac.evaluate.dims_plot import plot_dims
     from gac.evaluate.report import report_json, report_markdown
+    from gac.heal.run import healed_summary
     from gac.models.dims import inspect_model
     from gac.models.io import plan_record
 
@@ -415,6 +435,7 @@ def _plan_and_files(model, cfg: CompressConfig, report, compressor) -> tuple[dic
         dims=report.dims[report.saved_variant],
         compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)}, ratio=report.ratio,
         compressible_params=report.compressible_params, budget_params=report.budget_params, target=cfg.target,
+        **({"healed": healed_summary(report.model, report.heal)} if report.heal else {}),
     )
     png = io.BytesIO()
     plot_dims(inspect_model(model, {cfg.alignment, 8, 16, 32}), png)

@@ -23,6 +23,19 @@ def pydoc_split() -> tuple[str, str]:
     return "\n\n".join(c for c in calib if c), "\n\n".join(held_out)
 
 
+def licence_text() -> tuple[str, str]:
+    """(name, text) of prose unlike the default calibration text: the licence the Python distribution carries
+    (LICENSE.txt of its standard library: legal English, no code and no API reference)."""
+    import sysconfig
+    from pathlib import Path
+
+    path = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
+    if not path.is_file():
+        raise GacError(f"this Python distribution carries no {path}: pass a text unlike the calibration text with "
+                       "--unlike-file")
+    return "Python licence (LICENSE.txt)", path.read_text(encoding="utf-8", errors="replace")
+
+
 def read_text(path, flag: str = "--calib-file/--eval-file") -> str:
     """A user's text file: bounded, UTF-8 (or UTF-16/32 with a BOM), refused when binary (see gac.validate)."""
     from gac.validate import read_text as checked

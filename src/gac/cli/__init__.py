@@ -101,3 +101,5 @@ from gac.cli.export import command as export_cmd  # noqa: E402
 main.add_command(export_cmd)
 from gac.cli.serve_check import command as serve_check_cmd  # noqa: E402
 main.add_command(serve_check_cmd)
+from gac.cli.heal import command as heal_cmd  # noqa: E402
+main.add_command(heal_cmd)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gac.cli.heal import heal_config, heal_options
 from gac.cli.objective import latency_objective, speedup_options
 from gac.align.targets import TARGETS
 from gac.cli.options import Int, Real
@@ -101,12 +102,15 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--max-memory",
               help="Memory budget in accelerate's format, e.g. cpu=8GiB: layer by layer when the whole model would "
                    "not fit; refused before any work when even that would not.")
+@click.option("--heal", is_flag=True,
+              help="Heal the saved model by distillation from the original before saving it (see `gac heal`).")
+@heal_options
 @click.option("--dry-run", is_flag=True,
               help="Print the forecast (peak memory per device, disk, rough time) from the config alone and exit.")
 def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, no_guard, out, alignment, no_align, profile, target,
             allow_profile_mismatch, dtype, device, factorization, alpha, importance, prune_layers, head_mode,
             group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
-            quiet, layerwise, max_memory, dry_run):
+            quiet, layerwise, max_memory, heal, heal_file, heal_tokens, heal_lr, hidden_weight, unlike_file, dry_run):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
     from gac.errors import GacError
@@ -127,6 +131,11 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
     options = _given(alpha=alpha, importance=importance, layers=prune_layers, head_mode=head_mode,
                      group_size=group_size)
     _check_options(compressor or CompressConfig.compressor, options)
+    healing = dict(heal_file=heal_file, heal_tokens=heal_tokens, heal_lr=heal_lr, hidden_weight=hidden_weight,
+                   unlike_file=unlike_file)
+    if not heal and any(v is not None for v in healing.values()):
+        raise GacError("--heal-file, --heal-tokens, --heal-lr, --hidden-weight and --unlike-file set healing: give "
+                       "--heal too")
     objective = latency_objective(speedup, phase, shape, param_cap, prefill_tokens=prefill_tokens, no_guard=no_guard,
                                   margin=margin)
     cfg = CompressConfig(
@@ -143,6 +152,7 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
         progress=not quiet,
         layerwise=layerwise,
         max_memory=max_memory,
+        heal=heal_config(**{**healing, "heal_file": heal_file or calib_file}) if heal else None,
     )
     if dry_run:
         from gac.pipeline.memory import describe, forecast_of, plan_memory
@@ -155,4 +165,9 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
     if t:
         click.echo(f"target {t['name']}: {t['met']} of {t['constrained']} constrained dims meet it "
                    f"(unaligned: {t['unaligned_met']}); see report.md")
+    if result.report.get("heal"):
+        from gac.cli.heal import describe
+
+        for line in describe(result.report["heal"]):
+            click.echo(line)
     click.echo(f"saved {result.report['saved_variant']} model, report.json, report.md and dims.png to {result.out}")

@@ -38,6 +38,7 @@ class Report:
     latency_objective: dict | None = None  # ... and its closed loop (gac.closed_loop.LatencyOutcome.report)
     target: dict | None = None  # which dims the deployment target constrained, and why
     profile_excluded: dict | None = None  # {group: {dim: why}}: the aligned dims a hardware profile ruled out
+    heal: dict | None = None  # --heal: the saved variant's healing (gac.heal.run.heal_model's report)
 
     def to_dict(self) -> dict:
         """report.json's object: every field, those of another objective (None) left out; profile_excluded with
@@ -140,6 +141,12 @@ def report_markdown(r: dict) -> str:
         f"Perplexity: {r.get('eval_tokens', '?')} held-out tokens, the same windows for every variant.",
         f"Saved variant: {r.get('saved_variant', '?')}.",
     ]
+    if r.get("heal"):
+        h = r["heal"]
+        texts = ", ".join(f"{h['texts'][k]} {h['ppl']['before'][k]:.2f} -> {h['ppl']['after'][k]:.2f} (original "
+                          f"{h['ppl']['original'][k]:.2f})" for k in ("held_out", "unlike"))
+        lines.append(f"Healed by distillation from the original after the figures above ({h['run']['tokens']:,} "
+                     f"tokens, {h['run']['seconds']:.0f} s): perplexity {texts}.")
     if obj:
         lines += ["", f"Latency objective at {obj['phase']} {obj['shape']} (interleaved with the baseline and an A/A twin):"]
         for name in ("baseline", "gac"):

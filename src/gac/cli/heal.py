@@ -1,0 +1,90 @@
+"""`gac heal MODEL --out DIR`: recover a compressed gac output by distillation from its original, dims unchanged.
+The healing options are shared with `gac compress --heal`; defaults live in gac.heal's config classes."""
+
+from __future__ import annotations
+
+import click
+
+from gac.cli.options import Int, Real
+
+HEAL_OPTIONS = (
+    click.option("--heal-file", type=click.Path(dir_okay=False),
+                 help="Text to heal on [default: the calibration text]; windows sharing text with the evaluation "
+                      "text are left out."),
+    click.option("--heal-tokens", type=Int(1, 10**10, example=131072),
+                 help="Training tokens [default: 131072, about 10 min for SmolLM2-135M on a 2-core CPU]."),
+    click.option("--heal-lr", type=Real(0, 1, example=3e-4), help="Peak learning rate [default: 3e-4]."),
+    click.option("--hidden-weight", type=Real(None, None, example=1.0),
+                 help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
+    click.option("--unlike-file", type=click.Path(dir_okay=False),
+                 help="Second evaluation text, unlike the calibration text [default: Python's licence, LICENSE.txt]."),
+)
+
+
+def heal_options(f):
+    for option in reversed(HEAL_OPTIONS):
+        f = option(f)
+    return f
+
+
+def heal_config(*, heal_file=None, heal_tokens=None, heal_lr=None, hidden_weight=None, unlike_file=None, **rest):
+    """gac.heal.HealConfig from the options given (the others keep the config's defaults); text files are read and
+    checked now, before any model is loaded."""
+    from gac import validate
+    from gac.heal.distill import DistillConfig
+    from gac.heal.run import HealConfig
+
+    for path, flag in ((heal_file, "--heal-file"), (unlike_file, "--unlike-file")):
+        if path is not None:
+            validate.read_text(path, "text file", flag)
+    given = {k: v for k, v in (("tokens", heal_tokens), ("lr", heal_lr), ("hidden_weight", hidden_weight))
+             if v is not None}
+    return HealConfig(heal_file=heal_file, unlike_file=unlike_file, distill=DistillConfig(**given),
+                      **{k: v for k, v in rest.items() if v is not None})
+
+
+def describe(report: dict) -> list[str]:
+    """The healing report in a few lines: perplexity before -> after on each text, the original's beside."""
+    p, r, run = report["ppl"], report["ratio_to_original"], report["run"]
+    names = report["texts"]
+    lines = [f"healed on {run['tokens']:,} tokens of {names['train']} in {run['seconds']:.0f} s ({run['steps']} steps, "
+             f"{run['stopped']}, kept step {run['best_step']})"]
+    for key in ("held_out", "unlike"):
+        lines.append(f"perplexity on {names[key]}: {p['before'][key]:.2f} ({r['before'][key]:.3f}x) -> "
+                     f"{p['after'][key]:.2f} ({r['after'][key]:.3f}x); original {p['original'][key]:.2f}")
+    return lines
+
+
+@click.command("heal")
+@click.argument("model")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output model directory.")
+@click.option("--original", help="The uncompressed model MODEL was made from [default: the one in gac_plan.json].")
+@heal_options
+@click.option("--eval-file", type=click.Path(dir_okay=False), help="Held-out evaluation text [default: Python docs].")
+@click.option("--seq-len", type=Int(1, 131072, example=512), help="Tokens per window [default: 512].")
+@click.option("--eval-windows", type=Int(1, 100000, example=24), help="Evaluation windows [default: 24].")
+@click.option("--device", help="cpu or cuda[:N] [default: cpu].")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def command(model, out, original, heal_file, heal_tokens, heal_lr, hidden_weight, unlike_file, eval_file, seq_len,
+            eval_windows, device, force, quiet):
+    """Recover MODEL (a gac output) by distillation from its original; dims and parameter count unchanged."""
+    from gac import validate
+    from gac.cli.output import setup_logging
+    from gac.data import TextConfig
+
+    setup_logging(quiet)
+    validate.output_dir(out, "--out", force=force)
+    if eval_file is not None:
+        validate.read_text(eval_file, "text file", "--eval-file")
+    text = TextConfig(**{k: v for k, v in (("eval_file", eval_file), ("seq_len", seq_len),
+                                           ("eval_windows", eval_windows)) if v is not None})
+    cfg = heal_config(heal_file=heal_file, heal_tokens=heal_tokens, heal_lr=heal_lr, hidden_weight=hidden_weight,
+                      unlike_file=unlike_file, original=original, text=text, device=device, force=force,
+                      progress=not quiet)
+    from gac.heal.run import heal_dir
+
+    result = heal_dir(model, out, cfg)
+    for line in describe(result.report):
+        click.echo(line)
+    click.echo(f"saved the healed model and heal.json to {result.out}")

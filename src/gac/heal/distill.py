@@ -1,0 +1,179 @@
+"""Distillation of a compressed model from its original: KL divergence of the logits (optionally matching each
+layer's hidden states), training the student's own tensors in place; its modules and dims never change."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from gac.errors import GacError
+
+DEFAULT_TOKENS = 131072  # the --heal-tokens budget: 128 steps of 2 x 512 tokens (about 10 min on a 2-core CPU)
+MIN_IMPROVEMENT = 1e-3  # a held-out loss this share lower counts as better for early stopping
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """How the student is trained: a token budget, AdamW with warm-up and cosine decay, early stop on held-out loss."""
+
+    tokens: int = DEFAULT_TOKENS  # training tokens (--heal-tokens): steps = tokens // (batch * seq_len)
+    lr: float = 3e-4  # peak learning rate (--heal-lr)
+    batch: int = 2  # windows per step
+    hidden_weight: float = 0.0  # weight of the hidden-state matching term (--hidden-weight); 0: logits only
+    eval_every: int = 16  # steps between held-out evaluations
+    patience: int = 2  # evaluations without improvement before stopping early
+    warmup: float = 0.1  # share of the steps the learning rate warms up over
+    seed: int = 0
+
+    def __post_init__(self):
+        from gac.validate import integer, real
+
+        integer(self.tokens, "--heal-tokens", example=DEFAULT_TOKENS)
+        integer(self.batch, "batch", example=2)
+        integer(self.eval_every, "eval_every", example=16)
+        integer(self.patience, "patience", example=2)
+        real(self.lr, "--heal-lr", low=0.0, high=1.0, example=3e-4)
+        if not (isinstance(self.hidden_weight, (int, float)) and math.isfinite(self.hidden_weight)
+                and self.hidden_weight >= 0):
+            raise GacError(f"bad --hidden-weight {self.hidden_weight!r}: give a number >= 0, e.g. --hidden-weight 1")
+
+    def steps(self, seq_len: int) -> int:
+        return max(1, self.tokens // (self.batch * seq_len))
+
+
+@dataclass
+class DistillResult:
+    steps: int  # optimizer steps taken
+    tokens: int  # tokens trained on
+    stopped: str  # "budget" (every step taken) or "early stop" (held-out loss stopped improving)
+    best_step: int  # the step whose tensors were kept (0: the student as it came)
+    held_out_loss: list = field(default_factory=list)  # [(step, KL to the teacher per token on the validation windows)]
+    train_loss: list = field(default_factory=list)  # [(step, distillation loss)]
+    seconds: float = 0.0  # wall-clock
+    cpu_seconds: float = 0.0  # this process's CPU time (user + system, all threads): comparable on a shared machine
+    trainable_params: int = 0
+
+    def to_json(self) -> dict:
+        return {"steps": self.steps, "tokens": self.tokens, "stopped": self.stopped, "best_step": self.best_step,
+                "held_out_loss": [[s, round(v, 5)] for s, v in self.held_out_loss],
+                "train_loss": [[s, round(v, 5)] for s, v in self.train_loss], "seconds": round(self.seconds, 1),
+                "cpu_seconds": round(self.cpu_seconds, 1),
+                "trainable_params": self.trainable_params}
+
+
+def trainable_parameters(model) -> list[torch.nn.Parameter]:
+    """The tensors healing trains: every parameter of the decoder (factor pairs, kept rows, norms), not the token
+    embeddings or the output head (tied on small models: a third of SmolLM2's parameters, trained on few tokens
+    they overfit the words seen)."""
+    frozen = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+              for p in m.parameters()}
+    return [p for p in model.parameters() if id(p) not in frozen]
+
+
+def distillation_loss(student_out, teacher_out, hidden_weight: float) -> torch.Tensor:
+    """KL(teacher || student) of the next-token distributions, mean per token; plus hidden_weight x the mean over
+    layers of each layer output's squared error relative to the teacher's mean square."""
+    s = F.log_softmax(student_out.logits.float().flatten(0, -2), dim=-1)  # [B*S, V]
+    t = F.log_softmax(teacher_out.logits.float().flatten(0, -2), dim=-1)
+    loss = F.kl_div(s, t, log_target=True, reduction="batchmean")
+    if hidden_weight:
+        pairs = list(zip(student_out.hidden_states[1:], teacher_out.hidden_states[1:]))  # [B, S, D] per layer
+        hidden = sum(F.mse_loss(sh, th) / th.pow(2).mean().clamp_min(1e-12) for sh, th in pairs) / len(pairs)
+        loss = loss + hidden_weight * hidden
+    return loss
+
+
+def _schedule(step: int, steps: int, warmup: float) -> float:
+    """Learning-rate factor: linear warm-up, then cosine decay to a tenth."""
+    w = max(1, round(warmup * steps))
+    if step < w:
+        return (step + 1) / w
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, steps - w)))
+
+
+@torch.inference_mode()
+def held_out_kl(student, teacher, windows: torch.Tensor, batch: int) -> float:
+    """Mean per-token KL(teacher || student) on windows [n, seq] never trained on: the early-stopping loss."""
+    device = next(student.parameters()).device
+    total = 0.0
+    for chunk in windows.split(batch):
+        chunk = chunk.to(device)
+        loss = distillation_loss(student(chunk, use_cache=False), teacher(chunk, use_cache=False), 0.0)
+        total += float(loss) * chunk.numel()
+    return total / windows.numel()
+
+
+def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: DistillConfig,
+            progress: bool = True) -> DistillResult:
+    """Train `student` in place to match `teacher` on token windows `train` [n, seq]; every cfg.eval_every steps its
+    KL to the teacher on `val` [m, seq] (never trained on) is measured and the best tensors are kept; training stops
+    when that loss has not improved for cfg.patience evaluations. Returns the run's figures."""
+    device = next(student.parameters()).device
+    params = trainable_parameters(student)
+    was_trainable = {id(p): p.requires_grad for p in student.parameters()}
+    trained = {id(p) for p in params}
+    for p in student.parameters():
+        p.requires_grad_(id(p) in trained)
+    steps = cfg.steps(train.shape[1])
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, steps, cfg.warmup))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    order: list[int] = []
+    result = DistillResult(steps=0, tokens=0, stopped="budget", best_step=0,
+                           trainable_params=sum(p.numel() for p in params))
+    best = held_out_kl(student.eval(), teacher, val, cfg.batch)
+    result.held_out_loss.append((0, best))
+    best_state = [p.detach().clone() for p in params]
+    start, cpu_start, stale = time.perf_counter(), time.process_time(), 0
+    hidden = cfg.hidden_weight > 0
+    bar = tqdm(range(steps), desc="healing", unit="step", disable=not progress)
+    try:
+        for step in bar:
+            if len(order) < cfg.batch:
+                order += torch.randperm(train.shape[0], generator=gen).tolist()
+            batch = train[order[:cfg.batch]].to(device)  # [B, S]
+            del order[:cfg.batch]
+            with torch.no_grad():
+                teacher_out = teacher(batch, use_cache=False, output_hidden_states=hidden)
+            student.train()
+            loss = distillation_loss(student(batch, use_cache=False, output_hidden_states=hidden), teacher_out,
+                                     cfg.hidden_weight)
+            del teacher_out
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            result.steps, result.tokens = step + 1, result.tokens + batch.numel()
+            loss = float(loss.detach())
+            result.train_loss.append((step + 1, loss))
+            bar.set_postfix(loss=f"{loss:.4f}", held_out=f"{best:.4f}")
+            if (step + 1) % cfg.eval_every and step + 1 < steps:
+                continue
+            value = held_out_kl(student.eval(), teacher, val, cfg.batch)
+            result.held_out_loss.append((step + 1, value))
+            if value < best * (1 - MIN_IMPROVEMENT):
+                best, stale, result.best_step = value, 0, step + 1
+                best_state = [p.detach().clone() for p in params]
+            else:
+                stale += 1
+                if stale >= cfg.patience:
+                    result.stopped = "early stop"
+                    break
+    finally:
+        bar.close()
+        with torch.no_grad():
+            for p, kept in zip(params, best_state):
+                p.copy_(kept)
+        for p in student.parameters():
+            p.requires_grad_(was_trainable[id(p)])
+        student.eval()
+        del opt, best_state
+    result.seconds, result.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    return result
+

@@ -1,0 +1,163 @@
+"""`gac heal`: distill a compressed gac output from its original and save it through the same save path, so the
+healed model has the same dims and parameter count and loads wherever the unhealed one does."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gac.data import TextConfig
+from gac.errors import GacError
+from gac.heal.distill import DistillConfig
+
+log = logging.getLogger(__name__)
+
+HEAL_FILE = "heal.json"  # the healing report beside the healed model
+
+
+@dataclass(frozen=True)
+class HealConfig:
+    """Every default of `gac heal` (and of `gac compress --heal`) lives here."""
+
+    original: str | None = None  # the teacher (--original); None: the original recorded in gac_plan.json
+    heal_file: str | None = None  # training text; None: the default calibration text
+    unlike_file: str | None = None  # the text unlike the calibration text; None: Python's licence
+    text: TextConfig = TextConfig()  # seq_len, eval_file and eval_windows (the calibration fields are unused)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    device: str = "cpu"
+    force: bool = False
+    progress: bool = True
+
+    def windows(self, tokenizer):
+        """The texts' token windows (gac.heal.texts.HealTexts): read before any model, so a bad text fails first."""
+        from gac.heal.texts import heal_windows
+
+        return heal_windows(tokenizer, heal_file=self.heal_file, eval_file=self.text.eval_file,
+                            unlike_file=self.unlike_file, seq_len=self.text.seq_len,
+                            eval_windows=self.text.eval_windows)
+
+
+@dataclass
+class HealOutput:
+    out: Path
+    report: dict  # heal.json's content
+
+
+def original_of(model_dir: Path, plan: dict) -> str:
+    """The uncompressed model an output was made from, as its plan records it (through a repair's source plan)."""
+    while isinstance(plan.get("source_plan"), dict):
+        plan = plan["source_plan"]
+    original = plan.get("source_model")
+    if not isinstance(original, str) or not original:
+        raise GacError(f"{model_dir}/gac_plan.json records no original model: pass the model it was compressed from "
+                       "with --original")
+    return original
+
+
+def _check_original(original: str, model_dir: Path, given: bool) -> None:
+    from gac.models.loading import EMBEDDED
+
+    path = Path(original).expanduser()
+    looks_local = original.startswith((".", "/", "~")) or original.count("/") != 1 or path.exists()
+    if original not in EMBEDDED and looks_local and not path.exists():
+        where = "--original" if given else f"{model_dir}/gac_plan.json"
+        raise GacError(f"the original model {original} named by {where} is not found: pass the uncompressed model "
+                       "it was made from with --original")
+
+
+def _check_teacher(teacher, student, original: str) -> None:
+    from gac.models.groups import compressed_dims_of
+
+    if compressed_dims_of(teacher):
+        raise GacError(f"the original model {original} is itself compressed: pass the uncompressed model the output "
+                       "was made from with --original")
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers")
+    if any(getattr(teacher.config, k, None) != getattr(student.config, k, None) for k in keys):
+        raise GacError(f"the original model {original} does not match the compressed one ({', '.join(keys)} differ): "
+                       "pass the model it was made from with --original")
+
+
+def _tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        raise GacError(f"{path} has no readable tokenizer: re-run `gac compress`, which saves one beside the model") \
+            from None
+
+
+def _shape(model) -> tuple:
+    """(structure, parameter count): what healing must leave as it found it."""
+    from gac.models.structure import structure_of
+
+    return structure_of(model), sum(p.numel() for p in model.parameters())
+
+
+def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
+    """Distill `student` (a compressed model, trained in place) from `teacher` (its original) on `texts`
+    (cfg.windows(tokenizer)) and return the report: perplexity before and after on the held-out docs and on the
+    unlike text, the original's beside, and the run."""
+    from gac.evaluate.perplexity import perplexity
+    from gac.heal.distill import distill
+
+    if texts.dropped:
+        log.info("healing: %d windows sharing text with the evaluation windows left out", texts.dropped)
+    shape = _shape(student)
+    evaluated = {"held_out": texts.held_out, "unlike": texts.unlike}
+
+    def ppl(model, who):
+        return {k: perplexity(model, w, desc=f"perplexity {who} {k}", progress=cfg.progress)
+                for k, w in evaluated.items()}
+
+    original, before = ppl(teacher, "original"), ppl(student, "before")
+    run = distill(student, teacher, texts.train, texts.val, cfg.distill, progress=cfg.progress)
+    after = ppl(student, "after")
+    if _shape(student) != shape:
+        raise RuntimeError("healing changed the model's structure or parameter count")
+    return {
+        "texts": {**texts.names, "train_windows": texts.train.shape[0], "val_windows": texts.val.shape[0],
+                  "dropped_windows": texts.dropped, "seq_len": cfg.text.seq_len,
+                  "eval_tokens": {k: w.numel() for k, w in evaluated.items()}},
+        "config": {k: v for k, v in vars(cfg.distill).items()},
+        "run": run.to_json(),
+        "params": shape[1],
+        "ppl": {"original": original, "before": before, "after": after},
+        "ratio_to_original": {when: {k: v[k] / original[k] for k in v} for when, v in
+                              (("before", before), ("after", after))},
+    }
+
+
+def healed_summary(original: str, report: dict) -> dict:
+    """gac_plan.json's `healed`: from which original, on how many tokens, and the perplexities before and after."""
+    return {"original": original, "tokens": report["run"]["tokens"], "ppl": report["ppl"]}
+
+
+def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
+    """Load the gac output `model`, heal it from its original and save it to `out` (atomically) with heal.json."""
+    from gac.models.io import MODELING_HASH, check_out_dir, is_gac_dir, load, plan_record, read_plan, save
+    from gac.models.loading import load_model
+
+    check_out_dir(out, cfg.force)
+    path = Path(model).expanduser()
+    if not path.is_dir() or not is_gac_dir(path):
+        raise GacError(f"{model} is not a gac output (no gac_plan.json): pass a directory `gac compress` wrote")
+    plan = read_plan(path)
+    original = cfg.original or original_of(path, plan)
+    _check_original(original, path, given=cfg.original is not None)
+    texts = cfg.windows(_tokenizer(path))
+    loaded = load(path, device=cfg.device)
+    teacher = load_model(original, device=cfg.device).model
+    _check_teacher(teacher, loaded.model, original)
+    report = {"model": str(model), "original": original, **heal_model(loaded.model, teacher, texts, cfg)}
+    del teacher
+    kept = {k: v for k, v in plan.items() if k not in ("gac_plan", "variant", "source_model", "alignment", "dims",
+                                                       "versions", "healed", MODELING_HASH)}
+    summary = healed_summary(original, report)
+    new_plan = plan_record(variant=plan.get("variant"), source_model=plan.get("source_model"),
+                           alignment=plan.get("alignment"), dims=plan.get("dims"), **kept, healed=summary)
+    saved = save(loaded.model, loaded.tokenizer, out, plan=new_plan,
+                 extra_files={HEAL_FILE: json.dumps(report, indent=2)}, force=cfg.force)
+    return HealOutput(saved, report)

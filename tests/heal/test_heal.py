@@ -1,0 +1,202 @@
+"""gac.heal on a tiny random model: healing lowers the held-out loss, leaves dims and parameter counts unchanged,
+never trains on the evaluation windows, saves atomically and refuses bad input in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from gac.api import CompressConfig, compress
+from gac.data import TextConfig
+from gac.errors import GacError
+from gac.heal.distill import DistillConfig, distill, held_out_kl, trainable_parameters
+from gac.heal.run import HealConfig, heal_dir
+from gac.heal.texts import heal_windows, sharing
+from tests.helpers import assert_one_error_line, run_gac
+
+TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
+HEAL = HealConfig(text=TEXT, distill=DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3),
+                  progress=False)
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory):
+    """A tiny random Llama with peaked logits (initializer_range 0.3; at the default 0.02 its next-token
+    distributions are near uniform and compressing it costs almost no KL to win back)."""
+    import transformers
+
+    from tests.conftest import TINY, tiny_tokenizer
+
+    d = tmp_path_factory.mktemp("heal") / "original"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY, initializer_range=0.3)).save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def compressed(original, tmp_path_factory):
+    """A gac output of the tiny model (asvd at 0.3), its original recorded in gac_plan.json."""
+    out = tmp_path_factory.mktemp("heal") / "asvd"
+    compress(CompressConfig(model=str(original), compressor="asvd", ratio=0.3, out=str(out), text=TEXT,
+                            evaluate=False, progress=False))
+    return out
+
+
+@pytest.fixture(scope="module")
+def healed(compressed, tmp_path_factory):
+    out = tmp_path_factory.mktemp("heal") / "healed"
+    return heal_dir(str(compressed), str(out), HEAL)
+
+
+def _structure_and_params(path):
+    import gac
+
+    model = gac.load(path).model
+    return model.config.gac_structure, sum(p.numel() for p in model.parameters()), model
+
+
+def test_healing_lowers_the_held_out_loss(healed):
+    run = healed.report["run"]
+    losses = dict(run["held_out_loss"])
+    assert run["best_step"] > 0 and losses[run["best_step"]] < losses[0]
+    assert run["tokens"] > 0 and run["trainable_params"] > 0
+    p = healed.report["ppl"]
+    assert p["after"]["held_out"] < p["before"]["held_out"]
+
+
+def test_healed_output_keeps_dims_and_params_and_loads_everywhere(compressed, healed):
+    from transformers import AutoModelForCausalLM
+
+    import gac  # noqa: F401 - registers gac's model types with transformers
+
+    structure, params, before = _structure_and_params(compressed)
+    structure_after, params_after, model = _structure_and_params(healed.out)
+    assert structure_after == structure and params_after == params == healed.report["params"]
+    changed = [n for (n, a), (_, b) in zip(before.named_parameters(), model.named_parameters()) if not torch.equal(a, b)]
+    assert changed  # it trained
+    plain = AutoModelForCausalLM.from_pretrained(healed.out).eval()
+    ids = torch.arange(24)[None]
+    with torch.inference_mode():
+        assert torch.allclose(plain(ids).logits, model(ids).logits, atol=1e-5)
+    plan = json.loads((healed.out / "gac_plan.json").read_text())
+    original = json.loads((compressed / "gac_plan.json").read_text())
+    assert plan["dims"] == original["dims"] and plan["variant"] == original["variant"]
+    assert plan["healed"]["original"] == original["source_model"]
+    assert json.loads((healed.out / "heal.json").read_text()) == json.loads(json.dumps(healed.report))
+
+
+def test_evaluation_windows_are_never_trained_on(tmp_path, compressed):
+    import gac
+    from gac.data import pydoc_split
+
+    tokenizer = gac.load(compressed).tokenizer
+    calib, docs = pydoc_split()
+    leaky = tmp_path / "leaky.txt"
+    leaky.write_text(docs[:20000] + "\n\n" + calib[:60000])  # the held-out docs inside the healing text
+    for heal_file in (None, str(leaky)):
+        t = heal_windows(tokenizer, heal_file=heal_file, eval_file=None, unlike_file=None, seq_len=32, eval_windows=8)
+        evaluation = [t.held_out, t.unlike]
+        assert not sharing(t.train, evaluation).any() and not sharing(t.val, evaluation).any()
+        assert (t.dropped > 0) == (heal_file is not None)
+    assert sharing(t.held_out[:1], evaluation).all()  # the check finds what it looks for
+
+
+def test_early_stop_keeps_the_best_tensors(compressed, original):
+    """A learning rate that only makes things worse: the run stops early and the student is as it came."""
+    import gac
+    from gac.models.loading import load_model
+
+    student, teacher = gac.load(compressed).model, load_model(str(original)).model
+    t = heal_windows(gac.load(compressed).tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32,
+                     eval_windows=2)
+    before = [p.detach().clone() for p in student.parameters()]
+    kl = held_out_kl(student, teacher, t.val, 2)
+    result = distill(student, teacher, t.train, t.val, DistillConfig(tokens=32 * 2 * 40, lr=0.5, eval_every=2,
+                                                                     patience=2, warmup=0.0), progress=False)
+    assert result.stopped == "early stop" and result.best_step == 0 and result.steps < 40
+    assert all(torch.equal(a, b) for a, b in zip(before, student.parameters()))
+    assert held_out_kl(student, teacher, t.val, 2) == pytest.approx(kl)
+    assert all(p.requires_grad for p in student.parameters())  # as it came
+
+
+def test_embeddings_and_head_are_not_trained(tiny):
+    trained = {id(p) for p in trainable_parameters(tiny)}
+    assert id(tiny.get_input_embeddings().weight) not in trained
+    assert id(tiny.get_output_embeddings().weight) not in trained
+    assert len(trained) == len(list(tiny.parameters())) - 1  # tied: one tensor left out
+
+
+def test_compress_with_heal(original, tmp_path):
+    out = tmp_path / "out"
+    result = compress(CompressConfig(model=str(original), compressor="svd", ratio=0.3, out=str(out), text=TEXT,
+                                     evaluate=False, progress=False, heal=HEAL))
+    h = result.report["heal"]
+    assert h["ppl"]["after"]["held_out"] < h["ppl"]["before"]["held_out"]
+    assert json.loads((out / "gac_plan.json").read_text())["healed"]["tokens"] == h["run"]["tokens"]
+    assert "Healed by distillation" in (out / "report.md").read_text()
+    with pytest.raises(GacError, match="layer by layer"):
+        CompressConfig(heal=HEAL, layerwise=True)
+
+
+def test_a_failed_heal_leaves_no_output(compressed, tmp_path, monkeypatch):
+    import importlib
+
+    d = importlib.import_module("gac.heal.distill")  # the module (gac.heal.distill is also the function's name)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(d, "distillation_loss", broken)
+    with pytest.raises(RuntimeError):
+        heal_dir(str(compressed), str(tmp_path / "out"), HEAL)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_heals_and_prints_before_and_after(compressed, tmp_path):
+    out = tmp_path / "out"
+    p = run_gac("heal", compressed, "--out", out, "--heal-tokens", 32 * 2 * 6, "--seq-len", 32, "--eval-windows", 2,
+                "--quiet")
+    assert p.returncode == 0, p.stderr
+    assert "perplexity on held-out Python docs" in p.stdout and "Python licence" in p.stdout
+    assert (out / "heal.json").is_file()
+
+
+def _moved_original(compressed, tmp_path):
+    """A copy of the output whose plan names an original that is not there."""
+    moved = tmp_path / "moved"
+    shutil.copytree(compressed, moved)
+    plan = json.loads((moved / "gac_plan.json").read_text())
+    (moved / "gac_plan.json").write_text(json.dumps({**plan, "source_model": str(tmp_path / "gone")}))
+    return moved
+
+
+BAD_INPUT = {  # case -> (arguments after MODEL, expected in the error); MODEL is the compressed output unless named
+    "not a gac output": (lambda c, o, t: [o], "not a gac output"),
+    "missing original": (lambda c, o, t: [_moved_original(c, t)], "is not found"),
+    "empty text": (lambda c, o, t: [c, "--heal-file", _text(t, "  \n")], "empty"),
+    "tiny text": (lambda c, o, t: [c, "--heal-file", _text(t, "a few words only")], "healing text"),
+    "zero tokens": (lambda c, o, t: [c, "--heal-tokens", 0], "--heal-tokens"),
+}
+
+
+def _text(tmp_path, content):
+    path = tmp_path / "text.txt"
+    path.write_text(content)
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_cli_refuses_bad_input(case, compressed, original, tmp_path):
+    args, expected = BAD_INPUT[case]
+    out = tmp_path / "out"
+    assert_one_error_line(run_gac("heal", *args(compressed, original, tmp_path), "--out", out), expected)
+    assert not out.exists()
+
+
+def test_heal_options_need_heal(tmp_path):
+    assert_one_error_line(run_gac("compress", "--out", tmp_path / "out", "--heal-tokens", 100), "give --heal")
+    assert not (tmp_path / "out").exists()
