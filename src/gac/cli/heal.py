@@ -12,7 +12,7 @@ HEAL_OPTIONS = (
                  help="Text to heal on [default: the calibration text]; windows sharing text with the evaluation "
                       "text are left out."),
     click.option("--heal-tokens", type=Int(1, 10**10, example=131072),
-                 help="Training tokens [default: 131072, about 10 min for SmolLM2-135M on a 2-core CPU]."),
+                 help="Training tokens [default: 131072: 128 steps of 2 x 512 tokens]."),
     click.option("--heal-lr", type=Real(0, 1, example=3e-4), help="Peak learning rate [default: 3e-4]."),
     click.option("--hidden-weight", type=Real(None, None, example=1.0),
                  help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),

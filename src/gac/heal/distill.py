@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from gac.errors import GacError
 
-DEFAULT_TOKENS = 131072  # the --heal-tokens budget: 128 steps of 2 x 512 tokens (about 10 min on a 2-core CPU)
+DEFAULT_TOKENS = 131072  # the --heal-tokens budget: 128 steps of 2 x 512 tokens
 MIN_IMPROVEMENT = 1e-3  # a held-out loss this share lower counts as better for early stopping
 
 
