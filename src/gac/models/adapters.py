@@ -26,6 +26,15 @@ class Layout:
     consumers: tuple[str, ...] = ("down_proj",)  # read the intermediate channels, each [hidden, intermediate]
     layers_path: str = "model.layers"
     per_head_norm: str | None = "q_norm"  # a norm over each head's channels (qwen3): heads prunable if per head
+    # mixture of experts: the MLP block's experts module (None: every layer dense), its fused 3D weights (transformers
+    # 5's layout: gate_up [E, 2I, H], gate rows then up rows; down [E, H, I]), the config's keys for the expert count
+    # and the expert width, and the per-expert checkpoint names the fused weights are made of (gate, up, down)
+    experts: str | None = None
+    expert_weights: tuple[str, str] = ("gate_up_proj", "down_proj")
+    expert_count: str = "num_experts"
+    expert_width: str = "moe_intermediate_size"
+    expert_checkpoint: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # {block}.experts.{e}.{name}
+    checkpoint_mlp: str = "mlp"  # the MLP block's name in per-expert checkpoints
 
     @property
     def attention_projections(self) -> tuple[str, str, str, str]:
@@ -34,6 +43,9 @@ class Layout:
 
 LLAMA = Layout()
 PHI = Layout(o="dense", producers=("fc1",), consumers=("fc2",), per_head_norm="q_layernorm")  # ungated MLP
+QWEN3_MOE = Layout(experts="experts")  # sparse layers' MLP is experts + router; mlp_only_layers keep a dense MLP
+MIXTRAL = Layout(experts="experts", expert_count="num_local_experts", expert_width="intermediate_size",
+                 expert_checkpoint=("w1", "w3", "w2"), checkpoint_mlp="block_sparse_moe", per_head_norm=None)
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,7 @@ VLLM_FAMILIES = {"llama": VllmNames()}
 
 # model_type -> layout. Each needs a transformers `<Name>ForCausalLM` (see modeling_gac.py).
 FAMILIES = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA, "granite": LLAMA, "olmo2": LLAMA,
-            "phi": PHI}
+            "phi": PHI, "qwen3_moe": QWEN3_MOE, "mixtral": MIXTRAL, "gemma3_text": LLAMA}
 
 
 @dataclass(frozen=True)
@@ -99,10 +111,24 @@ class LayerModules:
     mlp: str
     producers: tuple[str, ...]
     consumers: tuple[str, ...]
+    experts: str | None = None  # an MoE layer's experts module (producers and consumers are then empty)
+    expert_weights: tuple[str, ...] = ()  # its fused weights: (gate_up [E, 2I, H], down [E, H, I]) parameter names
 
     @property
     def linears(self) -> list[str]:
         return [self.q, self.k, self.v, self.o, *self.producers, *self.consumers]
+
+    @property
+    def weights(self) -> list[str]:
+        """Every weight a group of this layer may name: its linears and its fused expert parameters."""
+        return [*self.linears, *self.expert_weights]
+
+    def expert_shapes(self, hidden: int, num_experts: int, width: int) -> dict[str, tuple[int, int, int]]:
+        """{fused expert weight: shape} at expert width `width` (nothing for a dense layer)."""
+        if not self.expert_weights:
+            return {}
+        gate_up, down = self.expert_weights
+        return {gate_up: (num_experts, 2 * width, hidden), down: (num_experts, hidden, width)}
 
     def shapes(self, hidden: int, q_width: int, kv_width: int, mlp_width: int) -> dict[str, tuple[int, int]]:
         """{linear: (out_features, in_features)} of every dense projection at these widths."""
@@ -126,8 +152,42 @@ class Adapter:
         prefix = self.layer_prefix(i)
         attn, mlp = f"{prefix}.{lay.attention}", f"{prefix}.{lay.mlp}"
         q, k, v, o = (f"{attn}.{p}" for p in lay.attention_projections)
+        if self.is_moe_layer(config, i):
+            experts = f"{mlp}.{lay.experts}"
+            return LayerModules(i, attn, q, k, v, o, mlp, (), (), experts,
+                                tuple(f"{experts}.{w}" for w in lay.expert_weights))
         return LayerModules(i, attn, q, k, v, o, mlp, tuple(f"{mlp}.{p}" for p in lay.producers),
                             tuple(f"{mlp}.{p}" for p in lay.consumers))
+
+    def is_moe_layer(self, config, i: int) -> bool:
+        """Whether decoder layer i's MLP is a mixture of experts (Qwen3-MoE keeps `mlp_only_layers` dense and makes
+        every `decoder_sparse_step`-th layer sparse; Mixtral's are all sparse)."""
+        if self.layout.experts is None or not getattr(config, self.layout.expert_count, 0):
+            return False
+        step = getattr(config, "decoder_sparse_step", 1) or 1
+        return i not in (getattr(config, "mlp_only_layers", None) or ()) and (i + 1) % step == 0
+
+    def expert_geometry(self, config) -> tuple[int, int, int]:
+        """(experts per MoE layer, expert width, experts routed per token)."""
+        return (getattr(config, self.layout.expert_count), getattr(config, self.layout.expert_width),
+                config.num_experts_per_tok)
+
+    def model_name(self, checkpoint_name: str) -> str:
+        """The model's name for a checkpoint tensor (Mixtral's checkpoints call the MLP block block_sparse_moe)."""
+        lay = self.layout
+        if lay.checkpoint_mlp == lay.mlp:
+            return checkpoint_name
+        return checkpoint_name.replace(f".{lay.checkpoint_mlp}.", f".{lay.mlp}.")
+
+    def expert_checkpoint_names(self, layer: LayerModules, num_experts: int) -> dict[str, list[tuple[str, ...]]]:
+        """{fused expert weight: per expert the checkpoint tensors it is made of} for an MoE layer: gate_up from
+        each expert's (gate, up), down from its (down,), as Hugging Face checkpoints store them per expert."""
+        lay = self.layout
+        gate, up, down = lay.expert_checkpoint
+        gate_up, fused_down = layer.expert_weights
+        each = [f"{self.layer_prefix(layer.index)}.{lay.checkpoint_mlp}.{lay.experts}.{e}" for e in range(num_experts)]
+        return {gate_up: [(f"{x}.{gate}.weight", f"{x}.{up}.weight") for x in each],
+                fused_down: [(f"{x}.{down}.weight",) for x in each]}
 
     def layer_prefix(self, i: int) -> str:
         """The module path of decoder layer i, e.g. model.layers.3."""
@@ -142,8 +202,9 @@ class Adapter:
         return [self.layer(config, i) for i in range(self.layer_count(config))]
 
     def linear_names(self, config) -> list[str]:
-        """Fully qualified names of every compressible linear (not embeddings, not lm_head), in layer order."""
-        return [n for layer in self.layers(config) for n in layer.linears]
+        """Fully qualified names of every compressible weight (not embeddings, not lm_head), in layer order: the
+        linears, and an MoE layer's fused expert weights."""
+        return [n for layer in self.layers(config) for n in layer.weights]
 
     def geometry(self, config) -> AttentionGeometry:
         return attention_geometry(config)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from gac.models.kinds.base import DimGroup, by_kind, is_lowrank
-from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear, set_module
+from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear, fit_experts_implementation, set_module
 from gac.padding import pad_cols, pad_grouped_lowrank, pad_lowrank, pad_rows
 
 
@@ -30,6 +30,13 @@ class Factors:
 @dataclass(frozen=True)
 class Keep:
     """Channels to keep of an MLP width (ascending indices)."""
+
+    channels: torch.Tensor
+
+
+@dataclass(frozen=True)
+class KeepExperts:
+    """Channels to keep in every expert of an MoE layer: [E, w], each row ascending (one width, own channels)."""
 
     channels: torch.Tensor
 
@@ -133,6 +140,36 @@ def keep_columns(model: nn.Module, names, cols: torch.Tensor) -> None:
     """Keep input features `cols` of each linear in `names`."""
     for name in names:
         set_module(model, name, sliced_linear(model.get_submodule(name), cols=cols))
+
+
+def set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Put `value` at the parameter path `name` (requires_grad as the parameter it replaces)."""
+    parent, _, attr = name.rpartition(".")
+    module = model.get_submodule(parent)
+    setattr(module, attr, nn.Parameter(value.contiguous(), requires_grad=getattr(module, attr).requires_grad))
+    fit_experts_implementation(model, value.shape[-1])
+
+
+@torch.no_grad()
+def keep_expert_entries(model: nn.Module, name: str, dim: int, index: torch.Tensor) -> None:
+    """Keep, in each expert e of the fused expert weight `name` [E, rows, cols], entries index[e] along `dim`
+    (1: rows, 2: columns); index [E, k]."""
+    w = model.get_parameter(name).detach()
+    idx = index.to(w.device).unsqueeze(3 - dim)  # [E, k, 1] or [E, 1, k]
+    set_parameter(model, name, torch.take_along_dim(w, idx, dim=dim))
+
+
+@torch.no_grad()
+def widen_expert_entries(model: nn.Module, name: str, dim: int, size: int, parts: int = 1) -> None:
+    """The fused expert weight `name` zero-padded along `dim` to `size`, each of its `parts` equal blocks padded at
+    its own end (a fused gate_up weight is two: gate rows, then up rows)."""
+    w = model.get_parameter(name).detach()
+    blocks = []
+    for block in w.chunk(parts, dim=dim):
+        missing = list(block.shape)
+        missing[dim] = size // parts - block.shape[dim]
+        blocks += [block, block.new_zeros(missing)]
+    set_parameter(model, name, torch.cat(blocks, dim=dim))
 
 
 def set_head_counts(attention: nn.Module, heads: int, kv_heads: int) -> None:

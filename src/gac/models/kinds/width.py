@@ -23,6 +23,8 @@ class WidthGroup(DimGroup):
 
     @classmethod
     def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
+        if not layer.producers:  # an MoE layer: its width is the experts kind's
+            return []
         producers = [model.get_submodule(n) for n in layer.producers]
         consumers = [model.get_submodule(n) for n in layer.consumers]
         widths = {m.out_features for m in producers} | {m.in_features for m in consumers}
