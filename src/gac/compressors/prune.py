@@ -98,7 +98,9 @@ class MLPUnit(PrunedUnit):
 
     @classmethod
     def scored(cls, group, scores):
-        imp = sum(_vec(scores[n].out) for n in group.producers) + sum(_vec(scores[n].inp) for n in group.consumers)
+        parts = group.parts  # a fused gate_up: each channel's gate row and up row
+        imp = (sum(_vec(scores[n].out).reshape(parts, -1).sum(0) for n in group.producers)
+               + sum(_vec(scores[n].inp) for n in group.consumers))
         return cls(group, channel_importance=imp)  # [intermediate]
 
     @property

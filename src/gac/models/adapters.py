@@ -23,6 +23,7 @@ class Layout:
     o: str = "o_proj"
     mlp: str = "mlp"
     producers: tuple[str, ...] = ("gate_proj", "up_proj")  # read the hidden state, each [intermediate, hidden]
+    producer_parts: int = 1  # row blocks per producer: 2 for a fused gate_up [2 x intermediate, hidden] (gate, up)
     consumers: tuple[str, ...] = ("down_proj",)  # read the intermediate channels, each [hidden, intermediate]
     layers_path: str = "model.layers"
     per_head_norm: str | None = "q_norm"  # a norm over each head's channels (qwen3): heads prunable if per head
@@ -43,6 +44,9 @@ class Layout:
 
 LLAMA = Layout()
 PHI = Layout(o="dense", producers=("fc1",), consumers=("fc2",), per_head_norm="q_layernorm")  # ungated MLP
+# fused projections (Phi-3, Phi-4-mini): q, k and v are rows of one qkv_proj, gate and up the two halves of gate_up_proj
+PHI3 = Layout(q="qkv_proj", k="qkv_proj", v="qkv_proj", producers=("gate_up_proj",), producer_parts=2,
+              per_head_norm=None)
 QWEN3_MOE = Layout(experts="experts")  # sparse layers' MLP is experts + router; mlp_only_layers keep a dense MLP
 MIXTRAL = Layout(experts="experts", expert_count="num_local_experts", expert_width="intermediate_size",
                  expert_checkpoint=("w1", "w3", "w2"), checkpoint_mlp="block_sparse_moe", per_head_norm=None)
@@ -83,7 +87,8 @@ VLLM_FAMILIES = {"llama": VllmNames()}
 
 # model_type -> layout. Each needs a transformers `<Name>ForCausalLM` (see modeling_gac.py).
 FAMILIES = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA, "granite": LLAMA, "olmo2": LLAMA,
-            "phi": PHI, "qwen3_moe": QWEN3_MOE, "mixtral": MIXTRAL, "gemma3_text": LLAMA}
+            "phi": PHI, "qwen3_moe": QWEN3_MOE, "mixtral": MIXTRAL, "gemma3_text": LLAMA,
+            "phi3": PHI3}
 
 
 @dataclass(frozen=True)
@@ -113,10 +118,17 @@ class LayerModules:
     consumers: tuple[str, ...]
     experts: str | None = None  # an MoE layer's experts module (producers and consumers are then empty)
     expert_weights: tuple[str, ...] = ()  # its fused weights: (gate_up [E, 2I, H], down [E, H, I]) parameter names
+    producer_parts: int = 1  # row blocks of each producer (2: a fused gate_up)
 
     @property
     def linears(self) -> list[str]:
-        return [self.q, self.k, self.v, self.o, *self.producers, *self.consumers]
+        """Every linear, each once (a fused qkv_proj is q, k and v)."""
+        return list(dict.fromkeys([self.q, self.k, self.v, self.o, *self.producers, *self.consumers]))
+
+    @property
+    def fused_qkv(self) -> bool:
+        """q, k and v are rows of one linear (Phi-3's qkv_proj)."""
+        return self.q == self.k == self.v
 
     @property
     def weights(self) -> list[str]:
@@ -132,8 +144,9 @@ class LayerModules:
 
     def shapes(self, hidden: int, q_width: int, kv_width: int, mlp_width: int) -> dict[str, tuple[int, int]]:
         """{linear: (out_features, in_features)} of every dense projection at these widths."""
-        return {self.q: (q_width, hidden), self.k: (kv_width, hidden), self.v: (kv_width, hidden),
-                self.o: (hidden, q_width), **{n: (mlp_width, hidden) for n in self.producers},
+        qkv = ({self.q: (q_width + 2 * kv_width, hidden)} if self.fused_qkv else
+               {self.q: (q_width, hidden), self.k: (kv_width, hidden), self.v: (kv_width, hidden)})
+        return {**qkv, self.o: (hidden, q_width), **{n: (self.producer_parts * mlp_width, hidden) for n in self.producers},
                 **{n: (hidden, mlp_width) for n in self.consumers}}
 
 
@@ -157,7 +170,7 @@ class Adapter:
             return LayerModules(i, attn, q, k, v, o, mlp, (), (), experts,
                                 tuple(f"{experts}.{w}" for w in lay.expert_weights))
         return LayerModules(i, attn, q, k, v, o, mlp, tuple(f"{mlp}.{p}" for p in lay.producers),
-                            tuple(f"{mlp}.{p}" for p in lay.consumers))
+                            tuple(f"{mlp}.{p}" for p in lay.consumers), producer_parts=lay.producer_parts)
 
     def is_moe_layer(self, config, i: int) -> bool:
         """Whether decoder layer i's MLP is a mixture of experts (Qwen3-MoE keeps `mlp_only_layers` dense and makes

@@ -42,7 +42,7 @@ def structure_of(model) -> dict:
                 live["parameter"][name] = list(model.get_parameter(name).shape)
         covered["parameter"].update(fused)
         widths = tuple(model.get_submodule(n).out_features for n in (layer.q, layer.k))
-        if widths != (q, kv):
+        if widths != (q, kv) and not layer.fused_qkv:  # a fused q/k/v keeps every head
             heads, kv_heads = (w // geo.head_dim for w in widths)
             live["attention"][layer.attention] = {"num_heads": heads, "num_kv_heads": kv_heads}
         covered["linear"].update(default)

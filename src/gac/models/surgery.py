@@ -194,10 +194,11 @@ def pad_grouped_lowrank_linear(model: nn.Module, name: str, ranks: dict[int, int
     set_module(model, name, grouped_lowrank(a, bs, [b.bias for b in m.b]))
 
 
-def widen_rows(model: nn.Module, names, width: int) -> None:
-    """Each linear in `names` (dense or a low-rank pair) with `width` output features, the new ones zero."""
+def widen_rows(model: nn.Module, names, width: int, parts: int = 1) -> None:
+    """Each linear in `names` (dense or a low-rank pair) with `width` output features per part, the new ones zero
+    (parts: equal row blocks each padded at its own end, e.g. a fused gate_up's gate and up halves)."""
     for name in names:
-        set_module(model, name, _widen_out(model.get_submodule(name), width))
+        set_module(model, name, _widen_out(model.get_submodule(name), width, parts))
 
 
 def widen_columns(model: nn.Module, names, width: int) -> None:
@@ -215,11 +216,18 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     return new
 
 
-def _widen_out(m: nn.Module, width: int) -> nn.Module:
+def _pad_row_parts(weight: torch.Tensor, bias: torch.Tensor | None, width: int, parts: int):
+    """(weight, bias) with each of `parts` row blocks zero-padded to `width` rows."""
+    biases = [None] * parts if bias is None else bias.chunk(parts)
+    padded = [pad_rows(w, width, b) for w, b in zip(weight.chunk(parts), biases)]
+    return torch.cat([w for w, _ in padded]), None if bias is None else torch.cat([b for _, b in padded])
+
+
+def _widen_out(m: nn.Module, width: int, parts: int = 1) -> nn.Module:
     if is_lowrank(m):
-        b, bias = pad_rows(m.b.weight, width, m.b.bias)
+        b, bias = _pad_row_parts(m.b.weight, m.b.bias, width, parts)
         return lowrank(m.a.weight, b, bias)
-    return _linear(*pad_rows(m.weight, width, m.bias))
+    return _linear(*_pad_row_parts(m.weight, m.bias, width, parts))
 
 
 def _widen_in(m: nn.Module, width: int) -> nn.Module:
