@@ -70,7 +70,7 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
                     s.xtx = torch.zeros(in_features, in_features, dtype=torch.float64, device=x.device)
             s.abs_sum += x.abs().float().sum(0)
             s.tokens += x.shape[0]
-            if num_experts:  # a fused expert weight: how many tokens each expert was routed (inputs[1]: top-k ids)
+            if num_experts and len(inputs) > 1:  # a fused expert weight: tokens routed per expert (top-k ids)
                 routed = torch.bincount(inputs[1].reshape(-1), minlength=num_experts)[:num_experts]  # [E]
                 s.extra["routed"] = s.extra.get("routed", 0) + routed.cpu()
             if xtx and name not in shared:

@@ -1,5 +1,6 @@
-"""Every supported dense family (README: llama, mistral, qwen2, qwen3, granite, olmo2, phi, gemma3_text) compresses with low-rank pairs,
-saves, and loads back with gac.load and with plain transformers (trust_remote_code) giving the same logits."""
+"""Every supported dense family (README: llama, mistral, qwen2, qwen3, granite, olmo2, phi, gemma3_text) compresses
+with low-rank pairs, saves, and loads back with gac.load and with plain transformers (trust_remote_code) giving the
+same logits."""
 
 import pytest
 import torch

@@ -200,3 +200,11 @@ def test_inspect_lists_one_expert_width_per_moe_layer():
     apply(model, [(g, KeepExperts(torch.arange(20).repeat(4, 1)))])
     widths = {d.name: d.value for d in inspect_model(model, (8,)).dims if d.kind == "mlp_width"}
     assert widths == {"model.layers.0.mlp.experts": 40, "model.layers.1.mlp.experts": 20, "model.layers.2.mlp": 96}
+
+
+def test_moe_expert_widths_meet_a_deployment_target(moe_dir, tmp_path):
+    r = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(tmp_path / "out"), evaluate=False,
+                             target="vllm:tp2", compressor_options={"layers": "all"})).report
+    widths = [d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")]
+    assert widths and all(d is None or d % 16 == 0 for d in widths)  # each of 2 ranks: a multiple of 8
+    assert r["target"]["met"] == r["target"]["constrained"] and r["variants"]["gac"]["params"] <= r["budget_params"]

@@ -146,8 +146,8 @@ class LayerModules:
         """{linear: (out_features, in_features)} of every dense projection at these widths."""
         qkv = ({self.q: (q_width + 2 * kv_width, hidden)} if self.fused_qkv else
                {self.q: (q_width, hidden), self.k: (kv_width, hidden), self.v: (kv_width, hidden)})
-        return {**qkv, self.o: (hidden, q_width), **{n: (self.producer_parts * mlp_width, hidden) for n in self.producers},
-                **{n: (hidden, mlp_width) for n in self.consumers}}
+        producers = {n: (self.producer_parts * mlp_width, hidden) for n in self.producers}
+        return {**qkv, self.o: (hidden, q_width), **producers, **{n: (hidden, mlp_width) for n in self.consumers}}
 
 
 @dataclass(frozen=True)
