@@ -47,6 +47,7 @@ PHI = Layout(o="dense", producers=("fc1",), consumers=("fc2",), per_head_norm="q
 # fused projections (Phi-3, Phi-4-mini): q, k and v are rows of one qkv_proj, gate and up the two halves of gate_up_proj
 PHI3 = Layout(q="qkv_proj", k="qkv_proj", v="qkv_proj", producers=("gate_up_proj",), producer_parts=2,
               per_head_norm=None)
+GEMMA3 = Layout(layers_path="model.language_model.layers")  # a multimodal checkpoint's language model (text_config)
 QWEN3_MOE = Layout(experts="experts")  # sparse layers' MLP is experts + router; mlp_only_layers keep a dense MLP
 MIXTRAL = Layout(experts="experts", expert_count="num_local_experts", expert_width="intermediate_size",
                  expert_checkpoint=("w1", "w3", "w2"), checkpoint_mlp="block_sparse_moe", per_head_norm=None)
@@ -88,7 +89,7 @@ VLLM_FAMILIES = {"llama": VllmNames()}
 # model_type -> layout. Each needs a transformers `<Name>ForCausalLM` (see modeling_gac.py).
 FAMILIES = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA, "granite": LLAMA, "olmo2": LLAMA,
             "phi": PHI, "qwen3_moe": QWEN3_MOE, "mixtral": MIXTRAL, "gemma3_text": LLAMA,
-            "phi3": PHI3}
+            "gemma3": GEMMA3, "phi3": PHI3}
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ class Adapter:
     layout: Layout
 
     def layer_count(self, config) -> int:
-        return config.num_hidden_layers
+        return text_config(config).num_hidden_layers
 
     def layer(self, config, i: int) -> LayerModules:
         lay = self.layout
@@ -175,6 +176,7 @@ class Adapter:
     def is_moe_layer(self, config, i: int) -> bool:
         """Whether decoder layer i's MLP is a mixture of experts (Qwen3-MoE keeps `mlp_only_layers` dense and makes
         every `decoder_sparse_step`-th layer sparse; Mixtral's are all sparse)."""
+        config = text_config(config)
         if self.layout.experts is None or not getattr(config, self.layout.expert_count, 0):
             return False
         step = getattr(config, "decoder_sparse_step", 1) or 1
@@ -182,6 +184,7 @@ class Adapter:
 
     def expert_geometry(self, config) -> tuple[int, int, int]:
         """(experts per MoE layer, expert width, experts routed per token)."""
+        config = text_config(config)
         return (getattr(config, self.layout.expert_count), getattr(config, self.layout.expert_width),
                 config.num_experts_per_tok)
 
@@ -223,10 +226,13 @@ class Adapter:
         return attention_geometry(config)
 
     def hidden_size(self, config) -> int:
-        return config.hidden_size
+        return text_config(config).hidden_size
 
     def intermediate_size(self, config) -> int:
-        return config.intermediate_size
+        return text_config(config).intermediate_size
+
+    def vocab_size(self, config) -> int:
+        return text_config(config).vocab_size
 
     def gguf_names(self, config) -> dict[str, str]:
         """{module name: GGUF tensor prefix} for every weight-bearing module (`.weight` follows both), e.g.
@@ -260,8 +266,15 @@ class Adapter:
         return getattr(attention_module, name, None) if name else None
 
 
+def text_config(config):
+    """The language model's config: a multimodal checkpoint's text_config (Gemma 3), else the config itself."""
+    get = getattr(config, "get_text_config", None)
+    return get() if get is not None else config
+
+
 def attention_geometry(config) -> AttentionGeometry:
     """Head counts and head_dim from a config (KV heads default to the query heads)."""
+    config = text_config(config)
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

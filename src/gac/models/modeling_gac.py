@@ -220,9 +220,9 @@ def _build(name: str):
     if name.endswith("Config"):
         return type(name, (_GacConfigMixin, base), {"__module__": __name__,
                                                      "model_type": gac_model_type(base.model_type)})
-    if name.endswith(("ForCausalLM", "Model")):
+    if name.endswith(("ForCausalLM", "ForConditionalGeneration", "Model")):  # a multimodal family's is the latter
         _share_checkpoint_conversion(base.config_class.model_type)
-        prefix = "" if name.endswith("ForCausalLM") else f"{base.base_model_prefix}."
+        prefix = f"{base.base_model_prefix}." if name.endswith("Model") else ""
         config_class = _class(f"Gac{base.config_class.__name__}")
         return type(name, (_GacStructureMixin, base), {"__module__": __name__, "structure_prefix": prefix,
                                                        "config_class": config_class})

@@ -61,7 +61,7 @@ class Shapes:
         if any(adapter.is_moe_layer(config, i) for i in range(n)):  # the forecast's layer: an MoE one, the larger
             experts, width, routed = adapter.expert_geometry(config)
         return cls(n, adapter.hidden_size(config), width, geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim,
-                   config.vocab_size, bool(getattr(config, "tie_word_embeddings", False)), experts, routed)
+                   adapter.vocab_size(config), bool(getattr(config, "tie_word_embeddings", False)), experts, routed)
 
     def linears(self) -> list[tuple[int, int]]:
         """[out, in] of one layer's compressible linears (gated MLP: gate and up; an ungated one is close; an MoE

@@ -24,6 +24,7 @@ from torch import nn
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
 from gac.models import surgery
+from gac.models.adapters import text_config
 from gac.models.groups import groups_of
 from gac.padding import next_multiple
 
@@ -241,7 +242,8 @@ def repair_dir(src: str, out: str, *, align: int | None = None, strategy: str | 
         profile_data = load_profile(profile)
     loaded = load_model(str(src))
     model = loaded.model
-    ids = torch.randint(0, model.config.vocab_size, (1, CHECK_TOKENS), generator=torch.Generator().manual_seed(0))
+    vocab = text_config(model.config).vocab_size
+    ids = torch.randint(0, vocab, (1, CHECK_TOKENS), generator=torch.Generator().manual_seed(0))
     logits_before = _logits(model, ids)
     original = copy.deepcopy(model) if measure_latency else None
 
