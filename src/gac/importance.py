@@ -81,6 +81,23 @@ def frozen_parameters(module):
             p.requires_grad_(flag)
 
 
+FOLD_ELEMENTS = 1 << 24  # elements of a fused expert weight folded at once: its fp32 temporaries stay ~64 MiB each
+
+
+def channel_sums(grad: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(sum |g w| per output channel, per input channel, sum g^2 likewise) in fp32: [out], [in], or per expert
+    [E, out], [E, in] for a fused expert weight [E, out, in], folded a block of experts at a time (whole fp32 copies
+    of one would be 1.5 GiB each at Qwen3-30B-A3B's shapes)."""
+    step = max(1, FOLD_ELEMENTS // grad[0].numel()) if grad.dim() == 3 else len(grad)
+    blocks = []
+    for g, w in zip(grad.split(step), weight.split(step)):  # [out, in] whole, or [block, out, in]
+        g = g.float()
+        gw = (g * w.float()).abs()
+        g2 = g.square()
+        blocks.append((gw.sum(-1), gw.sum(-2), g2.sum(-1), g2.sum(-2)))
+    return blocks[0] if len(blocks) == 1 else tuple(torch.cat(parts) for parts in zip(*blocks))
+
+
 @contextmanager
 def collect_gradients(model, names: list[str]):
     """Yield {name: GradStats} filled by every backward pass run inside the block.
@@ -94,10 +111,7 @@ def collect_gradients(model, names: list[str]):
 
     def make_hook(name):
         def hook(w):
-            g = w.grad.detach().float()  # [out, in], or [E, out, in] for fused expert weights
-            gw = (g * w.detach().float()).abs()
-            g2 = g.square()
-            sums = (gw.sum(-1), gw.sum(-2), g2.sum(-1), g2.sum(-2))  # [(E,) out], [(E,) in]: per expert, if fused
+            sums = channel_sums(w.grad.detach(), w.detach())
             s = stats.get(name)
             if s is None:
                 s = stats[name] = GradStats(*(torch.zeros_like(t) for t in sums))

@@ -208,3 +208,16 @@ def test_moe_expert_widths_meet_a_deployment_target(moe_dir, tmp_path):
     widths = [d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")]
     assert widths and all(d is None or d % 16 == 0 for d in widths)  # each of 2 ranks: a multiple of 8
     assert r["target"]["met"] == r["target"]["constrained"] and r["variants"]["gac"]["params"] <= r["budget_params"]
+
+
+def test_fused_expert_gradients_fold_block_by_block_as_whole(monkeypatch):
+    import gac.importance as importance
+
+    g, w = torch.randn(5, 6, 7), torch.randn(5, 6, 7)  # [E, out, in]
+    whole = importance.channel_sums(g, w)
+    monkeypatch.setattr(importance, "FOLD_ELEMENTS", 2 * 6 * 7)  # two experts at a time: blocks of 2, 2, 1
+    blocked = importance.channel_sums(g, w)
+    assert [tuple(t.shape) for t in blocked] == [(5, 6), (5, 7), (5, 6), (5, 7)]
+    for a, b in zip(whole, blocked):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(blocked[0][3], (g[3] * w[3]).abs().sum(1))

@@ -70,6 +70,13 @@ class Shapes:
         mlp = [(i, h), (i, h), (h, i)] * max(self.experts, 1)
         return [(self.q_width, h), (self.kv_width, h), (self.kv_width, h), (h, self.q_width), *mlp]
 
+    @property
+    def largest_weight(self) -> int:
+        """Elements of the layer's largest weight: a linear, or an MoE layer's fused gate_up [E, 2I, H]."""
+        if self.experts:
+            return self.experts * 2 * self.intermediate * self.hidden
+        return max(o * i for o, i in self.linears())
+
     def factorized(self) -> list[tuple[int, int]]:
         """[out, in] of the linears a low-rank compressor factorizes: all of them, or an MoE layer's attention (its
         fused expert weights are pruned, never factorized)."""
@@ -120,7 +127,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     `compressor` built from `options` (its config options, as CompressConfig.compressor_options)."""
     from gac.compressors import make_compressor
     from gac.compressors.sensitivity import PROBE_TOKENS
-    from gac.importance import OUTPUT
+    from gac.importance import FOLD_ELEMENTS, GRADIENT_PROXIES, OUTPUT
 
     s = Shapes.of(config)
     b = BYTES[dtype]
@@ -146,8 +153,11 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     curve = max(8 * min(o, i) * (2 * (i + o) + 5 * min(o, i)) for o, i in s.factorized()) if loss_model else 0
     whiten = 8 * (big_o * big_i + big_i * big_i) if own else 0  # float64 W S and S
     svd_work = 3 * 4 * big_o * big_i if lowrank else 0  # float32 copy, scaled copy, LAPACK workspace
+    # a weight-gradient proxy (taylor, fisher): the largest weight's gradient, folded into fp32 sums a block at a
+    # time (gac.importance.channel_sums: its fp32 copy, |g w| and g^2 of one block)
+    fold = b * s.largest_weight + 3 * 4 * min(s.largest_weight, FOLD_ELEMENTS) if c.proxy in GRADIENT_PROXIES else 0
     # a layer's SVDs all end before its loss curves begin: the larger of the two phases, not their sum
-    work = max(svd_work + whiten, curve)
+    work = max(svd_work + whiten, curve, fold)
     batch = 4  # calibration's batches (the reverse sweep's gradient passes run halves of them)
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
     logits = 3 * 2 * seq_len * s.vocab * 4 if reverse else 0  # float logits, grad, softmax of a gradient batch
