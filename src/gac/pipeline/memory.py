@@ -175,7 +175,8 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
         }
         materialize = {
             "outer weights": s.outer_params * b,
-            "one layer's weights and its two cut copies": 3 * s.layer_params * b,
+            # an MoE layer is written per expert (the checkpoint layout): presumed one more copy of the layer
+            "one layer's weights and its two cut copies": (3 + bool(s.experts)) * s.layer_params * b,
             "one layer's factors": cached,  # read from the cache: no X^T X, no SVD
             "one layer's X^T X": 0,
             "SVD / loss model / whitening work (largest weight)": 0,
