@@ -16,6 +16,11 @@ TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_atte
             num_key_value_heads=2, vocab_size=320, max_position_embeddings=256, tie_word_embeddings=True)
 
 
+# Gemma 3: its head_dim is not hidden / heads, its query scale is its own, half its layers see a sliding window
+FAMILY_EXTRA = {"gemma3_text": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                                    layer_types=["sliding_attention", "full_attention"])}
+
+
 def tiny_tokenizer():
     """A byte-level BPE tokenizer trained on Python's docs, wrapped for transformers."""
     from pydoc_data.topics import topics
@@ -39,9 +44,9 @@ def tiny_model(model_type: str = "llama", seed: int = 0):
     config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
                   "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
                   "granite": transformers.GraniteConfig, "olmo2": transformers.Olmo2Config,
-                  "phi": transformers.PhiConfig}[model_type]
+                  "phi": transformers.PhiConfig, "gemma3_text": transformers.Gemma3TextConfig}[model_type]
     torch.manual_seed(seed)
-    config = config_cls(**TINY)
+    config = config_cls(**TINY, **FAMILY_EXTRA.get(model_type, {}))
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 

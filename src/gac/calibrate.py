@@ -11,6 +11,24 @@ from tqdm.auto import tqdm
 CALIB_BATCH = 4  # calibration windows per forward batch (the layer-by-layer pipeline batches them alike)
 
 
+def weight_of(model, name: str):
+    """The weight a group names: a linear's `.weight` [out, in], or a parameter itself (an MoE layer's fused expert
+    weights, [E, out, in])."""
+    try:
+        return model.get_submodule(name).weight
+    except AttributeError:
+        return model.get_parameter(name)
+
+
+def fed_module(model, name: str):
+    """The module whose forward input is the named weight's input: the linear itself, or the module owning a fused
+    expert weight (the experts, called with the hidden states and each token's routed experts)."""
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return model.get_submodule(name.rpartition(".")[0])
+
+
 @dataclass
 class LinearStats:
     """Running statistics of one linear's input x [tokens, in]."""
@@ -27,7 +45,9 @@ class LinearStats:
 
 @contextmanager
 def collect_stats(model, names: list[str], *, xtx: bool = False):
-    """Yield {name: LinearStats} filled by forward hooks while the block runs; hooks are removed on exit."""
+    """Yield {name: LinearStats} filled by forward hooks while the block runs; hooks are removed on exit. A fused
+    expert weight's statistics are those of its experts module's input (the hidden states before routing), and
+    extra["routed"] [E] counts the tokens routed to each expert."""
     stats: dict[str, LinearStats] = {}
     handles = []
     # q/k/v (and gate/up) see the same input tensor: the first linear fed by it owns one [in, in] fp64 X^T X
@@ -35,10 +55,11 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
     owner = {}  # "input": the last input seen, "stats": the LinearStats of the linear that owns its X^T X
     shared = set()
 
-    def make_hook(name, in_features):
+    def make_hook(name, num_experts):
         def hook(_module, inputs, _output):
             raw = inputs[0]  # the same object for every linear fed by this activation
-            x = raw.detach().reshape(-1, in_features)  # [tokens, in]
+            x = raw.detach().reshape(-1, raw.shape[-1])  # [tokens, in]
+            in_features = x.shape[1]
             s = stats.get(name)
             if s is None:
                 s = stats[name] = LinearStats(torch.zeros(in_features, dtype=torch.float32, device=x.device))
@@ -49,6 +70,9 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
                     s.xtx = torch.zeros(in_features, in_features, dtype=torch.float64, device=x.device)
             s.abs_sum += x.abs().float().sum(0)
             s.tokens += x.shape[0]
+            if num_experts and len(inputs) > 1:  # a fused expert weight: tokens routed per expert (top-k ids)
+                routed = torch.bincount(inputs[1].reshape(-1), minlength=num_experts)[:num_experts]  # [E]
+                s.extra["routed"] = s.extra.get("routed", 0) + routed.cpu()
             if xtx and name not in shared:
                 xd = x.double()
                 s.xtx += xd.T @ xd  # [in, in]
@@ -58,8 +82,9 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
 
     try:
         for name in names:
-            module = model.get_submodule(name)
-            handles.append(module.register_forward_hook(make_hook(name, module.in_features)))
+            weight = weight_of(model, name)
+            experts = weight.shape[0] if weight.dim() == 3 else 0
+            handles.append(fed_module(model, name).register_forward_hook(make_hook(name, experts)))
         yield stats
     finally:
         for h in handles:

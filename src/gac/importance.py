@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gac.errors import GacError
+from gac.calibrate import weight_of
 
 PROXIES = ("magnitude", "activation", "taylor", "fisher")
 GRADIENT_PROXIES = ("taylor", "fisher")
@@ -80,6 +81,23 @@ def frozen_parameters(module):
             p.requires_grad_(flag)
 
 
+FOLD_ELEMENTS = 1 << 24  # elements of a fused expert weight folded at once: its fp32 temporaries stay ~64 MiB each
+
+
+def channel_sums(grad: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(sum |g w| per output channel, per input channel, sum g^2 likewise) in fp32: [out], [in], or per expert
+    [E, out], [E, in] for a fused expert weight [E, out, in], folded a block of experts at a time (whole fp32 copies
+    of one would be 1.5 GiB each at Qwen3-30B-A3B's shapes)."""
+    step = max(1, FOLD_ELEMENTS // grad[0].numel()) if grad.dim() == 3 else len(grad)
+    blocks = []
+    for g, w in zip(grad.split(step), weight.split(step)):  # [out, in] whole, or [block, out, in]
+        g = g.float()
+        gw = (g * w.float()).abs()
+        g2 = g.square()
+        blocks.append((gw.sum(-1), gw.sum(-2), g2.sum(-1), g2.sum(-2)))
+    return blocks[0] if len(blocks) == 1 else tuple(torch.cat(parts) for parts in zip(*blocks))
+
+
 @contextmanager
 def collect_gradients(model, names: list[str]):
     """Yield {name: GradStats} filled by every backward pass run inside the block.
@@ -93,17 +111,14 @@ def collect_gradients(model, names: list[str]):
 
     def make_hook(name):
         def hook(w):
-            g = w.grad.detach().float()  # [out, in]
-            gw = (g * w.detach().float()).abs()
-            g2 = g.square()
+            sums = channel_sums(w.grad.detach(), w.detach())
             s = stats.get(name)
             if s is None:
-                zeros = [torch.zeros(n, dtype=torch.float32, device=g.device) for n in (*g.shape, *g.shape)]
-                s = stats[name] = GradStats(zeros[0], zeros[1], zeros[2], zeros[3])
-            s.taylor_out += gw.sum(1)
-            s.taylor_in += gw.sum(0)
-            s.fisher_out += g2.sum(1)
-            s.fisher_in += g2.sum(0)
+                s = stats[name] = GradStats(*(torch.zeros_like(t) for t in sums))
+            s.taylor_out += sums[0]
+            s.taylor_in += sums[1]
+            s.fisher_out += sums[2]
+            s.fisher_in += sums[3]
             s.batches += 1
             w.grad = None  # folded in: free it now
 
@@ -112,7 +127,7 @@ def collect_gradients(model, names: list[str]):
     with frozen_parameters(model) as params:
         try:
             for name in names:
-                w = model.get_submodule(name).weight
+                w = weight_of(model, name)
                 w.requires_grad_(True)
                 handles.append(w.register_post_accumulate_grad_hook(make_hook(name)))
             yield stats
@@ -168,12 +183,15 @@ def channel_scores(proxy: str, model, names: list[str], *, stats: dict | None = 
     check_proxy(proxy)
     out = {}
     for name in names:
-        w = model.get_submodule(name).weight.detach()
-        n_out, n_in = w.shape
+        w = weight_of(model, name).detach()
+        n_out, n_in = w.shape[-2:]
         if proxy == "magnitude":
-            e = w.float().square()  # [out, in]
-            out[name] = ChannelScores(e.sum(1), e.sum(0))
+            e = w.float().square()  # [(E,) out, in]
+            out[name] = routed_share(ChannelScores(e.sum(-1), e.sum(-2)), stats, name)
         elif proxy == "activation":
+            if w.dim() > 2:
+                raise GacError(f"importance 'activation' has no per-expert input statistics for {name}: use "
+                               "--importance taylor (the default) or magnitude for mixture-of-experts models")
             if stats is None or name not in stats:
                 raise GacError(f"importance 'activation' needs calibration statistics for {name}")
             x2 = stats[name].mean_abs.float().to(w.device).square()  # [in]
@@ -185,6 +203,17 @@ def channel_scores(proxy: str, model, names: list[str], *, stats: dict | None = 
             out[name] = (ChannelScores(g.taylor_out, g.taylor_in) if proxy == "taylor"
                          else ChannelScores(g.fisher_out, g.fisher_in))
     return out
+
+
+def routed_share(scores: ChannelScores, stats: dict | None, name: str) -> ChannelScores:
+    """A fused expert weight's channel scores [E, n], each expert's scaled by its share of the tokens calibration
+    routed (mean 1 over the experts: a rarely routed expert's channels matter less). Gradient proxies need no such
+    weight: an expert's gradient sums over the tokens routed to it only. Other weights are returned as they are."""
+    routed = stats[name].extra.get("routed") if stats and name in stats else None
+    if routed is None or scores.out.dim() < 2:
+        return scores
+    share = (routed.double() / max(int(routed.sum()), 1) * len(routed)).to(scores.out)  # [E]
+    return ChannelScores(scores.out * share[:, None], scores.inp * share[:, None])
 
 
 def measure(proxy: str, model, names: list[str], *, stats: dict | None = None, windows: torch.Tensor | None = None,
@@ -205,7 +234,7 @@ def weight_scores(proxy: str, model, names: list[str], *, stats: dict | None = N
                   windows: torch.Tensor | None = None, progress: bool = True) -> list[float]:
     """Importance per parameter of each named weight (the knapsack's s_i before normalization)."""
     scores = measure(proxy, model, names, stats=stats, windows=windows, progress=progress)
-    return [scores[n].total / model.get_submodule(n).weight.numel() for n in names]
+    return [scores[n].total / weight_of(model, n).numel() for n in names]
 
 
 def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH,

@@ -1,5 +1,6 @@
-"""Every supported family (README: llama, mistral, qwen2, qwen3, granite, olmo2, phi) compresses with low-rank pairs,
-saves, and loads back with gac.load and with plain transformers (trust_remote_code) giving the same logits."""
+"""Every supported dense family (README: llama, mistral, qwen2, qwen3, granite, olmo2, phi, gemma3_text) compresses
+with low-rank pairs, saves, and loads back with gac.load and with plain transformers (trust_remote_code) giving the
+same logits."""
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from gac.models.io import load, save
 from gac.models.modeling_gac import LowRankLinear
 from tests.conftest import tiny_model, tiny_tokenizer
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "phi"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "phi", "gemma3_text"]
 
 
 def _logits(model, ids):

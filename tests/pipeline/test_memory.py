@@ -61,7 +61,7 @@ def test_max_memory_picks_layerwise_or_refuses(tmp_path):
         plan_memory(dataclasses.replace(cfg, max_memory=f"cpu={layerwise // 2}"))
 
 
-@pytest.mark.parametrize("name", ["llama-3-8b", "llama-3-70b"])
+@pytest.mark.parametrize("name", ["llama-3-8b", "llama-3-70b", "qwen3-30b-a3b"])
 def test_dry_run_prints_the_forecast(name):
     p = run_gac("compress", "--model", str(DOCS / name), "--dtype", "bfloat16", "--layerwise", "--dry-run")
     assert p.returncode == 0, p.stderr

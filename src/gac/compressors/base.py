@@ -320,7 +320,7 @@ class LowRankCompressor(Compressor):
         """A and B of every linear at the largest rank selection may ask for (break-even)."""
         from gac.models.kinds.rank import max_useful_rank
 
-        return sum(value_bytes * max_useful_rank(i, o) * (o + i) for o, i in shapes.linears())
+        return sum(value_bytes * max_useful_rank(i, o) * (o + i) for o, i in shapes.factorized())
 
     def load_cut_state(self, units: list[LowRankUnit], tensors: dict) -> None:
         for u in units:

@@ -1,6 +1,7 @@
 """Structured pruning (LLM-Pruner style), GQA-aware: MLP channels with gate, up and down cut together, and attention
 heads removed only as the architecture can represent them (whole KV groups, or the same number of query heads in
-every group). Units are one MLP and one attention block per pruned layer; their dims are kept widths."""
+every group); in a mixture-of-experts layer, one expert width for all its experts, each keeping its own channels.
+Units are one MLP (or experts) and one attention block per pruned layer; their dims are kept widths."""
 
 from __future__ import annotations
 
@@ -97,7 +98,9 @@ class MLPUnit(PrunedUnit):
 
     @classmethod
     def scored(cls, group, scores):
-        imp = sum(_vec(scores[n].out) for n in group.producers) + sum(_vec(scores[n].inp) for n in group.consumers)
+        parts = group.parts  # a fused gate_up: each channel's gate row and up row
+        imp = (sum(_vec(scores[n].out).reshape(parts, -1).sum(0) for n in group.producers)
+               + sum(_vec(scores[n].inp) for n in group.consumers))
         return cls(group, channel_importance=imp)  # [intermediate]
 
     @property
@@ -161,7 +164,32 @@ class AttentionUnit(PrunedUnit):
         return KeepHeads(*self.kept_heads(dim))
 
 
-UNITS = {"mlp": MLPUnit, "heads": AttentionUnit}  # group kind -> its pruned unit
+@dataclass
+class ExpertsUnit(PrunedUnit):
+    """An MoE layer's expert width (gac.models.groups.ExpertWidthGroup): dim = channels every expert keeps, each
+    expert its own best ones."""
+
+    channel_importance: np.ndarray | None = None  # [E, intermediate] float64
+
+    @classmethod
+    def scored(cls, group, scores):
+        gate_up, w = _vec(scores[group.gate_up].out), group.dim  # [E, 2w]: gate rows, then up rows
+        return cls(group, channel_importance=gate_up[:, :w] + gate_up[:, w:] + _vec(scores[group.down].inp))
+
+    @property
+    def total_importance(self) -> float:
+        return float(self.channel_importance.sum())
+
+    def step_gains(self) -> np.ndarray:
+        return (-np.sort(-self.channel_importance, axis=1)).sum(0)  # k-th step: every expert's k-th best channel
+
+    def cut(self, dim: int):
+        from gac.models.surgery import KeepExperts
+
+        return KeepExperts(torch.stack([_top(row, dim) for row in self.channel_importance]))  # [E, dim]
+
+
+UNITS = {"mlp": MLPUnit, "heads": AttentionUnit, "experts": ExpertsUnit}  # group kind -> its pruned unit
 
 
 def _top(importance: np.ndarray, k: int) -> torch.Tensor:
@@ -217,14 +245,16 @@ class PruneCompressor(Compressor):
         return list(layers)
 
     def groups(self, model) -> list[DimGroup]:
-        """Per pruned layer its MLP width group, then (unless head_mode none) its attention head group."""
-        layers = self._layers(model.config)
-        mlps = groups_of(model, "mlp", layers=layers)
-        if self.config.head_mode == "none":
-            return mlps
-        heads = groups_of(model, "heads", layers=layers, mode=self.config.head_mode)
-        check_heads_prunable(model, heads[0])
-        return [g for pair in zip(mlps, heads) for g in pair]
+        """Per pruned layer its MLP width group (an MoE layer: its expert width), then (unless head_mode none) its
+        attention head group."""
+        out = []
+        for i in self._layers(model.config):
+            out += groups_of(model, "mlp", layers=[i]) + groups_of(model, "experts", layers=[i])
+            if self.config.head_mode != "none":
+                heads = groups_of(model, "heads", layers=[i], mode=self.config.head_mode)
+                check_heads_prunable(model, heads[0])
+                out += heads
+        return out
 
     def analyze(self, model, groups: list[DimGroup], stats: dict, *, probe=None, keep: float = 0.85,
                 progress: bool = True, windows=None) -> list[Unit]:

@@ -15,6 +15,7 @@ import torch
 
 from gac.errors import GacError
 from gac.hw.timing import Timing, time_interleaved
+from gac.models.adapters import text_config
 from gac.models.placement import input_device
 
 
@@ -40,7 +41,7 @@ class LatencyConfig:
 
 def _tokens(model, batch: int, seq: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
+    vocab = text_config(model.config).vocab_size
     return torch.randint(0, vocab, (batch, seq), generator=g)  # [B, S], the same for every model
 
 

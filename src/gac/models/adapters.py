@@ -23,9 +23,19 @@ class Layout:
     o: str = "o_proj"
     mlp: str = "mlp"
     producers: tuple[str, ...] = ("gate_proj", "up_proj")  # read the hidden state, each [intermediate, hidden]
+    producer_parts: int = 1  # row blocks per producer: 2 for a fused gate_up [2 x intermediate, hidden] (gate, up)
     consumers: tuple[str, ...] = ("down_proj",)  # read the intermediate channels, each [hidden, intermediate]
     layers_path: str = "model.layers"
     per_head_norm: str | None = "q_norm"  # a norm over each head's channels (qwen3): heads prunable if per head
+    # mixture of experts: the MLP block's experts module (None: every layer dense), its fused 3D weights (transformers
+    # 5's layout: gate_up [E, 2I, H], gate rows then up rows; down [E, H, I]), the config's keys for the expert count
+    # and the expert width, and the per-expert checkpoint names the fused weights are made of (gate, up, down)
+    experts: str | None = None
+    expert_weights: tuple[str, str] = ("gate_up_proj", "down_proj")
+    expert_count: str = "num_experts"
+    expert_width: str = "moe_intermediate_size"
+    expert_checkpoint: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # {block}.experts.{e}.{name}
+    checkpoint_mlp: str = "mlp"  # the MLP block's name in per-expert checkpoints
 
     @property
     def attention_projections(self) -> tuple[str, str, str, str]:
@@ -34,6 +44,13 @@ class Layout:
 
 LLAMA = Layout()
 PHI = Layout(o="dense", producers=("fc1",), consumers=("fc2",), per_head_norm="q_layernorm")  # ungated MLP
+# fused projections (Phi-3, Phi-4-mini): q, k and v are rows of one qkv_proj, gate and up the two halves of gate_up_proj
+PHI3 = Layout(q="qkv_proj", k="qkv_proj", v="qkv_proj", producers=("gate_up_proj",), producer_parts=2,
+              per_head_norm=None)
+GEMMA3 = Layout(layers_path="model.language_model.layers")  # a multimodal checkpoint's language model (text_config)
+QWEN3_MOE = Layout(experts="experts")  # sparse layers' MLP is experts + router; mlp_only_layers keep a dense MLP
+MIXTRAL = Layout(experts="experts", expert_count="num_local_experts", expert_width="intermediate_size",
+                 expert_checkpoint=("w1", "w3", "w2"), checkpoint_mlp="block_sparse_moe", per_head_norm=None)
 
 
 @dataclass(frozen=True)
@@ -71,7 +88,8 @@ VLLM_FAMILIES = {"llama": VllmNames()}
 
 # model_type -> layout. Each needs a transformers `<Name>ForCausalLM` (see modeling_gac.py).
 FAMILIES = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA, "granite": LLAMA, "olmo2": LLAMA,
-            "phi": PHI}
+            "phi": PHI, "qwen3_moe": QWEN3_MOE, "mixtral": MIXTRAL, "gemma3_text": LLAMA,
+            "gemma3": GEMMA3, "phi3": PHI3}
 
 
 @dataclass(frozen=True)
@@ -99,16 +117,38 @@ class LayerModules:
     mlp: str
     producers: tuple[str, ...]
     consumers: tuple[str, ...]
+    experts: str | None = None  # an MoE layer's experts module (producers and consumers are then empty)
+    expert_weights: tuple[str, ...] = ()  # its fused weights: (gate_up [E, 2I, H], down [E, H, I]) parameter names
+    producer_parts: int = 1  # row blocks of each producer (2: a fused gate_up)
 
     @property
     def linears(self) -> list[str]:
-        return [self.q, self.k, self.v, self.o, *self.producers, *self.consumers]
+        """Every linear, each once (a fused qkv_proj is q, k and v)."""
+        return list(dict.fromkeys([self.q, self.k, self.v, self.o, *self.producers, *self.consumers]))
+
+    @property
+    def fused_qkv(self) -> bool:
+        """q, k and v are rows of one linear (Phi-3's qkv_proj)."""
+        return self.q == self.k == self.v
+
+    @property
+    def weights(self) -> list[str]:
+        """Every weight a group of this layer may name: its linears and its fused expert parameters."""
+        return [*self.linears, *self.expert_weights]
+
+    def expert_shapes(self, hidden: int, num_experts: int, width: int) -> dict[str, tuple[int, int, int]]:
+        """{fused expert weight: shape} at expert width `width` (nothing for a dense layer)."""
+        if not self.expert_weights:
+            return {}
+        gate_up, down = self.expert_weights
+        return {gate_up: (num_experts, 2 * width, hidden), down: (num_experts, hidden, width)}
 
     def shapes(self, hidden: int, q_width: int, kv_width: int, mlp_width: int) -> dict[str, tuple[int, int]]:
         """{linear: (out_features, in_features)} of every dense projection at these widths."""
-        return {self.q: (q_width, hidden), self.k: (kv_width, hidden), self.v: (kv_width, hidden),
-                self.o: (hidden, q_width), **{n: (mlp_width, hidden) for n in self.producers},
-                **{n: (hidden, mlp_width) for n in self.consumers}}
+        qkv = ({self.q: (q_width + 2 * kv_width, hidden)} if self.fused_qkv else
+               {self.q: (q_width, hidden), self.k: (kv_width, hidden), self.v: (kv_width, hidden)})
+        producers = {n: (self.producer_parts * mlp_width, hidden) for n in self.producers}
+        return {**qkv, self.o: (hidden, q_width), **producers, **{n: (hidden, mlp_width) for n in self.consumers}}
 
 
 @dataclass(frozen=True)
@@ -119,15 +159,51 @@ class Adapter:
     layout: Layout
 
     def layer_count(self, config) -> int:
-        return config.num_hidden_layers
+        return text_config(config).num_hidden_layers
 
     def layer(self, config, i: int) -> LayerModules:
         lay = self.layout
         prefix = self.layer_prefix(i)
         attn, mlp = f"{prefix}.{lay.attention}", f"{prefix}.{lay.mlp}"
         q, k, v, o = (f"{attn}.{p}" for p in lay.attention_projections)
+        if self.is_moe_layer(config, i):
+            experts = f"{mlp}.{lay.experts}"
+            return LayerModules(i, attn, q, k, v, o, mlp, (), (), experts,
+                                tuple(f"{experts}.{w}" for w in lay.expert_weights))
         return LayerModules(i, attn, q, k, v, o, mlp, tuple(f"{mlp}.{p}" for p in lay.producers),
-                            tuple(f"{mlp}.{p}" for p in lay.consumers))
+                            tuple(f"{mlp}.{p}" for p in lay.consumers), producer_parts=lay.producer_parts)
+
+    def is_moe_layer(self, config, i: int) -> bool:
+        """Whether decoder layer i's MLP is a mixture of experts (Qwen3-MoE keeps `mlp_only_layers` dense and makes
+        every `decoder_sparse_step`-th layer sparse; Mixtral's are all sparse)."""
+        config = text_config(config)
+        if self.layout.experts is None or not getattr(config, self.layout.expert_count, 0):
+            return False
+        step = getattr(config, "decoder_sparse_step", 1) or 1
+        return i not in (getattr(config, "mlp_only_layers", None) or ()) and (i + 1) % step == 0
+
+    def expert_geometry(self, config) -> tuple[int, int, int]:
+        """(experts per MoE layer, expert width, experts routed per token)."""
+        config = text_config(config)
+        return (getattr(config, self.layout.expert_count), getattr(config, self.layout.expert_width),
+                config.num_experts_per_tok)
+
+    def model_name(self, checkpoint_name: str) -> str:
+        """The model's name for a checkpoint tensor (Mixtral's checkpoints call the MLP block block_sparse_moe)."""
+        lay = self.layout
+        if lay.checkpoint_mlp == lay.mlp:
+            return checkpoint_name
+        return checkpoint_name.replace(f".{lay.checkpoint_mlp}.", f".{lay.mlp}.")
+
+    def expert_checkpoint_names(self, layer: LayerModules, num_experts: int) -> dict[str, list[tuple[str, ...]]]:
+        """{fused expert weight: per expert the checkpoint tensors it is made of} for an MoE layer: gate_up from
+        each expert's (gate, up), down from its (down,), as Hugging Face checkpoints store them per expert."""
+        lay = self.layout
+        gate, up, down = lay.expert_checkpoint
+        gate_up, fused_down = layer.expert_weights
+        each = [f"{self.layer_prefix(layer.index)}.{lay.checkpoint_mlp}.{lay.experts}.{e}" for e in range(num_experts)]
+        return {gate_up: [(f"{x}.{gate}.weight", f"{x}.{up}.weight") for x in each],
+                fused_down: [(f"{x}.{down}.weight",) for x in each]}
 
     def layer_prefix(self, i: int) -> str:
         """The module path of decoder layer i, e.g. model.layers.3."""
@@ -142,17 +218,21 @@ class Adapter:
         return [self.layer(config, i) for i in range(self.layer_count(config))]
 
     def linear_names(self, config) -> list[str]:
-        """Fully qualified names of every compressible linear (not embeddings, not lm_head), in layer order."""
-        return [n for layer in self.layers(config) for n in layer.linears]
+        """Fully qualified names of every compressible weight (not embeddings, not lm_head), in layer order: the
+        linears, and an MoE layer's fused expert weights."""
+        return [n for layer in self.layers(config) for n in layer.weights]
 
     def geometry(self, config) -> AttentionGeometry:
         return attention_geometry(config)
 
     def hidden_size(self, config) -> int:
-        return config.hidden_size
+        return text_config(config).hidden_size
 
     def intermediate_size(self, config) -> int:
-        return config.intermediate_size
+        return text_config(config).intermediate_size
+
+    def vocab_size(self, config) -> int:
+        return text_config(config).vocab_size
 
     def gguf_names(self, config) -> dict[str, str]:
         """{module name: GGUF tensor prefix} for every weight-bearing module (`.weight` follows both), e.g.
@@ -186,8 +266,15 @@ class Adapter:
         return getattr(attention_module, name, None) if name else None
 
 
+def text_config(config):
+    """The language model's config: a multimodal checkpoint's text_config (Gemma 3), else the config itself."""
+    get = getattr(config, "get_text_config", None)
+    return get() if get is not None else config
+
+
 def attention_geometry(config) -> AttentionGeometry:
     """Head counts and head_dim from a config (KV heads default to the query heads)."""
+    config = text_config(config)
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

@@ -34,7 +34,12 @@ class LinearDims:
 def linear_dims(model, names: list[str]) -> list[LinearDims]:
     out = []
     for name in names:
-        m = model.get_submodule(name)
+        try:
+            m = model.get_submodule(name)
+        except AttributeError:  # a fused expert weight [E, out, in]: E linears of one shape
+            w = model.get_parameter(name)
+            out.append(LinearDims(name, w.shape[-1], w.shape[-2], None, w.numel()))
+            continue
         if is_grouped_lowrank(m):  # one rank per head group
             ranks = tuple(int(r) for r in m.ranks)
             params = sum(r * (m.in_features + m.out_features // len(ranks)) for r in ranks)
@@ -123,8 +128,9 @@ def inspect_model(model, alignments=(8, 16, 32)) -> InspectResult:
         ranks = d.compressed_dims
         rows += [(d.name if len(ranks) == 1 else f"{d.name}[{g}]", "rank", int(r), True) for g, r in enumerate(ranks)]
     head_dim = adapter.geometry(config).head_dim
-    for mlp, layer in zip(groups_of(model, "mlp"), adapter.layers(config)):
-        rows.append((mlp.name, "mlp_width", mlp.dim, mlp.dim != mlp.full))
+    for layer in adapter.layers(config):
+        for mlp in groups_of(model, "mlp", layers=[layer.index]) + groups_of(model, "experts", layers=[layer.index]):
+            rows.append((mlp.name, "mlp_width", mlp.dim, mlp.dim != mlp.full))  # an MoE layer: every expert's
         attn = model.get_submodule(layer.attention)
         rows.append((layer.attention, "head_dim", int(getattr(attn, "head_dim", head_dim)), False))
 

@@ -10,6 +10,7 @@ Kinds (KIND_TYPES, the registry):
   head_rank   one group of KV heads of a K or V projection (PaLU): rows [row0, row0 + rows); dim = its rank
   mlp         a layer's MLP width: producer rows and consumer columns together (gate/up/down, or fc1/fc2)
   heads       a layer's attention heads, whole: KV groups (mode "group") or query heads per group ("uniform")
+  experts     an MoE layer's expert width: one width for all its experts, each expert its own channels
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from __future__ import annotations
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
 from gac.models.kinds.base import DimGroup, is_grouped_lowrank, is_lowrank
+from gac.models.kinds.experts import ExpertWidthGroup
 from gac.models.kinds.heads import MODES as HEAD_MODES
 from gac.models.kinds.heads import HeadGroup, check_heads_prunable, heads_split
 from gac.models.kinds.rank import HeadRankGroup, RankGroup
 from gac.models.kinds.width import WidthGroup
 
-KIND_TYPES = {k.kind: k for k in (RankGroup, HeadRankGroup, WidthGroup, HeadGroup)}
+KIND_TYPES = {k.kind: k for k in (RankGroup, HeadRankGroup, WidthGroup, HeadGroup, ExpertWidthGroup)}
 KINDS = tuple(KIND_TYPES)
 
-__all__ = ["HEAD_MODES", "KINDS", "KIND_TYPES", "DimGroup", "HeadGroup", "HeadRankGroup", "RankGroup", "WidthGroup",
+__all__ = ["HEAD_MODES", "KINDS", "KIND_TYPES", "DimGroup", "ExpertWidthGroup", "HeadGroup", "HeadRankGroup", "RankGroup", "WidthGroup",
            "check_heads_prunable", "compressed_dims_of", "groups_of", "heads_split", "is_grouped_lowrank",
            "is_lowrank", "linears_of"]
 
@@ -55,11 +57,12 @@ def compressed_dims_of(model) -> list[int]:
     """Every dim of `model` that differs from its original: ranks, PaLU group ranks, pruned widths."""
     dims = [g.dim for g in groups_of(model, "rank") if g.dim is not None]
     dims += [r for name, m in model.named_modules() if is_grouped_lowrank(m) for r in m.ranks]
-    for kind in ("mlp", "heads"):
+    for kind in ("mlp", "experts", "heads"):
         dims += [d for g in groups_of(model, kind) for d in g.compressed_dims()]
     return dims
 
 
 def linears_of(groups) -> list[str]:
-    """The linears the groups cover, in first-seen order, each once."""
+    """The weights the groups cover (linears, and the fused expert weights by parameter name), in first-seen order,
+    each once."""
     return list(dict.fromkeys(n for g in groups for n in g.linears))

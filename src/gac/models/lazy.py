@@ -33,6 +33,28 @@ class Resident:
     def load_layer(self, i: int) -> None:
         pass
 
+    def _load_fused_experts(self, layer) -> None:
+        """An MoE layer's fused expert weights from a checkpoint that stores them per expert (as Hugging Face's do):
+        each expert's tensors concatenated (gate and up rows), the experts stacked, as transformers fuses them."""
+        import torch
+        from accelerate.utils import set_module_tensor_to_device
+        from safetensors import safe_open
+
+        if not layer.experts:
+            return
+        num_experts = self.adapter.expert_geometry(self.model.config)[0]
+        for fused, per_expert in self.adapter.expert_checkpoint_names(layer, num_experts).items():
+            if fused in self.keys or any(n not in self.files for parts in per_expert for n in parts):
+                continue  # stored fused (loaded above), or not at all (load_layer names what is missing)
+            tensors = []
+            for parts in per_expert:
+                loaded = []
+                for n in parts:
+                    with safe_open(self.files[n], "pt", device="cpu") as f:
+                        loaded.append(f.get_tensor(n))
+                tensors.append(torch.cat(loaded, dim=0))  # [2I, H] (gate rows, then up) or [H, I]
+            set_module_tensor_to_device(self.model, fused, "cpu", value=torch.stack(tensors), dtype=self.dtype)
+
     def release_layer(self, i: int) -> None:
         pass
 
@@ -69,11 +91,12 @@ class LazyCheckpoint:
         config = AutoConfig.from_pretrained(self.path)
         self.adapter = adapter_for(config)
         self.files = weight_files(self.path)
+        self.keys = {self.adapter.model_name(k): k for k in self.files}  # model name -> checkpoint tensor name
         with init_empty_weights():  # parameters on meta; buffers (rotary frequencies) real
             self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
         self.model.eval()
         layers = self.adapter.layers_path + "."
-        self._load([n for n in self.files if not n.startswith(layers)])
+        self._load([n for n in self.keys if not n.startswith(layers)])
         self.model.tie_weights()
         missing = [n for n, p in self.model.named_parameters() if p.device.type == "meta" and not n.startswith(layers)]
         if missing:
@@ -86,7 +109,7 @@ class LazyCheckpoint:
 
         by_file: dict[Path, list[str]] = {}
         for n in names:
-            by_file.setdefault(self.files[n], []).append(n)
+            by_file.setdefault(self.files[self.keys[n]], []).append(n)
         known = {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
         known |= {n for n, _ in self.model.named_buffers()}
         for file, keys in by_file.items():
@@ -94,16 +117,40 @@ class LazyCheckpoint:
                 for key in keys:
                     if key not in known:
                         continue  # e.g. a saved rotary buffer the model recomputes
-                    set_module_tensor_to_device(self.model, key, "cpu", value=f.get_tensor(key), dtype=self.dtype)
+                    set_module_tensor_to_device(self.model, key, "cpu", value=f.get_tensor(self.keys[key]),
+                                                dtype=self.dtype)
 
     def load_layer(self, i: int) -> None:
         prefix = self.adapter.layer_prefix(i) + "."
-        self._load([n for n in self.files if n.startswith(prefix)])
+        self._load([n for n in self.keys if n.startswith(prefix)])
+        self._load_fused_experts(self.adapter.layer(self.model.config, i))
         layer = self.model.get_submodule(prefix[:-1])
         missing = [n for n, p in layer.named_parameters() if p.device.type == "meta"]
         if missing:
             raise GacError(f"{self.path}: no weights for {prefix}{missing[0]} in the safetensors files: the "
                            "checkpoint is incomplete or of another architecture")
+
+    def _load_fused_experts(self, layer) -> None:
+        """An MoE layer's fused expert weights from a checkpoint that stores them per expert (as Hugging Face's do):
+        each expert's tensors concatenated (gate and up rows), the experts stacked, as transformers fuses them."""
+        import torch
+        from accelerate.utils import set_module_tensor_to_device
+        from safetensors import safe_open
+
+        if not layer.experts:
+            return
+        num_experts = self.adapter.expert_geometry(self.model.config)[0]
+        for fused, per_expert in self.adapter.expert_checkpoint_names(layer, num_experts).items():
+            if fused in self.keys or any(n not in self.files for parts in per_expert for n in parts):
+                continue  # stored fused (loaded above), or not at all (load_layer names what is missing)
+            tensors = []
+            for parts in per_expert:
+                loaded = []
+                for n in parts:
+                    with safe_open(self.files[n], "pt", device="cpu") as f:
+                        loaded.append(f.get_tensor(n))
+                tensors.append(torch.cat(loaded, dim=0))  # [2I, H] (gate rows, then up) or [H, I]
+            set_module_tensor_to_device(self.model, fused, "cpu", value=torch.stack(tensors), dtype=self.dtype)
 
     def release_layer(self, i: int) -> None:
         from accelerate.utils import set_module_tensor_to_device

@@ -8,6 +8,7 @@ Self-contained on purpose: it imports torch and transformers only, never gac. Th
   "lowrank":   {module_name: rank}  linears factorized as b(a(x))
   "grouped_lowrank": {module_name: [r_1, ..., r_G]}  PaLU-style: one shared down-projection per head group,
                      per-group up-projections (output split evenly over the G groups)
+  "parameter": {parameter_name: shape}  parameters of a new shape (an MoE layer's fused expert weights, pruned)
 The model class is the family's own transformers class with this structure applied first: config.auto_map names
 `modeling_gac.Gac<Class>` (e.g. GacLlamaForCausalLM, and GacLlamaModel for AutoModel), built on first use for any
 family transformers ships. Built by vLLM's Transformers backend, which cannot hold these shapes, it refuses.
@@ -71,6 +72,13 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
         w = old.weight
         new = nn.Linear(int(in_features), int(out_features), bias=old.bias is not None, device=w.device, dtype=w.dtype)
         set_module(model, name, new)
+    for name, shape in structure.get("parameter", {}).items():
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        old = getattr(parent, attr)
+        new = torch.empty([int(n) for n in shape], device=old.device, dtype=old.dtype)
+        setattr(parent, attr, nn.Parameter(new, requires_grad=old.requires_grad))
+        fit_experts_implementation(model, int(shape[-1]))
     for name, heads in structure.get("attention", {}).items():
         attn = model.get_submodule(name)
         attn.num_heads = int(heads["num_heads"])  # informational; forward infers heads from q_proj's width
@@ -89,6 +97,18 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
         w = old.weight
         set_module(model, name, GroupedLowRankLinear(old.in_features, old.out_features, ranks,
                                                      old.bias is not None, w.device, w.dtype))
+
+
+GROUPED_MM_ROW = 8  # channels: torch's grouped GEMM needs rows of 16 bytes, 8 channels in bfloat16 or float16
+
+
+def fit_experts_implementation(model: nn.Module, row_length: int) -> None:
+    """A fused expert weight with rows of `row_length` channels not a multiple of GROUPED_MM_ROW crashes torch's
+    grouped GEMM, transformers' default experts implementation ("strides should be multiple of 16 bytes"): such a
+    model runs its experts one by one ("eager", transformers' reference loop) instead."""
+    config = getattr(model, "config", None)
+    if row_length % GROUPED_MM_ROW and getattr(config, "_experts_implementation", None) not in (None, "eager"):
+        config._experts_implementation = "eager"
 
 
 def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -200,12 +220,27 @@ def _build(name: str):
     if name.endswith("Config"):
         return type(name, (_GacConfigMixin, base), {"__module__": __name__,
                                                      "model_type": gac_model_type(base.model_type)})
-    if name.endswith(("ForCausalLM", "Model")):
-        prefix = "" if name.endswith("ForCausalLM") else f"{base.base_model_prefix}."
+    if name.endswith(("ForCausalLM", "ForConditionalGeneration", "Model")):  # a multimodal family's is the latter
+        _share_checkpoint_conversion(base.config_class.model_type)
+        prefix = f"{base.base_model_prefix}." if name.endswith("Model") else ""
         config_class = _class(f"Gac{base.config_class.__name__}")
         return type(name, (_GacStructureMixin, base), {"__module__": __name__, "structure_prefix": prefix,
                                                        "config_class": config_class})
     return None
+
+
+def _share_checkpoint_conversion(family: str) -> None:
+    """The family's checkpoint conversion under gac's model type too: transformers 5 fuses a mixture-of-experts
+    checkpoint's per-expert weights into 3D parameters on load and splits them again on save, so a gac output keeps
+    the per-expert layout the family's engines read."""
+    try:
+        from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,
+                                                     register_checkpoint_conversion_mapping)
+    except ImportError:  # a transformers without conversions stores what it loads
+        return
+    mapping = get_checkpoint_conversion_mapping(family)
+    if mapping:
+        register_checkpoint_conversion_mapping(gac_model_type(family), mapping, overwrite=True)
 
 
 def _class(name: str):

@@ -2,7 +2,8 @@
 modeling_gac.apply_gac_structure (self-contained, it travels with every saved model).
 
 Keys: "linear" {name: [out, in]} for linears of a new shape, "attention" {block: {num_heads, num_kv_heads}},
-"lowrank" {name: rank}, "grouped_lowrank" {name: [r_1, ..., r_G]}.
+"lowrank" {name: rank}, "grouped_lowrank" {name: [r_1, ..., r_G]}, "parameter" {name: shape} for fused expert
+weights of a new shape.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from gac.models.adapters import adapter_for
 from gac.models.groups import is_grouped_lowrank, is_lowrank
 from gac.models.modeling_gac import apply_gac_structure
 
-KEYS = ("linear", "attention", "lowrank", "grouped_lowrank")
+KEYS = ("linear", "attention", "lowrank", "grouped_lowrank", "parameter")
 __all__ = ["KEYS", "apply_gac_structure", "structure_of"]
 
 
@@ -27,15 +28,21 @@ def structure_of(model) -> dict:
     hidden, inter = adapter.hidden_size(config), adapter.intermediate_size(config)
     q, kv = geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim
     live: dict = {key: {} for key in KEYS}
-    covered = {"linear": set(), "attention": set()}
+    covered = {"linear": set(), "attention": set(), "parameter": set()}
+    experts = adapter.expert_geometry(config) if adapter.layout.experts else None
     for layer in adapter.layers(config):
         default = layer.shapes(hidden, q, kv, inter)
         for name, shape in default.items():
             m = model.get_submodule(name)
             if (m.out_features, m.in_features) != shape:
                 live["linear"][name] = [m.out_features, m.in_features]
+        fused = layer.expert_shapes(hidden, *experts[:2]) if layer.experts else {}
+        for name, shape in fused.items():
+            if tuple(model.get_parameter(name).shape) != shape:
+                live["parameter"][name] = list(model.get_parameter(name).shape)
+        covered["parameter"].update(fused)
         widths = tuple(model.get_submodule(n).out_features for n in (layer.q, layer.k))
-        if widths != (q, kv):
+        if widths != (q, kv) and not layer.fused_qkv:  # a fused q/k/v keeps every head
             heads, kv_heads = (w // geo.head_dim for w in widths)
             live["attention"][layer.attention] = {"num_heads": heads, "num_kv_heads": kv_heads}
         covered["linear"].update(default)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from gac.models.kinds.base import DimGroup, by_kind, is_lowrank
-from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear, set_module
+from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear, fit_experts_implementation, set_module
 from gac.padding import pad_cols, pad_grouped_lowrank, pad_lowrank, pad_rows
 
 
@@ -30,6 +30,13 @@ class Factors:
 @dataclass(frozen=True)
 class Keep:
     """Channels to keep of an MLP width (ascending indices)."""
+
+    channels: torch.Tensor
+
+
+@dataclass(frozen=True)
+class KeepExperts:
+    """Channels to keep in every expert of an MoE layer: [E, w], each row ascending (one width, own channels)."""
 
     channels: torch.Tensor
 
@@ -135,6 +142,36 @@ def keep_columns(model: nn.Module, names, cols: torch.Tensor) -> None:
         set_module(model, name, sliced_linear(model.get_submodule(name), cols=cols))
 
 
+def set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Put `value` at the parameter path `name` (requires_grad as the parameter it replaces)."""
+    parent, _, attr = name.rpartition(".")
+    module = model.get_submodule(parent)
+    setattr(module, attr, nn.Parameter(value.contiguous(), requires_grad=getattr(module, attr).requires_grad))
+    fit_experts_implementation(model, value.shape[-1])
+
+
+@torch.no_grad()
+def keep_expert_entries(model: nn.Module, name: str, dim: int, index: torch.Tensor) -> None:
+    """Keep, in each expert e of the fused expert weight `name` [E, rows, cols], entries index[e] along `dim`
+    (1: rows, 2: columns); index [E, k]."""
+    w = model.get_parameter(name).detach()
+    idx = index.to(w.device).unsqueeze(3 - dim)  # [E, k, 1] or [E, 1, k]
+    set_parameter(model, name, torch.take_along_dim(w, idx, dim=dim))
+
+
+@torch.no_grad()
+def widen_expert_entries(model: nn.Module, name: str, dim: int, size: int, parts: int = 1) -> None:
+    """The fused expert weight `name` zero-padded along `dim` to `size`, each of its `parts` equal blocks padded at
+    its own end (a fused gate_up weight is two: gate rows, then up rows)."""
+    w = model.get_parameter(name).detach()
+    blocks = []
+    for block in w.chunk(parts, dim=dim):
+        missing = list(block.shape)
+        missing[dim] = size // parts - block.shape[dim]
+        blocks += [block, block.new_zeros(missing)]
+    set_parameter(model, name, torch.cat(blocks, dim=dim))
+
+
 def set_head_counts(attention: nn.Module, heads: int, kv_heads: int) -> None:
     """The attention module's head bookkeeping, as modeling_gac.apply_gac_structure sets it on load."""
     attention.num_heads = heads  # informational; forward infers heads from q's width
@@ -157,10 +194,11 @@ def pad_grouped_lowrank_linear(model: nn.Module, name: str, ranks: dict[int, int
     set_module(model, name, grouped_lowrank(a, bs, [b.bias for b in m.b]))
 
 
-def widen_rows(model: nn.Module, names, width: int) -> None:
-    """Each linear in `names` (dense or a low-rank pair) with `width` output features, the new ones zero."""
+def widen_rows(model: nn.Module, names, width: int, parts: int = 1) -> None:
+    """Each linear in `names` (dense or a low-rank pair) with `width` output features per part, the new ones zero
+    (parts: equal row blocks each padded at its own end, e.g. a fused gate_up's gate and up halves)."""
     for name in names:
-        set_module(model, name, _widen_out(model.get_submodule(name), width))
+        set_module(model, name, _widen_out(model.get_submodule(name), width, parts))
 
 
 def widen_columns(model: nn.Module, names, width: int) -> None:
@@ -178,11 +216,18 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     return new
 
 
-def _widen_out(m: nn.Module, width: int) -> nn.Module:
+def _pad_row_parts(weight: torch.Tensor, bias: torch.Tensor | None, width: int, parts: int):
+    """(weight, bias) with each of `parts` row blocks zero-padded to `width` rows."""
+    biases = [None] * parts if bias is None else bias.chunk(parts)
+    padded = [pad_rows(w, width, b) for w, b in zip(weight.chunk(parts), biases)]
+    return torch.cat([w for w, _ in padded]), None if bias is None else torch.cat([b for _, b in padded])
+
+
+def _widen_out(m: nn.Module, width: int, parts: int = 1) -> nn.Module:
     if is_lowrank(m):
-        b, bias = pad_rows(m.b.weight, width, m.b.bias)
+        b, bias = _pad_row_parts(m.b.weight, m.b.bias, width, parts)
         return lowrank(m.a.weight, b, bias)
-    return _linear(*pad_rows(m.weight, width, m.bias))
+    return _linear(*_pad_row_parts(m.weight, m.bias, width, parts))
 
 
 def _widen_in(m: nn.Module, width: int) -> nn.Module:

@@ -54,7 +54,7 @@ def groups_by_layer(model, groups) -> dict[int, list]:
     from gac.models.adapters import adapter_for
 
     adapter = adapter_for(model.config)
-    owner = {n: layer.index for layer in adapter.layers(model.config) for n in layer.linears}
+    owner = {n: layer.index for layer in adapter.layers(model.config) for n in layer.weights}
     out = {i: [] for i in range(adapter.layer_count(model.config))}
     for g in groups:
         out[owner[g.linears[0]]].append(g)

@@ -49,23 +49,49 @@ class Shapes:
     kv_width: int
     vocab: int
     tied: bool
+    experts: int = 0  # experts of a mixture-of-experts layer (0: dense); intermediate is then the expert width
+    routed: int = 0  # experts each token runs through
 
     @classmethod
     def of(cls, config) -> Shapes:
         adapter = adapter_for(config)
         geo = adapter.geometry(config)
-        return cls(adapter.layer_count(config), adapter.hidden_size(config), adapter.intermediate_size(config),
-                   geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim, config.vocab_size,
-                   bool(getattr(config, "tie_word_embeddings", False)))
+        n = adapter.layer_count(config)
+        experts, width, routed = 0, adapter.intermediate_size(config), 0
+        if any(adapter.is_moe_layer(config, i) for i in range(n)):  # the forecast's layer: an MoE one, the larger
+            experts, width, routed = adapter.expert_geometry(config)
+        return cls(n, adapter.hidden_size(config), width, geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim,
+                   adapter.vocab_size(config), bool(getattr(config, "tie_word_embeddings", False)), experts, routed)
 
     def linears(self) -> list[tuple[int, int]]:
-        """[out, in] of one layer's compressible linears (gated MLP: gate and up; an ungated one is close)."""
+        """[out, in] of one layer's compressible linears (gated MLP: gate and up; an ungated one is close; an MoE
+        layer: every expert's)."""
         h, i = self.hidden, self.intermediate
-        return [(self.q_width, h), (self.kv_width, h), (self.kv_width, h), (h, self.q_width), (i, h), (i, h), (h, i)]
+        mlp = [(i, h), (i, h), (h, i)] * max(self.experts, 1)
+        return [(self.q_width, h), (self.kv_width, h), (self.kv_width, h), (h, self.q_width), *mlp]
+
+    @property
+    def largest_weight(self) -> int:
+        """Elements of the layer's largest weight: a linear, or an MoE layer's fused gate_up [E, 2I, H]."""
+        if self.experts:
+            return self.experts * 2 * self.intermediate * self.hidden
+        return max(o * i for o, i in self.linears())
+
+    def factorized(self) -> list[tuple[int, int]]:
+        """[out, in] of the linears a low-rank compressor factorizes: all of them, or an MoE layer's attention (its
+        fused expert weights are pruned, never factorized)."""
+        return self.linears()[:4] if self.experts else self.linears()
+
+    @property
+    def active_layer_params(self) -> int:
+        """Parameters one token's forward pass runs through in a layer: its attention and its routed experts."""
+        if not self.experts:
+            return self.layer_params
+        return self.layer_params - (self.experts - self.routed) * 3 * self.hidden * self.intermediate
 
     @property
     def layer_params(self) -> int:
-        return sum(o * i for o, i in self.linears()) + 2 * self.hidden
+        return sum(o * i for o, i in self.linears()) + 2 * self.hidden + self.experts * self.hidden  # norms, router
 
     @property
     def outer_params(self) -> int:
@@ -101,7 +127,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     `compressor` built from `options` (its config options, as CompressConfig.compressor_options)."""
     from gac.compressors import make_compressor
     from gac.compressors.sensitivity import PROBE_TOKENS
-    from gac.importance import OUTPUT
+    from gac.importance import FOLD_ELEMENTS, GRADIENT_PROXIES, OUTPUT
 
     s = Shapes.of(config)
     b = BYTES[dtype]
@@ -117,18 +143,21 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     probe = min(PROBE_TOKENS, seq_len) if c.measures_sensitivity else 0  # whole model only: one probe pass per weight
     tokens = calib_windows * seq_len
     act = b  # hidden states in the model's dtype
-    layer_factors = sum(_factor_bytes(o, i) for o, i in s.linears()) if lowrank else 0
+    layer_factors = sum(_factor_bytes(o, i) for o, i in s.factorized()) if lowrank else 0
     cached = c.cut_state_bytes(s, b)  # layer-wise: what materialization reads instead of factorizing again
     # linears fed by one activation share one X^T X (q/k/v, gate/up): inputs of width hidden, q width, intermediate
     layer_xtx = sum(8 * i * i for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
-    big_o, big_i = max(s.linears(), key=lambda oi: oi[0] * oi[1])
+    big_o, big_i = max(s.factorized(), key=lambda oi: oi[0] * oi[1])
     # the loss model's float64 work on one weight [o, i], k = min(o, i): Vh S^-1 and its product with X^T X [k, i]
     # each, U and U^T diag(f) [o, k] each, P and Q [k, k], and the curve's own [k, k] temporaries (3)
-    curve = max(8 * min(o, i) * (2 * (i + o) + 5 * min(o, i)) for o, i in s.linears()) if loss_model else 0
+    curve = max(8 * min(o, i) * (2 * (i + o) + 5 * min(o, i)) for o, i in s.factorized()) if loss_model else 0
     whiten = 8 * (big_o * big_i + big_i * big_i) if own else 0  # float64 W S and S
     svd_work = 3 * 4 * big_o * big_i if lowrank else 0  # float32 copy, scaled copy, LAPACK workspace
+    # a weight-gradient proxy (taylor, fisher): the largest weight's gradient, folded into fp32 sums a block at a
+    # time (gac.importance.channel_sums: its fp32 copy, |g w| and g^2 of one block)
+    fold = b * s.largest_weight + 3 * 4 * min(s.largest_weight, FOLD_ELEMENTS) if c.proxy in GRADIENT_PROXIES else 0
     # a layer's SVDs all end before its loss curves begin: the larger of the two phases, not their sum
-    work = max(svd_work + whiten, curve)
+    work = max(svd_work + whiten, curve, fold)
     batch = 4  # calibration's batches (the reverse sweep's gradient passes run halves of them)
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
     logits = 3 * 2 * seq_len * s.vocab * 4 if reverse else 0  # float logits, grad, softmax of a gradient batch
@@ -146,7 +175,8 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
         }
         materialize = {
             "outer weights": s.outer_params * b,
-            "one layer's weights and its two cut copies": 3 * s.layer_params * b,
+            # an MoE layer is written per expert (the checkpoint layout): presumed one more copy of the layer
+            "one layer's weights and its two cut copies": (3 + bool(s.experts)) * s.layer_params * b,
             "one layer's factors": cached,  # read from the cache: no X^T X, no SVD
             "one layer's X^T X": 0,
             "SVD / loss model / whitening work (largest weight)": 0,
@@ -165,18 +195,19 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
                                        + 4 * tokens * s.hidden * act),
             "runtime": RUNTIME_BYTES,
         }
-    compressible = s.layers * sum(o * i for o, i in s.linears())
+    compressible = s.layers * sum(o * i for o, i in (s.factorized() if lowrank else s.linears()))
     disk = int((s.params - compressible * ratio) * b)  # the output
     if layerwise:  # temporary: each layer's stored input, the factor cache (emptied as the output is written)
         stored = s.layers * tokens * s.hidden * act if reverse else 0
         disk = stored + max(disk, s.layers * cached) + cached
-    forward_flops = 2 * tokens * (s.params - s.outer_params) + 2 * tokens * s.vocab * s.hidden
+    forward_flops = 2 * tokens * s.layers * s.active_layer_params + 2 * tokens * s.vocab * s.hidden
     if layerwise:  # forward (reverse sweep: + statistics, recompute, backward); materialization runs none
         passes = (1 + 1 + 3) if reverse else 1
     else:  # analysis (forward; reverse: forward + recompute + backward), materialize
         passes = (1 + 3 + 1) if reverse else 2
-    svd_flops = s.layers * sum(12 * o * i * min(o, i) for o, i in s.linears()) if lowrank else 0
-    probe_flops = (s.layers * len(s.linears()) + 1) * 2 * probe * s.params  # the probe loss, each weight truncated
+    svd_flops = s.layers * sum(12 * o * i * min(o, i) for o, i in s.factorized()) if lowrank else 0
+    active = s.layers * s.active_layer_params + s.outer_params
+    probe_flops = (s.layers * len(s.factorized()) + 1) * 2 * probe * active  # the probe loss, each weight truncated
     rate = flops_per_s or matmul_rate()
     return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk,
                     (forward_flops * passes + svd_flops + probe_flops) / rate, {k: int(v) for k, v in parts.items()})

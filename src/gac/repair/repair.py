@@ -2,7 +2,8 @@
 
 What is padded (exact: the model computes the same function, see gac.padding):
   - the inner rank of every LowRankLinear (A gets zero rows, B zero columns);
-  - the MLP intermediate width of each layer whose width is irregular (gate/up rows, down columns, together).
+  - the MLP intermediate width of each layer whose width is irregular (gate/up rows, down columns, together; in an
+    MoE layer, every expert's).
 What is not padded, on purpose: the attention head_dim and head widths (a zero-padded head_dim changes the
 softmax scale 1/sqrt(head_dim) and the head reshape, so the function itself would change), and the hidden size
 (RMSNorm averages over it). Those dims are listed in the result as left misaligned when they are.
@@ -23,6 +24,7 @@ from torch import nn
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
 from gac.models import surgery
+from gac.models.adapters import text_config
 from gac.models.groups import groups_of
 from gac.padding import next_multiple
 
@@ -166,7 +168,7 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
 
         profile_name, profile = str(profile), load_profile(profile)
     targets = _Targets(alignment, profile)
-    widths = groups_of(model, "mlp")
+    widths = groups_of(model, "mlp") + groups_of(model, "experts")  # an MLP's width, or every expert's
     ranks = [g for g in groups_of(model, "rank") if g.dim is not None]
     head_ranks = [g for g in groups_of(model, "head_rank", heads_per_group=_heads_per_group(model))
                   if g.dim is not None]
@@ -175,7 +177,7 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
     planned = [(g, targets.mlp_width(g.dim, g.hidden)) for g in widths]
     planned += [(g, targets.group_rank(g.dim, g.in_features, g.out_features)) for g in ranks + head_ranks]
     surgery.pad(model, planned)
-    dims = [DimChange(g.name, "mlp_width" if g.kind == "mlp" else "rank", _layer(g.name), g.dim, t)
+    dims = [DimChange(g.name, "mlp_width" if g in widths else "rank", _layer(g.name), g.dim, t)
             for g, t in planned]
 
     # read off the live model, so a compressor that did not write config.gac_structure is covered too
@@ -240,7 +242,8 @@ def repair_dir(src: str, out: str, *, align: int | None = None, strategy: str | 
         profile_data = load_profile(profile)
     loaded = load_model(str(src))
     model = loaded.model
-    ids = torch.randint(0, model.config.vocab_size, (1, CHECK_TOKENS), generator=torch.Generator().manual_seed(0))
+    vocab = text_config(model.config).vocab_size
+    ids = torch.randint(0, vocab, (1, CHECK_TOKENS), generator=torch.Generator().manual_seed(0))
     logits_before = _logits(model, ids)
     original = copy.deepcopy(model) if measure_latency else None
 

@@ -40,8 +40,11 @@ class HeadGroup(DimGroup):
         if mode not in MODES:
             raise GacError(f"unknown head mode {mode!r}: choose one of {', '.join(MODES)}")
         geo = adapter.geometry(model.config)
-        heads = model.get_submodule(layer.q).out_features // geo.head_dim
-        kv = model.get_submodule(layer.k).out_features // geo.head_dim
+        if layer.fused_qkv:  # never cut (check_heads_prunable): the config's counts
+            heads, kv = geo.num_heads, geo.num_kv_heads
+        else:
+            heads = model.get_submodule(layer.q).out_features // geo.head_dim
+            kv = model.get_submodule(layer.k).out_features // geo.head_dim
         live = kv * geo.head_dim if mode == "group" else heads * geo.head_dim
         return [cls(layer.attention, live, block=layer.attention, q=layer.q, k=layer.k, v=layer.v, o=layer.o,
                     hidden=adapter.hidden_size(model.config), num_heads=geo.num_heads, num_kv_heads=geo.num_kv_heads,
@@ -158,6 +161,9 @@ def heads_split(num_heads: int, num_kv_heads: int, tp: int, *, kv_replicable: bo
 def check_heads_prunable(model, group: HeadGroup) -> None:
     """Heads can be removed only where the family's per-head norms and GQA split allow it."""
     adapter = adapter_for(model.config)
+    if group.q == group.k:
+        raise GacError(f"{model.config.model_type}'s attention splits its fused q/k/v projection at the config's head "
+                       "counts, so its heads cannot be pruned per layer: use --head-mode none (MLP channels only)")
     norm = adapter.per_head_norm(model.get_submodule(group.block))
     if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.numel() != group.head_dim:
         raise GacError(f"{model.config.model_type}'s query norm spans all heads, so its heads cannot be pruned: "

@@ -108,6 +108,9 @@ class HeadRankGroup(RankGroup):
         if heads_per_group < 1 or geo.num_kv_heads % heads_per_group:
             raise GacError(f"palu group size {heads_per_group} does not divide the {geo.num_kv_heads} KV heads: "
                            "choose a divisor")
+        if layer.fused_qkv:
+            raise GacError(f"{model.config.model_type} keeps K and V in one fused q/k/v projection, whose KV heads "
+                           "PaLU cannot factorize apart: use asvd, svd_llm or svd (they factorize it whole)")
         rows = heads_per_group * geo.head_dim
         groups = []
         for name in (layer.k, layer.v):

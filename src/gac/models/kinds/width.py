@@ -1,5 +1,5 @@
 """The `mlp` kind: a layer's MLP width, its producers' rows and its consumers' columns the same channels
-(gate/up/down, or fc1/fc2)."""
+(gate/up/down, fc1/fc2, or a fused gate_up [2w, hidden] whose two halves are gate and up)."""
 
 from __future__ import annotations
 
@@ -19,18 +19,23 @@ class WidthGroup(DimGroup):
     consumers: tuple[str, ...] = ()
     hidden: int = 0
     full: int = 0
+    parts: int = 1  # row blocks per producer (2: a fused gate_up, gate rows then up rows)
     kind: ClassVar[str] = "mlp"
 
     @classmethod
     def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
+        if not layer.producers:  # an MoE layer: its width is the experts kind's
+            return []
         producers = [model.get_submodule(n) for n in layer.producers]
         consumers = [model.get_submodule(n) for n in layer.consumers]
-        widths = {m.out_features for m in producers} | {m.in_features for m in consumers}
+        parts = layer.producer_parts
+        widths = {m.out_features // parts for m in producers} | {m.in_features for m in consumers}
         if len(widths) != 1:
             raise GacError(f"{layer.mlp}: its projections disagree on the MLP width ({sorted(widths)}); "
                            "this is not a model gac can resize")
         return [cls(layer.mlp, widths.pop(), block=layer.mlp, producers=layer.producers, consumers=layer.consumers,
-                    hidden=adapter.hidden_size(model.config), full=adapter.intermediate_size(model.config))]
+                    hidden=adapter.hidden_size(model.config), full=adapter.intermediate_size(model.config),
+                    parts=parts)]
 
     @property
     def linears(self):
@@ -42,7 +47,7 @@ class WidthGroup(DimGroup):
 
     @property
     def params_per_dim(self):
-        return self.hidden * len(self.linears)
+        return self.hidden * (self.parts * len(self.producers) + len(self.consumers))
 
     @property
     def max_dim(self):
@@ -52,27 +57,34 @@ class WidthGroup(DimGroup):
     def profile_shape(self):
         return {"k": self.hidden}
 
+    def out_lengths(self, dim: int) -> list[int]:
+        """The producers compute `dim` channels per part (a fused gate_up: 2 x dim rows)."""
+        return [self.parts * dim]
+
     def shard_row_lengths(self, dim: int, tp: int) -> list[int] | None:
         """Channels are split over the ranks: producers column-parallel, the consumer row-parallel."""
         return None if dim % tp else [dim // tp]
 
     def shard_out_lengths(self, dim: int, tp: int) -> list[int] | None:
-        return self.shard_row_lengths(dim, tp)  # the producers' rows are the consumers' columns, split alike
+        # the producers' rows are the consumers' columns, split alike (a fused gate_up: each half)
+        return None if dim % tp else [self.parts * dim // tp]
 
     def cut(self, model, cut) -> None:
-        """Keep channels `cut.channels` in every producer (rows) and consumer (columns)."""
+        """Keep channels `cut.channels` in every producer (rows: in each of its parts) and consumer (columns)."""
+        import torch
+
         from gac.models.surgery import keep_columns, keep_rows
 
-        keep_rows(model, self.producers, cut.channels)
+        keep_rows(model, self.producers, torch.cat([cut.channels + k * self.dim for k in range(self.parts)]))
         keep_columns(model, self.consumers, cut.channels)
 
     def pad(self, model, dim: int) -> None:
         from gac.models.surgery import widen_columns, widen_rows
 
-        widen_rows(model, self.producers, dim)
+        widen_rows(model, self.producers, dim, parts=self.parts)
         widen_columns(model, self.consumers, dim)
 
     def latency_terms(self):
-        """Producers [w, hidden] (N = w), consumers [hidden, w] (K = w)."""
-        return None, [Term("gemm_n", shape(k=self.hidden), weight=len(self.producers)),
+        """Producers [parts x w, hidden] (N = parts x w), consumers [hidden, w] (K = w)."""
+        return None, [Term("gemm_n", shape(k=self.hidden), mult=self.parts, weight=len(self.producers)),
                       Term("gemm_k", shape(n=self.hidden), weight=len(self.consumers))]

@@ -1,0 +1,98 @@
+"""The `experts` kind: a mixture-of-experts layer's expert width, one width for all the layer's experts (what vLLM's
+FusedMoE and llama.cpp's mul_mat_id hold), each expert keeping its own channels: rows of the gate and the up half of
+its fused gate_up weight [E, 2I, H] and columns of its down weight [E, H, I] (transformers 5's layout)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gac.errors import GacError
+from gac.models.kinds.base import DimGroup, Term, shape
+
+
+@dataclass(frozen=True)
+class ExpertWidthGroup(DimGroup):
+    """A layer's expert width: dim = channels kept in every expert (the same count, each expert its own channels)."""
+
+    kind: ClassVar[str] = "experts"
+
+    block: str = ""  # the experts module
+    gate_up: str = ""  # its fused weights (parameter names)
+    down: str = ""
+    num_experts: int = 0
+    top_k: int = 0  # experts routed per token
+    hidden: int = 0
+    full: int = 0
+
+    @classmethod
+    def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
+        if layer.experts is None:
+            return []
+        gate_up, down = layer.expert_weights
+        num_experts, full, top_k = adapter.expert_geometry(model.config)
+        hidden = adapter.hidden_size(model.config)
+        live = model.get_parameter(down).shape[-1]
+        expected = layer.expert_shapes(hidden, num_experts, live)
+        found = {n: tuple(model.get_parameter(n).shape) for n in expected}
+        if found != expected:
+            raise GacError(f"{layer.experts}: its fused expert weights {found} are not the layout gac reads "
+                           f"({expected}): this is not a model gac can resize")
+        return [cls(layer.experts, live, block=layer.experts, gate_up=gate_up, down=down, num_experts=num_experts,
+                    top_k=top_k, hidden=hidden, full=full)]
+
+    @property
+    def linears(self):
+        """The fused expert weights (parameter names: what calibration and the gradient pass resolve)."""
+        return (self.gate_up, self.down)
+
+    @property
+    def numel(self):
+        return self.full * self.params_per_dim
+
+    @property
+    def params_per_dim(self):  # per channel: a gate row, an up row and a down column of every expert
+        return 3 * self.hidden * self.num_experts
+
+    @property
+    def max_dim(self):
+        return self.full
+
+    @property
+    def profile_shape(self):
+        return {"k": self.hidden}
+
+    def row_lengths(self, dim: int) -> list[int]:
+        """down reads the width (K); gate and up compute it (N)."""
+        return [dim]
+
+    def shard_row_lengths(self, dim: int, tp: int) -> list[int] | None:
+        """Tensor-parallel MoE (vLLM's FusedMoE) splits every expert's channels over the ranks."""
+        return None if dim % tp else [dim // tp]
+
+    def shard_out_lengths(self, dim: int, tp: int) -> list[int] | None:
+        return self.shard_row_lengths(dim, tp)
+
+    def cut(self, model, cut) -> None:
+        """Keep channels `cut.channels` [E, w] of each expert: its gate rows, its up rows (offset by the live width)
+        and its down columns."""
+        import torch
+
+        from gac.models.surgery import keep_expert_entries
+
+        ch = cut.channels  # [E, w]
+        keep_expert_entries(model, self.gate_up, 1, torch.cat([ch, ch + self.dim], dim=1))
+        keep_expert_entries(model, self.down, 2, ch)
+
+    def pad(self, model, dim: int) -> None:
+        """Zero rows at the end of the gate and of the up half, zero down columns: act(0) * 0 adds nothing."""
+        from gac.models.surgery import widen_expert_entries
+
+        widen_expert_entries(model, self.gate_up, 1, 2 * dim, parts=2)
+        widen_expert_entries(model, self.down, 2, dim)
+
+    def latency_terms(self):
+        """Every token runs its top-k experts: as top-k GEMMs of the tokens at the width (gate and up: N = w, down:
+        K = w), the grouped GEMM's total work; its per-expert tiling is not modelled."""
+        return None, [Term("gemm_n", shape(k=self.hidden), weight=2 * self.top_k),
+                      Term("gemm_k", shape(n=self.hidden), weight=self.top_k)]

@@ -1,0 +1,223 @@
+"""Mixture-of-experts families (Qwen3-MoE, Mixtral: transformers 5's fused expert weights gate_up [E, 2I, H] and
+down [E, H, I]): prune cuts one expert width per layer, each expert its own channels, chosen by the knapsack under the
+budget; the saved model keeps the per-expert checkpoint layout and round-trips through gac.load and transformers."""
+
+import json
+
+import pytest
+import torch
+
+from gac.api import compress
+from tests.conftest import TINY, tiny_tokenizer
+from tests.helpers import assert_one_error_line, run_gac
+from tests.test_api import fast_config
+
+FAMILIES = ("qwen3_moe", "mixtral")
+
+
+def tiny_moe(model_type: str, seed: int = 0):
+    import transformers
+
+    if model_type == "qwen3_moe":  # one dense layer (mlp_only_layers) beside the sparse ones
+        config = transformers.Qwen3MoeConfig(**{**TINY, "num_hidden_layers": 3, "intermediate_size": 96},
+                                             moe_intermediate_size=40, num_experts=4, num_experts_per_tok=2,
+                                             head_dim=16, mlp_only_layers=[2])
+    else:
+        config = transformers.MixtralConfig(**{**TINY, "intermediate_size": 40}, num_local_experts=4,
+                                            num_experts_per_tok=2)
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def moe_dir(request, tmp_path_factory):
+    """An HF directory of a tiny random MoE model, saved as transformers saves it (per-expert tensors)."""
+    d = tmp_path_factory.mktemp(request.param)
+    tiny_moe(request.param).save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    return d
+
+
+def _logits(model, ids):
+    with torch.inference_mode():
+        return model(ids, use_cache=False).logits
+
+
+def _expert_widths(model) -> list[int]:
+    from gac.models.groups import groups_of
+
+    return [g.dim for g in groups_of(model, "experts")]
+
+
+@pytest.mark.parametrize("ratio", [0.15, 0.30])
+def test_moe_prune_aligned_within_budget_and_round_trips(moe_dir, tmp_path, monkeypatch, ratio):
+    from transformers import AutoModelForCausalLM
+
+    from gac.models.io import load
+
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
+    out = tmp_path / "out"
+    result = compress(fast_config(moe_dir, compressor="prune", ratio=ratio, out=str(out), evaluate=False,
+                                  compressor_options={"layers": "all"}))
+    r = result.report
+    assert r["variants"]["gac"]["params"] <= r["budget_params"]
+    assert r["variants"]["gac"]["aligned_fraction"] == 1.0
+    experts = {n: d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")}
+    assert experts and all(d is None or d % 8 == 0 for d in experts.values())
+    assert any(d is not None for d in experts.values())  # the budget is met by cutting experts
+    saved = result.models["gac"]
+    widths = _expert_widths(saved)
+    assert widths == [experts[n] or g for n, g in zip(sorted(experts), widths)]
+    for name, w in zip(sorted(experts), widths):  # one width for every expert of a layer: [E, 2w, H] and [E, H, w]
+        block = saved.get_submodule(name)
+        assert {tuple(p.shape[1:]) for p in block.parameters()} == {(2 * w, 64), (64, w)}
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == f"gac_{saved.config.model_type.removeprefix('gac_')}"
+    ids = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
+    want = _logits(saved, ids)
+    for model in (load(out).model, AutoModelForCausalLM.from_pretrained(out).eval(),
+                  AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()):
+        assert torch.equal(_logits(model, ids), want)
+        assert _expert_widths(model) == widths
+
+
+def test_moe_saved_output_keeps_the_per_expert_checkpoint_layout(moe_dir, tmp_path):
+    from safetensors import safe_open
+
+    out = tmp_path / "out"
+    compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
+                         compressor_options={"layers": "all"}))
+    with safe_open(out / "model.safetensors", "pt") as f:
+        keys = list(f.keys())
+    assert not any(k.endswith(("experts.gate_up_proj", "experts.down_proj")) for k in keys)
+    assert any(".experts.0." in k for k in keys)  # each expert's own tensors, as the family's engines read them
+
+
+def test_moe_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_path):
+    from gac.models.io import load
+
+    runs = {}
+    for layerwise in (False, True):
+        out = tmp_path / f"out-{layerwise}"
+        result = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
+                                      layerwise=layerwise, compressor_options={"layers": "all"}))
+        runs[layerwise] = (result.report["dims"]["gac"], load(out).model)
+    assert runs[True][0] == runs[False][0]
+    ids = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(_logits(runs[True][1], ids), _logits(runs[False][1], ids), atol=1e-5)
+
+
+def test_moe_attention_is_factorized_and_experts_left_whole(moe_dir, tmp_path):
+    from gac.models.groups import groups_of
+    from gac.models.io import load
+
+    out = tmp_path / "out"
+    r = compress(fast_config(moe_dir, compressor="asvd", ratio=0.15, out=str(out), evaluate=False,
+                             compressor_options={"importance": "magnitude"})).report
+    assert r["variants"]["gac"]["params"] <= r["budget_params"] and r["variants"]["gac"]["aligned_fraction"] == 1.0
+    model = load(out).model
+    assert all(".self_attn." in g.name or ".mlp." in g.name for g in groups_of(model, "rank"))
+    assert not any(".experts" in g.name for g in groups_of(model, "rank"))
+    assert _expert_widths(model) == [g.full for g in groups_of(model, "experts")]
+
+
+def test_unaligned_moe_output_repairs_to_the_same_function(moe_dir, tmp_path):
+    from gac.models.io import load
+    from gac.repair import repair_dir
+
+    raw = tmp_path / "raw"
+    compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(raw), align=False, evaluate=False,
+                         compressor_options={"layers": "all", "head_mode": "none"}))
+    assert any(w % 8 for w in _expert_widths(load(raw).model))  # the compressor's own widths are irregular
+    out = repair_dir(str(raw), str(tmp_path / "fixed"), align=8, measure_latency=False)
+    assert out.report["logits_check"]["argmax_identical"] and out.report["logits_check"]["max_rel_error"] < 1e-5
+    assert all(w % 8 == 0 for w in _expert_widths(load(out.out).model))
+
+
+def test_moe_gguf_export_is_one_line(moe_dir, tmp_path):
+    out = tmp_path / "out"
+    compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
+                         compressor_options={"layers": "all"}))
+    p = run_gac("export", out, "--format", "gguf", "--out", tmp_path / "m.gguf")
+    assert_one_error_line(p, "GGUF export supports")
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_experts_kind_cuts_each_expert_its_own_channels():
+    from gac.models.groups import groups_of
+    from gac.models.surgery import KeepExperts, apply
+
+    model = tiny_moe("mixtral")
+    (g, *_) = groups_of(model, "experts")
+    block = model.get_submodule(g.block)
+    gate_up, down = block.gate_up_proj.detach().clone(), block.down_proj.detach().clone()  # [E, 2I, H], [E, H, I]
+    keep = torch.tensor([[0, 5, 9], [1, 2, 3], [4, 30, 39], [7, 8, 20]])  # [E, 3]
+    apply(model, [(g, KeepExperts(keep))])
+    for e in range(4):
+        rows = torch.cat([keep[e], keep[e] + 40])
+        assert torch.equal(block.gate_up_proj[e], gate_up[e, rows])
+        assert torch.equal(block.down_proj[e], down[e][:, keep[e]])
+    assert groups_of(model, "experts")[0].dim == 3
+
+
+def test_magnitude_importance_weights_experts_by_their_routed_share():
+    from gac.calibrate import LinearStats
+    from gac.importance import ChannelScores, routed_share
+
+    scores = ChannelScores(torch.ones(4, 6), torch.ones(4, 5))  # [E, out], [E, in]
+    stats = {"w": LinearStats(torch.zeros(5), extra={"routed": torch.tensor([6, 2, 0, 0])})}
+    got = routed_share(scores, stats, "w")
+    assert torch.allclose(got.out[:, 0], torch.tensor([3.0, 1.0, 0.0, 0.0]))  # share x E: mean 1 per expert
+    assert torch.equal(routed_share(scores, {}, "w").out, scores.out)  # no routing seen: as it is
+
+
+def test_calibration_counts_the_tokens_routed_to_each_expert():
+    from gac.calibrate import calibrate
+    from gac.models.groups import groups_of
+
+    model = tiny_moe("qwen3_moe")
+    names = list(groups_of(model, "experts")[0].linears)
+    stats = calibrate(model, torch.randint(0, 320, (2, 16)), names, progress=False)
+    routed = stats[names[0]].extra["routed"]
+    assert routed.shape == (4,) and int(routed.sum()) == 2 * 16 * 2  # every token, top-2
+
+
+def test_dense_layers_of_an_moe_model_keep_the_mlp_kind():
+    from gac.models.groups import groups_of
+
+    model = tiny_moe("qwen3_moe")  # layer 2 is dense (mlp_only_layers)
+    assert [g.name for g in groups_of(model, "mlp")] == ["model.layers.2.mlp"]
+    assert [g.name for g in groups_of(model, "experts")] == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+
+
+def test_inspect_lists_one_expert_width_per_moe_layer():
+    from gac.models.dims import inspect_model
+    from gac.models.groups import groups_of
+    from gac.models.surgery import KeepExperts, apply
+
+    model = tiny_moe("qwen3_moe")
+    g = groups_of(model, "experts")[1]
+    apply(model, [(g, KeepExperts(torch.arange(20).repeat(4, 1)))])
+    widths = {d.name: d.value for d in inspect_model(model, (8,)).dims if d.kind == "mlp_width"}
+    assert widths == {"model.layers.0.mlp.experts": 40, "model.layers.1.mlp.experts": 20, "model.layers.2.mlp": 96}
+
+
+def test_moe_expert_widths_meet_a_deployment_target(moe_dir, tmp_path):
+    r = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(tmp_path / "out"), evaluate=False,
+                             target="vllm:tp2", compressor_options={"layers": "all"})).report
+    widths = [d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")]
+    assert widths and all(d is None or d % 16 == 0 for d in widths)  # each of 2 ranks: a multiple of 8
+    assert r["target"]["met"] == r["target"]["constrained"] and r["variants"]["gac"]["params"] <= r["budget_params"]
+
+
+def test_fused_expert_gradients_fold_block_by_block_as_whole(monkeypatch):
+    import gac.importance as importance
+
+    g, w = torch.randn(5, 6, 7), torch.randn(5, 6, 7)  # [E, out, in]
+    whole = importance.channel_sums(g, w)
+    monkeypatch.setattr(importance, "FOLD_ELEMENTS", 2 * 6 * 7)  # two experts at a time: blocks of 2, 2, 1
+    blocked = importance.channel_sums(g, w)
+    assert [tuple(t.shape) for t in blocked] == [(5, 6), (5, 7), (5, 6), (5, 7)]
+    for a, b in zip(whole, blocked):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(blocked[0][3], (g[3] * w[3]).abs().sum(1))
