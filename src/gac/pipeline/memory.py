@@ -224,8 +224,10 @@ def forecast_of(cfg, layerwise: bool) -> Forecast:
 
 
 def describe(f: Forecast, choice=None) -> str:
-    """The dry run's printout: the pipeline (and why: a gac.pipeline.choice.PipelineChoice), peak per device, disk, time, and what the peak is made of."""
-    lines = [f"pipeline: {f.pipeline}" + (f" ({choice.reason})" if choice else ""), f"peak memory (cpu): {f.peak_bytes / GIB:.2f} GiB",
+    """The dry run's printout: the pipeline (and why: a gac.pipeline.choice.PipelineChoice), peak per device, disk,
+    time, and what the peak is made of."""
+    lines = [f"pipeline: {f.pipeline}" + (f" ({choice.reason})" if choice else ""),
+             f"peak memory (cpu): {f.peak_bytes / GIB:.2f} GiB",
              f"model weights: {f.weights_bytes / GIB:.1f} GiB", f"disk needed (output and temporary): {f.disk_bytes / GIB:.1f} GiB",
              f"rough time: {_duration(f.seconds)}", "peak made of:"]
     lines += [f"  {name}: {size / GIB:.2f} GiB" for name, size in f.parts.items()]
