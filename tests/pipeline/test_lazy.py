@@ -138,6 +138,7 @@ def test_cli_layerwise_with_a_memory_budget(source_dir, tmp_path):
     assert why["available_from"] == "--max-memory cpu"
     assert all(v["ppl"] > 1 and v["prefill_ms"] > 0 for v in report["variants"].values())
     assert report["latency_method"]["method"] == "per_layer" and report["latency_method"]["layers_timed"] == [0, 1]
+    assert "latency estimated layer by layer (2 of 2 layers timed" in p.stdout
     assert (out / "model.safetensors.index.json").is_file()
 
 

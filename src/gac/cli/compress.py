@@ -154,6 +154,10 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
         return
     result = compress(cfg)
     print_report(result.report)
+    how = result.report.get("latency_method") or {}
+    if how.get("method") == "per_layer":
+        click.echo(f"latency estimated layer by layer ({len(how['layers_timed'])} of {how['depth']} layers timed, "
+                   "scaled by depth; see report.md)")
     t = result.report.get("target")
     if t:
         click.echo(f"target {t['name']}: {t['met']} of {t['constrained']} constrained dims meet it "
