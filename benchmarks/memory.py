@@ -3,7 +3,7 @@ counts, each compressed in its own process; the growth from the shallowest to th
 layers' weights for the layer-by-layer pipeline (it grows by the whole model for the whole-model one).
 
     python benchmarks/memory.py --layers 4 8 16 --hidden 1024 --out /tmp/gac-memory [--whole] [--eval]
-    python benchmarks/memory.py --layers 4 8 16 --eval --max-memory cpu=2GiB   # no pipeline flag: gac chooses
+    python benchmarks/memory.py --layers 4 8 16 --eval --budget cpu=2GiB   # no pipeline flag: gac chooses
     python benchmarks/memory.py --child DIR OUT [compress options...]       # one run (used by the above)
 
 Each run: asvd at 0.15, float32, --no-eval (--eval: evaluated as by default), 4 calibration windows of 128 tokens;
@@ -139,8 +139,8 @@ def main() -> None:
     parser.add_argument("--whole", action="store_true", help="also run the whole-model pipeline")
     parser.add_argument("--eval", action="store_true", help="evaluate as the default command does (perplexity, "
                         "latency) instead of --no-eval")
-    parser.add_argument("--max-memory", help="no pipeline flag: this budget (e.g. cpu=2GiB), the pipeline chosen "
-                        "by gac (report.json's pipeline is printed)")
+    parser.add_argument("--budget", help="no pipeline flag: this --max-memory budget (e.g. cpu=2GiB), the "
+                        "pipeline chosen by gac (report.json's pipeline is printed)")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "OUT"))
     args, rest = parser.parse_known_args()
     if args.child:
@@ -153,8 +153,8 @@ def main() -> None:
         layer_bytes = make_model(model_dir, layers, args.hidden)
         for pipeline in (["layerwise", "whole"] if args.whole else ["layerwise"]):
             options = [o for o in COMPRESS if not (args.eval and o == "--no-eval")]
-            if args.max_memory:
-                options += ["--max-memory", args.max_memory]
+            if args.budget:
+                options += ["--max-memory", args.budget]
             else:
                 options += ["--layerwise"] if pipeline == "layerwise" else ["--whole-model"]
             cold = drop_page_cache()
