@@ -2,10 +2,12 @@
 counts, each compressed in its own process; the growth from the shallowest to the deepest should stay under two
 layers' weights for the layer-by-layer pipeline (it grows by the whole model for the whole-model one).
 
-    python benchmarks/memory.py --layers 4 8 16 --hidden 1024 --out /tmp/gac-memory [--whole]
+    python benchmarks/memory.py --layers 4 8 16 --hidden 1024 --out /tmp/gac-memory [--whole] [--eval]
+    python benchmarks/memory.py --layers 4 8 16 --eval --budget cpu=2GiB   # no pipeline flag: gac chooses
     python benchmarks/memory.py --child DIR OUT [compress options...]       # one run (used by the above)
 
-Each run: asvd at 0.15, float32, --no-eval, 4 calibration windows of 128 tokens; peak RSS of the child process
+Each run: asvd at 0.15, float32, --no-eval (--eval: evaluated as by default), 4 calibration windows of 128 tokens;
+peak RSS of the child process
 (VmHWM, its own address space: getrusage's ru_maxrss of a child started by vfork/exec reports the parent's peak when
 larger, here the parent's while it built the random model), and its peak anonymous memory (RssAnon sampled every
 20 ms: what the run allocates, without the file pages of the memory-mapped weights, which the kernel maps more of
@@ -61,7 +63,9 @@ def child(model_dir: str, out: str, options: list[str]) -> None:
         result = CliRunner().invoke(cli, ["compress", "--model", model_dir, "--out", out, *options],
                                     catch_exceptions=False)
     peak = peak_rss()
-    print(json.dumps({"exit": result.exit_code, "peak_rss": peak, "peak_anon": anon.peak,
+    report = Path(out) / "report.json"
+    chosen = json.loads(report.read_text())["pipeline"] if report.is_file() else None
+    print(json.dumps({"exit": result.exit_code, "peak_rss": peak, "peak_anon": anon.peak, "chosen": chosen,
                       "seconds": round(time.perf_counter() - start, 1), "tail": result.output[-300:]}))
 
 
@@ -133,6 +137,10 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--out", type=Path, default=Path("/tmp/gac-memory"))
     parser.add_argument("--whole", action="store_true", help="also run the whole-model pipeline")
+    parser.add_argument("--eval", action="store_true", help="evaluate as the default command does (perplexity, "
+                        "latency) instead of --no-eval")
+    parser.add_argument("--budget", help="no pipeline flag: this --max-memory budget (e.g. cpu=2GiB), the "
+                        "pipeline chosen by gac (report.json's pipeline is printed)")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "OUT"))
     args, rest = parser.parse_known_args()
     if args.child:
@@ -144,13 +152,18 @@ def main() -> None:
         model_dir = args.out / f"llama-{args.hidden}x{layers}"
         layer_bytes = make_model(model_dir, layers, args.hidden)
         for pipeline in (["layerwise", "whole"] if args.whole else ["layerwise"]):
-            options = COMPRESS + (["--layerwise"] if pipeline == "layerwise" else [])
+            options = [o for o in COMPRESS if not (args.eval and o == "--no-eval")]
+            if args.budget:
+                options += ["--max-memory", args.budget]
+            else:
+                options += ["--layerwise"] if pipeline == "layerwise" else ["--whole-model"]
             cold = drop_page_cache()
             r = run_one(model_dir, args.out / "compressed", options)
             r.update(layers=layers, pipeline=pipeline, layer_bytes=layer_bytes, cold_cache=cold,
                      forecast=forecast_bytes(model_dir, options))
             rows.append(r)
-            print(f"{pipeline:9s} {layers:3d} layers: peak RSS {r['peak_rss'] / 2**20:8.0f} MiB (anonymous "
+            print(f"{r['chosen'] or pipeline:9s} {layers:3d} layers: peak RSS {r['peak_rss'] / 2**20:8.0f} MiB "
+                  f"(anonymous "
                   f"{r['peak_anon'] / 2**20:.0f}), forecast {r['forecast'] / 2**20:8.0f} MiB, {r['seconds']} s "
                   f"(exit {r['exit']}{', cold page cache' if cold else ''})", flush=True)
         shutil.rmtree(model_dir)

@@ -46,8 +46,9 @@ class CompressConfig:
     evaluate: bool = True
     force: bool = False
     progress: bool = True
-    layerwise: bool = False  # the layer-by-layer pipeline (gac.pipeline): a model directory is read lazily
-    max_memory: str | None = None  # "cpu=8GiB,0=20GiB": the forecast must fit (gac.pipeline.memory)
+    layerwise: bool | None = None  # the layer-by-layer pipeline (True), the whole model (False), or None: chosen
+    # by the memory forecast against the memory available (gac.pipeline.choice); a model directory is read lazily
+    max_memory: str | None = None  # "cpu=8GiB,0=20GiB": the memory the forecast must fit (else what is free now)
     heal: object | None = None  # gac.heal.HealConfig (--heal): distill the saved variant from the original
 
     def __post_init__(self):
@@ -253,18 +254,23 @@ def compress(cfg: CompressConfig) -> CompressResult:
         from gac.hw.profile import load_profile
 
         load_profile(cfg.profile)  # a bad profile fails now, not after calibration
-    if cfg.layerwise or cfg.max_memory:
-        from gac.pipeline.memory import plan_memory
+    from gac.pipeline.choice import plan_memory
 
-        cfg = dataclasses.replace(cfg, layerwise=plan_memory(cfg))  # layer by layer when whole would not fit
+    choice = plan_memory(cfg)  # layer by layer when the whole model would not fit
+    log.info("pipeline: %s (%s)", choice.pipeline, choice.reason)
+    if cfg.heal is not None and choice.layerwise:
+        raise GacError(f"--heal trains the whole model in memory, and it does not fit ({choice.reason}): compress "
+                       "without --heal, then heal the output with `gac heal` where it fits")
+    cfg = dataclasses.replace(cfg, layerwise=choice.layerwise)
     model, tokenizer, model_name, source = _open(cfg)
     _check_uncompressed(model, cfg.model)
     calib, held_out = load_windows(tokenizer, cfg.text)
     heal_texts = _heal_config(cfg).windows(tokenizer) if cfg.heal is not None else None  # a bad text fails now
     selected = analyze_and_select(model, calib, cfg, compressor, source=source)
     with _streamed_output(cfg) as streamed_to:
-        models, ppl = _materialize(model, source, selected, cfg, held_out, streamed_to)
-        report = _report(cfg, model_name, selected, _evaluate(models, selected.names, held_out, cfg, ppl=ppl))
+        models, measured = _materialize(model, source, selected, cfg, held_out, streamed_to)
+        variants, latency_method = _evaluate(models, selected.names, held_out, cfg, measured=measured)
+        report = _report(cfg, model_name, selected, variants, choice, latency_method)
         if cfg.heal is not None:
             report.heal = _heal(models, heal_texts, cfg)
         out = _save(models[cfg.saved_variant], tokenizer, cfg, report, compressor, streamed_to)
@@ -299,10 +305,18 @@ def _streamed_output(cfg: CompressConfig):
         yield tmp
 
 
+@dataclass
+class Measured:
+    """What a layer-wise run measures as the layers go by: perplexities, and the layers' timings."""
+
+    ppl: dict  # {variant or "baseline": float}
+    latency: object  # gac.evaluate.layer_latency.LayerLatency
+
+
 def _materialize(model, source, selected: Selected, cfg: CompressConfig, held_out, streamed_to) -> tuple:
-    """({variant: model}, the baseline first; {variant: perplexity} measured on the way, else None): deep copies cut
-    whole, or, layer by layer, every variant cut from the analysis' factor cache with perplexity measured as the
-    layers go by and the saved variant's weights streamed to `streamed_to`."""
+    """({variant: model}, the baseline first; Measured on the way, else None): deep copies cut whole, or, layer by
+    layer, every variant cut from the analysis' factor cache with perplexity and latency measured as the layers go
+    by and the saved variant's weights streamed to `streamed_to`."""
     if source is None:
         models = {"baseline": model, **materialize_variants(model, selected)}
         selected.units = None  # free the SVD factors before evaluation
@@ -312,14 +326,20 @@ def _materialize(model, source, selected: Selected, cfg: CompressConfig, held_ou
 
     saved = cfg.saved_variant
     writer = ShardWriter(streamed_to) if streamed_to is not None else None
+    timer = None
+    if cfg.evaluate:
+        from gac.evaluate.layer_latency import LayerLatency
+        from gac.pipeline.layers import layer_count
+
+        timer = LayerLatency(cfg.evaluation_latency, layer_count(model))
     models = materialize_layerwise(model, source, selected.compressor, selected.units, selected.dims,
                                    writer=writer and (saved, writer), progress=cfg.progress,
-                                   held_out=held_out if cfg.evaluate else None)
+                                   held_out=held_out if cfg.evaluate else None, timer=timer)
     ppl = models.pop("ppl", None)
     if writer is not None:
         writer.add(outer_tensors(models[saved]))
         writer.close()
-    return {"baseline": model, **models}, ppl
+    return {"baseline": model, **models}, None if ppl is None else Measured(ppl, timer)
 
 
 def _heal_config(cfg: CompressConfig):
@@ -353,12 +373,14 @@ def _check_uncompressed(model, source: str) -> None:
                        "model, or align this one with `gac repair`")
 
 
-def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig, *, ppl: dict | None = None) -> dict:
-    """{variant: figures}: each model's parameters and aligned fraction over `names` and, with cfg.evaluate, its
-    held-out perplexity and prefill and decode latency, all models timed side by side (cfg.evaluation_latency).
-    `ppl`: perplexities measured layer by layer; latency is then not measured (it needs the model whole on the
-    device: `gac bench` the output). What is not measured is null."""
+def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig, *,
+              measured: Measured | None = None) -> tuple[dict, dict | None]:
+    """({variant: figures}, how latency was measured or None): each model's parameters and aligned fraction over
+    `names` and, with cfg.evaluate, its held-out perplexity and prefill and decode latency, all models timed side by
+    side (cfg.evaluation_latency). `measured`: perplexities and layer timings taken layer by layer (the models were
+    never whole: gac.evaluate.layer_latency). What is not measured is null."""
     from gac.evaluate.latency import measure_latency
+    from gac.evaluate.layer_latency import WHOLE_MODEL
     from gac.evaluate.perplexity import perplexity
     from gac.models.dims import params_and_alignment
 
@@ -367,22 +389,25 @@ def _evaluate(models: dict, names: list[str], held_out, cfg: CompressConfig, *, 
         params, aligned = params_and_alignment(m, names, cfg.alignment)
         variants[name] = {"params": params, "aligned_fraction": aligned, **dict.fromkeys(NOT_EVALUATED)}
     if not cfg.evaluate:
-        return variants
-    if ppl is not None:
-        for name, value in ppl.items():
+        return variants, None
+    if measured is not None:
+        for name, value in measured.ppl.items():
             variants[name]["ppl"] = value
-        return variants
+        for name, figures in measured.latency.figures().items():
+            variants[name].update(figures)
+        return variants, measured.latency.method()
     for name, m in models.items():
         variants[name]["ppl"] = perplexity(m, held_out, desc=f"perplexity {name}", progress=cfg.progress)
     log.info("timing %s side by side", ", ".join(models))
     for name, lat in measure_latency(models, cfg.evaluation_latency).items():
         variants[name].update(lat)
-    return variants
+    return variants, dict(WHOLE_MODEL)
 
 
-def _report(cfg: CompressConfig, model_name: str, selected: Selected, variants: dict):
+def _report(cfg: CompressConfig, model_name: str, selected: Selected, variants: dict, choice=None,
+            latency_method: dict | None = None):
     """report.json of a run (gac.evaluate.report.Report), built once from the selection and the evaluated variants,
-    whichever the pipeline; under --speedup the closed loop's rounds and each timed variant's figures at the
+    whichever the pipeline (choice: gac.pipeline.choice.PipelineChoice, which and why); under --speedup the closed loop's rounds and each timed variant's figures at the
     objective's shape."""
     import torch
 
@@ -400,6 +425,7 @@ def _report(cfg: CompressConfig, model_name: str, selected: Selected, variants: 
         budget_params=selected.budget, compressor_options=dict(cfg.compressor_options), profile=cfg.profile,
         latency=dataclasses.asdict(cfg.evaluation_latency), eval_tokens=cfg.text.eval_windows * cfg.text.seq_len,
         versions=versions(), threads=torch.get_num_threads(), pipeline="layerwise" if cfg.layerwise else "whole",
+        pipeline_choice=choice.to_dict() if choice is not None else None, latency_method=latency_method,
         variants=variants, dims={v: reduced_dims(d) for v, d in selected.dims.items()},
         saved_variant=cfg.saved_variant,
         selection=None if outcome else {k: v for k, v in selected.selection.to_dict().items() if k != "dims"},

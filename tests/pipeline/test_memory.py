@@ -1,17 +1,15 @@
 """The memory forecast and `gac compress --dry-run`: from the config alone, growing with one layer, not with depth,
-for the layer-by-layer pipeline; --max-memory picks the pipeline or refuses before any work."""
+for the layer-by-layer pipeline (the choice of pipeline it feeds: test_choice.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 import transformers
 
-from gac.api import CompressConfig
 from gac.errors import GacError
-from gac.pipeline.memory import GIB, Shapes, forecast, plan_memory
+from gac.pipeline.memory import Shapes, forecast
 from tests.helpers import run_gac
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configs"
@@ -44,21 +42,6 @@ def test_bfloat16_halves_the_weights():
     f32, bf16 = (forecast(llama(8), dtype=d, flops_per_s=RATE) for d in ("float32", "bfloat16"))
     assert bf16.weights_bytes * 2 == f32.weights_bytes
     assert bf16.disk_bytes < f32.disk_bytes
-
-
-def test_max_memory_picks_layerwise_or_refuses(tmp_path):
-    d = tmp_path / "cfg"
-    llama(16).save_pretrained(d)
-    cfg = CompressConfig(model=str(d), evaluate=False)
-    whole = forecast(llama(16), layerwise=False, flops_per_s=RATE).peak_bytes
-    layerwise = forecast(llama(16), flops_per_s=RATE).peak_bytes
-    assert layerwise < whole
-    roomy = dataclasses.replace(cfg, max_memory=f"cpu={whole + GIB}")
-    assert plan_memory(roomy) is False  # fits whole: the whole-model pipeline
-    tight = dataclasses.replace(cfg, max_memory=f"cpu={(layerwise + whole) // 2}")
-    assert plan_memory(tight) is True
-    with pytest.raises(GacError, match="needs about"):
-        plan_memory(dataclasses.replace(cfg, max_memory=f"cpu={layerwise // 2}"))
 
 
 @pytest.mark.parametrize("name", ["llama-3-8b", "llama-3-70b", "qwen3-30b-a3b"])

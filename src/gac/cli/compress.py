@@ -96,12 +96,13 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--no-eval", is_flag=True, help="Skip perplexity and latency (parameters and alignment only).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-@click.option("--layerwise", is_flag=True,
-              help="Layer by layer in bounded memory: a safetensors model directory is read one decoder layer at a "
-                   "time and the output streamed to shards (perplexity measured layer by layer, latency not).")
+@click.option("--layerwise/--whole-model", default=None,
+              help="Force the pipeline: layer by layer in bounded memory (a safetensors model directory read one "
+                   "decoder layer at a time, the output streamed to shards), or the whole model in memory "
+                   "[default: layer by layer exactly when the whole-model forecast exceeds the memory available].")
 @click.option("--max-memory",
-              help="Memory budget in accelerate's format, e.g. cpu=8GiB: layer by layer when the whole model would "
-                   "not fit; refused before any work when even that would not.")
+              help="Memory budget in accelerate's format, e.g. cpu=8GiB [default: what the device has free]: layer "
+                   "by layer when the whole model would not fit; refused before any work when even that would not.")
 @click.option("--heal", is_flag=True,
               help="Heal the saved model by distillation from the original before saving it (see `gac heal`).")
 @heal_options
@@ -155,12 +156,18 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
         heal=heal_config(**{**healing, "heal_file": heal_file or calib_file}) if heal else None,
     )
     if dry_run:
-        from gac.pipeline.memory import describe, forecast_of, plan_memory
+        from gac.pipeline.choice import plan_memory
+        from gac.pipeline.memory import describe, forecast_of
 
-        click.echo(describe(forecast_of(cfg, plan_memory(cfg))))
+        choice = plan_memory(cfg)
+        click.echo(describe(forecast_of(cfg, choice.layerwise), choice))
         return
     result = compress(cfg)
     print_report(result.report)
+    how = result.report.get("latency_method") or {}
+    if how.get("method") == "per_layer":
+        click.echo(f"latency estimated layer by layer ({len(how['layers_timed'])} of {how['depth']} layers timed, "
+                   "scaled by depth; see report.md)")
     t = result.report.get("target")
     if t:
         click.echo(f"target {t['name']}: {t['met']} of {t['constrained']} constrained dims meet it "

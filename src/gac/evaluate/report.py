@@ -39,6 +39,8 @@ class Report:
     target: dict | None = None  # which dims the deployment target constrained, and why
     profile_excluded: dict | None = None  # {group: {dim: why}}: the aligned dims a hardware profile ruled out
     heal: dict | None = None  # --heal: the saved variant's healing (gac.heal.run.heal_model's report)
+    pipeline_choice: dict | None = None  # why this pipeline: its reason, the whole-model forecast, the memory available
+    latency_method: dict | None = None  # how the latencies were obtained (whole models, or layer by layer)
 
     def to_dict(self) -> dict:
         """report.json's object: every field, those of another objective (None) left out; profile_excluded with
@@ -137,10 +139,14 @@ def report_markdown(r: dict) -> str:
         "",
         f"Latency: median of {r.get('latency', {}).get('prefill_rounds', '?')} interleaved prefill runs "
         f"(batch {r.get('latency', {}).get('batch', '?')}, {r.get('latency', {}).get('prefill_tokens', '?')} tokens) "
-        f"and {r.get('latency', {}).get('decode_rounds', '?')} decode steps; ± is the 10-90 percentile spread.",
+        f"and {r.get('latency', {}).get('decode_rounds', '?')} decode steps; ± is the 10-90 percentile spread"
+        + (f" (per layer: {r['latency_method']['how']}; layers timed {r['latency_method']['layers_timed']} of "
+           f"{r['latency_method']['depth']})." if (r.get("latency_method") or {}).get("method") == "per_layer" else "."),
         f"Perplexity: {r.get('eval_tokens', '?')} held-out tokens, the same windows for every variant.",
         f"Saved variant: {r.get('saved_variant', '?')}.",
     ]
+    if r.get("pipeline_choice"):
+        lines.append(f"Pipeline: {r['pipeline']} ({r['pipeline_choice']['reason']}).")
     if r.get("heal"):
         h = r["heal"]
         texts = ", ".join(f"{h['texts'][k]} {h['ppl']['before'][k]:.2f} -> {h['ppl']['after'][k]:.2f} (original "

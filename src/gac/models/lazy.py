@@ -2,7 +2,7 @@
 tensor name), into a skeleton built on the meta device by accelerate; or a model already whole in memory.
 
 Both sources answer the same two calls, so the layer-wise pipeline never knows which it has:
-  load_layer(i)     the layer's weights, on the CPU, in the working dtype
+  load_layer(i)     the layer's weights, on the source's `device` (the CPU or a GPU), in the working dtype
   release_layer(i)  back to the meta device (memory freed); a resident model keeps its weights
 """
 
@@ -28,32 +28,13 @@ class Resident:
     lazy = False
 
     def __init__(self, model):
+        from gac.models.placement import input_device
+
         self.model = model
+        self.device = input_device(model)
 
     def load_layer(self, i: int) -> None:
         pass
-
-    def _load_fused_experts(self, layer) -> None:
-        """An MoE layer's fused expert weights from a checkpoint that stores them per expert (as Hugging Face's do):
-        each expert's tensors concatenated (gate and up rows), the experts stacked, as transformers fuses them."""
-        import torch
-        from accelerate.utils import set_module_tensor_to_device
-        from safetensors import safe_open
-
-        if not layer.experts:
-            return
-        num_experts = self.adapter.expert_geometry(self.model.config)[0]
-        for fused, per_expert in self.adapter.expert_checkpoint_names(layer, num_experts).items():
-            if fused in self.keys or any(n not in self.files for parts in per_expert for n in parts):
-                continue  # stored fused (loaded above), or not at all (load_layer names what is missing)
-            tensors = []
-            for parts in per_expert:
-                loaded = []
-                for n in parts:
-                    with safe_open(self.files[n], "pt", device="cpu") as f:
-                        loaded.append(f.get_tensor(n))
-                tensors.append(torch.cat(loaded, dim=0))  # [2I, H] (gate rows, then up) or [H, I]
-            set_module_tensor_to_device(self.model, fused, "cpu", value=torch.stack(tensors), dtype=self.dtype)
 
     def release_layer(self, i: int) -> None:
         pass
@@ -75,12 +56,14 @@ def weight_files(path) -> dict[str, Path]:
 
 
 class LazyCheckpoint:
-    """A model directory read layer by layer: embeddings, final norm and head loaded at once, each decoder layer's
-    weights only between load_layer and release_layer."""
+    """A model directory read layer by layer onto `device`: embeddings, final norm and head loaded at once, each
+    decoder layer's weights only between load_layer and release_layer (streamed from the memory-mapped files)."""
 
     lazy = True
 
-    def __init__(self, path, dtype: str = "float32"):
+    def __init__(self, path, dtype: str = "float32", device: str = "cpu"):
+        import torch
+
         from accelerate import init_empty_weights
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -88,6 +71,7 @@ class LazyCheckpoint:
 
         self.path = Path(path)
         self.dtype = torch_dtype(dtype)
+        self.device = torch.device(device)
         config = AutoConfig.from_pretrained(self.path)
         self.adapter = adapter_for(config)
         self.files = weight_files(self.path)
@@ -95,6 +79,10 @@ class LazyCheckpoint:
         with init_empty_weights():  # parameters on meta; buffers (rotary frequencies) real
             self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
         self.model.eval()
+        for module in self.model.modules():  # the real buffers onto the device (parameters stay on meta)
+            for name, b in module._buffers.items():
+                if b is not None and b.device.type != "meta":
+                    module._buffers[name] = b.to(self.device)
         layers = self.adapter.layers_path + "."
         self._load([n for n in self.keys if not n.startswith(layers)])
         self.model.tie_weights()
@@ -117,7 +105,7 @@ class LazyCheckpoint:
                 for key in keys:
                     if key not in known:
                         continue  # e.g. a saved rotary buffer the model recomputes
-                    set_module_tensor_to_device(self.model, key, "cpu", value=f.get_tensor(self.keys[key]),
+                    set_module_tensor_to_device(self.model, key, self.device, value=f.get_tensor(self.keys[key]),
                                                 dtype=self.dtype)
 
     def load_layer(self, i: int) -> None:
@@ -150,7 +138,7 @@ class LazyCheckpoint:
                     with safe_open(self.files[n], "pt", device="cpu") as f:
                         loaded.append(f.get_tensor(n))
                 tensors.append(torch.cat(loaded, dim=0))  # [2I, H] (gate rows, then up) or [H, I]
-            set_module_tensor_to_device(self.model, fused, "cpu", value=torch.stack(tensors), dtype=self.dtype)
+            set_module_tensor_to_device(self.model, fused, self.device, value=torch.stack(tensors), dtype=self.dtype)
 
     def release_layer(self, i: int) -> None:
         from accelerate.utils import set_module_tensor_to_device
@@ -210,14 +198,13 @@ def open_source(spec: str, *, dtype: str = "float32", device: str = "cpu"):
     if not (path.is_dir() and (path / "config.json").is_file() and _has_safetensors(path)):
         loaded = load_model(spec, dtype=dtype, device=device)
         return Resident(loaded.model), loaded.tokenizer, loaded.source
-    if check_device(device).type != "cpu":
-        raise GacError("the layer-by-layer pipeline runs on the CPU here: pass --device cpu")
+    check_device(device)
     from transformers import AutoTokenizer
 
     from gac.models import verify
 
     verify.check_weight_files(path)
-    source = LazyCheckpoint(path, dtype)
+    source = LazyCheckpoint(path, dtype, device)
     verify.check_config(source.model.config, spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -87,7 +87,7 @@ def analyze_layerwise(model, source, compressor, groups, calib: torch.Tensor, *,
     by_layer = groups_by_layer(model, groups)
     proxy = compressor.proxy
     start = time.perf_counter()
-    factors = FactorCache()
+    factors = FactorCache(device=source.device)
     try:
         sweep = _reverse_sweep if proxy in (OUTPUT, *GRADIENT_PROXIES) else _forward_sweep
         units = sweep(model, source, compressor, by_layer, calib, keep, factors, progress)
@@ -131,7 +131,8 @@ def _reverse_sweep(model, source, compressor, by_layer, calib, keep, factors, pr
     grad_batches = embed(model, calib, GRAD_BATCH)  # the gradient passes: their ids and call arguments
     for b in grad_batches:
         b.hidden = None  # their inputs are the stored ones, split
-    with ActivationStore(spill=source.lazy) as inputs:  # inputs[i][k]: layer i's input of batch k [b, seq, D]
+    # inputs[i][k]: layer i's input of batch k [b, seq, D]
+    with ActivationStore(spill=source.lazy, device=source.device) as inputs:
         units = _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_batches, inputs, keep,
                                       factors, progress)
     return units
@@ -193,13 +194,14 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
 
 class _LayerFiles:
     """Tensors per layer index, kept until read: in memory, or (spill) one file per layer in a temporary directory
-    (TMPDIR), read back memory-mapped, so that memory does not grow with depth. An empty item takes no file. A
-    layer's file goes with del, the directory with close(), the end of a with block, or when the store is dropped."""
+    (TMPDIR), read back memory-mapped (onto `device`: the CPU's pages, or a copy on the GPU), so that memory does not
+    grow with depth. An empty item takes no file. A layer's file goes with del, the directory with close(), the end
+    of a with block, or when the store is dropped."""
 
     prefix = suffix = what = ""
 
-    def __init__(self, spill: bool = True):
-        self.spill = spill
+    def __init__(self, spill: bool = True, device="cpu"):
+        self.spill, self.device = spill, torch.device(device)
         self.items: dict = {}
         if spill:
             self.dir = tempfile.TemporaryDirectory(prefix=self.prefix)
@@ -228,7 +230,7 @@ class _LayerFiles:
 
     def __getitem__(self, i: int):
         item = self.items[i]
-        return self._load(item) if isinstance(item, Path) else item
+        return self._load(item, self.device) if isinstance(item, Path) else item
 
     def __delitem__(self, i: int) -> None:
         item = self.items.pop(i)
@@ -243,11 +245,11 @@ class ActivationStore(_LayerFiles):
 
     @staticmethod
     def _save(tensors: list, path: Path) -> None:
-        torch.save([t.contiguous() for t in tensors], path)
+        torch.save([t.detach().to("cpu").contiguous() for t in tensors], path)
 
     @staticmethod
-    def _load(path: Path) -> list:
-        return torch.load(path, mmap=True, weights_only=True)
+    def _load(path: Path, device: torch.device) -> list:
+        return [t.to(device) for t in torch.load(path, mmap=True, weights_only=True)]  # on the CPU: no copy
 
 
 class FactorCache(_LayerFiles):
@@ -263,10 +265,10 @@ class FactorCache(_LayerFiles):
         save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
 
     @staticmethod
-    def _load(path: Path) -> dict:
+    def _load(path: Path, device: torch.device) -> dict:
         from safetensors import safe_open
 
-        with safe_open(path, "pt", device="cpu") as f:  # memory-mapped
+        with safe_open(path, "pt", device=str(device)) as f:  # memory-mapped on the CPU
             return {k: f.get_tensor(k) for k in f.keys()}
 
 

@@ -46,6 +46,13 @@ def shell_of(model) -> nn.Module:
     return shell
 
 
+def one_layer_model(model, layer: nn.Module) -> nn.Module:
+    """A copy of `model` sharing its tensors whose decoder layers are [layer] alone (its own index kept: its KV cache
+    entry is its own)."""
+    with swapped_layers(model, [layer]):
+        return shared_copy(model).eval()
+
+
 def _layers_parent(model):
     return adapter_for(model.config).layers_path.rpartition(".")
 
@@ -62,25 +69,27 @@ def release_module(module: nn.Module) -> None:
 
 
 def materialize_layerwise(model, source, compressor, units, dims: dict, *, writer=None,
-                          held_out: torch.Tensor | None = None, progress: bool = True) -> dict:
+                          held_out: torch.Tensor | None = None, timer=None, progress: bool = True) -> dict:
     """{variant: model} for each variant of dims ({variant: {unit name: dim or None}}), cut layer by layer.
 
     units: analyze_layerwise's, whose factor cache (units.factors) holds each layer's cut state; each layer's file
     is removed once the layer is cut, the cache at the end. writer: (variant, gac.models.sharded.ShardWriter) to
     stream that variant's layers to; every variant's layers are then released as soon as they are written (shapes
     kept, for counting). held_out: evaluation windows [n, seq] run through the baseline's and every variant's layers
-    on the way; their perplexities are returned under the key "ppl" ({variant or "baseline": float})."""
+    on the way; their perplexities are returned under the key "ppl" ({variant or "baseline": float}). timer: a
+    gac.evaluate.layer_latency.LayerLatency; at the layers it wants, the baseline's and every variant's layer are
+    handed to it together, before any is released."""
     factors = getattr(units, "factors", None)
     if factors is None or not all(i in factors for i in range(layer_count(model))):
         raise GacError("layer-wise materialization cuts from the factor cache of one analyze_layerwise run, which "
                        "is read once: analyze again (gac.api.analyze with a source) before materializing again")
     try:
-        return _materialize(model, source, compressor, units, dims, factors, writer, held_out, progress)
+        return _materialize(model, source, compressor, units, dims, factors, writer, held_out, timer, progress)
     finally:
         factors.close()
 
 
-def _materialize(model, source, compressor, units, dims, factors, writer, held_out, progress) -> dict:
+def _materialize(model, source, compressor, units, dims, factors, writer, held_out, timer, progress) -> dict:
     map_large_allocations()  # layer-sized blocks freed to the OS, not kept in a fragmenting heap
     by_layer = groups_by_layer(model, [u.group for u in units])
     unit_of = {u.group.name: u for u in units}
@@ -96,18 +105,23 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
         compressor.load_cut_state(layer_units, factors[i])
         if evals is not None:
             _advance(layer, evals["baseline"], i)
+        cuts = {}
         for variant, shell in shells.items():
             parent_path, _, attr = _layers_parent(shell)
             getattr(shell.get_submodule(parent_path), attr)[i] = shared_copy(layer)
             compressor.materialize_units(shell, layer_units, dims[variant])
+            cuts[variant] = layer_module(shell, i)
             if evals is not None:
-                _advance(layer_module(shell, i), evals[variant], i)
-            if writer is not None:
-                cut = layer_module(shell, i)
+                _advance(cuts[variant], evals[variant], i)
+        if timer is not None and timer.wants(i):
+            timer.time_layer(i, {"baseline": layer, **cuts}, lambda one: one_layer_model(model, one))
+        if writer is not None:
+            for variant, cut in cuts.items():
                 if variant == writer[0]:
                     prefix = adapter_for(model.config).layer_prefix(i)
                     writer[1].add({f"{prefix}.{k}": v for k, v in cut.state_dict().items()})
                 release_module(cut)
+        del cuts
         compressor.release_factors(layer_units)
         del factors[i]  # its disk is what the output grows into
         source.release_layer(i)

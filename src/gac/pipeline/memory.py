@@ -1,5 +1,5 @@
 """The memory, disk and time forecast of `gac compress`, from the model's config alone (no weight is read): what
-`--dry-run` prints and what `--max-memory` is checked against.
+`--dry-run` prints and what the choice of pipeline (gac.pipeline.choice) compares with the memory available.
 
 Peak resident memory of each pipeline, in bytes, b = bytes per parameter of the working dtype:
   whole model   weights + two variants (deep copies) + every weight's SVD factors (fp32) + every linear's X^T X
@@ -254,27 +254,11 @@ def forecast_of(cfg, layerwise: bool) -> Forecast:
                     seq_len=cfg.text.seq_len, layerwise=layerwise)
 
 
-def plan_memory(cfg) -> bool:
-    """Whether to run layer by layer: as asked (--layerwise), or because the whole-model forecast exceeds
-    --max-memory's CPU budget; a layer-wise forecast beyond it is refused before any work."""
-    from gac.models.placement import parse_max_memory
-
-    limit = (parse_max_memory(cfg.max_memory) or {}).get("cpu")
-    layerwise = cfg.layerwise
-    if limit is not None and not layerwise and forecast_of(cfg, False).peak_bytes > limit:
-        log.info("the whole-model pipeline would exceed --max-memory cpu=%.1fGiB: running layer by layer", limit / GIB)
-        layerwise = True
-    if limit is not None and layerwise:
-        need = forecast_of(cfg, True).peak_bytes
-        if need > limit:
-            raise GacError(f"the layer-by-layer pipeline needs about {need / GIB:.1f} GiB but --max-memory allows "
-                           f"{limit / GIB:.1f} GiB for cpu: fewer --calib-windows, a shorter --seq-len or bfloat16")
-    return layerwise
-
-
-def describe(f: Forecast) -> str:
-    """The dry run's printout: peak per device, disk, time, and what the peak is made of."""
-    lines = [f"pipeline: {f.pipeline}", f"peak memory (cpu): {f.peak_bytes / GIB:.2f} GiB",
+def describe(f: Forecast, choice=None) -> str:
+    """The dry run's printout: the pipeline (and why: a gac.pipeline.choice.PipelineChoice), peak per device, disk,
+    time, and what the peak is made of."""
+    lines = [f"pipeline: {f.pipeline}" + (f" ({choice.reason})" if choice else ""),
+             f"peak memory (cpu): {f.peak_bytes / GIB:.2f} GiB",
              f"model weights: {f.weights_bytes / GIB:.1f} GiB", f"disk needed (output and temporary): {f.disk_bytes / GIB:.1f} GiB",
              f"rough time: {_duration(f.seconds)}", "peak made of:"]
     lines += [f"  {name}: {size / GIB:.2f} GiB" for name, size in f.parts.items()]
