@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
+from gac.threads import workers
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -127,8 +128,9 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     curve = max(8 * min(o, i) * (2 * (i + o) + 5 * min(o, i)) for o, i in s.linears()) if loss_model else 0
     whiten = 8 * (big_o * big_i + big_i * big_i) if own else 0  # float64 W S and S
     svd_work = 3 * 4 * big_o * big_i if lowrank else 0  # float32 copy, scaled copy, LAPACK workspace
-    # a layer's SVDs all end before its loss curves begin: the larger of the two phases, not their sum
-    work = max(svd_work + whiten, curve)
+    # a layer's SVDs all end before its loss curves begin: the larger of the two phases, not their sum; each phase
+    # works on gac.threads.workers() weights at once (bounded by the largest)
+    work = max(svd_work + whiten, curve) * workers()
     batch = 4  # calibration's batches (the reverse sweep's gradient passes run halves of them)
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
     logits = 3 * 2 * seq_len * s.vocab * 4 if reverse else 0  # float logits, grad, softmax of a gradient batch
