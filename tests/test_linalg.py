@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from gac.linalg import Gram, factorize_from_svd, scaled_svd, whiten
+from gac.linalg import Gram, factorize_from_svd, scaled_svd, tall_svd, whiten
 from gac.models.kinds.rank import max_useful_rank
 
 SHAPES = [(8, 6), (6, 8), (24, 16)]  # [out, in]: tall, wide, and the one used with a scale
@@ -183,3 +183,16 @@ def test_gram_rows_are_copies():
     gram.add(x)
     x.zero_()  # the activation's memory reused
     assert torch.equal(gram.matrix(), torch.full((4, 4), 2.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_tall_svd_is_the_svd_of_either_orientation(shape):
+    """Taken on the transpose when the matrix is wide: still a thin SVD of the matrix itself."""
+    W = _matrix(*shape).double()
+    U, S, Vh = tall_svd(W)
+    k = min(shape)
+    assert U.shape == (shape[0], k) and S.shape == (k,) and Vh.shape == (k, shape[1])
+    torch.testing.assert_close((U * S) @ Vh, W, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(U.T @ U, torch.eye(k, dtype=W.dtype), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(Vh @ Vh.T, torch.eye(k, dtype=W.dtype), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(S, torch.linalg.svdvals(W), rtol=1e-10, atol=1e-10)

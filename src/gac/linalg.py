@@ -128,8 +128,17 @@ def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: 
         # Whitening matrices can be ill-conditioned: keep this path in float64 (the factors are cast on copy).
         s = scale.detach().double()  # [in, in]
         w = w.double() @ s
-    U, S, Vh = gram_svd(w) if method == "gram" else torch.linalg.svd(w, full_matrices=False)
+    U, S, Vh = gram_svd(w) if method == "gram" else tall_svd(w)
     return ScaledSVD(U, S, Vh, s)
+
+
+def tall_svd(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD (U, S, Vh) of a [m, n], taken on the tall one of a and a^T: on a CPU LAPACK's SVD of a wide matrix
+    costs 2.6x what its transpose's does (docs/RESULTS.md; Llama's k, v and down projections are wide)."""
+    if a.shape[0] >= a.shape[1]:
+        return torch.linalg.svd(a, full_matrices=False)
+    V, S, Uh = torch.linalg.svd(a.T, full_matrices=False)  # a^T = V S U^T
+    return Uh.T, S, V.T
 
 
 def factorize_from_svd(svd: ScaledSVD, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
