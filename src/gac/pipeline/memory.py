@@ -18,9 +18,11 @@ largest rank selection may ask for, in the working dtype): activations + max(out
 upper bound (the reverse sweep frees each layer's input as it caches its factors, materialization each layer's
 factors as it writes its output).
 Time: forward-pass FLOPs over the calibration tokens (the analysis's passes, one more whole; layer-wise
-materialization runs none: it reads the cached factors), the probe passes, and SVD FLOPs (~12 m n k per m x n
-weight, once), at this device's measured matmul rate. Rough by design: within a few tens of per cent
-(docs/RESULTS.md compares it with measured peaks)."""
+materialization runs none: it reads the cached factors) and the probe passes at this device's measured matmul rate;
+SVD FLOPs (~12 m n k per m x n weight, once) at SVD_SHARE of it (LAPACK's SVD is far from matmul speed); the loss
+model's and the statistics' float64 products (loss_model_flops, X^T X once rows outnumber an input's columns) at
+FP64_SHARE of it. Rough by design: within a few tens of per cent (docs/RESULTS.md compares it with measured peaks
+and times)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,10 @@ from gac.threads import workers
 log = logging.getLogger(__name__)
 GIB = 2**30
 RUNTIME_BYTES = int(0.6 * GIB)  # python + torch + transformers + tokenizer, measured on this CPU
+# rates relative to the measured float32 matmul rate, fitted on this 2-core CPU to the 8B-shaped layer-wise run
+# (docs/RESULTS.md, 2026-11-25): LAPACK's SVD (12 m n k FLOPs, weights side by side, gac.threads), float64 products
+SVD_SHARE = 0.25
+FP64_SHARE = 0.5
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -179,9 +185,22 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
         passes = (1 + 3 + 1) if reverse else 2
     svd_flops = s.layers * sum(12 * o * i * min(o, i) for o, i in s.linears()) if lowrank else 0
     probe_flops = (s.layers * len(s.linears()) + 1) * 2 * probe * s.params  # the probe loss, each weight truncated
+    fp64_flops = s.layers * sum(loss_model_flops(o, i, tokens) for o, i in s.linears()) if loss_model else 0
+    if xtx:  # summed only once an input's rows outnumber its columns (gac.linalg.Gram)
+        fp64_flops += s.layers * sum(2 * tokens * i * i for i in (s.hidden, s.q_width, s.intermediate) if tokens > i)
     rate = flops_per_s or matmul_rate()
-    return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk,
-                    (forward_flops * passes + svd_flops + probe_flops) / rate, {k: int(v) for k, v in parts.items()})
+    seconds = (forward_flops * passes + probe_flops) / rate + svd_flops / (rate * SVD_SHARE) + fp64_flops / (
+        rate * FP64_SHARE)
+    return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk, seconds,
+                    {k: int(v) for k, v in parts.items()})
+
+
+def loss_model_flops(o: int, i: int, tokens: int) -> int:
+    """float64 FLOPs of one [o, i] weight's loss-model factors (compressors/loss_model.py), k = min(o, i):
+    Q = A X^T X A^T from the input rows while fewer than the columns (gac.linalg.Gram), else from X^T X [i, i];
+    P = U^T diag(f) U."""
+    k, c = min(o, i), min(tokens, i)
+    return 2 * k * i * c + 2 * k * k * c + 2 * o * k * k
 
 
 @functools.cache
