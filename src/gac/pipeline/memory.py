@@ -38,10 +38,11 @@ from gac.threads import workers
 log = logging.getLogger(__name__)
 GIB = 2**30
 RUNTIME_BYTES = int(0.6 * GIB)  # python + torch + transformers + tokenizer, measured on this CPU
-# rates relative to the measured float32 matmul rate, fitted on this 2-core CPU to the 8B-shaped layer-wise run
-# (docs/RESULTS.md, 2026-11-25): LAPACK's SVD (12 m n k FLOPs, weights side by side, gac.threads), float64 products
-SVD_SHARE = 0.25
-FP64_SHARE = 0.5
+# rates relative to the measured float32 matmul rate, fitted on this 2-core CPU to the 32-layer 8B-shaped run of
+# 2026-11-23 (186 s a layer, 53 s of it the loss model's 4.7e12 float64 FLOPs, at a ~95 GFLOP/s matmul rate;
+# docs/RESULTS.md): LAPACK's SVD (12 m n k FLOPs), float64 products. To be refitted on a run of the current code.
+SVD_SHARE = 1.0
+FP64_SHARE = 0.9
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
