@@ -4,6 +4,7 @@
     python benchmarks/same_results.py --out after/ asvd svd_llm palu prune      # on the other
     python benchmarks/same_results.py --compare before/ after/
     python benchmarks/same_results.py --out layerwise/ --layerwise asvd prune   # the layer-by-layer pipeline
+    python benchmarks/same_results.py --out few/ --calib-windows 1 --seq-len 256 asvd   # fewer calibration tokens
 
 Each run is gac.api.compress on the embedded model at --ratio (default text, evaluation on; latency cut to one
 round, since only dims, parameters and perplexity are compared). Equal means equal to the last bit.
@@ -17,8 +18,9 @@ import time
 from pathlib import Path
 
 
-def run(compressors: list[str], out: Path, ratio: float, layerwise: bool = False) -> None:
+def run(compressors: list[str], out: Path, ratio: float, layerwise: bool = False, text: dict | None = None) -> None:
     from gac.api import CompressConfig, compress
+    from gac.data import TextConfig
     from gac.evaluate.latency import LatencyConfig
 
     out.mkdir(parents=True, exist_ok=True)
@@ -26,6 +28,8 @@ def run(compressors: list[str], out: Path, ratio: float, layerwise: bool = False
         start = time.time()
         latency = LatencyConfig(warmup=0, prefill_rounds=1, decode_rounds=1, prefill_tokens=64)
         extra = {"layerwise": True} if layerwise else {}  # older commits have no layer-by-layer pipeline
+        if text:
+            extra["text"] = TextConfig(**text)
         r = compress(CompressConfig(compressor=name, ratio=ratio, progress=False, latency=latency, **extra)).report
         v = r["variants"]
         record = {key: {k: v[k][key] for k in v} for key in ("ppl", "params", "aligned_fraction")}
@@ -42,8 +46,9 @@ def compare(a: Path, b: Path) -> None:
             continue
         x, y = json.loads(path.read_text()), json.loads(other.read_text())
         same = {key: x[key] == y[key] for key in ("dims", "params", "ppl")}
+        drift = max((abs(y["ppl"][k] - v) / v for k, v in x["ppl"].items() if v and y["ppl"].get(k)), default=0.0)
         print(f"{path.stem}: " + ", ".join(f"{k} {'equal' if v else 'DIFFERENT'}" for k, v in same.items()),
-              f"(ppl {y['ppl']})")
+              f"(ppl {y['ppl']}; largest relative ppl difference {drift:.1e})")
 
 
 def main() -> None:
@@ -53,11 +58,14 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), help="compare two --out directories")
     parser.add_argument("--layerwise", action="store_true", help="the layer-by-layer pipeline (gac.pipeline)")
+    parser.add_argument("--calib-windows", type=int, help="calibration windows (default: gac's)")
+    parser.add_argument("--seq-len", type=int, help="tokens per window (default: gac's)")
     args = parser.parse_args()
     if args.compare:
         compare(*args.compare)
     elif args.out:
-        run(args.compressors, args.out, args.ratio, args.layerwise)
+        text = {k: v for k, v in (("calib_windows", args.calib_windows), ("seq_len", args.seq_len)) if v}
+        run(args.compressors, args.out, args.ratio, args.layerwise, text)
     else:
         parser.error("give --out DIR (run) or --compare A B")
 

@@ -57,9 +57,10 @@ def test_xtx_when_asked(tiny, names):
     stats = calibrate(tiny, windows, subset, batch_size=1, xtx=True, progress=False)
     for n in subset:
         X = expected[n]
-        assert stats[n].xtx.dtype == torch.float64
-        assert stats[n].xtx.shape == (X.shape[1], X.shape[1])
-        torch.testing.assert_close(stats[n].xtx, X.T @ X, rtol=1e-5, atol=1e-5)
+        xtx = stats[n].xtx.matrix()
+        assert xtx.dtype == torch.float64
+        assert xtx.shape == (X.shape[1], X.shape[1])
+        torch.testing.assert_close(xtx, X.T @ X, rtol=1e-5, atol=1e-5)
 
 
 def test_batch_size_does_not_change_statistics(tiny, names):
@@ -115,5 +116,6 @@ def test_linears_fed_by_one_input_share_one_xtx(tiny):
     inputs = _manual_inputs(tiny, [layer.k, layer.producers[1], layer.o], windows)
     for name, x in inputs.items():  # the shared sums are their input's, and a linear of its own keeps its own
         expected = x.T @ x  # [in, in] float64
-        torch.testing.assert_close(stats[name].xtx, expected, rtol=1e-10, atol=1e-12 * float(expected.abs().max()))
+        torch.testing.assert_close(stats[name].xtx.matrix(), expected, rtol=1e-10,
+                                   atol=1e-12 * float(expected.abs().max()))
         assert stats[name].tokens == x.shape[0]

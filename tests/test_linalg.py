@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from gac.linalg import factorize_from_svd, scaled_svd, whiten
+from gac.linalg import Gram, factorize_from_svd, scaled_svd, tall_svd, whiten
 from gac.models.kinds.rank import max_useful_rank
 
 SHAPES = [(8, 6), (6, 8), (24, 16)]  # [out, in]: tall, wide, and the one used with a scale
@@ -152,3 +152,47 @@ def test_gram_factorization_of_rank_deficient_matrix_has_no_nans():
 def test_unknown_factorization_is_refused():
     with pytest.raises(ValueError, match="unknown factorization"):
         scaled_svd(torch.ones(3, 2), None, "qr")
+
+
+def test_gram_keeps_rows_while_fewer_than_columns_then_sums_them_in_order():
+    """Rows while they are fewer than the columns; then the matrix is the per-batch sum of x^T x in the order the
+    batches came, to the bit."""
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(3, 8, generator=g) for _ in range(4)]  # float32 in, float64 sums
+    gram = Gram(8)
+    gram.add(batches[0])
+    gram.add(batches[1])
+    assert gram.sum is None and gram.row_count == 6
+    X = torch.cat(batches[:2]).double()
+    torch.testing.assert_close(gram.matrix(), X.T @ X, rtol=1e-12, atol=1e-12)
+    A = torch.randn(5, 8, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(gram.sandwich(A), A @ X.T @ X @ A.T, rtol=1e-12, atol=1e-12)
+    gram.add(batches[2])  # 9 rows > 8 columns: summed from here on
+    gram.add(batches[3])
+    assert gram.rows == []
+    expected = torch.zeros(8, 8, dtype=torch.float64)
+    for b in batches:
+        expected += b.double().T @ b.double()
+    assert torch.equal(gram.matrix(), expected)
+    assert torch.equal(gram.sandwich(A), (A @ expected) @ A.T)
+
+
+def test_gram_rows_are_copies():
+    x = torch.ones(2, 4)
+    gram = Gram(4)
+    gram.add(x)
+    x.zero_()  # the activation's memory reused
+    assert torch.equal(gram.matrix(), torch.full((4, 4), 2.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_tall_svd_is_the_svd_of_either_orientation(shape):
+    """Taken on the transpose when the matrix is wide: still a thin SVD of the matrix itself."""
+    W = _matrix(*shape).double()
+    U, S, Vh = tall_svd(W)
+    k = min(shape)
+    assert U.shape == (shape[0], k) and S.shape == (k,) and Vh.shape == (k, shape[1])
+    torch.testing.assert_close((U * S) @ Vh, W, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(U.T @ U, torch.eye(k, dtype=W.dtype), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(Vh @ Vh.T, torch.eye(k, dtype=W.dtype), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(S, torch.linalg.svdvals(W), rtol=1e-10, atol=1e-10)

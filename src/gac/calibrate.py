@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from gac.linalg import Gram
+
 CALIB_BATCH = 4  # calibration windows per forward batch (the layer-by-layer pipeline batches them alike)
 
 
@@ -35,7 +37,7 @@ class LinearStats:
 
     abs_sum: torch.Tensor  # [in] fp32: sum of |x| per input channel
     tokens: int = 0
-    xtx: torch.Tensor | None = None  # [in, in] fp64: sum of x^T x, when asked for
+    xtx: Gram | None = None  # sum of x^T x (fp64), when asked for
     extra: dict = field(default_factory=dict)
 
     @property
@@ -50,8 +52,8 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
     extra["routed"] [E] counts the tokens routed to each expert."""
     stats: dict[str, LinearStats] = {}
     handles = []
-    # q/k/v (and gate/up) see the same input tensor: the first linear fed by it owns one [in, in] fp64 X^T X
-    # accumulator, the others share it and add nothing (one sum and one product per input, not three)
+    # q/k/v (and gate/up) see the same input tensor: the first linear fed by it owns one X^T X accumulator, the
+    # others share it and add nothing (one sum and one product per input, not three)
     owner = {}  # "input": the last input seen, "stats": the LinearStats of the linear that owns its X^T X
     shared = set()
 
@@ -67,15 +69,14 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
                     s.xtx = owner["stats"].xtx  # the same sums as the first linear fed by this input
                     shared.add(name)
                 elif xtx:
-                    s.xtx = torch.zeros(in_features, in_features, dtype=torch.float64, device=x.device)
+                    s.xtx = Gram(in_features)
             s.abs_sum += x.abs().float().sum(0)
             s.tokens += x.shape[0]
             if num_experts and len(inputs) > 1:  # a fused expert weight: tokens routed per expert (top-k ids)
                 routed = torch.bincount(inputs[1].reshape(-1), minlength=num_experts)[:num_experts]  # [E]
                 s.extra["routed"] = s.extra.get("routed", 0) + routed.cpu()
             if xtx and name not in shared:
-                xd = x.double()
-                s.xtx += xd.T @ xd  # [in, in]
+                s.xtx.add(x)
                 owner["input"], owner["stats"] = raw, s
 
         return hook

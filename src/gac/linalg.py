@@ -1,4 +1,5 @@
-"""Pure tensor maths for low-rank compression: scaled SVD and factorization. No modules, no hooks."""
+"""Pure tensor maths for low-rank compression: input Gram matrices, scaled SVD and factorization. No modules, no
+hooks."""
 
 from __future__ import annotations
 
@@ -24,6 +25,67 @@ class ScaledSVD:
         """Share of ||W S||_F^2 carried by each singular direction, descending, sums to 1."""
         e = self.S.double() ** 2
         return e / e.sum().clamp_min(torch.finfo(torch.float64).tiny)
+
+
+class Gram:
+    """X^T X [in, in] (float64) of a linear's inputs X [t, in], added batch by batch. While the rows are fewer than
+    the columns they are kept as they come (in their own dtype, exact in float64) instead of summed: cheaper to
+    collect (no [in, in] product per batch), to hold, and to apply, since A X^T X A^T = (A X^T)(A X^T)^T costs t/in
+    of the product with the [in, in] matrix (at Llama-3-8B's MLP width, 1024 tokens against 14336 columns). Once
+    they would outnumber the columns, the matrix is summed batch by batch in the order they came, the same sums
+    as adding every batch's product at once."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self.rows: list[torch.Tensor] = []  # [t_b, in] per batch, while sum(t_b) <= width
+        self.sum: torch.Tensor | None = None  # [in, in] float64 once summed
+
+    @classmethod
+    def of_matrix(cls, matrix: torch.Tensor) -> Gram:
+        """A Gram given as its matrix C [in, in]."""
+        gram = cls(matrix.shape[0])
+        gram.sum = matrix.double()
+        return gram
+
+    @property
+    def row_count(self) -> int:
+        return sum(r.shape[0] for r in self.rows)
+
+    def add(self, x: torch.Tensor) -> None:
+        """Add the inputs x [t, in] of one batch."""
+        if self.sum is None and self.row_count + x.shape[0] <= self.width:
+            self.rows.append(x.detach().clone())  # a copy: the model may reuse the activation's memory
+            return
+        if self.sum is None:
+            self.sum = torch.zeros(self.width, self.width, dtype=torch.float64, device=x.device)
+            for r in self.rows:
+                self._accumulate(r)
+            self.rows = []
+        self._accumulate(x)
+
+    def _accumulate(self, x: torch.Tensor) -> None:
+        xd = x.double()
+        self.sum += xd.T @ xd  # [in, in]
+
+    def matrix(self) -> torch.Tensor:
+        """X^T X [in, in] float64."""
+        if self.sum is not None:
+            return self.sum
+        x = self._stacked()
+        return x.T @ x
+
+    def sandwich(self, A: torch.Tensor) -> torch.Tensor:
+        """A X^T X A^T [k, k] float64 for A [k, in], on A's device."""
+        A = A.double()
+        if self.sum is not None:
+            return (A @ self.sum.to(A.device)) @ A.T
+        y = A @ self._stacked().to(A.device).T  # [k, t]
+        return y @ y.T
+
+    def _stacked(self) -> torch.Tensor:
+        if not self.rows:
+            return torch.zeros(0, self.width, dtype=torch.float64)
+        return torch.cat([r.double() for r in self.rows])  # [t, in]
 
 
 FACTORIZATIONS = ("svd", "gram")
@@ -66,8 +128,17 @@ def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: 
         # Whitening matrices can be ill-conditioned: keep this path in float64 (the factors are cast on copy).
         s = scale.detach().double()  # [in, in]
         w = w.double() @ s
-    U, S, Vh = gram_svd(w) if method == "gram" else torch.linalg.svd(w, full_matrices=False)
+    U, S, Vh = gram_svd(w) if method == "gram" else tall_svd(w)
     return ScaledSVD(U, S, Vh, s)
+
+
+def tall_svd(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD (U, S, Vh) of a [m, n], taken on the tall one of a and a^T: on a CPU LAPACK's SVD of a wide matrix
+    costs 2.6x what its transpose's does (docs/RESULTS.md; Llama's k, v and down projections are wide)."""
+    if a.shape[0] >= a.shape[1]:
+        return torch.linalg.svd(a, full_matrices=False)
+    V, S, Uh = torch.linalg.svd(a.T, full_matrices=False)  # a^T = V S U^T
+    return Uh.T, S, V.T
 
 
 def factorize_from_svd(svd: ScaledSVD, rank: int) -> tuple[torch.Tensor, torch.Tensor]:

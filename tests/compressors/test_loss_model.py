@@ -14,7 +14,7 @@ from gac.compressors.loss_model import (
     slope_at,
     truncation_factors,
 )
-from gac.linalg import factorize_from_svd, scaled_svd, whiten
+from gac.linalg import Gram, factorize_from_svd, scaled_svd, whiten
 
 
 def _data(seed, out=12, inp=10, tokens=200):
@@ -31,7 +31,7 @@ def test_curve_is_the_fisher_weighted_output_error_of_the_materialized_factoriza
     C = X.T @ X / X.shape[0]
     scale = {"plain": None, "diag": X.abs().mean(0).sqrt(), "whiten": whiten(X.T @ X)}[kind]
     svd = scaled_svd(W, scale)
-    curve = lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, C, f))
+    curve = lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, Gram.of_matrix(C), f))
     assert curve.shape == (min(W.shape) + 1,)
     for r in range(1, min(W.shape)):
         A, B = factorize_from_svd(svd, r)
@@ -45,7 +45,7 @@ def test_curve_is_the_fisher_weighted_output_error_of_the_materialized_factoriza
 def test_curve_without_fisher_or_gram_is_the_tail_energy():
     W, _, _ = _data(1)
     svd = scaled_svd(W)
-    s, P, Q = truncation_factors(svd.U, svd.S, svd.Vh, None, torch.ones(W.shape[1], dtype=torch.float64))
+    s, P, Q = truncation_factors(svd.U, svd.S, svd.Vh, None, Gram.of_matrix(torch.eye(W.shape[1], dtype=torch.float64)))
     curve = lowrank_loss_curve(s, P, Q)
     tail = 0.5 * np.cumsum((svd.S.double() ** 2).numpy()[::-1])[::-1]
     np.testing.assert_allclose(curve[:-1], tail, rtol=1e-5)
@@ -54,9 +54,25 @@ def test_curve_without_fisher_or_gram_is_the_tail_energy():
 def test_cap_truncates_the_curve():
     W, X, f = _data(2)
     svd = scaled_svd(W)
-    full = lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, None, X.T @ X, f))
-    assert np.array_equal(lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, None, X.T @ X, f), cap=4),
-                          full[:5])
+    C = Gram.of_matrix(X.T @ X)
+    full = lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, None, C, f))
+    assert np.array_equal(lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, None, C, f), cap=4), full[:5])
+
+
+@pytest.mark.parametrize("kind", ["diag", "whiten"])
+def test_curve_from_the_input_rows_equals_the_curve_from_their_gram_matrix(kind):
+    """Fewer tokens than input channels: the Gram kept as the rows X gives the curve of its matrix X^T X, up to the
+    order of float64 sums."""
+    W, X, f = _data(3, out=16, inp=24, tokens=20)
+    scale = X.abs().mean(0).sqrt() if kind == "diag" else whiten(X.T @ X + torch.eye(24, dtype=torch.float64))
+    svd = scaled_svd(W, scale)
+    rows = Gram(X.shape[1])
+    for part in X.split(7):
+        rows.add(part)
+    assert rows.sum is None  # 20 rows of 24 columns: kept as rows
+    from_rows = lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, rows, f))
+    from_matrix = lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, Gram.of_matrix(X.T @ X), f))
+    np.testing.assert_allclose(from_rows, from_matrix, rtol=1e-10, atol=1e-12 * from_matrix[0])
 
 
 def test_lower_hull_drops_points_above_the_chords():

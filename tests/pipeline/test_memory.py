@@ -9,7 +9,7 @@ import pytest
 import transformers
 
 from gac.errors import GacError
-from gac.pipeline.memory import Shapes, forecast
+from gac.pipeline.memory import FP64_SHARE, SVD_SHARE, Shapes, forecast, loss_model_flops
 from tests.helpers import run_gac
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configs"
@@ -101,7 +101,22 @@ def test_layerwise_forecast_counts_the_factor_cache_and_one_svd():
     tokens = 16 * 512  # forecast's default windows
     forward = 2 * tokens * (s.params - s.outer_params) + 2 * tokens * s.vocab * s.hidden
     svd = s.layers * sum(12 * o * i * min(o, i) for o, i in s.linears())
-    assert layerwise.seconds == pytest.approx((forward + svd) / RATE)  # one forward sweep, one SVD per weight
-    assert whole.seconds == pytest.approx((2 * forward + svd) / RATE)
+    svd_seconds = svd / (RATE * SVD_SHARE)  # the magnitude proxy: no loss model, no X^T X
+    assert layerwise.seconds == pytest.approx(forward / RATE + svd_seconds)  # one forward sweep, one SVD per weight
+    assert whole.seconds == pytest.approx(2 * forward / RATE + svd_seconds)
     layerwise, whole = (forecast(config, compressor="prune", layerwise=lw, flops_per_s=RATE) for lw in (True, False))
     assert layerwise.disk_bytes - whole.disk_bytes == s.layers * tokens * s.hidden * 4  # stored inputs, no factors
+
+
+def test_loss_model_time_counts_its_float64_products_from_the_input_rows():
+    """The loss model's Q comes from the input rows while they are fewer than the input's columns (gac.linalg.Gram):
+    fewer calibration tokens make it cheaper, and X^T X is summed only past that point."""
+    assert loss_model_flops(4096, 14336, 1024) < loss_model_flops(4096, 14336, 8192) < loss_model_flops(4096, 14336, 10**6)
+    assert loss_model_flops(4096, 14336, 14336) == loss_model_flops(4096, 14336, 10**6)  # the matrix from then on
+    config = llama(4)
+    s = Shapes.of(config)
+    kw = dict(compressor="asvd", flops_per_s=RATE, calib_windows=1)
+    plain, output = (forecast(config, options={"importance": imp}, seq_len=256, **kw) for imp in ("magnitude", "output"))
+    loss = s.layers * sum(loss_model_flops(o, i, 256) for o, i in s.linears())
+    reverse = 4 * 2 * 256 * ((s.params - s.outer_params) + s.vocab * s.hidden)  # the reverse sweep's passes
+    assert output.seconds - plain.seconds == pytest.approx(loss / (RATE * FP64_SHARE) + reverse / RATE)

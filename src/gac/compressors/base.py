@@ -26,6 +26,7 @@ from gac.compressors.quality import curve_quality, energy_quality
 from gac.errors import GacError
 from gac.linalg import ScaledSVD, factorize_from_svd, scaled_svd
 from gac.models.groups import DimGroup, RankGroup, groups_of, linears_of
+from gac.threads import map_side_by_side
 
 log = logging.getLogger(__name__)
 SLOPE_SPAN = 8  # ranks either side of d* for the plan's score: GAC's candidates lie one alignment step away
@@ -302,9 +303,13 @@ class LowRankCompressor(Compressor):
         """The scaled SVD of each unit's weight (rows), its input transform from the calibration statistics."""
         from tqdm.auto import tqdm
 
-        for u in tqdm(units, desc=f"{self.name}: factorizing", unit="weight", disable=not progress):
+        def factorize(u: LowRankUnit) -> ScaledSVD:
             w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [out, in]
-            u.svd = scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)), self.factorization)
+            return scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)), self.factorization)
+
+        with tqdm(total=len(units), desc=f"{self.name}: factorizing", unit="weight", disable=not progress) as bar:
+            for u, svd in zip(units, map_side_by_side(factorize, units, on_done=bar.update)):
+                u.svd = svd
 
     def cut_state(self, model, units: list[LowRankUnit]) -> dict:
         """The factors A [max_dim, in] and B [out, max_dim] of every unit, which `cut` slices at any rank, in the
@@ -380,15 +385,19 @@ def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progr
     else:
         fishers = output_fisher(model, windows, names, progress=progress)
     start = time.perf_counter()
-    for u in units:
+    if any(stats[u.group.linear].xtx is None for u in units):
+        raise GacError("importance 'output' needs X^T X from calibration: calibrate with xtx=compressor.needs_xtx")
+
+    def curve(u: LowRankUnit) -> np.ndarray:
         g, svd, linear_stats = u.group, u.svd, stats[u.group.linear]
-        if linear_stats.xtx is None:
-            raise GacError("importance 'output' needs X^T X from calibration: calibrate with xtx=compressor.needs_xtx")
         # C = X^T X / tokens, applied to Q [k, k] instead of to X^T X [in, in]: no second [in, in] float64 copy
         # (1.6 GiB for a 14336-wide input)
-        s, P, Q = truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, linear_stats.xtx.to(svd.Vh.device),
+        s, P, Q = truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, linear_stats.xtx,
                                      fishers[g.linear][g.rows].to(svd.U.device))
-        u.curve = lowrank_loss_curve(s, P, Q / max(linear_stats.tokens, 1), u.max_dim)
+        return lowrank_loss_curve(s, P, Q / max(linear_stats.tokens, 1), u.max_dim)
+
+    for u, c in zip(units, map_side_by_side(curve, units)):
+        u.curve = c
     log.info("loss model: %d curves in %.1f s", len(units), time.perf_counter() - start)
 
 

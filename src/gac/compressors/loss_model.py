@@ -19,14 +19,15 @@ import numpy as np
 import torch
 
 from gac.compressors.allocation import greedy_steps
+from gac.linalg import Gram
 
 
 def truncation_factors(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, scale: torch.Tensor | None,
-                       gram: torch.Tensor, out_fisher: torch.Tensor | None = None):
+                       gram: Gram, out_fisher: torch.Tensor | None = None):
     """(s [k], P [k, k], Q [k, k]) in float64 for the curve of the factorization W S = U diag(S) Vh.
 
     scale: None, [in] (W S = W diag(scale)) or [in, in] lower-triangular (W S = W @ scale).
-    gram: C = E[x x^T] [in, in] (or its diagonal [in], a cheaper approximation).
+    gram: C = E[x x^T] (or a multiple of it: Q scales alike), as the inputs' rows or their [in, in] sum.
     out_fisher: f [out] (None: every output channel counts 1, i.e. the plain output error)."""
     # float64 throughout: a whitening transform is ill-conditioned and its Q ~ I comes from cancellation (the
     # figures in docs/RESULTS.md were measured this way; float32 would do for a diagonal transform on an accelerator).
@@ -37,8 +38,7 @@ def truncation_factors(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, scale
         A = Vh.to(dtype) / scale.to(dtype)
     else:
         A = torch.linalg.solve_triangular(scale.double(), Vh.double(), upper=False, left=False)  # Vh S^-1
-    gram = gram.to(dtype)
-    Q = (A * gram) @ A.T if gram.dim() == 1 else (A @ gram) @ A.T
+    Q = gram.sandwich(A)
     U = U.to(dtype)
     P = U.T @ U if out_fisher is None else (U.T * out_fisher.to(dtype)) @ U
     return S.double(), P.double(), Q.double()

@@ -13,6 +13,7 @@ from gac.compressors.base import LowRankCompressor, LowRankUnit, add_loss_curves
 from gac.errors import GacError
 from gac.linalg import scaled_svd, whiten
 from gac.models.groups import HeadRankGroup, groups_of, linears_of
+from gac.threads import map_side_by_side
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,14 @@ class PaluCompressor(LowRankCompressor):
         for u in units:
             g = u.group
             if g.linear not in whitened:
-                whitened[g.linear] = whiten(stats[g.linear].xtx.to(model.get_submodule(g.linear).weight.device))
-            w = model.get_submodule(g.linear).weight.detach()[g.rows]  # [rows, hidden]
-            u.svd = scaled_svd(w, whitened[g.linear], self.factorization)
+                whitened[g.linear] = whiten(stats[g.linear].xtx.matrix().to(model.get_submodule(g.linear).weight.device))
+
+        def factorize(u):
+            w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [rows, hidden]
+            return scaled_svd(w, whitened[u.group.linear], self.factorization)
+
+        for u, svd in zip(units, map_side_by_side(factorize, units)):
+            u.svd = svd
 
 
 CONFIG, COMPRESSOR = PaluConfig, PaluCompressor

@@ -30,7 +30,7 @@ class SVDLLMCompressor(LowRankCompressor):
     own_xtx = True
 
     def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor:
-        return whiten(stats.xtx.to(weight.device))  # [in, in] float64, lower-triangular
+        return whiten(stats.xtx.matrix().to(weight.device))  # [in, in] float64, lower-triangular
 
     def importance(self, model, units, stats, probe, keep, progress):
         # Measured sensitivity, as for asvd (here per unit of lost whitened energy); magnitude without probe text.

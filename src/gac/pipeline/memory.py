@@ -18,9 +18,11 @@ largest rank selection may ask for, in the working dtype): activations + max(out
 upper bound (the reverse sweep frees each layer's input as it caches its factors, materialization each layer's
 factors as it writes its output).
 Time: forward-pass FLOPs over the calibration tokens (the analysis's passes, one more whole; layer-wise
-materialization runs none: it reads the cached factors), the probe passes, and SVD FLOPs (~12 m n k per m x n
-weight, once), at this device's measured matmul rate. Rough by design: within a few tens of per cent
-(docs/RESULTS.md compares it with measured peaks)."""
+materialization runs none: it reads the cached factors) and the probe passes at this device's measured matmul rate;
+SVD FLOPs (~12 m n k per m x n weight, once) at SVD_SHARE of it (LAPACK's SVD is far from matmul speed); the loss
+model's and the statistics' float64 products (loss_model_flops, X^T X once rows outnumber an input's columns) at
+FP64_SHARE of it. Rough by design: within a few tens of per cent (docs/RESULTS.md compares it with measured peaks
+and times)."""
 
 from __future__ import annotations
 
@@ -31,10 +33,16 @@ from dataclasses import asdict, dataclass
 
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
+from gac.threads import workers
 
 log = logging.getLogger(__name__)
 GIB = 2**30
 RUNTIME_BYTES = int(0.6 * GIB)  # python + torch + transformers + tokenizer, measured on this CPU
+# rates relative to the measured float32 matmul rate, fitted on this 2-core CPU to the 32-layer 8B-shaped run of
+# 2026-11-23 (186 s a layer, 53 s of it the loss model's 4.7e12 float64 FLOPs, at a ~95 GFLOP/s matmul rate;
+# docs/RESULTS.md): LAPACK's SVD (12 m n k FLOPs), float64 products. To be refitted on a run of the current code.
+SVD_SHARE = 1.0
+FP64_SHARE = 0.9
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -156,8 +164,9 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     # a weight-gradient proxy (taylor, fisher): the largest weight's gradient, folded into fp32 sums a block at a
     # time (gac.importance.channel_sums: its fp32 copy, |g w| and g^2 of one block)
     fold = b * s.largest_weight + 3 * 4 * min(s.largest_weight, FOLD_ELEMENTS) if c.proxy in GRADIENT_PROXIES else 0
-    # a layer's SVDs all end before its loss curves begin: the larger of the two phases, not their sum
-    work = max(svd_work + whiten, curve, fold)
+    # a layer's SVDs all end before its loss curves begin: the larger of the two phases, not their sum; each phase
+    # works on gac.threads.workers() weights at once (bounded by the largest)
+    work = max(max(svd_work + whiten, curve) * workers(), fold)
     batch = 4  # calibration's batches (the reverse sweep's gradient passes run halves of them)
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
     logits = 3 * 2 * seq_len * s.vocab * 4 if reverse else 0  # float logits, grad, softmax of a gradient batch
@@ -208,9 +217,22 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     svd_flops = s.layers * sum(12 * o * i * min(o, i) for o, i in s.factorized()) if lowrank else 0
     active = s.layers * s.active_layer_params + s.outer_params
     probe_flops = (s.layers * len(s.factorized()) + 1) * 2 * probe * active  # the probe loss, each weight truncated
+    fp64_flops = s.layers * sum(loss_model_flops(o, i, tokens) for o, i in s.factorized()) if loss_model else 0
+    if xtx:  # summed only once an input's rows outnumber its columns (gac.linalg.Gram)
+        fp64_flops += s.layers * sum(2 * tokens * i * i for i in (s.hidden, s.q_width, s.intermediate) if tokens > i)
     rate = flops_per_s or matmul_rate()
-    return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk,
-                    (forward_flops * passes + svd_flops + probe_flops) / rate, {k: int(v) for k, v in parts.items()})
+    seconds = (forward_flops * passes + probe_flops) / rate + svd_flops / (rate * SVD_SHARE) + fp64_flops / (
+        rate * FP64_SHARE)
+    return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk, seconds,
+                    {k: int(v) for k, v in parts.items()})
+
+
+def loss_model_flops(o: int, i: int, tokens: int) -> int:
+    """float64 FLOPs of one [o, i] weight's loss-model factors (compressors/loss_model.py), k = min(o, i):
+    Q = A X^T X A^T from the input rows while fewer than the columns (gac.linalg.Gram), else from X^T X [i, i];
+    P = U^T diag(f) U."""
+    k, c = min(o, i), min(tokens, i)
+    return 2 * k * i * c + 2 * k * k * c + 2 * o * k * k
 
 
 @functools.cache
