@@ -208,7 +208,8 @@ def test_sigterm_to_a_running_compress_is_one_line_and_leaves_nothing(tmp_path, 
     out = tmp_path / "runs" / "m"
     env = {**os.environ, "GAC_CACHE_DIR": str(tmp_path / "cache")}
     p = subprocess.Popen([sys.executable, "-m", "gac", "compress", "--model", str(tiny_model_dir), "--out", str(out),
-                          "--seq-len", "256", "--calib-windows", "100000", "--eval-windows", "1", "--no-eval"],
+                          "--seq-len", "256", "--calib-windows", "100000", "--eval-windows", "1", "--no-eval",
+                          "--whole-model"],  # 100000 windows would make the forecast choose layer by layer
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     seen = ""
     deadline = time.time() + 120

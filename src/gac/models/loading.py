@@ -29,10 +29,26 @@ def embedded_gguf(alias: str) -> Path:
     return files[0]
 
 
-def _check_architecture(config) -> None:
+def read_config_checked(where: str, source: str, gguf_file: str | None = None):
+    """A model's transformers config, checked as loading checks it (a known family, values that cannot run refused):
+    the one reader of a config for the loader and the memory forecast."""
+    from transformers import AutoConfig
+
+    from gac.models import verify
     from gac.models.adapters import adapter_for
 
+    from huggingface_hub.errors import StrictDataclassError  # transformers' own checks of a config's values
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        config = AutoConfig.from_pretrained(where, **kwargs)
+    except (OSError, ValueError, RecursionError, StrictDataclassError) as e:
+        why = str(e.__cause__ if isinstance(e, StrictDataclassError) and e.__cause__ else e).strip().splitlines()[0]
+        raise GacError(f"could not read the model config of {source!r} ({why}): pass a valid model directory or "
+                       ".gguf file") from e
     adapter_for(config)
+    verify.check_config(config, source)
+    return config
 
 
 def check_placeable(spec: str, placement: Placement) -> None:
@@ -134,23 +150,20 @@ def _check_hub(repo: str) -> None:
 
 def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None, hub: bool = False,
              placement: Placement | None = None) -> LoadedModel:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        config = AutoConfig.from_pretrained(where, **kwargs)
-    except (OSError, ValueError) as e:
-        if hub:
+        config = read_config_checked(where, source, gguf_file)
+    except GacError as e:
+        if hub and isinstance(e.__cause__, (OSError, ValueError)):  # not in the cache, and no hub to read it from
             raise GacError(
                 f"could not load {source!r} from the Hugging Face hub (not in the local cache and the hub is "
                 f"unreachable): download it where you have network, or pass a local directory"
             ) from e
-        raise GacError(f"could not read the model config of {source!r} ({str(e).splitlines()[0]}): pass a valid "
-                       "model directory or .gguf file") from e
+        raise
     from gac.models import verify
 
-    _check_architecture(config)
-    verify.check_config(config, source)
     if not hub and not gguf_file:
         verify.check_weight_files(where)
     try:

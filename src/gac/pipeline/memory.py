@@ -255,17 +255,13 @@ def config_of(spec: str):
     """The transformers config of a model spec (alias, directory, .gguf) without reading its weights."""
     from pathlib import Path
 
-    from transformers import AutoConfig
-
-    from gac.models.loading import gguf_of
+    from gac.models.loading import gguf_of, read_config_checked
 
     if (gguf := gguf_of(spec)) is not None:
-        return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        return read_config_checked(str(gguf.parent), spec, gguf.name)
     path = Path(spec).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
-        return AutoConfig.from_pretrained(str(path))
-    if path.is_file() and path.suffix == ".json":
-        return AutoConfig.from_pretrained(str(path))
+    if (path.is_dir() and (path / "config.json").is_file()) or (path.is_file() and path.suffix == ".json"):
+        return read_config_checked(str(path), spec)
     raise GacError(f"no config for {spec!r}: pass a model directory, a .gguf file, a config.json or an alias")
 
 
