@@ -5,10 +5,8 @@ report and --dry-run."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
-import transformers
 
 from gac.api import CompressConfig
 from gac.errors import GacError
@@ -16,15 +14,8 @@ from gac.pipeline import choice as choice_module
 from gac.pipeline.choice import Available, available_memory, choose_pipeline, plan_memory
 from gac.pipeline.memory import GIB, forecast
 from tests.helpers import run_gac
+from tests.pipeline.test_memory import DOCS, RATE, llama  # the forecast's test model and rate
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "configs"
-RATE = 1e11  # FLOP/s: fixed so the tests do not time this machine
-
-
-def llama(layers: int, hidden: int = 1024):
-    return transformers.LlamaConfig(hidden_size=hidden, intermediate_size=int(3.5 * hidden), num_hidden_layers=layers,
-                                    num_attention_heads=hidden // 128, num_key_value_heads=hidden // 512,
-                                    vocab_size=8192, tie_word_embeddings=False)
 
 
 def test_layerwise_exactly_when_the_whole_model_would_not_fit():
