@@ -178,3 +178,24 @@ def by_kind(pairs) -> dict[type, list]:
     for pair in pairs:
         out[type(pair[0])].append(pair)
     return dict(out)
+
+
+@dataclass(frozen=True)
+class ChannelGroup(DimGroup):
+    """A group whose dim is a count of channels out of `full` (an MLP's or every expert's width): its parameters
+    are `full` x params_per_dim, and its latency is swept at the model's hidden width."""
+
+    hidden: int = 0
+    full: int = 0
+
+    @property
+    def numel(self):
+        return self.full * self.params_per_dim
+
+    @property
+    def max_dim(self):
+        return self.full
+
+    @property
+    def profile_shape(self):
+        return {"k": self.hidden}

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from gac.errors import GacError
-from gac.models.kinds.base import DimGroup, Term, shape
+from gac.models.kinds.base import ChannelGroup, DimGroup, Term, shape
 
 
 @dataclass(frozen=True)
-class ExpertWidthGroup(DimGroup):
+class ExpertWidthGroup(ChannelGroup):
     """A layer's expert width: dim = channels kept in every expert (the same count, each expert its own channels)."""
 
     kind: ClassVar[str] = "experts"
@@ -22,8 +22,6 @@ class ExpertWidthGroup(DimGroup):
     down: str = ""
     num_experts: int = 0
     top_k: int = 0  # experts routed per token
-    hidden: int = 0
-    full: int = 0
 
     @classmethod
     def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
@@ -47,20 +45,8 @@ class ExpertWidthGroup(DimGroup):
         return (self.gate_up, self.down)
 
     @property
-    def numel(self):
-        return self.full * self.params_per_dim
-
-    @property
     def params_per_dim(self):  # per channel: a gate row, an up row and a down column of every expert
         return 3 * self.hidden * self.num_experts
-
-    @property
-    def max_dim(self):
-        return self.full
-
-    @property
-    def profile_shape(self):
-        return {"k": self.hidden}
 
     def row_lengths(self, dim: int) -> list[int]:
         """down reads the width (K); gate and up compute it (N)."""

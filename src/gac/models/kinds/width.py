@@ -7,18 +7,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from gac.errors import GacError
-from gac.models.kinds.base import DimGroup, Term, shape
+from gac.models.kinds.base import ChannelGroup, DimGroup, Term, shape
 
 
 @dataclass(frozen=True)
-class WidthGroup(DimGroup):
+class WidthGroup(ChannelGroup):
     """A layer's MLP width: producers' rows and consumers' columns are the same channels."""
 
     block: str = ""
     producers: tuple[str, ...] = ()
     consumers: tuple[str, ...] = ()
-    hidden: int = 0
-    full: int = 0
     parts: int = 1  # row blocks per producer (2: a fused gate_up, gate rows then up rows)
     kind: ClassVar[str] = "mlp"
 
@@ -42,20 +40,8 @@ class WidthGroup(DimGroup):
         return (*self.producers, *self.consumers)
 
     @property
-    def numel(self):
-        return self.full * self.params_per_dim
-
-    @property
     def params_per_dim(self):
         return self.hidden * (self.parts * len(self.producers) + len(self.consumers))
-
-    @property
-    def max_dim(self):
-        return self.full
-
-    @property
-    def profile_shape(self):
-        return {"k": self.hidden}
 
     def out_lengths(self, dim: int) -> list[int]:
         """The producers compute `dim` channels per part (a fused gate_up: 2 x dim rows)."""
