@@ -200,3 +200,28 @@ def test_cli_refuses_bad_input(case, compressed, original, tmp_path):
 def test_heal_options_need_heal(tmp_path):
     assert_one_error_line(run_gac("compress", "--out", tmp_path / "out", "--heal-tokens", 100), "give --heal")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_healing_lowers_the_loss_in_either_precision(compressed, original, precision):
+    """bf16 matmuls (autocast; weights, optimizer and loss in fp32) heal as fp32 does, and the run says which ran."""
+    import gac
+    from gac.models.loading import load_model
+
+    loaded, teacher = gac.load(compressed), load_model(str(original)).model
+    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    before = held_out_kl(loaded.model, teacher, t.val, 2)
+    result = distill(loaded.model, teacher, t.train, t.val,
+                     DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3, precision=precision),
+                     progress=False)
+    assert result.precision == {"fp32": "float32", "bf16": "bfloat16"}[precision]
+    assert all(p.dtype == torch.float32 for p in loaded.model.parameters())  # the weights stay fp32
+    assert result.best_step > 0 and held_out_kl(loaded.model, teacher, t.val, 2) < 0.97 * before
+
+
+def test_auto_precision_is_bf16_only_where_native():
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert DistillConfig().compute_dtype("cpu") == (torch.bfloat16 if native else torch.float32)
+    assert DistillConfig(precision="fp32").compute_dtype("cpu") == torch.float32
+    with pytest.raises(GacError, match="--heal-precision"):
+        DistillConfig(precision="fp16")

@@ -16,6 +16,9 @@ HEAL_OPTIONS = (
     click.option("--heal-lr", type=Real(0, 1, example=3e-4), help="Peak learning rate [default: 3e-4]."),
     click.option("--hidden-weight", type=Real(None, None, example=1.0),
                  help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
+    click.option("--heal-precision", type=click.Choice(["auto", "bf16", "fp32"]),
+                 help="Matmuls in bf16 (weights and optimizer stay fp32) or fp32 [default: auto: bf16 where the "
+                      "device has it natively]."),
     click.option("--unlike-file", type=click.Path(dir_okay=False),
                  help="Second evaluation text, unlike the calibration text [default: Python's licence, LICENSE.txt]."),
 )
@@ -27,7 +30,8 @@ def heal_options(f):
     return f
 
 
-def heal_config(*, heal_file=None, heal_tokens=None, heal_lr=None, hidden_weight=None, unlike_file=None, **rest):
+def heal_config(*, heal_file=None, heal_tokens=None, heal_lr=None, hidden_weight=None, heal_precision=None,
+                unlike_file=None, **rest):
     """gac.heal.HealConfig from the options given (the others keep the config's defaults); text files are read and
     checked now, before any model is loaded."""
     from gac import validate
@@ -37,8 +41,8 @@ def heal_config(*, heal_file=None, heal_tokens=None, heal_lr=None, hidden_weight
     for path, flag in ((heal_file, "--heal-file"), (unlike_file, "--unlike-file")):
         if path is not None:
             validate.read_text(path, "text file", flag)
-    given = {k: v for k, v in (("tokens", heal_tokens), ("lr", heal_lr), ("hidden_weight", hidden_weight))
-             if v is not None}
+    given = {k: v for k, v in (("tokens", heal_tokens), ("lr", heal_lr), ("hidden_weight", hidden_weight),
+                               ("precision", heal_precision)) if v is not None}
     return HealConfig(heal_file=heal_file, unlike_file=unlike_file, distill=DistillConfig(**given),
                       **{k: v for k, v in rest.items() if v is not None})
 
@@ -47,7 +51,8 @@ def describe(report: dict) -> list[str]:
     """The healing report in a few lines: perplexity before -> after on each text, the original's beside."""
     p, r, run = report["ppl"], report["ratio_to_original"], report["run"]
     names = report["texts"]
-    lines = [f"healed on {run['tokens']:,} tokens of {names['train']} in {run['seconds']:.0f} s ({run['steps']} steps, "
+    lines = [f"healed on {run['tokens']:,} tokens of {names['train']} in {run['seconds']:.0f} s ({run['steps']} steps in "
+             f"{run.get('precision', 'fp32')}, "
              f"{run['stopped']}, kept step {run['best_step']})"]
     for key in ("held_out", "unlike"):
         lines.append(f"perplexity on {names[key]}: {p['before'][key]:.2f} ({r['before'][key]:.3f}x) -> "
@@ -66,8 +71,8 @@ def describe(report: dict) -> list[str]:
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def command(model, out, original, heal_file, heal_tokens, heal_lr, hidden_weight, unlike_file, eval_file, seq_len,
-            eval_windows, device, force, quiet):
+def command(model, out, original, heal_file, heal_tokens, heal_lr, hidden_weight, heal_precision, unlike_file,
+            eval_file, seq_len, eval_windows, device, force, quiet):
     """Recover MODEL (a gac output) by distillation from its original; dims and parameter count unchanged."""
     from gac import validate
     from gac.cli.output import setup_logging
@@ -80,7 +85,7 @@ def command(model, out, original, heal_file, heal_tokens, heal_lr, hidden_weight
     text = TextConfig(**{k: v for k, v in (("eval_file", eval_file), ("seq_len", seq_len),
                                            ("eval_windows", eval_windows)) if v is not None})
     cfg = heal_config(heal_file=heal_file, heal_tokens=heal_tokens, heal_lr=heal_lr, hidden_weight=hidden_weight,
-                      unlike_file=unlike_file, original=original, text=text, device=device, force=force,
+                      heal_precision=heal_precision, unlike_file=unlike_file, original=original, text=text, device=device, force=force,
                       progress=not quiet)
     from gac.heal.run import heal_dir
 

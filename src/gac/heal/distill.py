@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from gac.errors import GacError
 
 DEFAULT_TOKENS = 131072  # the --heal-tokens budget: 128 steps of 2 x 512 tokens
+PRECISIONS = ("auto", "bf16", "fp32")
 MIN_IMPROVEMENT = 1e-3  # a held-out loss this share lower counts as better for early stopping
 
 
@@ -29,6 +30,8 @@ class DistillConfig:
     patience: int = 2  # evaluations without improvement before stopping early
     warmup: float = 0.1  # share of the steps the learning rate warms up over
     seed: int = 0
+    precision: str = "auto"  # --heal-precision: matmuls in bf16 (weights, optimizer and loss in fp32) or fp32;
+    # auto: bf16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else fp32
 
     def __post_init__(self):
         from gac.validate import integer, real
@@ -38,12 +41,31 @@ class DistillConfig:
         integer(self.eval_every, "eval_every", example=16)
         integer(self.patience, "patience", example=2)
         real(self.lr, "--heal-lr", low=0.0, high=1.0, example=3e-4)
+        if self.precision not in PRECISIONS:
+            raise GacError(f"unknown --heal-precision {self.precision!r}: choose {', '.join(PRECISIONS)}")
         if not (isinstance(self.hidden_weight, (int, float)) and math.isfinite(self.hidden_weight)
                 and self.hidden_weight >= 0):
             raise GacError(f"bad --hidden-weight {self.hidden_weight!r}: give a number >= 0, e.g. --hidden-weight 1")
 
     def steps(self, seq_len: int) -> int:
         return max(1, self.tokens // (self.batch * seq_len))
+
+    def compute_dtype(self, device) -> torch.dtype:
+        """The dtype the forward and backward matmuls run in on `device` (autocast): what `precision` resolves to."""
+        if self.precision != "auto":
+            return torch.bfloat16 if self.precision == "bf16" else torch.float32
+        device = torch.device(device)
+        if device.type == "cuda":
+            native = torch.cuda.is_bf16_supported()
+        else:
+            native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        return torch.bfloat16 if native else torch.float32
+
+
+def autocast(device, dtype: torch.dtype):
+    """Mixed precision for the distillation's forwards and backward (a no-op for fp32)."""
+    device = torch.device(device)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 @dataclass
@@ -57,13 +79,14 @@ class DistillResult:
     seconds: float = 0.0  # wall-clock
     cpu_seconds: float = 0.0  # this process's CPU time (user + system, all threads): comparable on a shared machine
     trainable_params: int = 0
+    precision: str = "fp32"  # what the matmuls ran in
 
     def to_json(self) -> dict:
         return {"steps": self.steps, "tokens": self.tokens, "stopped": self.stopped, "best_step": self.best_step,
                 "held_out_loss": [[s, round(v, 5)] for s, v in self.held_out_loss],
                 "train_loss": [[s, round(v, 5)] for s, v in self.train_loss], "seconds": round(self.seconds, 1),
                 "cpu_seconds": round(self.cpu_seconds, 1),
-                "trainable_params": self.trainable_params}
+                "trainable_params": self.trainable_params, "precision": self.precision}
 
 
 def trainable_parameters(model) -> list[torch.nn.Parameter]:
@@ -97,13 +120,14 @@ def _schedule(step: int, steps: int, warmup: float) -> float:
 
 
 @torch.inference_mode()
-def held_out_kl(student, teacher, windows: torch.Tensor, batch: int) -> float:
+def held_out_kl(student, teacher, windows: torch.Tensor, batch: int, dtype: torch.dtype = torch.float32) -> float:
     """Mean per-token KL(teacher || student) on windows [n, seq] never trained on: the early-stopping loss."""
     device = next(student.parameters()).device
     total = 0.0
     for chunk in windows.split(batch):
         chunk = chunk.to(device)
-        loss = distillation_loss(student(chunk, use_cache=False), teacher(chunk, use_cache=False), 0.0)
+        with autocast(device, dtype):
+            loss = distillation_loss(student(chunk, use_cache=False), teacher(chunk, use_cache=False), 0.0)
         total += float(loss) * chunk.numel()
     return total / windows.numel()
 
@@ -124,9 +148,10 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, steps, cfg.warmup))
     gen = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []
+    dtype = cfg.compute_dtype(device)
     result = DistillResult(steps=0, tokens=0, stopped="budget", best_step=0,
-                           trainable_params=sum(p.numel() for p in params))
-    best = held_out_kl(student.eval(), teacher, val, cfg.batch)
+                           trainable_params=sum(p.numel() for p in params), precision=str(dtype).split(".")[-1])
+    best = held_out_kl(student.eval(), teacher, val, cfg.batch, dtype)
     result.held_out_loss.append((0, best))
     best_state = [p.detach().clone() for p in params]
     start, cpu_start, stale = time.perf_counter(), time.process_time(), 0
@@ -138,11 +163,12 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
                 order += torch.randperm(train.shape[0], generator=gen).tolist()
             batch = train[order[:cfg.batch]].to(device)  # [B, S]
             del order[:cfg.batch]
-            with torch.no_grad():
+            with torch.no_grad(), autocast(device, dtype):
                 teacher_out = teacher(batch, use_cache=False, output_hidden_states=hidden)
             student.train()
-            loss = distillation_loss(student(batch, use_cache=False, output_hidden_states=hidden), teacher_out,
-                                     cfg.hidden_weight)
+            with autocast(device, dtype):
+                loss = distillation_loss(student(batch, use_cache=False, output_hidden_states=hidden), teacher_out,
+                                         cfg.hidden_weight)
             del teacher_out
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -155,7 +181,7 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
             bar.set_postfix(loss=f"{loss:.4f}", held_out=f"{best:.4f}")
             if (step + 1) % cfg.eval_every and step + 1 < steps:
                 continue
-            value = held_out_kl(student.eval(), teacher, val, cfg.batch)
+            value = held_out_kl(student.eval(), teacher, val, cfg.batch, dtype)
             result.held_out_loss.append((step + 1, value))
             if value < best * (1 - MIN_IMPROVEMENT):
                 best, stale, result.best_step = value, 0, step + 1
