@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gac.align.select import COMPRESS_WINDOW, parameter_budget
+from gac.compressors import AUTO
 from gac.data import TextConfig
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
@@ -62,6 +63,8 @@ class CompressConfig:
         if self.heal is not None and (self.layerwise or self.max_memory):
             raise GacError("--heal trains the whole model in memory, so it cannot run layer by layer: drop "
                            "--layerwise/--max-memory, or heal the output later with `gac heal`")
+        if self.compressor == AUTO:
+            self._check_auto()
         if self.alignment < 1:
             raise GacError(f"alignment {self.alignment} must be a positive integer, e.g. --align 8")
         if self.factorization not in ("auto", "svd", "gram"):
@@ -88,6 +91,16 @@ class CompressConfig:
         if self.layerwise or self.max_memory:
             raise GacError("--speedup times the whole model on the device, so it cannot run layer by layer: drop "
                            "--layerwise/--max-memory, or use --ratio")
+
+    def _check_auto(self) -> None:
+        """--compressor auto compares every compressor at its defaults, analyzed on one whole-model calibration."""
+        if self.compressor_options:
+            raise GacError(f"compressor options ({', '.join(sorted(self.compressor_options))}) apply to only some "
+                           "compressors, and --compressor auto compares each at its defaults: drop them, or name "
+                           "one compressor")
+        if self.layerwise or self.max_memory:
+            raise GacError("--compressor auto analyzes every compressor with the whole model in memory, so it cannot "
+                           "run layer by layer: drop --layerwise/--max-memory, or name one compressor")
 
     @property
     def analysis_ratio(self) -> float:
@@ -160,7 +173,7 @@ def analyze(model, calib, cfg: CompressConfig, compressor=None, source=None) -> 
     compressor.factorization = cfg.factorization_method
     groups = compressor.groups(model)
     if cfg.speedup is None:
-        _check_feasible(groups, cfg)
+        check_feasible(groups, cfg)
     names = linears_of(groups)
     keep = 1.0 - cfg.analysis_ratio
     if source is not None:
@@ -169,28 +182,42 @@ def analyze(model, calib, cfg: CompressConfig, compressor=None, source=None) -> 
         units = analyze_layerwise(model, source, compressor, groups, calib, keep=keep, progress=cfg.progress)
     else:
         stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
-        from gac.compressors.sensitivity import PROBE_TOKENS
-
-        probe = calib[:1, :PROBE_TOKENS]  # one short window: the loss probe for measured importance
-        grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
-        units = compressor.analyze(model, groups, stats, probe=probe, keep=keep, progress=cfg.progress, **grads)
-        del stats
+        return analyze_with(model, calib, cfg, compressor, groups, stats)
     return Analyzed(compressor, units, names, sum(u.group.numel for u in units), calib)
 
 
-def select_dims(model, analyzed: Analyzed, cfg: CompressConfig) -> Selected:
-    """The dims of cfg's objective from analyzed units: under --speedup the latency closed loop (which builds and
-    times `model`'s variants and hands its kept model on), else the compressor's d* under the ratio's budget, then
-    aligned dims by the knapsack (candidates from the static rule, a deployment target or a hardware profile). The
-    model is not changed."""
+def analyze_with(model, calib, cfg: CompressConfig, compressor, groups, stats: dict) -> Analyzed:
+    """The compressor's analysis of `groups` from calibration statistics already collected on `calib` (`stats`:
+    gac.calibrate.calibrate's, over at least the groups' linears; shared by `--compressor auto`), the whole model in
+    memory."""
+    from gac.compressors.sensitivity import PROBE_TOKENS
+    from gac.models.groups import linears_of
+
+    probe = calib[:1, :PROBE_TOKENS]  # one short window: the loss probe for measured importance
+    grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
+    units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.analysis_ratio,
+                               progress=cfg.progress, **grads)
+    return Analyzed(compressor, units, linears_of(groups), sum(u.group.numel for u in units), calib)
+
+
+def latency_loop(model, analyzed: Analyzed, cfg: CompressConfig):
+    """The --speedup closed loop (gac.closed_loop.ClosedLoop) over an analysis, not yet run."""
+    from gac.closed_loop import ClosedLoop
+
+    return ClosedLoop(model, analyzed.compressor, analyzed.units, cfg.speedup, alignment=cfg.alignment,
+                      device=cfg.device, dtype=cfg.dtype, windows=analyzed.windows, progress=cfg.progress)
+
+
+def select_dims(model, analyzed: Analyzed, cfg: CompressConfig, loop=None) -> Selected:
+    """The dims of cfg's objective from analyzed units: under --speedup the latency closed loop (`loop`, one already
+    fitted, else latency_loop's; it builds and times `model`'s variants and hands its kept model on), else the
+    compressor's d* under the ratio's budget, then aligned dims by the knapsack (candidates from the static rule, a
+    deployment target or a hardware profile). The model is not changed."""
     from gac.align.select import select_within_budget
 
     compressor, units, compressible = analyzed.compressor, analyzed.units, analyzed.compressible
     if cfg.speedup is not None:  # latency as the objective: no parameter budget
-        from gac.closed_loop import ClosedLoop
-
-        outcome = ClosedLoop(model, compressor, units, cfg.speedup, alignment=cfg.alignment, device=cfg.device,
-                             dtype=cfg.dtype, windows=analyzed.windows, progress=cfg.progress).run()
+        outcome = (loop or latency_loop(model, analyzed, cfg)).run()
         return Selected(**vars(analyzed), budget=compressible, dims={"gac": outcome.dims}, selection=outcome,
                         built={"gac": outcome.model})
     budget = parameter_budget(cfg.ratio, compressible)
@@ -247,7 +274,7 @@ def compress(cfg: CompressConfig) -> CompressResult:
     from gac.data import load_windows
     from gac.models.io import check_out_dir
 
-    compressor = make_compressor(cfg.compressor, **cfg.compressor_options)
+    compressor = None if cfg.compressor == AUTO else make_compressor(cfg.compressor, **cfg.compressor_options)
     if cfg.out is not None:
         check_out_dir(cfg.out, cfg.force)  # fail before the long work, not after
     if cfg.profile and cfg.profile != "auto":
@@ -266,11 +293,20 @@ def compress(cfg: CompressConfig) -> CompressResult:
     _check_uncompressed(model, cfg.model)
     calib, held_out = load_windows(tokenizer, cfg.text)
     heal_texts = _heal_config(cfg).windows(tokenizer) if cfg.heal is not None else None  # a bad text fails now
-    selected = analyze_and_select(model, calib, cfg, compressor, source=source)
+    auto = None
+    if compressor is None:  # --compressor auto: the best measured compressor's selection, then the run as its own
+        from gac.auto import HELD_BACK_WINDOWS, choose
+        from gac.data import held_back_windows
+
+        cfg, selected, auto = choose(model, calib, held_back_windows(tokenizer, cfg.text, HELD_BACK_WINDOWS), cfg)
+        compressor = selected.compressor
+    else:
+        selected = analyze_and_select(model, calib, cfg, compressor, source=source)
     with _streamed_output(cfg) as streamed_to:
         models, measured = _materialize(model, source, selected, cfg, held_out, streamed_to)
         variants, latency_method = _evaluate(models, selected.names, held_out, cfg, measured=measured)
         report = _report(cfg, model_name, selected, variants, choice, latency_method)
+        report.auto = auto
         if cfg.heal is not None:
             report.heal = _heal(models, heal_texts, cfg)
         out = _save(models[cfg.saved_variant], tokenizer, cfg, report, compressor, streamed_to)
@@ -354,7 +390,7 @@ def _heal(models: dict, texts, cfg: CompressConfig) -> dict:
     return heal_model(models[cfg.saved_variant], models["baseline"], texts, _heal_config(cfg))
 
 
-def _check_feasible(groups, cfg: CompressConfig) -> None:
+def check_feasible(groups, cfg: CompressConfig) -> None:
     """From the shapes alone, before any calibration: can every group keep its smallest (aligned) dim?"""
     compressible = sum(g.numel for g in groups)
     budget = parameter_budget(cfg.ratio, compressible)
