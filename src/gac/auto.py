@@ -254,6 +254,7 @@ def _release(c: Candidate) -> None:
     """Let a built candidate that was not kept go: its model and factors."""
     c.compressor.release_factors(c.analyzed.units)
     c.selected.built.clear()
+    c.selected = None  # under --speedup its closed loop's outcome holds the model too
 
 
 def _why(kept: Candidate, built: list[Candidate], cfg) -> str:
