@@ -48,9 +48,9 @@ class Candidate:
     config: object  # gac.api.CompressConfig naming this compressor (the objective's options resolved for it)
     compressor: object = None
     groups: list | None = None
-    analyzed: object = None  # gac.api.Analyzed, its heavy factors released once predicted
+    analyzed: object = None  # gac.analysis.Analyzed, its heavy factors released once predicted
     loop: object = None  # --speedup: its gac.closed_loop.ClosedLoop, fitted by the prediction
-    selected: object = None  # gac.api.Selected: --ratio's at prediction, --speedup's once built
+    selected: object = None  # gac.analysis.Selected: --ratio's at prediction, --speedup's once built
     predicted: dict = field(default_factory=dict)  # loss, loss_from, params[, ms, speedup]
     measured: dict | None = None  # loss, params[, speedup, reached]
     skipped: str | None = None  # why this compressor cannot run here (its one-line error)
@@ -76,7 +76,7 @@ class Candidate:
 
 
 def choose(model, calib, held_back, cfg) -> tuple:
-    """(the kept compressor's run config, its gac.api.Selected, report.json's "auto" section) for cfg (compressor
+    """(the kept compressor's run config, its gac.analysis.Selected, report.json's "auto" section) for cfg (compressor
     "auto"; under --ratio, a share of the parameters of every weight any candidate may touch) on
     `model`: calibration statistics once on `calib` over every candidate's linears (and the loss model's output
     gradients once), each candidate analyzed in turn and its factors dropped after its prediction, the best BUILT
@@ -155,7 +155,7 @@ def _removed(common: int, cfg) -> int:
 def _at_common_ratio(c: Candidate, common: int, cfg) -> None:
     """`c`'s config at its own ratio removing what cfg.ratio removes of the common compressible parameters (skipped
     where that is more than it can remove)."""
-    from gac.api import check_feasible
+    from gac.analysis import check_feasible
 
     own, removed = sum(g.numel for g in c.groups), _removed(common, cfg)
     try:
@@ -190,7 +190,7 @@ def shared_statistics(model, calib, live: list[Candidate], cfg) -> dict:
 def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg) -> None:
     """Analyze `c` and predict its loss, parameters (and, under --speedup, time) at the objective, from its loss model
     (or measured at the predicted dims where it has none in nats) and the latency tables; then drop its factors."""
-    from gac.api import analyze_with, latency_loop, select_dims
+    from gac.analysis import analyze_with, latency_loop, select_dims
 
     try:
         c.analyzed = analyze_with(model, calib, c.config, c.compressor, c.groups, stats)
@@ -222,7 +222,7 @@ def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg)
 def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
     """Factorize `c` again, build its model at the objective (under --speedup: its closed loop, built and timed) and
     measure it on the held-back windows; the model waits in c.selected.built for the run to keep or drop it."""
-    from gac.api import select_dims
+    from gac.analysis import select_dims
 
     units = c.analyzed.units
     c.compressor.factorize_units(model, units, stats)  # the factors released after prediction

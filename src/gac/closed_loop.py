@@ -55,7 +55,7 @@ class Stream:
 
 @dataclass
 class LatencyOutcome:
-    """What the closed loop chose, built and measured; `selection` of gac.api.Selected under --speedup."""
+    """What the closed loop chose, built and measured; `selection` of gac.analysis.Selected under --speedup."""
 
     config: SpeedupConfig
     latency_model: object  # gac.align.latency_model.LatencyModel, its constant at the rounds' median baseline
