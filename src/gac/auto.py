@@ -104,7 +104,12 @@ def choose(model, calib, held_back, cfg) -> tuple:
                        + "): use a smaller --ratio or --speedup")
     kept = None
     for c in ranked[:BUILT]:
-        _build(c, model, stats, held_back, baseline, cfg)
+        try:
+            _build(c, model, stats, held_back, baseline, cfg)
+        except GacError as e:  # e.g. a closed loop that finds no choice within its budget
+            c.skip(e)
+            c.compressor.release_factors(c.analyzed.units)
+            continue
         if kept is None or _rank(c, cfg) < _rank(kept, cfg):
             kept, loser = c, kept
         else:
@@ -112,6 +117,10 @@ def choose(model, calib, held_back, cfg) -> tuple:
         if loser is not None:
             _release(loser)
     del stats
+    if kept is None:
+        raise GacError("no compressor built reaches this target (" + "; ".join(f"{c.name}: {c.skipped}" for c in
+                                                                              ranked[:BUILT]) + "): use a smaller "
+                       "--ratio or --speedup")
     kept.status = "kept"
     why = _why(kept, [c for c in ranked if c.measured], cfg)
     log.info("auto: kept %s (%s)", kept.name, why)
