@@ -68,6 +68,8 @@ def test_auto_keeps_the_best_measured(tiny4_dir, tmp_path, monkeypatch, step, ke
         assert c["predicted"]["params"] > 0 and c["predicted"]["loss_from"] in (gac.auto.LOSS_MODEL,
                                                                                gac.auto.MEASURED_AT_PREDICTED)
         assert (c["measured"] is not None) == (name in a["built"])
+        if c["measured"]:  # timed beside the original at prefill (reported; at equal parameters the loss decides)
+            assert c["measured"]["speedup"] > 0 and "reached" not in c["measured"]
         assert c["status"] == ("kept" if name == a["kept"] else "built" if name in a["built"] else "predicted")
     # every compressor removes the same parameters of the common ones, each at its own ratio
     assert a["removed_params"] == a["compressible_params"] - int((1 - 0.3) * a["compressible_params"])
@@ -82,7 +84,7 @@ def test_auto_keeps_the_best_measured(tiny4_dir, tmp_path, monkeypatch, step, ke
     assert structure_of(load(out).model) == structure_of(result.models["gac"])
     md = (out / "report.md").read_text()
     assert f"Compressor auto: kept {a['kept']}" in md
-    assert all(f"| {name} |" in md for name in AUTO_CANDIDATES)
+    assert all(f"| {name} |" in md for name in AUTO_CANDIDATES) and "prefill speedup" in md
 
 
 def test_auto_calibrates_once_and_keeps_what_the_single_run_builds(tiny4_dir, monkeypatch):

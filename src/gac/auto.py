@@ -67,7 +67,8 @@ class Candidate:
         log.info("auto: %s skipped: %s", self.name, error)
 
     def to_dict(self) -> dict:
-        out = {"status": "skipped" if self.skipped else self.status, "ratio": self.config.ratio}
+        out = {"status": "skipped" if self.skipped else self.status,
+               "ratio": None if self.skipped else self.config.ratio}
         if self.skipped:
             out["why"] = self.skipped
         out["predicted"] = self.predicted or None
@@ -102,27 +103,27 @@ def choose(model, calib, held_back, cfg) -> tuple:
     if not ranked:
         raise GacError("no compressor reaches this target (" + "; ".join(f"{c.name}: {c.skipped}" for c in candidates)
                        + "): use a smaller --ratio or --speedup")
-    kept = None
+    built = []
     for c in ranked[:BUILT]:
         try:
             _build(c, model, stats, held_back, baseline, cfg)
+            built.append(c)
         except GacError as e:  # e.g. a closed loop that finds no choice within its budget
             c.skip(e)
             c.compressor.release_factors(c.analyzed.units)
-            continue
-        if kept is None or _rank(c, cfg) < _rank(kept, cfg):
-            kept, loser = c, kept
-        else:
-            loser = c
-        if loser is not None:
-            _release(loser)
     del stats
-    if kept is None:
+    if not built:
         raise GacError("no compressor built reaches this target (" + "; ".join(f"{c.name}: {c.skipped}" for c in
                                                                               ranked[:BUILT]) + "): use a smaller "
                        "--ratio or --speedup")
+    if cfg.speedup is None and cfg.evaluate:
+        _time_beside(model, built, cfg)
+    kept = min(built, key=lambda c: _rank(c, cfg))
+    for c in built:
+        if c is not kept:
+            _release(c)
     kept.status = "kept"
-    why = _why(kept, [c for c in ranked if c.measured], cfg)
+    why = _why(kept, built, cfg)
     log.info("auto: kept %s (%s)", kept.name, why)
     report = {"candidates": {c.name: c.to_dict() for c in candidates}, "kept": kept.name, "why": why,
               "built": [c.name for c in ranked[:BUILT]], "held_back_windows": len(held_back),
@@ -248,6 +249,18 @@ def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
     c.status = "built"
     log.info("auto: %s built: measured loss %+.4f nats/token on %d held-back windows%s", c.name, c.measured["loss"],
              len(held_back), f", {timing['speedup']:.3f}x measured" if timing else "")
+
+
+def _time_beside(model, built: list[Candidate], cfg) -> None:
+    """--ratio: each built model's prefill speedup, timed round-robin beside the original at the evaluation's shape
+    (reported, not chosen by: at equal parameters the loss decides)."""
+    from gac.evaluate.latency import prefill_timings
+
+    lat = cfg.evaluation_latency
+    models = {"baseline": model, **{c.name: c.selected.built[cfg.saved_variant] for c in built}}
+    t = prefill_timings(models, lat.batch, lat.prefill_tokens, lat)
+    for c in built:
+        c.measured["speedup"] = t["baseline"].median_ms / t[c.name].median_ms
 
 
 def _rank(c: Candidate, cfg) -> tuple:

@@ -199,10 +199,12 @@ def _auto_lines(a: dict | None) -> list[str]:
     if not a:
         return []
     timed = "removed_params" not in a  # --speedup: one measured target; --ratio: the same parameters removed
-    speed = (" predicted speedup |", " measured speedup |", "---:|---:|") if timed else ("", "", "")
-    target = "" if timed else (f" Every compressor removes the same {a['removed_params']:,} parameters (ratio "
-                               f"{a['ratio']} of the {a['compressible_params']:,} that any of them may touch), at its "
-                               "own ratio of its own compressible weights.")
+    speed = (" predicted speedup |", " measured speedup |", "---:|---:|") if timed else ("", " prefill speedup |",
+                                                                                          "---:|")
+    target = (" Speedups: the closed loop's, at its phase and shape." if timed else
+              f" Every compressor removes the same {a['removed_params']:,} parameters (ratio {a['ratio']} of the "
+              f"{a['compressible_params']:,} that any of them may touch), at its own ratio of its own compressible "
+              "weights; prefill speedup: the built models timed beside the original.")
     lines = ["", f"Compressor auto: kept {a['kept']} ({a['why']}).{target} Loss: the increase of the mean next-token "
              f"loss over the original in nats per token, measured on {a['held_back_windows']} held-back calibration "
              f"windows (never the evaluation text). Params: of the {a['compressible_params']:,} that any compressor "
@@ -216,10 +218,9 @@ def _auto_lines(a: dict | None) -> list[str]:
         cells += [_fmt(p.get("loss"), "+.4f"), p.get("loss_from", "n/a"), _fmt(p.get("params"), ",")]
         if timed:
             cells.append(_fmt(p.get("speedup"), ".3f"))
-        cells += [_fmt(m.get("loss"), "+.4f"), _fmt(m.get("params"), ",")]
-        if timed:
-            cells.append(_fmt(m.get("speedup"), ".3f") + ("" if m.get("reached") is None else
-                                                          " (reached)" if m["reached"] else " (short)"))
+        cells += [_fmt(m.get("loss"), "+.4f"), _fmt(m.get("params"), ","),
+                  _fmt(m.get("speedup"), ".3f") + ("" if m.get("reached") is None else
+                                                   " (reached)" if m["reached"] else " (short)")]
         cells.append(c["status"] + (f": {c['why']}" if c.get("why") else ""))
         lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
     return lines
