@@ -82,8 +82,12 @@ ALLOWED = {
     "gac.heal": {"gac.hw", "gac.models", "gac.evaluate"},
     "gac.speedup": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate"},
     "gac.closed_loop": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate", "gac.speedup"},
+    "gac.analysis": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.pipeline", "gac.speedup",
+                     "gac.closed_loop"},
+    "gac.auto": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate", "gac.speedup",
+                 "gac.closed_loop", "gac.analysis"},
     "gac.api": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate", "gac.pipeline", "gac.speedup",
-                "gac.closed_loop", "gac.heal"},
+                "gac.closed_loop", "gac.heal", "gac.analysis", "gac.auto"},
     **{leaf: set() for leaf in LEAVES},
 }
 

@@ -6,11 +6,13 @@ import contextlib
 import dataclasses
 import io
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gac.align.select import COMPRESS_WINDOW, parameter_budget
+from gac.align.select import COMPRESS_WINDOW
+from gac.analysis import (Analyzed, Selected, analyze, analyze_and_select, analyze_with, latency_loop,  # noqa: F401
+                          materialize_variants, reduced_dims, select_dims)  # the run's stages, public here too
+from gac.compressors import AUTO
 from gac.data import TextConfig
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
@@ -62,6 +64,8 @@ class CompressConfig:
         if self.heal is not None and (self.layerwise or self.max_memory):
             raise GacError("--heal trains the whole model in memory, so it cannot run layer by layer: drop "
                            "--layerwise/--max-memory, or heal the output later with `gac heal`")
+        if self.compressor == AUTO:
+            self._check_auto()
         if self.alignment < 1:
             raise GacError(f"alignment {self.alignment} must be a positive integer, e.g. --align 8")
         if self.factorization not in ("auto", "svd", "gram"):
@@ -88,6 +92,16 @@ class CompressConfig:
         if self.layerwise or self.max_memory:
             raise GacError("--speedup times the whole model on the device, so it cannot run layer by layer: drop "
                            "--layerwise/--max-memory, or use --ratio")
+
+    def _check_auto(self) -> None:
+        """--compressor auto compares every compressor at its defaults, analyzed on one whole-model calibration."""
+        if self.compressor_options:
+            raise GacError(f"compressor options ({', '.join(sorted(self.compressor_options))}) apply to only some "
+                           "compressors, and --compressor auto compares each at its defaults: drop them, or name "
+                           "one compressor")
+        if self.layerwise or self.max_memory:
+            raise GacError("--compressor auto analyzes every compressor with the whole model in memory, so it cannot "
+                           "run layer by layer: drop --layerwise/--max-memory, or name one compressor")
 
     @property
     def analysis_ratio(self) -> float:
@@ -120,125 +134,6 @@ class CompressResult:
     models: dict  # variant name -> model (kept for callers that go on using them)
 
 
-def reduced_dims(dims: dict) -> dict:
-    """{group: dim} for the groups a variant reduced (whole groups left out), as report.json lists them."""
-    return {name: int(d) for name, d in dims.items() if d is not None}
-
-
-@dataclass
-class Analyzed:
-    """The compressor's calibrated units: what every objective and ratio selects from."""
-
-    compressor: object
-    units: list  # the compressor's units, one per dimension group (gac.compressors.base.Unit)
-    names: list[str]  # the linears the units cover: params and alignment are measured over these
-    compressible: int
-    windows: object  # calibration token windows [n, seq]: the --speedup guard's loss (None: no guard)
-
-
-@dataclass
-class Selected(Analyzed):
-    """What the compressor found and GAC chose; models are cut later, except those the selection built itself."""
-
-    budget: int
-    dims: dict  # variant ("unaligned", "gac") -> {unit name: dim or None}
-    selection: object  # gac.align.plan.SelectionResult, or gac.closed_loop.LatencyOutcome under --speedup
-    profile_excluded: dict | None = None  # {unit name: {dim: reason}}: aligned dims the profile ruled out
-    target: dict | None = None  # report.json's "target": which dims the deployment target constrained, and why
-    built: dict = field(default_factory=dict)  # {variant: model} already cut at its dims (the closed loop's kept one)
-
-
-def analyze(model, calib, cfg: CompressConfig, compressor=None, source=None) -> Analyzed:
-    """Calibrate on `calib` [n, seq] and let the compressor analyze every group (spectra, loss model, importance) at
-    keep = 1 - cfg.analysis_ratio. The model is not changed. source: a gac.models.lazy weight source for the
-    layer-by-layer pipeline (None: the whole model at once)."""
-    from gac.calibrate import calibrate
-    from gac.compressors import make_compressor
-    from gac.models.groups import linears_of
-
-    compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
-    compressor.factorization = cfg.factorization_method
-    groups = compressor.groups(model)
-    if cfg.speedup is None:
-        _check_feasible(groups, cfg)
-    names = linears_of(groups)
-    keep = 1.0 - cfg.analysis_ratio
-    if source is not None:
-        from gac.pipeline.analyze import analyze_layerwise
-
-        units = analyze_layerwise(model, source, compressor, groups, calib, keep=keep, progress=cfg.progress)
-    else:
-        stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
-        from gac.compressors.sensitivity import PROBE_TOKENS
-
-        probe = calib[:1, :PROBE_TOKENS]  # one short window: the loss probe for measured importance
-        grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
-        units = compressor.analyze(model, groups, stats, probe=probe, keep=keep, progress=cfg.progress, **grads)
-        del stats
-    return Analyzed(compressor, units, names, sum(u.group.numel for u in units), calib)
-
-
-def select_dims(model, analyzed: Analyzed, cfg: CompressConfig) -> Selected:
-    """The dims of cfg's objective from analyzed units: under --speedup the latency closed loop (which builds and
-    times `model`'s variants and hands its kept model on), else the compressor's d* under the ratio's budget, then
-    aligned dims by the knapsack (candidates from the static rule, a deployment target or a hardware profile). The
-    model is not changed."""
-    from gac.align.select import select_within_budget
-
-    compressor, units, compressible = analyzed.compressor, analyzed.units, analyzed.compressible
-    if cfg.speedup is not None:  # latency as the objective: no parameter budget
-        from gac.closed_loop import ClosedLoop
-
-        outcome = ClosedLoop(model, compressor, units, cfg.speedup, alignment=cfg.alignment, device=cfg.device,
-                             dtype=cfg.dtype, windows=analyzed.windows, progress=cfg.progress).run()
-        return Selected(**vars(analyzed), budget=compressible, dims={"gac": outcome.dims}, selection=outcome,
-                        built={"gac": outcome.model})
-    budget = parameter_budget(cfg.ratio, compressible)
-    unaligned = compressor.allocate(units, budget)
-
-    candidates_for = None
-    if cfg.target:
-        from gac.align.targets import get_target
-
-        candidates_for = get_target(cfg.target).candidates_for(cfg.alignment)
-    if cfg.profile:
-        from gac.align.profiled import profile_candidates_for
-
-        candidates_for = profile_candidates_for(cfg.profile, units, unaligned, device=cfg.device, dtype=cfg.dtype,
-                                                m=cfg.latency.prefill_tokens, alignment=cfg.alignment,
-                                                window=cfg.window, progress=cfg.progress)
-    selection = select_within_budget(units, unaligned, budget, alignment=cfg.alignment, window=cfg.window,
-                                     candidates_for=candidates_for)
-    excluded = candidates_for.excluded_dims() if cfg.profile and candidates_for is not None else None
-    gac_dims = {**unaligned, **selection.dims}
-    target = None
-    if cfg.target:
-        from gac.align.targets import get_target
-
-        spec = get_target(cfg.target)
-        target = spec.report(units, gac_dims)
-        target["unaligned_met"] = spec.report(units, unaligned)["met"]
-    return Selected(**vars(analyzed), budget=budget, dims={"unaligned": unaligned, "gac": gac_dims},
-                    selection=selection, profile_excluded=excluded, target=target)
-
-
-def analyze_and_select(model, calib, cfg: CompressConfig, compressor=None, source=None) -> Selected:
-    """analyze, then select_dims: calibrate, analyze and choose the dims of cfg's objective."""
-    return select_dims(model, analyze(model, calib, cfg, compressor, source), cfg)
-
-
-def materialize_variants(model, selected: Selected) -> dict:
-    """{variant: model} for "unaligned" and "gac": each a deep copy of `model`, cut through surgery; a variant the
-    selection built already (the closed loop's kept model) is taken as it was built and timed."""
-    models = {}
-    for variant, dims in selected.dims.items():
-        if variant in selected.built:
-            models[variant] = selected.built[variant].eval()
-            continue
-        models[variant] = selected.compressor.built(model, selected.units, dims)
-    return models
-
-
 def compress(cfg: CompressConfig) -> CompressResult:
     """load -> calibrate -> analyze -> select -> materialize -> evaluate -> report -> save. Whole in memory, or layer
     by layer (cfg.layerwise, or a --max-memory the whole model would exceed): the two pipelines differ only in how
@@ -247,7 +142,7 @@ def compress(cfg: CompressConfig) -> CompressResult:
     from gac.data import load_windows
     from gac.models.io import check_out_dir
 
-    compressor = make_compressor(cfg.compressor, **cfg.compressor_options)
+    compressor = None if cfg.compressor == AUTO else make_compressor(cfg.compressor, **cfg.compressor_options)
     if cfg.out is not None:
         check_out_dir(cfg.out, cfg.force)  # fail before the long work, not after
     if cfg.profile and cfg.profile != "auto":
@@ -266,11 +161,20 @@ def compress(cfg: CompressConfig) -> CompressResult:
     _check_uncompressed(model, cfg.model)
     calib, held_out = load_windows(tokenizer, cfg.text)
     heal_texts = _heal_config(cfg).windows(tokenizer) if cfg.heal is not None else None  # a bad text fails now
-    selected = analyze_and_select(model, calib, cfg, compressor, source=source)
+    auto = None
+    if compressor is None:  # --compressor auto: the best measured compressor's selection, then the run as its own
+        from gac.auto import HELD_BACK_WINDOWS, choose
+        from gac.data import held_back_windows
+
+        cfg, selected, auto = choose(model, calib, held_back_windows(tokenizer, cfg.text, HELD_BACK_WINDOWS), cfg)
+        compressor = selected.compressor
+    else:
+        selected = analyze_and_select(model, calib, cfg, compressor, source=source)
     with _streamed_output(cfg) as streamed_to:
         models, measured = _materialize(model, source, selected, cfg, held_out, streamed_to)
         variants, latency_method = _evaluate(models, selected.names, held_out, cfg, measured=measured)
         report = _report(cfg, model_name, selected, variants, choice, latency_method)
+        report.auto = auto
         if cfg.heal is not None:
             report.heal = _heal(models, heal_texts, cfg)
         out = _save(models[cfg.saved_variant], tokenizer, cfg, report, compressor, streamed_to)
@@ -352,17 +256,6 @@ def _heal(models: dict, texts, cfg: CompressConfig) -> dict:
     from gac.heal.run import heal_model
 
     return heal_model(models[cfg.saved_variant], models["baseline"], texts, _heal_config(cfg))
-
-
-def _check_feasible(groups, cfg: CompressConfig) -> None:
-    """From the shapes alone, before any calibration: can every group keep its smallest (aligned) dim?"""
-    compressible = sum(g.numel for g in groups)
-    budget = parameter_budget(cfg.ratio, compressible)
-    smallest = sum(g.params(max(g.min_dim, min(cfg.alignment, g.max_dim))) for g in groups)
-    if smallest > budget:
-        largest = math.floor((1.0 - smallest / compressible) * 1000) / 1000
-        raise GacError(f"ratio {cfg.ratio} leaves {budget:,} parameters but the {cfg.compressor} compressor's smallest "
-                       f"aligned dims need {smallest:,}: use --ratio {largest} or lower")
 
 
 def _check_uncompressed(model, source: str) -> None:

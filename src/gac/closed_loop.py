@@ -55,7 +55,7 @@ class Stream:
 
 @dataclass
 class LatencyOutcome:
-    """What the closed loop chose, built and measured; `selection` of gac.api.Selected under --speedup."""
+    """What the closed loop chose, built and measured; `selection` of gac.analysis.Selected under --speedup."""
 
     config: SpeedupConfig
     latency_model: object  # gac.align.latency_model.LatencyModel, its constant at the rounds' median baseline
@@ -139,12 +139,27 @@ class ClosedLoop:
         # quarter
         self.baselines: list[float] = []
 
+    def predict(self) -> tuple:
+        """(the knapsack's first choice, its predicted whole-model ms, the original's ms) from the fitted tables
+        alone: no round built or timed (the fit times one reference model). What `--compressor auto` compares the
+        compressors by; run() then reuses the fit."""
+        from gac.align.latency_objective import fastest_ms
+
+        self._fit()
+        choice, _ = self._solve(self._stream("latency", fastest_ms(self.items)))
+        return choice, self.lm.constant_ms + choice.predicted_ms, self.baseline_ms
+
+    def _fit(self) -> None:
+        """The fitted latency tables, the original's ms and the knapsack's items, once."""
+        if self.lm is None:
+            self.lm = self._fitted_tables()
+            self.baseline_ms = self.lm.meta["baseline_ms"]
+            self.items = latency_items(self.units, self.lm, held=self.held)
+
     def run(self) -> LatencyOutcome:
         from gac.align.latency_objective import fastest_ms
 
-        self.lm = self._fitted_tables()
-        self.baseline_ms = self.lm.meta["baseline_ms"]
-        self.items = latency_items(self.units, self.lm, held=self.held)
+        self._fit()
         # below these groups' ms no budget is reachable: the parameter stream may cut held heads, the knapsack not
         streams = [self._stream("latency", fastest_ms(self.items))]
         if self.cfg.guard and self.windows is not None:

@@ -72,6 +72,18 @@ def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what:
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # [n, seq_len]
 
 
+def held_back_windows(tokenizer, cfg: TextConfig, n: int):
+    """Up to `n` calibration windows [k, seq_len] past the cfg.calib_windows that calibrate: calibration text that
+    the analysis never saw, to measure candidates on without touching the evaluation text."""
+    text = read_text(cfg.calib_file, "--calib-file") if cfg.calib_file else pydoc_split()[0]
+    windows = token_windows(tokenizer, text, cfg.seq_len, cfg.calib_windows + n, what="calibration")
+    if len(windows) <= cfg.calib_windows:
+        raise GacError(f"the calibration text has no window of {cfg.seq_len} tokens past the {cfg.calib_windows} "
+                       "that calibrate, to measure the candidates on: pass a longer --calib-file or fewer "
+                       "--calib-windows")
+    return windows[cfg.calib_windows:]
+
+
 def load_windows(tokenizer, cfg: TextConfig):
     """(calibration windows, evaluation windows) as LongTensors [n, seq_len]."""
     default_calib, default_eval = pydoc_split()

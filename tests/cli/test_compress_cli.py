@@ -84,9 +84,10 @@ def test_importance_choices_are_the_library_s():
     assert set(IMPORTANCE) == set(LOWRANK_IMPORTANCE) | set(PROXIES)
 
 
-def test_compressor_choices_are_the_registry():
+def test_compressor_choices_are_the_registry_and_auto():
     from gac.cli.compress import command
-    from gac.compressors import REGISTRY
+    from gac.compressors import AUTO, AUTO_CANDIDATES, REGISTRY
 
     option = next(p for p in command.params if p.name == "compressor")
-    assert list(option.type.choices) == list(REGISTRY)
+    assert list(option.type.choices) == [*REGISTRY, AUTO]
+    assert set(AUTO_CANDIDATES) <= set(REGISTRY)

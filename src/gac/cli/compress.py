@@ -8,7 +8,7 @@ from gac.cli.heal import heal_config, heal_options
 from gac.cli.objective import latency_objective, speedup_options
 from gac.align.targets import TARGETS
 from gac.cli.options import Int, Real
-from gac.compressors import REGISTRY  # names only: the compressors themselves (and torch) load when one is built
+from gac.compressors import AUTO, CHOICES  # names only: the compressors themselves (and torch) load when one is built
 
 # gac.importance.LOWRANK_IMPORTANCE, spelled here so that parsing options imports no torch (a test holds them equal)
 IMPORTANCE = ("output", "magnitude", "activation", "taylor", "fisher")
@@ -22,13 +22,16 @@ def _given(**kwargs) -> dict:
 
 
 def _check_options(compressor: str, options: dict) -> None:
-    """A compressor option the chosen compressor's config does not have is a user error, not a traceback."""
+    """A compressor option the chosen compressor's config does not have is a user error, not a traceback (under
+    auto, which takes none, gac.api.CompressConfig says so)."""
     import dataclasses
     import importlib
 
     from gac.compressors import REGISTRY
     from gac.errors import GacError
 
+    if compressor == AUTO:
+        return
     fields = {f.name for f in dataclasses.fields(importlib.import_module(REGISTRY[compressor]).CONFIG)}
     for key in options:
         if key not in fields:
@@ -57,7 +60,10 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 
 @click.command("compress")
 @click.option("--model", help="smollm2-135m (default, embedded), a HF model dir, a .gguf file, or a hub id.")
-@click.option("--compressor", type=click.Choice(list(REGISTRY)), help="Dimension-reducing compressor [default: asvd].")
+@click.option("--compressor", type=click.Choice(list(CHOICES)),
+              help="Dimension-reducing compressor, or auto: analyze asvd, svd_llm, palu and prune on one calibration, "
+                   "predict each one's loss at the target, build the best two, keep the lower loss on held-back "
+                   "calibration text (report.md lists them all) [default: asvd].")
 @click.option("--ratio", type=Real(0, 1, example=0.15),
               help="Share of compressible parameters to remove, in (0, 1) [default: 0.15, without --speedup].")
 @speedup_options
@@ -169,6 +175,9 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
     if how.get("method") == "per_layer":
         click.echo(f"latency estimated layer by layer ({len(how['layers_timed'])} of {how['depth']} layers timed, "
                    "scaled by depth; see report.md)")
+    a = result.report.get("auto")
+    if a:
+        click.echo(f"compressor auto: kept {a['kept']} ({a['why']}); every compressor's figures in report.md")
     t = result.report.get("target")
     if t:
         click.echo(f"target {t['name']}: {t['met']} of {t['constrained']} constrained dims meet it "

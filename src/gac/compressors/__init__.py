@@ -11,6 +11,17 @@ REGISTRY = {
     "palu": "gac.compressors.palu",
 }
 
+# `--compressor auto` (gac.auto): each of these analyzed at its defaults, the best measured one kept. Plain svd is not
+# among them: it is asvd at alpha 0 scored by weight magnitude, with no loss model to predict its quality by.
+AUTO = "auto"
+AUTO_CANDIDATES = ("asvd", "svd_llm", "palu", "prune")
+CHOICES = (*REGISTRY, AUTO)  # what --compressor accepts
+
+
+def candidates_of(name: str) -> tuple[str, ...]:
+    """The compressors a run with `--compressor name` may build: auto's candidates, else the one named."""
+    return AUTO_CANDIDATES if name == AUTO else (name,)
+
 
 def make_compressor(name: str, **options):
     """Build the compressor `name` from its config options (validated by the config dataclass)."""

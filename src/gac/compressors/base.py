@@ -94,6 +94,12 @@ class Unit:
         what the latency objective's knapsack adds up (gac.compressors.quality)."""
         raise TypeError(f"{type(self).__name__} has no quality model")
 
+    @property
+    def loss_in_nats(self) -> bool:
+        """Whether quality_values are minus a predicted increase of the mean next-token loss in nats, comparable
+        across compressors (`--compressor auto`); an importance (relative, unitless) is not."""
+        return False
+
 
 @dataclass
 class LowRankUnit(Unit):
@@ -114,6 +120,12 @@ class LowRankUnit(Unit):
             return None
         at_dim, *at_candidates = curve_quality(self.curve, [dim, *candidates])
         return [q - at_dim for q in at_candidates]
+
+    @property
+    def loss_in_nats(self) -> bool:
+        """With a loss-model curve: its dL is 1/2 tr(diag(f) dW C dW^T), f the Fisher of the per-token loss and C the
+        inputs' second moment per token (gac.compressors.loss_model), so nats per token, whatever the compressor."""
+        return self.curve is not None
 
     def quality_values(self, candidates: list) -> list[float]:
         """Minus the loss model's predicted loss, or without a curve minus the importance the lost spectral energy

@@ -41,6 +41,7 @@ class Report:
     heal: dict | None = None  # --heal: the saved variant's healing (gac.heal.run.heal_model's report)
     pipeline_choice: dict | None = None  # why this pipeline: its reason, the whole-model forecast, the memory available
     latency_method: dict | None = None  # how the latencies were obtained (whole models, or layer by layer)
+    auto: dict | None = None  # --compressor auto: every compressor's predicted and measured figures, which was kept
 
     def to_dict(self) -> dict:
         """report.json's object: every field, those of another objective (None) left out; profile_excluded with
@@ -135,6 +136,7 @@ def report_markdown(r: dict) -> str:
             f"{_fmt(x.get('ppl'), '.2f')} | {prefill} | {_fmt(x.get('decode_ms_per_token'), '.2f')} | {speed} |"
         )
     lines += _target_lines(r.get("target"))
+    lines += _auto_lines(r.get("auto"))
     lines += [
         "",
         f"Latency: median of {r.get('latency', {}).get('prefill_rounds', '?')} interleaved prefill runs "
@@ -188,4 +190,37 @@ def _target_lines(t: dict | None) -> list[str]:
         if "out_multiple" in g:  # a rule on output widths too (N), beside the row lengths (K)
             multiple, lengths = f"K {multiple}, N {g['out_multiple']}", f"K {lengths}, N {g['out_lengths']}"
         lines.append(f"| {name} | {g['kind']} | {multiple} | {g['dim']} | {lengths} | {met} |")
+    return lines
+
+
+def _auto_lines(a: dict | None) -> list[str]:
+    """--compressor auto: every compressor's predicted figures, the measured ones of those built, and which was kept
+    (report.json's "auto")."""
+    if not a:
+        return []
+    timed = "removed_params" not in a  # --speedup: one measured target; --ratio: the same parameters removed
+    speed = (" predicted speedup |", " measured speedup |", "---:|---:|") if timed else ("", " prefill speedup |",
+                                                                                          "---:|")
+    target = (" Speedups: the closed loop's, at its phase and shape." if timed else
+              f" Every compressor removes the same {a['removed_params']:,} parameters (ratio {a['ratio']} of the "
+              f"{a['compressible_params']:,} that any of them may touch), at its own ratio of its own compressible "
+              "weights; prefill speedup: the built models timed beside the original.")
+    lines = ["", f"Compressor auto: kept {a['kept']} ({a['why']}).{target} Loss: the increase of the mean next-token "
+             f"loss over the original in nats per token, measured on {a['held_back_windows']} held-back calibration "
+             f"windows (never the evaluation text). Params: of the {a['compressible_params']:,} that any compressor "
+             "may touch, those a compressor leaves whole counted at full size.", "",
+             f"| compressor |{'' if timed else ' own ratio |'} predicted loss | predicted from | predicted params |"
+             f"{speed[0]} measured loss | measured params |{speed[1]} status |",
+             f"|---|{'' if timed else '---:|'}---:|---|---:|---:|---:|{speed[2]}---|"]
+    for name, c in a["candidates"].items():
+        p, m = c["predicted"] or {}, c["measured"] or {}
+        cells = [name] + ([] if timed else [_fmt(c.get("ratio"), ".4f")])
+        cells += [_fmt(p.get("loss"), "+.4f"), p.get("loss_from", "n/a"), _fmt(p.get("params"), ",")]
+        if timed:
+            cells.append(_fmt(p.get("speedup"), ".3f"))
+        cells += [_fmt(m.get("loss"), "+.4f"), _fmt(m.get("params"), ","),
+                  _fmt(m.get("speedup"), ".3f") + ("" if m.get("reached") is None else
+                                                   " (reached)" if m["reached"] else " (short)")]
+        cells.append(c["status"] + (f": {c['why']}" if c.get("why") else ""))
+        lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
     return lines

@@ -122,7 +122,13 @@ def plan_memory(cfg) -> PipelineChoice:
     memory available (available_memory). A layer-wise forecast beyond --max-memory is refused before any work;
     beyond the memory detected it is a warning (the forecast is above measured peaks by up to a quarter)."""
     forced = {True: "layerwise", False: "whole"}.get(cfg.layerwise)
-    forced_by = "--speedup" if forced is None and cfg.speedup is not None else None
+    from gac.compressors import AUTO
+
+    forced_by = None
+    if forced is None and cfg.speedup is not None:
+        forced_by = "--speedup"
+    elif forced is None and cfg.compressor == AUTO:
+        forced_by = "--compressor auto"  # every compressor analyzed on one calibration of the whole model
     available = available_memory(cfg.device, cfg.max_memory)
     whole = None
     if forced is None and forced_by is None:

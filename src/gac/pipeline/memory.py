@@ -266,10 +266,23 @@ def config_of(spec: str):
 
 
 def forecast_of(cfg, layerwise: bool) -> Forecast:
-    """The forecast for a CompressConfig (gac.api)."""
-    return forecast(config_of(cfg.model), compressor=cfg.compressor, options=cfg.compressor_options,
-                    ratio=cfg.analysis_ratio, dtype=cfg.dtype, calib_windows=cfg.text.calib_windows,
-                    seq_len=cfg.text.seq_len, layerwise=layerwise)
+    """The forecast for a CompressConfig (gac.api); under `--compressor auto`, its heaviest candidate's (auto holds
+    one calibration's statistics, as each of them does, and at most two analyses' factors: gac.auto)."""
+    from gac.compressors import candidates_of
+
+    config = config_of(cfg.model)
+    forecasts = []
+    for name in candidates_of(cfg.compressor):
+        try:
+            forecasts.append(forecast(config, compressor=name, options=cfg.compressor_options,
+                                      ratio=cfg.analysis_ratio, dtype=cfg.dtype, calib_windows=cfg.text.calib_windows,
+                                      seq_len=cfg.text.seq_len, layerwise=layerwise))
+        except GacError:
+            if len(candidates_of(cfg.compressor)) == 1:
+                raise  # a candidate that cannot run on this model is skipped by auto, and not forecast
+    if not forecasts:
+        raise GacError(f"no compressor can run on {cfg.model}: name one compressor to see why")
+    return max(forecasts, key=lambda f: f.peak_bytes)
 
 
 def describe(f: Forecast, choice=None) -> str:
