@@ -193,7 +193,7 @@ def shared_statistics(model, calib, live: list[Candidate], cfg) -> dict:
     scored = list(dict.fromkeys(n for c in live if c.compressor.proxy == OUTPUT for n in linears_of(c.groups)))
     if scored:
         for n, fisher in output_fisher(model, calib, scored, progress=cfg.progress).items():
-            stats[n].extra["out_fisher"] = fisher  # gac.compressors.base.add_loss_curves reads it instead of a pass
+            stats[n].out_fisher = fisher  # gac.compressors.base.add_loss_curves reads it instead of a pass
     return stats
 
 

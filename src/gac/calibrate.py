@@ -38,6 +38,8 @@ class LinearStats:
     abs_sum: torch.Tensor  # [in] fp32: sum of |x| per input channel
     tokens: int = 0
     xtx: Gram | None = None  # sum of x^T x (fp64), when asked for
+    out_fisher: torch.Tensor | None = None  # [out] the output-gradient Fisher, where a pass computed it ahead of the
+    # loss model (gac.compressors.base.add_loss_curves; computed once for several compressors or layer by layer)
     extra: dict = field(default_factory=dict)
 
     @property

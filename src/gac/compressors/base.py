@@ -390,8 +390,8 @@ def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progr
     from gac.importance import output_fisher
 
     names = linears_of([u.group for u in units])
-    if all("out_fisher" in stats[n].extra for n in names):
-        fishers = {n: stats[n].extra["out_fisher"] for n in names}
+    if all(stats[n].out_fisher is not None for n in names):
+        fishers = {n: stats[n].out_fisher for n in names}
     elif windows is None:
         raise GacError("importance 'output' needs the calibration windows for its output-gradient pass")
     else:

@@ -182,7 +182,7 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
                 grads[k] = h.grad
         for n in names:
             if output_loss:
-                stats[n].extra["out_fisher"] = grad_sums[n] / max(tokens, 1)
+                stats[n].out_fisher = grad_sums[n] / max(tokens, 1)
             else:
                 stats[n].extra["grads"] = grad_sums[n]
         del stored, inputs[i]
