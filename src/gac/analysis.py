@@ -55,16 +55,14 @@ def analyze(model, calib, cfg, compressor=None, source=None) -> Analyzed:
     groups = compressor.groups(model)
     if cfg.speedup is None:
         check_feasible(groups, cfg)
-    names = linears_of(groups)
-    keep = 1.0 - cfg.analysis_ratio
-    if source is not None:
-        from gac.pipeline.analyze import analyze_layerwise
-
-        units = analyze_layerwise(model, source, compressor, groups, calib, keep=keep, progress=cfg.progress)
-    else:
-        stats = calibrate(model, calib, names, xtx=compressor.needs_xtx, progress=cfg.progress)
+    if source is None:
+        stats = calibrate(model, calib, linears_of(groups), xtx=compressor.needs_xtx, progress=cfg.progress)
         return analyze_with(model, calib, cfg, compressor, groups, stats)
-    return Analyzed(compressor, units, names, sum(u.group.numel for u in units), calib)
+    from gac.pipeline.analyze import analyze_layerwise
+
+    units = analyze_layerwise(model, source, compressor, groups, calib, keep=1.0 - cfg.analysis_ratio,
+                              progress=cfg.progress)
+    return Analyzed(compressor, units, linears_of(groups), sum(u.group.numel for u in units), calib)
 
 
 def analyze_with(model, calib, cfg, compressor, groups, stats: dict) -> Analyzed:
