@@ -225,3 +225,10 @@ def test_auto_precision_is_bf16_only_where_native():
     assert DistillConfig(precision="fp32").compute_dtype("cpu") == torch.float32
     with pytest.raises(GacError, match="--heal-precision"):
         DistillConfig(precision="fp16")
+
+
+def test_cli_precisions_are_the_configs():
+    from gac.cli.heal import PRECISIONS
+    from gac.heal.distill import PRECISIONS as CONFIG_PRECISIONS
+
+    assert PRECISIONS == CONFIG_PRECISIONS

@@ -7,6 +7,8 @@ import click
 
 from gac.cli.options import Int, Real
 
+PRECISIONS = ("auto", "bf16", "fp32")  # gac.heal.distill.PRECISIONS, spelled here so that parsing imports no torch
+
 HEAL_OPTIONS = (
     click.option("--heal-file", type=click.Path(dir_okay=False),
                  help="Text to heal on [default: the calibration text]; windows sharing text with the evaluation "
@@ -16,7 +18,7 @@ HEAL_OPTIONS = (
     click.option("--heal-lr", type=Real(0, 1, example=3e-4), help="Peak learning rate [default: 3e-4]."),
     click.option("--hidden-weight", type=Real(None, None, example=1.0),
                  help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
-    click.option("--heal-precision", type=click.Choice(["auto", "bf16", "fp32"]),
+    click.option("--heal-precision", type=click.Choice(PRECISIONS),
                  help="Matmuls in bf16 (weights and optimizer stay fp32) or fp32 [default: auto: bf16 where the "
                       "device has it natively]."),
     click.option("--unlike-file", type=click.Path(dir_okay=False),
