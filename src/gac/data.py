@@ -23,17 +23,29 @@ def pydoc_split() -> tuple[str, str]:
     return "\n\n".join(c for c in calib if c), "\n\n".join(held_out)
 
 
-def licence_text() -> tuple[str, str]:
-    """(name, text) of prose unlike the default calibration text: the licence the Python distribution carries
-    (LICENSE.txt of its standard library: legal English, no code and no API reference)."""
+UNLIKE = {  # id -> (name, path under the standard library, required): prose unlike the default calibration text
+    "licence": ("Python licence (LICENSE.txt)", "LICENSE.txt", True),  # legal English: no code, no API reference
+    "release_notes": ("IDLE release notes (idlelib/NEWS.txt)", "idlelib/NEWS.txt", False),  # terse change notes;
+    # some distributions ship IDLE apart (Debian's idle-python3.x), so it is measured where it is there
+}
+
+
+def unlike_texts() -> dict[str, tuple[str, str]]:
+    """{id: (name, text)} of the texts unlike the default calibration text that this Python distribution carries
+    (UNLIKE): its licence, always, and IDLE's release notes where IDLE is installed."""
     import sysconfig
     from pathlib import Path
 
-    path = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
-    if not path.is_file():
-        raise GacError(f"this Python distribution carries no {path}: pass a text unlike the calibration text with "
-                       "--unlike-file")
-    return "Python licence (LICENSE.txt)", path.read_text(encoding="utf-8", errors="replace")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    out = {}
+    for key, (name, relative, required) in UNLIKE.items():
+        path = stdlib / relative
+        if path.is_file():
+            out[key] = (name, path.read_text(encoding="utf-8", errors="replace"))
+        elif required:
+            raise GacError(f"this Python distribution carries no {path}: pass a text unlike the calibration text "
+                           "with --unlike-file")
+    return out
 
 
 def read_text(path, flag: str = "--calib-file/--eval-file") -> str:

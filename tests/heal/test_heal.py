@@ -99,7 +99,7 @@ def test_evaluation_windows_are_never_trained_on(tmp_path, compressed):
     leaky.write_text(docs[:20000] + "\n\n" + calib[:60000])  # the held-out docs inside the healing text
     for heal_file in (None, str(leaky)):
         t = heal_windows(tokenizer, heal_file=heal_file, eval_file=None, unlike_file=None, seq_len=32, eval_windows=8)
-        evaluation = [t.held_out, t.unlike]
+        evaluation = t.evaluated()
         assert not sharing(t.train, evaluation).any() and not sharing(t.val, evaluation).any()
         assert (t.dropped > 0) == (heal_file is not None)
     assert sharing(t.held_out[:1], evaluation).all()  # the check finds what it looks for
@@ -118,6 +118,7 @@ def test_early_stop_keeps_the_best_tensors(compressed, original):
     result = distill(student, teacher, t.train, t.val, DistillConfig(tokens=32 * 2 * 40, lr=0.5, eval_every=2,
                                                                      patience=2, warmup=0.0), progress=False)
     assert result.stopped == "early stop" and result.best_step == 0 and result.steps < 40
+    assert result.backoffs == [2]  # the first evaluation backed off, the second stopped
     assert all(torch.equal(a, b) for a, b in zip(before, student.parameters()))
     assert held_out_kl(student, teacher, t.val, 2) == pytest.approx(kl)
     assert all(p.requires_grad for p in student.parameters())  # as it came
@@ -180,6 +181,7 @@ BAD_INPUT = {  # case -> (arguments after MODEL, expected in the error); MODEL i
     "empty text": (lambda c, o, t: [c, "--heal-file", _text(t, "  \n")], "empty"),
     "tiny text": (lambda c, o, t: [c, "--heal-file", _text(t, "a few words only")], "healing text"),
     "zero tokens": (lambda c, o, t: [c, "--heal-tokens", 0], "--heal-tokens"),
+    "too few samples": (lambda c, o, t: [c, "--heal-samples", 2], "--heal-samples"),
 }
 
 
@@ -232,3 +234,53 @@ def test_cli_precisions_are_the_configs():
     from gac.heal.distill import PRECISIONS as CONFIG_PRECISIONS
 
     assert PRECISIONS == CONFIG_PRECISIONS
+
+
+def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, original):
+    """An lr far too high makes the first evaluation worse: the best tensors come back at a lower lr (times
+    `backoff`), which then heals."""
+    import gac
+    from gac.models.loading import load_model
+
+    loaded, teacher = gac.load(compressed), load_model(str(original)).model
+    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    before = held_out_kl(loaded.model, teacher, t.val, 2)
+    result = distill(loaded.model, teacher, t.train, t.val,
+                     DistillConfig(tokens=32 * 2 * 30, lr=0.5, backoff=0.006, eval_every=3, patience=2, warmup=0.0),
+                     progress=False)
+    assert result.backoffs[0] == 3 and dict(result.held_out_loss)[3] > before  # overshot, then backed off
+    assert result.best_step > result.backoffs[0] and held_out_kl(loaded.model, teacher, t.val, 2) < 0.97 * before
+
+
+def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_text(compressed, original):
+    import gac
+    from gac.heal.samples import sample_windows
+    from gac.models.loading import load_model
+
+    teacher = load_model(str(original)).model
+    drawn = sample_windows(teacher, 5, 64, seed=0, progress=False)  # 64: two OVERLAP_TOKENS runs a window
+    assert drawn.shape == (5, 64) and drawn.dtype == torch.long
+    assert 0 <= int(drawn.min()) and int(drawn.max()) < teacher.config.vocab_size
+    assert torch.equal(drawn, sample_windows(teacher, 5, 64, seed=0, progress=False))  # the seed decides
+    assert not torch.equal(drawn, sample_windows(teacher, 5, 64, seed=1, progress=False))
+    t = heal_windows(gac.load(compressed).tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=64,
+                     eval_windows=2)
+    drawn = torch.cat([drawn, t.held_out[:1]])  # a "sample" repeating an evaluation window
+    mixed = t.with_samples(drawn)
+    assert mixed.sampled == 3 and mixed.dropped == t.dropped + 1  # 6 drawn, one dropped, 2 for early stopping
+    assert torch.equal(mixed.train, torch.cat([t.train, drawn[:3]])) and torch.equal(mixed.val[-2:], drawn[3:5])
+    assert "3 windows sampled from the original" in mixed.names["train"]
+    assert not sharing(mixed.train, t.evaluated()).any()
+
+
+def test_healing_on_samples_beside_the_text(compressed, tmp_path):
+    """--heal-samples: windows sampled from the original join the training and early-stopping windows, and the
+    KL on both falls."""
+    import dataclasses
+
+    healed = heal_dir(str(compressed), str(tmp_path / "out"), dataclasses.replace(HEAL, samples=10))
+    texts, run = healed.report["texts"], healed.report["run"]
+    assert texts["sampled_windows"] == 8 and texts["val_windows"] == 4 and texts["sampling_seconds"] >= 0
+    assert "8 windows sampled from the original" in texts["train"]
+    losses = dict(run["held_out_loss"])
+    assert run["best_step"] > 0 and losses[run["best_step"]] < 0.97 * losses[0]

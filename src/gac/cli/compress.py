@@ -117,7 +117,8 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, no_guard, out, alignment, no_align, profile, target,
             allow_profile_mismatch, dtype, device, factorization, alpha, importance, prune_layers, head_mode,
             group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
-            quiet, layerwise, max_memory, heal, heal_file, heal_tokens, heal_lr, hidden_weight, heal_precision, unlike_file,
+            quiet, layerwise, max_memory, heal, heal_file, heal_tokens, heal_samples, heal_lr, hidden_weight, heal_precision,
+            unlike_file,
             dry_run):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
@@ -139,11 +140,11 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
     options = _given(alpha=alpha, importance=importance, layers=prune_layers, head_mode=head_mode,
                      group_size=group_size)
     _check_options(compressor or CompressConfig.compressor, options)
-    healing = dict(heal_file=heal_file, heal_tokens=heal_tokens, heal_lr=heal_lr, hidden_weight=hidden_weight,
-                   heal_precision=heal_precision, unlike_file=unlike_file)
+    healing = dict(heal_file=heal_file, heal_tokens=heal_tokens, heal_samples=heal_samples, heal_lr=heal_lr,
+                   hidden_weight=hidden_weight, heal_precision=heal_precision, unlike_file=unlike_file)
     if not heal and any(v is not None for v in healing.values()):
-        raise GacError("--heal-file, --heal-tokens, --heal-lr, --hidden-weight, --heal-precision and --unlike-file set healing: give "
-                       "--heal too")
+        given = ", ".join("--" + k.replace("_", "-") for k, v in healing.items() if v is not None)
+        raise GacError(f"{given} set healing: give --heal too")
     objective = latency_objective(speedup, phase, shape, param_cap, prefill_tokens=prefill_tokens, no_guard=no_guard,
                                   margin=margin)
     cfg = CompressConfig(

@@ -15,6 +15,9 @@ HEAL_OPTIONS = (
                       "text are left out."),
     click.option("--heal-tokens", type=Int(1, 10**10, example=131072),
                  help="Training tokens [default: 131072: 128 steps of 2 x 512 tokens]."),
+    click.option("--heal-samples", type=Int(0, 100000, example=64),
+                 help="Windows sampled from the original beside the healing text, so healing fits no one domain "
+                      "[default: 0, none; e.g. 64]."),
     click.option("--heal-lr", type=Real(0, 1, example=3e-4), help="Peak learning rate [default: 3e-4]."),
     click.option("--hidden-weight", type=Real(None, None, example=1.0),
                  help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
@@ -22,7 +25,8 @@ HEAL_OPTIONS = (
                  help="Matmuls in bf16 (weights and optimizer stay fp32) or fp32 [default: auto: bf16 where the "
                       "device has it natively]."),
     click.option("--unlike-file", type=click.Path(dir_okay=False),
-                 help="Second evaluation text, unlike the calibration text [default: Python's licence, LICENSE.txt]."),
+                 help="Evaluation text unlike the calibration text [default: Python's licence, LICENSE.txt, and IDLE's "
+                      "release notes, idlelib/NEWS.txt, where installed]."),
 )
 
 
@@ -32,8 +36,8 @@ def heal_options(f):
     return f
 
 
-def heal_config(*, heal_file=None, heal_tokens=None, heal_lr=None, hidden_weight=None, heal_precision=None,
-                unlike_file=None, **rest):
+def heal_config(*, heal_file=None, heal_tokens=None, heal_samples=None, heal_lr=None, hidden_weight=None,
+                heal_precision=None, unlike_file=None, **rest):
     """gac.heal.HealConfig from the options given (the others keep the config's defaults); text files are read and
     checked now, before any model is loaded."""
     from gac import validate
@@ -45,6 +49,7 @@ def heal_config(*, heal_file=None, heal_tokens=None, heal_lr=None, hidden_weight
             validate.read_text(path, "text file", flag)
     given = {k: v for k, v in (("tokens", heal_tokens), ("lr", heal_lr), ("hidden_weight", hidden_weight),
                                ("precision", heal_precision)) if v is not None}
+    rest = {**rest, "samples": heal_samples}
     return HealConfig(heal_file=heal_file, unlike_file=unlike_file, distill=DistillConfig(**given),
                       **{k: v for k, v in rest.items() if v is not None})
 
@@ -56,7 +61,7 @@ def describe(report: dict) -> list[str]:
     lines = [f"healed on {run['tokens']:,} tokens of {names['train']} in {run['seconds']:.0f} s ({run['steps']} steps in "
              f"{run.get('precision', 'fp32')}, "
              f"{run['stopped']}, kept step {run['best_step']})"]
-    for key in ("held_out", "unlike"):
+    for key in p["before"]:  # the held-out text, then each unlike text
         lines.append(f"perplexity on {names[key]}: {p['before'][key]:.2f} ({r['before'][key]:.3f}x) -> "
                      f"{p['after'][key]:.2f} ({r['after'][key]:.3f}x); original {p['original'][key]:.2f}")
     return lines
@@ -73,7 +78,7 @@ def describe(report: dict) -> list[str]:
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def command(model, out, original, heal_file, heal_tokens, heal_lr, hidden_weight, heal_precision, unlike_file,
+def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr, hidden_weight, heal_precision, unlike_file,
             eval_file, seq_len, eval_windows, device, force, quiet):
     """Recover MODEL (a gac output) by distillation from its original; dims and parameter count unchanged."""
     from gac import validate
@@ -86,7 +91,7 @@ def command(model, out, original, heal_file, heal_tokens, heal_lr, hidden_weight
         validate.read_text(eval_file, "text file", "--eval-file")
     text = TextConfig(**{k: v for k, v in (("eval_file", eval_file), ("seq_len", seq_len),
                                            ("eval_windows", eval_windows)) if v is not None})
-    cfg = heal_config(heal_file=heal_file, heal_tokens=heal_tokens, heal_lr=heal_lr, hidden_weight=hidden_weight,
+    cfg = heal_config(heal_file=heal_file, heal_tokens=heal_tokens, heal_samples=heal_samples, heal_lr=heal_lr, hidden_weight=hidden_weight,
                       heal_precision=heal_precision, unlike_file=unlike_file, original=original, text=text, device=device, force=force,
                       progress=not quiet)
     from gac.heal.run import heal_dir

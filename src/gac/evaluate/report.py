@@ -152,7 +152,7 @@ def report_markdown(r: dict) -> str:
     if r.get("heal"):
         h = r["heal"]
         texts = ", ".join(f"{h['texts'][k]} {h['ppl']['before'][k]:.2f} -> {h['ppl']['after'][k]:.2f} (original "
-                          f"{h['ppl']['original'][k]:.2f})" for k in ("held_out", "unlike"))
+                          f"{h['ppl']['original'][k]:.2f})" for k in h["ppl"]["before"])
         lines.append(f"Healed by distillation from the original after the figures above ({h['run']['tokens']:,} "
                      f"tokens, {h['run']['seconds']:.0f} s): perplexity {texts}.")
     if obj:

@@ -28,6 +28,7 @@ class DistillConfig:
     hidden_weight: float = 0.0  # weight of the hidden-state matching term (--hidden-weight); 0: logits only
     eval_every: int = 16  # steps between held-out evaluations
     patience: int = 2  # evaluations without improvement before stopping early
+    backoff: float = 0.25  # at an evaluation without improvement: the best tensors back, the lr times this
     warmup: float = 0.1  # share of the steps the learning rate warms up over
     seed: int = 0
     precision: str = "auto"  # --heal-precision: matmuls in bf16 (weights, optimizer and loss in fp32) or fp32;
@@ -40,6 +41,7 @@ class DistillConfig:
         integer(self.batch, "batch", example=2)
         integer(self.eval_every, "eval_every", example=16)
         integer(self.patience, "patience", example=2)
+        real(self.backoff, "backoff", low=0.0, high=1.0, example=0.25)
         real(self.lr, "--heal-lr", low=0.0, high=1.0, example=3e-4)
         if self.precision not in PRECISIONS:
             raise GacError(f"unknown --heal-precision {self.precision!r}: choose {', '.join(PRECISIONS)}")
@@ -75,6 +77,7 @@ class DistillResult:
     stopped: str  # "budget" (every step taken) or "early stop" (held-out loss stopped improving)
     best_step: int  # the step whose tensors were kept (0: the student as it came)
     held_out_loss: list = field(default_factory=list)  # [(step, KL to the teacher per token on the validation windows)]
+    backoffs: list = field(default_factory=list)  # steps after which the best tensors came back at a lower lr
     train_loss: list = field(default_factory=list)  # [(step, distillation loss)]
     seconds: float = 0.0  # wall-clock
     cpu_seconds: float = 0.0  # this process's CPU time (user + system, all threads): comparable on a shared machine
@@ -83,6 +86,7 @@ class DistillResult:
 
     def to_json(self) -> dict:
         return {"steps": self.steps, "tokens": self.tokens, "stopped": self.stopped, "best_step": self.best_step,
+                "backoffs": self.backoffs,
                 "held_out_loss": [[s, round(v, 5)] for s, v in self.held_out_loss],
                 "train_loss": [[s, round(v, 5)] for s, v in self.train_loss], "seconds": round(self.seconds, 1),
                 "cpu_seconds": round(self.cpu_seconds, 1),
@@ -119,6 +123,19 @@ def _schedule(step: int, steps: int, warmup: float) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, steps - w)))
 
 
+def _back_off(params, best_state, opt, sched, factor: float) -> None:
+    """After an evaluation without improvement: the best tensors back, the optimizer's moments forgotten and the
+    learning rate (the schedule's peak and the current one) times `factor`, so a step size that overshoots a student
+    close to its teacher costs one evaluation interval, not the run."""
+    with torch.no_grad():
+        for p, kept in zip(params, best_state):
+            p.copy_(kept)
+    opt.state.clear()
+    sched.base_lrs = [lr * factor for lr in sched.base_lrs]
+    for group in opt.param_groups:
+        group["lr"] *= factor
+
+
 @torch.inference_mode()
 def held_out_kl(student, teacher, windows: torch.Tensor, batch: int, dtype: torch.dtype = torch.float32) -> float:
     """Mean per-token KL(teacher || student) on windows [n, seq] never trained on: the early-stopping loss."""
@@ -135,8 +152,9 @@ def held_out_kl(student, teacher, windows: torch.Tensor, batch: int, dtype: torc
 def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: DistillConfig,
             progress: bool = True) -> DistillResult:
     """Train `student` in place to match `teacher` on token windows `train` [n, seq]; every cfg.eval_every steps its
-    KL to the teacher on `val` [m, seq] (never trained on) is measured and the best tensors are kept; training stops
-    when that loss has not improved for cfg.patience evaluations. Returns the run's figures."""
+    KL to the teacher on `val` [m, seq] (never trained on) is measured and the best tensors are kept; an evaluation
+    without improvement brings the best tensors back at cfg.backoff times the learning rate, and cfg.patience of them
+    in a row stop the run. Returns the run's figures."""
     device = next(student.parameters()).device
     params = trainable_parameters(student)
     was_trainable = {id(p): p.requires_grad for p in student.parameters()}
@@ -191,6 +209,8 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
                 if stale >= cfg.patience:
                     result.stopped = "early stop"
                     break
+                _back_off(params, best_state, opt, sched, cfg.backoff)
+                result.backoffs.append(step + 1)
     finally:
         bar.close()
         with torch.no_grad():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -18,9 +18,28 @@ class HealTexts:
     train: torch.Tensor  # [n, seq] training windows
     val: torch.Tensor  # [VAL_WINDOWS, seq] early-stopping windows from the healing text, never trained on
     held_out: torch.Tensor  # [m, seq] the evaluation windows (held-out calibration-kind text, or --eval-file)
-    unlike: torch.Tensor  # [k, seq] windows of a text unlike the calibration text
-    names: dict  # {"train": ..., "held_out": ..., "unlike": ...}: what each text is
+    unlike: dict  # {id: [k, seq] windows} of texts unlike the calibration text (gac.data.UNLIKE, or "unlike")
+    names: dict  # {"train": ..., "held_out": ..., and each unlike text's id: ...}: what each text is
     dropped: int  # healing windows dropped for sharing text with the evaluation windows
+    sampled: int = 0  # of the training windows, how many were sampled from the original (gac.heal.samples)
+
+    def evaluated(self) -> list[torch.Tensor]:
+        """Every evaluation text's windows: the held-out text's, then each unlike text's."""
+        return [self.held_out, *self.unlike.values()]
+
+    def with_samples(self, windows: torch.Tensor) -> "HealTexts":
+        """These texts with `windows` [n, seq] sampled from the original beside the healing text's (less any that
+        share a passage with the evaluation windows, as the healing text's): the last VAL_WINDOWS of them join the
+        early-stopping windows, so stopping weighs both."""
+        shared = sharing(windows, self.evaluated())
+        windows = windows[~shared]
+        if windows.shape[0] <= VAL_WINDOWS:
+            raise GacError(f"{windows.shape[0]} of the windows sampled from the original are apart from the "
+                           "evaluation text, too few to heal on: pass --heal-samples 0 or a larger count")
+        train, val = windows[:-VAL_WINDOWS], windows[-VAL_WINDOWS:]
+        names = {**self.names, "train": f"{self.names['train']} + {train.shape[0]} windows sampled from the original"}
+        return replace(self, train=torch.cat([self.train, train]), val=torch.cat([self.val, val]), names=names,
+                       sampled=self.sampled + train.shape[0], dropped=self.dropped + int(shared.sum()))
 
 
 def _runs(windows: torch.Tensor, stride: int) -> set:
@@ -43,19 +62,20 @@ def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unl
                  seq_len: int, eval_windows: int) -> HealTexts:
     """Windows of the healing text (the default calibration text, or `heal_file`) less any that share text with the
     evaluation windows, its last VAL_WINDOWS set aside for early stopping; the held-out evaluation windows (the
-    default held-out docs, or `eval_file`); and a text unlike the calibration text (Python's licence, or
+    default held-out docs, or `eval_file`); and the texts unlike the calibration text (gac.data.unlike_texts, or
     `unlike_file`). A text too short for this is refused in one line."""
-    from gac.data import licence_text, pydoc_split, read_text, token_windows
+    from gac.data import pydoc_split, read_text, token_windows, unlike_texts
 
     calib, docs = pydoc_split()
     train_text = read_text(heal_file, "--heal-file") if heal_file else calib
     held_text = read_text(eval_file, "--eval-file") if eval_file else docs
-    unlike_name, unlike_text = (unlike_file, read_text(unlike_file, "--unlike-file")) if unlike_file \
-        else licence_text()
+    unlike_named = ({"unlike": (unlike_file, read_text(unlike_file, "--unlike-file"))} if unlike_file
+                    else unlike_texts())
     held_out = token_windows(tokenizer, held_text, seq_len, eval_windows, what="evaluation")
-    unlike = token_windows(tokenizer, unlike_text, seq_len, eval_windows, what="unlike")
+    unlike = {key: token_windows(tokenizer, text, seq_len, eval_windows, what=name)
+              for key, (name, text) in unlike_named.items()}
     windows = token_windows(tokenizer, train_text, seq_len, 1 << 30, what="healing")
-    shared = sharing(windows, [held_out, unlike])
+    shared = sharing(windows, [held_out, *unlike.values()])
     windows = windows[~shared]
     need = VAL_WINDOWS + MIN_TRAIN_WINDOWS
     if windows.shape[0] < need:
@@ -63,5 +83,5 @@ def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unl
                        f"evaluation text, fewer than the {need} healing needs: pass a longer --heal-file or a smaller "
                        "--seq-len")
     names = {"train": heal_file or "calibration text (Python docs)",
-             "held_out": eval_file or "held-out Python docs", "unlike": unlike_name}
+             "held_out": eval_file or "held-out Python docs", **{k: name for k, (name, _) in unlike_named.items()}}
     return HealTexts(windows[:-VAL_WINDOWS], windows[-VAL_WINDOWS:], held_out, unlike, names, int(shared.sum()))
