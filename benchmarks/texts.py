@@ -33,7 +33,7 @@ def main() -> None:
     reference = load_model(original)
     texts = heal_windows(reference.tokenizer, heal_file=None, eval_file=None, unlike_file=None,
                          seq_len=args.seq_len, eval_windows=args.eval_windows)
-    evaluated = {"held_out": texts.held_out, **texts.unlike}
+    evaluated = texts.evaluated()
 
     def ppl(model) -> dict:
         return {k: perplexity(model, w, progress=False) for k, w in evaluated.items()}

@@ -99,7 +99,7 @@ def test_evaluation_windows_are_never_trained_on(tmp_path, compressed):
     leaky.write_text(docs[:20000] + "\n\n" + calib[:60000])  # the held-out docs inside the healing text
     for heal_file in (None, str(leaky)):
         t = heal_windows(tokenizer, heal_file=heal_file, eval_file=None, unlike_file=None, seq_len=32, eval_windows=8)
-        evaluation = t.evaluated()
+        evaluation = list(t.evaluated().values())
         assert not sharing(t.train, evaluation).any() and not sharing(t.val, evaluation).any()
         assert (t.dropped > 0) == (heal_file is not None)
     assert sharing(t.held_out[:1], evaluation).all()  # the check finds what it looks for
@@ -270,7 +270,7 @@ def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_
     assert mixed.sampled == 3 and mixed.dropped == t.dropped + 1  # 6 drawn, one dropped, 2 for early stopping
     assert torch.equal(mixed.train, torch.cat([t.train, drawn[:3]])) and torch.equal(mixed.val[-2:], drawn[3:5])
     assert "3 windows sampled from the original" in mixed.names["train"]
-    assert not sharing(mixed.train, t.evaluated()).any()
+    assert not sharing(mixed.train, list(t.evaluated().values())).any()
 
 
 def test_healing_on_samples_beside_the_text(compressed, tmp_path):
@@ -284,3 +284,20 @@ def test_healing_on_samples_beside_the_text(compressed, tmp_path):
     assert "8 windows sampled from the original" in texts["train"]
     losses = dict(run["held_out_loss"])
     assert run["best_step"] > 0 and losses[run["best_step"]] < 0.97 * losses[0]
+
+
+def test_unlike_texts_are_those_the_distribution_carries(monkeypatch, tmp_path):
+    """The licence is required (refused in one line without it); IDLE's release notes are taken where installed."""
+    import sysconfig
+
+    from gac import data
+
+    assert "Python Software Foundation" in data.unlike_texts()["licence"][1]
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    with pytest.raises(GacError, match="--unlike-file"):
+        data.unlike_texts()
+    (tmp_path / "LICENSE.txt").write_text("licence")
+    assert list(data.unlike_texts()) == ["licence"]
+    (tmp_path / "idlelib").mkdir()
+    (tmp_path / "idlelib" / "NEWS.txt").write_text("notes")
+    assert {k: text for k, (_, text) in data.unlike_texts().items()} == {"licence": "licence", "release_notes": "notes"}

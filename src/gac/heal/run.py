@@ -109,7 +109,7 @@ def _shape(model) -> tuple:
 def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
     """Distill `student` (a compressed model, trained in place) from `teacher` (its original) on `texts`
     (cfg.windows(tokenizer)) and return the report: perplexity before and after on the held-out docs and on the
-    unlike text, the original's beside, and the run."""
+    unlike texts, the original's beside, and the run."""
     from gac.evaluate.perplexity import perplexity
     from gac.heal.distill import distill
     from gac.heal.samples import sample_windows
@@ -117,26 +117,26 @@ def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
     if texts.dropped:
         log.info("healing: %d windows sharing text with the evaluation windows left out", texts.dropped)
     shape = _shape(student)
-    evaluated = {"held_out": texts.held_out, **texts.unlike}
+    evaluated = texts.evaluated()
 
     def ppl(model, who):
         return {k: perplexity(model, w, desc=f"perplexity {who} {k}", progress=cfg.progress)
                 for k, w in evaluated.items()}
 
     original, before = ppl(teacher, "original"), ppl(student, "before")
-    sampling = time.perf_counter()
+    start = time.perf_counter()
     if cfg.samples:
         texts = texts.with_samples(sample_windows(teacher, cfg.samples, cfg.text.seq_len, seed=cfg.distill.seed,
                                                   dtype=cfg.distill.compute_dtype(cfg.device),
                                                   progress=cfg.progress))
-    sampling = time.perf_counter() - sampling
+    sampling_seconds = time.perf_counter() - start
     run = distill(student, teacher, texts.train, texts.val, cfg.distill, progress=cfg.progress)
     after = ppl(student, "after")
     if _shape(student) != shape:
         raise RuntimeError("healing changed the model's structure or parameter count")
     return {
         "texts": {**texts.names, "train_windows": texts.train.shape[0], "val_windows": texts.val.shape[0],
-                  "sampled_windows": texts.sampled, "sampling_seconds": round(sampling, 1),
+                  "sampled_windows": texts.sampled, "sampling_seconds": round(sampling_seconds, 1),
                   "dropped_windows": texts.dropped, "seq_len": cfg.text.seq_len,
                   "eval_tokens": {k: w.numel() for k, w in evaluated.items()}},
         "config": {k: v for k, v in vars(cfg.distill).items()},

@@ -23,15 +23,15 @@ class HealTexts:
     dropped: int  # healing windows dropped for sharing text with the evaluation windows
     sampled: int = 0  # of the training windows, how many were sampled from the original (gac.heal.samples)
 
-    def evaluated(self) -> list[torch.Tensor]:
-        """Every evaluation text's windows: the held-out text's, then each unlike text's."""
-        return [self.held_out, *self.unlike.values()]
+    def evaluated(self) -> dict:
+        """{id: windows} of every evaluation text: the held-out text ("held_out"), then each unlike text."""
+        return {"held_out": self.held_out, **self.unlike}
 
     def with_samples(self, windows: torch.Tensor) -> "HealTexts":
         """These texts with `windows` [n, seq] sampled from the original beside the healing text's (less any that
         share a passage with the evaluation windows, as the healing text's): the last VAL_WINDOWS of them join the
         early-stopping windows, so stopping weighs both."""
-        shared = sharing(windows, self.evaluated())
+        shared = sharing(windows, list(self.evaluated().values()))
         windows = windows[~shared]
         if windows.shape[0] <= VAL_WINDOWS:
             raise GacError(f"{windows.shape[0]} of the windows sampled from the original are apart from the "
