@@ -76,6 +76,9 @@ class LazyCheckpoint:
         self.adapter = adapter_for(config)
         self.files = weight_files(self.path)
         self.keys = {self.adapter.model_name(k): k for k in self.files}  # model name -> checkpoint tensor name
+        # before the empty model: init_empty_weights allocates each parameter (untouched) before moving it to meta,
+        # and under glibc's dynamic threshold these blocks would grow the heap by about a layer's weights per layer
+        map_large_allocations()
         with init_empty_weights():  # parameters on meta; buffers (rotary frequencies) real
             self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
         self.model.eval()
