@@ -78,8 +78,8 @@ def describe(report: dict) -> list[str]:
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr, hidden_weight, heal_precision, unlike_file,
-            eval_file, seq_len, eval_windows, device, force, quiet):
+def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr, hidden_weight, heal_precision,
+            unlike_file, eval_file, seq_len, eval_windows, device, force, quiet):
     """Recover MODEL (a gac output) by distillation from its original; dims and parameter count unchanged."""
     from gac import validate
     from gac.cli.output import setup_logging
@@ -91,9 +91,9 @@ def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr,
         validate.read_text(eval_file, "text file", "--eval-file")
     text = TextConfig(**{k: v for k, v in (("eval_file", eval_file), ("seq_len", seq_len),
                                            ("eval_windows", eval_windows)) if v is not None})
-    cfg = heal_config(heal_file=heal_file, heal_tokens=heal_tokens, heal_samples=heal_samples, heal_lr=heal_lr, hidden_weight=hidden_weight,
-                      heal_precision=heal_precision, unlike_file=unlike_file, original=original, text=text, device=device, force=force,
-                      progress=not quiet)
+    cfg = heal_config(heal_file=heal_file, heal_tokens=heal_tokens, heal_samples=heal_samples, heal_lr=heal_lr,
+                      hidden_weight=hidden_weight, heal_precision=heal_precision, unlike_file=unlike_file,
+                      original=original, text=text, device=device, force=force, progress=not quiet)
     from gac.heal.run import heal_dir
 
     result = heal_dir(model, out, cfg)
