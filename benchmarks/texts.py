@@ -15,7 +15,6 @@ from pathlib import Path
 
 
 def main() -> None:
-    from gac.evaluate.perplexity import perplexity
     from gac.heal.run import original_of
     from gac.heal.texts import heal_windows
     from gac.models.io import load, read_plan
@@ -34,14 +33,10 @@ def main() -> None:
     texts = heal_windows(reference.tokenizer, heal_file=None, eval_file=None, unlike_file=None,
                          seq_len=args.seq_len, eval_windows=args.eval_windows)
     evaluated = texts.evaluated()
-
-    def ppl(model) -> dict:
-        return {k: perplexity(model, w, progress=False) for k, w in evaluated.items()}
-
-    rows = {"original": ppl(reference.model)}
+    rows = {"original": texts.perplexities(reference.model, progress=False)}
     del reference
     for path in args.models:
-        rows[str(path)] = ppl(load(path).model)
+        rows[str(path)] = texts.perplexities(load(path).model, progress=False)
     base = rows["original"]
     print("| model | " + " | ".join(f"{texts.names[k]} ({w.shape[0]} x {w.shape[1]})" for k, w in evaluated.items())
           + " |")

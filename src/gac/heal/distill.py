@@ -123,13 +123,18 @@ def _schedule(step: int, steps: int, warmup: float) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, steps - w)))
 
 
+def _restore(params, best_state) -> None:
+    """The kept tensors back into the trained ones, in place."""
+    with torch.no_grad():
+        for p, kept in zip(params, best_state):
+            p.copy_(kept)
+
+
 def _back_off(params, best_state, opt, sched, factor: float) -> None:
     """After an evaluation without improvement: the best tensors back, the optimizer's moments forgotten and the
     learning rate (the schedule's peak and the current one) times `factor`, so a step size that overshoots a student
     close to its teacher costs one evaluation interval, not the run."""
-    with torch.no_grad():
-        for p, kept in zip(params, best_state):
-            p.copy_(kept)
+    _restore(params, best_state)
     opt.state.clear()
     sched.base_lrs = [lr * factor for lr in sched.base_lrs]
     for group in opt.param_groups:
@@ -213,9 +218,7 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
                 result.backoffs.append(step + 1)
     finally:
         bar.close()
-        with torch.no_grad():
-            for p, kept in zip(params, best_state):
-                p.copy_(kept)
+        _restore(params, best_state)
         for p in student.parameters():
             p.requires_grad_(was_trainable[id(p)])
         student.eval()

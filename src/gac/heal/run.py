@@ -25,8 +25,8 @@ class HealConfig:
     original: str | None = None  # the teacher (--original); None: the original recorded in gac_plan.json
     heal_file: str | None = None  # training text; None: the default calibration text
     unlike_file: str | None = None  # the text unlike the calibration text; None: gac.data.unlike_texts()
-    samples: int = 0  # --heal-samples: windows sampled from the original beside the healing text (0: none; 64
-    # took asvd at 0.15 on the embedded model from 1.574x to 1.550x on the licence and 1.103x to 1.126x on the docs)
+    samples: int = 0  # --heal-samples: windows sampled from the original beside the healing text (0: none; off by
+    # default, since on the embedded model they cost minutes for no clear gain: docs/RESULTS.md, 2026-11-26)
     text: TextConfig = TextConfig()  # seq_len, eval_file and eval_windows (the calibration fields are unused)
     distill: DistillConfig = field(default_factory=DistillConfig)
     device: str = "cpu"
@@ -110,7 +110,6 @@ def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
     """Distill `student` (a compressed model, trained in place) from `teacher` (its original) on `texts`
     (cfg.windows(tokenizer)) and return the report: perplexity before and after on the held-out docs and on the
     unlike texts, the original's beside, and the run."""
-    from gac.evaluate.perplexity import perplexity
     from gac.heal.distill import distill
     from gac.heal.samples import sample_windows
 
@@ -118,12 +117,8 @@ def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
         log.info("healing: %d windows sharing text with the evaluation windows left out", texts.dropped)
     shape = _shape(student)
     evaluated = texts.evaluated()
-
-    def ppl(model, who):
-        return {k: perplexity(model, w, desc=f"perplexity {who} {k}", progress=cfg.progress)
-                for k, w in evaluated.items()}
-
-    original, before = ppl(teacher, "original"), ppl(student, "before")
+    original = texts.perplexities(teacher, "original", cfg.progress)
+    before = texts.perplexities(student, "before", cfg.progress)
     start = time.perf_counter()
     if cfg.samples:
         texts = texts.with_samples(sample_windows(teacher, cfg.samples, cfg.text.seq_len, seed=cfg.distill.seed,
@@ -131,7 +126,7 @@ def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
                                                   progress=cfg.progress))
     sampling_seconds = time.perf_counter() - start
     run = distill(student, teacher, texts.train, texts.val, cfg.distill, progress=cfg.progress)
-    after = ppl(student, "after")
+    after = texts.perplexities(student, "after", cfg.progress)  # sampled windows join training only
     if _shape(student) != shape:
         raise RuntimeError("healing changed the model's structure or parameter count")
     return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import torch
@@ -27,11 +28,18 @@ class HealTexts:
         """{id: windows} of every evaluation text: the held-out text ("held_out"), then each unlike text."""
         return {"held_out": self.held_out, **self.unlike}
 
+    def perplexities(self, model, who: str = "model", progress: bool = True) -> dict:
+        """{id: perplexity of `model`} on every evaluation text (`who` names it in the progress bars)."""
+        from gac.evaluate.perplexity import perplexity
+
+        return {k: perplexity(model, w, desc=f"perplexity {who} {k}", progress=progress)
+                for k, w in self.evaluated().items()}
+
     def with_samples(self, windows: torch.Tensor) -> "HealTexts":
         """These texts with `windows` [n, seq] sampled from the original beside the healing text's (less any that
         share a passage with the evaluation windows, as the healing text's): the last VAL_WINDOWS of them join the
         early-stopping windows, so stopping weighs both."""
-        shared = sharing(windows, list(self.evaluated().values()))
+        shared = sharing(windows, self.evaluated().values())
         windows = windows[~shared]
         if windows.shape[0] <= VAL_WINDOWS:
             raise GacError(f"{windows.shape[0]} of the windows sampled from the original are apart from the "
@@ -50,7 +58,7 @@ def _runs(windows: torch.Tensor, stride: int) -> set:
     return out
 
 
-def sharing(windows: torch.Tensor, evaluation: list[torch.Tensor]) -> torch.Tensor:
+def sharing(windows: torch.Tensor, evaluation: Iterable[torch.Tensor]) -> torch.Tensor:
     """[n] bool: which of `windows` [n, seq] contain an OVERLAP_TOKENS run of any evaluation window (runs taken at
     every offset of `windows` against the evaluation windows' runs at a stride of OVERLAP_TOKENS: any shared passage
     of 2 x OVERLAP_TOKENS tokens or more is found)."""
