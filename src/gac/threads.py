@@ -36,10 +36,15 @@ def kernel_threads(n: int):
         torch.set_num_threads(saved)
 
 
-def map_side_by_side(fn: Callable, items: Iterable, *, on_done: Callable[[], None] | None = None) -> list:
+def map_side_by_side(fn: Callable, items: Iterable, *, cost: Callable | None = None,
+                     on_done: Callable[[], None] | None = None) -> list:
     """[fn(item) for item in items], computed by `workers()` threads that share torch's intra-op threads between
     them (one each on a 2-core machine); results in the items' order, the first exception raised. on_done is
-    called after each item (a progress bar's update)."""
+    called after each item (a progress bar's update).
+
+    cost(item): its work, relative to the others'. The costliest start first (longest processing time first), so
+    the last to start is a small one and the workers finish together: an 8B-shaped layer's SVDs in order q, k, v, o,
+    gate, up, down left one worker alone on down's for its last 40 s (docs/RESULTS.md, 2026-11-26)."""
     items = list(items)
     n = workers(len(items))
     if n == 1:
@@ -50,8 +55,9 @@ def map_side_by_side(fn: Callable, items: Iterable, *, on_done: Callable[[], Non
                 on_done()
         return results
     with kernel_threads(torch.get_num_threads() // n), ThreadPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(fn, item) for item in items]
+        order = sorted(range(len(items)), key=lambda i: -cost(items[i])) if cost else range(len(items))
+        futures = {i: pool.submit(fn, items[i]) for i in order}
         if on_done:
-            for f in futures:
+            for f in futures.values():
                 f.add_done_callback(lambda _f: on_done())
-        return [f.result() for f in futures]
+        return [futures[i].result() for i in range(len(items))]

@@ -122,6 +122,11 @@ class LowRankUnit(Unit):
         return [q - at_dim for q in at_candidates]
 
     @property
+    def factorization_work(self) -> int:
+        """m n min(m, n) of its [out, in] weight: what its SVD and loss-model products cost, relative to another's."""
+        return self.out_features * self.in_features * min(self.out_features, self.in_features)
+
+    @property
     def loss_in_nats(self) -> bool:
         """With a loss-model curve: its dL is 1/2 tr(diag(f) dW C dW^T), f the Fisher of the per-token loss and C the
         inputs' second moment per token (gac.compressors.loss_model), so nats per token, whatever the compressor."""
@@ -320,7 +325,8 @@ class LowRankCompressor(Compressor):
             return scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)), self.factorization)
 
         with tqdm(total=len(units), desc=f"{self.name}: factorizing", unit="weight", disable=not progress) as bar:
-            for u, svd in zip(units, map_side_by_side(factorize, units, on_done=bar.update)):
+            for u, svd in zip(units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work,
+                                                              on_done=bar.update)):
                 u.svd = svd
 
     def cut_state(self, model, units: list[LowRankUnit]) -> dict:
@@ -408,7 +414,7 @@ def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progr
                                      fishers[g.linear][g.rows].to(svd.U.device))
         return lowrank_loss_curve(s, P, Q / max(linear_stats.tokens, 1), u.max_dim)
 
-    for u, c in zip(units, map_side_by_side(curve, units)):
+    for u, c in zip(units, map_side_by_side(curve, units, cost=lambda u: u.factorization_work)):
         u.curve = c
     log.info("loss model: %d curves in %.1f s", len(units), time.perf_counter() - start)
 

@@ -38,11 +38,11 @@ from gac.threads import workers
 log = logging.getLogger(__name__)
 GIB = 2**30
 RUNTIME_BYTES = int(0.6 * GIB)  # python + torch + transformers + tokenizer, measured on this CPU
-# rates relative to the measured float32 matmul rate, fitted on this 2-core CPU to the 32-layer 8B-shaped run of
-# 2026-11-23 (186 s a layer, 53 s of it the loss model's 4.7e12 float64 FLOPs, at a ~95 GFLOP/s matmul rate;
-# docs/RESULTS.md): LAPACK's SVD (12 m n k FLOPs), float64 products. To be refitted on a run of the current code.
-SVD_SHARE = 1.0
-FP64_SHARE = 0.9
+# rates relative to the measured float32 matmul rate, fitted on this 2-core CPU to an 8B-shaped layer of the current
+# code (2026-11-26, alone on the machine, matmul rate 190 GFLOP/s): its 7 SVDs (1.04e13 "12 m n k" FLOPs) in 80.5 s
+# side by side, the loss model's 1.83e12 float64 FLOPs in 24.1 s (docs/RESULTS.md)
+SVD_SHARE = 0.68
+FP64_SHARE = 0.40
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
