@@ -120,3 +120,15 @@ def test_loss_model_time_counts_its_float64_products_from_the_input_rows():
     loss = s.layers * sum(loss_model_flops(o, i, 256) for o, i in s.linears())
     reverse = 4 * 2 * 256 * ((s.params - s.outer_params) + s.vocab * s.hidden)  # the reverse sweep's passes
     assert output.seconds - plain.seconds == pytest.approx(loss / (RATE * FP64_SHARE) + reverse / RATE)
+
+
+def test_x_t_x_memory_is_the_input_rows_while_they_are_fewer_than_the_columns():
+    """gac.linalg.Gram keeps the inputs' rows [tokens, in] (the model's dtype) while they are no more than the
+    columns, and sums [in, in] in float64 past that: the forecast counts the same."""
+    config = llama(2)  # inputs of width 1024 (hidden and q) and 3584 (intermediate)
+    s = Shapes.of(config)
+    widths = (s.hidden, s.q_width, s.intermediate)
+    few = forecast(config, dtype="bfloat16", calib_windows=4, seq_len=128, flops_per_s=RATE)  # 512 tokens
+    assert few.parts["one layer's X^T X"] == sum(2 * 512 * i for i in widths)
+    many = forecast(config, dtype="bfloat16", calib_windows=16, seq_len=512, flops_per_s=RATE)  # 8192 tokens
+    assert many.parts["one layer's X^T X"] == sum(8 * i * i for i in widths)

@@ -153,8 +153,11 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     act = b  # hidden states in the model's dtype
     layer_factors = sum(_factor_bytes(o, i) for o, i in s.factorized()) if lowrank else 0
     cached = c.cut_state_bytes(s, b)  # layer-wise: what materialization reads instead of factorizing again
-    # linears fed by one activation share one X^T X (q/k/v, gate/up): inputs of width hidden, q width, intermediate
-    layer_xtx = sum(8 * i * i for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
+    # linears fed by one activation share one X^T X (q/k/v, gate/up): inputs of width hidden, q width, intermediate;
+    # kept as the input rows [tokens, i] while they are no more than the columns, else summed [i, i] in float64
+    # (gac.linalg.Gram)
+    layer_xtx = sum(act * tokens * i if tokens <= i else 8 * i * i
+                    for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
     big_o, big_i = max(s.factorized(), key=lambda oi: oi[0] * oi[1])
     # the loss model's float64 work on one weight [o, i], k = min(o, i): Vh S^-1 and its product with X^T X [k, i]
     # each, U and U^T diag(f) [o, k] each, P and Q [k, k], and the curve's own [k, k] temporaries (3)
