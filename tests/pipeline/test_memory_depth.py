@@ -1,6 +1,6 @@
 """Memory bounded by one layer: the peak of a run that goes layer by layer (chosen by itself under a memory
 budget, evaluated as by default: perplexity and per-layer latency) grows with depth by less than two layers'
-weights (the target; asserted: less than four, see the test). Each run in its own process (benchmarks/memory.py's
+weights. Each run in its own process (benchmarks/memory.py's
 child), its peak anonymous memory compared: file pages of the memory-mapped weights, which the kernel maps more of
 when the files are still cached, are left out."""
 
@@ -25,6 +25,5 @@ def test_layerwise_peak_grows_by_less_than_two_layers(tmp_path):
         assert runs[layers]["exit"] == 0, runs[layers]["tail"]
         assert runs[layers]["chosen"] == "layerwise"  # no flag names the pipeline
     growth = runs[8]["peak_anon"] - runs[2]["peak_anon"]
-    # holding every layer would add 6 layers' weights; the target is under 2 layers', which runs do not meet yet
-    # (measured 108-122 MiB here, about 2.3 layers: docs/RESULTS.md), so this catches a run that holds the layers
-    assert growth < 4 * layer_bytes, f"{growth / 2**20:.0f} MiB more at 8 layers than at 2"
+    # holding every layer would add 6 layers' weights (312 MiB); measured +4 to +15 MiB here (docs/RESULTS.md)
+    assert growth < 2 * layer_bytes, f"{growth / 2**20:.0f} MiB more at 8 layers than at 2"
