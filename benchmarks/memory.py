@@ -4,9 +4,11 @@ layers' weights for the layer-by-layer pipeline (it grows by the whole model for
 
     python benchmarks/memory.py --layers 4 8 16 --hidden 1024 --out /tmp/gac-memory [--whole] [--eval]
     python benchmarks/memory.py --layers 4 8 16 --eval --budget cpu=2GiB   # no pipeline flag: gac chooses
+    python benchmarks/memory.py --layers 4 16 --moe 32                       # Qwen3-MoE-shaped, pruned
     python benchmarks/memory.py --child DIR OUT [compress options...]       # one run (used by the above)
 
-Each run: asvd at 0.15, float32, --no-eval (--eval: evaluated as by default), 4 calibration windows of 128 tokens;
+Each run: asvd at 0.15 (--moe: prune at 0.15 of every layer, one expert width a layer), float32, --no-eval (--eval:
+evaluated as by default), 4 calibration windows of 128 tokens;
 peak RSS of the child process
 (VmHWM, its own address space: getrusage's ru_maxrss of a child started by vfork/exec reports the parent's peak when
 larger, here the parent's while it built the random model), and its peak anonymous memory (RssAnon sampled every
@@ -28,13 +30,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPRESS = ["--compressor", "asvd", "--ratio", "0.15", "--no-eval", "--seq-len", "128", "--calib-windows", "4",
-            "--quiet", "--force"]
+COMPRESS = ["--ratio", "0.15", "--no-eval", "--seq-len", "128", "--calib-windows", "4", "--quiet", "--force"]
+COMPRESSOR = {"llama": ["--compressor", "asvd"], "moe": ["--compressor", "prune", "--prune-layers", "all"]}
 
 
-def make_model(d: Path, layers: int, hidden: int, dtype: str = "float32") -> int:
-    """A random Llama-shaped model (Llama-3's proportions: MLP 3.5x, 4 query heads per KV head, head_dim 128) with
-    the tests' tokenizer; returns one layer's weight bytes."""
+def make_model(d: Path, layers: int, hidden: int, dtype: str = "float32", experts: int = 0) -> int:
+    """A random Llama-shaped model (Llama-3's proportions: MLP 3.5x, 4 query heads per KV head, head_dim 128), or with
+    `experts` a Qwen3-MoE-shaped one (Qwen3-30B-A3B's proportions: expert width 0.375x, 8 experts a token), with the
+    tests' tokenizer; returns one layer's weight bytes."""
     import torch
     import transformers
 
@@ -42,9 +45,15 @@ def make_model(d: Path, layers: int, hidden: int, dtype: str = "float32") -> int
     from tests.conftest import tiny_tokenizer
 
     heads = max(1, hidden // 128)
-    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=int(3.5 * hidden), num_hidden_layers=layers,
-                                      num_attention_heads=heads, num_key_value_heads=max(1, heads // 4),
-                                      vocab_size=8192, max_position_embeddings=2048, tie_word_embeddings=False)
+    shape = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                 num_key_value_heads=max(1, heads // 4), vocab_size=8192, max_position_embeddings=2048,
+                 tie_word_embeddings=False)
+    if experts:
+        config = transformers.Qwen3MoeConfig(**shape, head_dim=128, intermediate_size=3 * hidden,
+                                             moe_intermediate_size=int(0.375 * hidden), num_experts=experts,
+                                             num_experts_per_tok=min(8, experts), decoder_sparse_step=1)
+    else:
+        config = transformers.LlamaConfig(**shape, intermediate_size=int(3.5 * hidden))
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.save_pretrained(d, max_shard_size="2GB")
@@ -141,6 +150,8 @@ def main() -> None:
                         "latency) instead of --no-eval")
     parser.add_argument("--budget", help="no pipeline flag: this --max-memory budget (e.g. cpu=2GiB), the "
                         "pipeline chosen by gac (report.json's pipeline is printed)")
+    parser.add_argument("--moe", type=int, default=0, metavar="EXPERTS",
+                        help="Qwen3-MoE-shaped models with this many experts a layer, pruned (experts' width)")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "OUT"))
     args, rest = parser.parse_known_args()
     if args.child:
@@ -149,10 +160,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for layers in args.layers:
-        model_dir = args.out / f"llama-{args.hidden}x{layers}"
-        layer_bytes = make_model(model_dir, layers, args.hidden)
+        family = "moe" if args.moe else "llama"
+        model_dir = args.out / f"{family}-{args.hidden}x{layers}"
+        layer_bytes = make_model(model_dir, layers, args.hidden, experts=args.moe)
         for pipeline in (["layerwise", "whole"] if args.whole else ["layerwise"]):
-            options = [o for o in COMPRESS if not (args.eval and o == "--no-eval")]
+            options = COMPRESSOR[family] + [o for o in COMPRESS if not (args.eval and o == "--no-eval")]
             if args.budget:
                 options += ["--max-memory", args.budget]
             else:

@@ -193,18 +193,20 @@ def test_compressing_a_compressed_model_is_refused(tiny_model_dir, tmp_path):
         compress(fast_config(out, compressor="asvd", ratio=0.3, evaluate=False))
 
 
+@pytest.mark.parametrize("method", ["gram", "gram32"])
 @pytest.mark.parametrize("compressor", ["asvd", "svd_llm", "palu"])
-def test_gram_factorization_gives_the_same_dims(tiny_model_dir, compressor):
-    """The fast Gram path (the default on CUDA) chooses the same dims as the exact SVD."""
+def test_gram_factorization_gives_the_same_dims(tiny_model_dir, compressor, method):
+    """The fast Gram paths (float64, the default on CUDA; float32, the default on CPU) choose the same dims as the
+    exact SVD."""
     exact = compress(fast_config(tiny_model_dir, compressor=compressor, ratio=0.3, evaluate=False,
                                  factorization="svd"))
     gram = compress(fast_config(tiny_model_dir, compressor=compressor, ratio=0.3, evaluate=False,
-                                factorization="gram"))
+                                factorization=method))
     assert gram.report["dims"] == exact.report["dims"]
 
 
 def test_factorization_auto_resolves_by_device():
-    assert CompressConfig(device="cpu").factorization_method == "svd"
+    assert CompressConfig(device="cpu").factorization_method == "gram32"
     assert CompressConfig(device="cuda:0").factorization_method == "gram"
     with pytest.raises(GacError, match="unknown factorization"):
         CompressConfig(factorization="qr")

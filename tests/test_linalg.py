@@ -5,8 +5,7 @@ import itertools
 import pytest
 import torch
 
-from gac.linalg import Gram, factorize_from_svd, scaled_svd, tall_svd, whiten
-from gac.models.kinds.rank import max_useful_rank
+from gac.linalg import Gram, factorize_from_svd, gram32_holds, max_useful_rank, scaled_svd, tall_svd, whiten
 
 SHAPES = [(8, 6), (6, 8), (24, 16)]  # [out, in]: tall, wide, and the one used with a scale
 
@@ -138,6 +137,45 @@ def test_gram_factorization_matches_svd(shape, scaled):
         a2, b2 = factorize_from_svd(gram, rank)
         ref = (b1 @ a1).double()
         assert float(((b2 @ a2).double() - ref).norm() / ref.norm()) < 1e-4
+
+
+@pytest.mark.parametrize("shape", [(40, 24), (24, 40)])
+def test_gram32_is_the_projection_onto_its_eigenvectors_and_near_the_svds_error(shape):
+    """gram32 in float32: S descending, Vh orthonormal rows, U diag(S) Vh = W S V V^T at every rank (so the factors
+    are what the loss model evaluates), and the truncation error within 1e-4 of the exact SVD's (a well-conditioned
+    weight: the float32 path runs, not the fallback)."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(*shape, generator=g)
+    scale = torch.rand(shape[1], generator=g) + 0.5
+    fast, exact = scaled_svd(w, scale, "gram32"), scaled_svd(w, scale, "svd")
+    assert fast.S.dtype == torch.float32 and bool((fast.S[:-1] >= fast.S[1:]).all())
+    assert gram32_holds(fast.S, shape)
+    eye = torch.eye(fast.Vh.shape[0])
+    assert torch.allclose(fast.Vh @ fast.Vh.T, eye, atol=1e-5)
+    a = (w * scale).double()
+    for rank in (1, min(shape) // 2, min(shape) - 1):
+        approx = {m: (f.U[:, :rank] * f.S[:rank]).double() @ f.Vh[:rank].double() for m, f in
+                  (("fast", fast), ("exact", exact))}
+        V = fast.Vh[:rank].double().T
+        assert torch.allclose(approx["fast"], a @ V @ V.T, atol=1e-5 * float(a.norm()))
+        err = {m: float((a - x).norm()) for m, x in approx.items()}
+        assert err["fast"] == pytest.approx(err["exact"], rel=1e-4)
+    assert not torch.equal(fast.U, exact.U)  # it did not fall back
+
+
+def test_gram32_falls_back_to_the_exact_svd_where_float32_eigh_is_too_coarse():
+    """A weight whose s_1 / s_k at the break-even rank (11 of 20) is ~3e3 (eps32 * 9e6 ~ 1 > GRAM32_TOLERANCE), and a
+    whitened one (float64): both get the exact SVD, to the bit."""
+    g = torch.Generator().manual_seed(8)
+    q1, _ = torch.linalg.qr(torch.randn(30, 30, generator=g))
+    q2, _ = torch.linalg.qr(torch.randn(20, 20, generator=g))
+    s = torch.logspace(0, -6, 20)
+    w = (q1[:, :20] * s) @ q2.T  # [30, 20]
+    assert not gram32_holds(scaled_svd(w, None, "gram").S, w.shape)
+    assert torch.equal(scaled_svd(w, None, "gram32").U, scaled_svd(w, None, "svd").U)
+    x = torch.randn(80, 20, generator=g, dtype=torch.float64)
+    white = whiten(x.T @ x)
+    assert torch.equal(scaled_svd(w, white, "gram32").S, scaled_svd(w, white, "svd").S)
 
 
 def test_gram_factorization_of_rank_deficient_matrix_has_no_nans():

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gac.compressors import FACTORIZATIONS
+
 
 @dataclass(frozen=True)
 class ScaledSVD:
@@ -88,35 +90,56 @@ class Gram:
         return torch.cat([r.double() for r in self.rows])  # [t, in]
 
 
-FACTORIZATIONS = ("svd", "gram")
+# gram32 takes a weight's spectrum from a float32 eigendecomposition where that leaves the smallest eigenvalue the
+# loss curve reads (at the break-even rank) within 1% of its value: eps32 * (s_1 / s_k)^2 <= 1e-2, i.e. s_1 / s_k
+# up to ~400. Measured: the embedded model's asvd weights reach 1.3e-3, an 8B-shaped random one far less
+# (docs/RESULTS.md); beyond it the exact SVD runs.
+GRAM32_TOLERANCE = 1e-2
 
 
-def gram_svd(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Thin SVD (U, S, Vh) of a [m, n] from the eigendecomposition of its smaller Gram matrix, in float64.
+def max_useful_rank(in_features: int, out_features: int) -> int:
+    """Break-even: the largest rank whose factorization r (in + out) has fewer parameters than the dense weight."""
+    return (in_features * out_features - 1) // (in_features + out_features)
 
-    eigh of the [k, k] Gram matrix (k = min(m, n)) is much faster than cuSOLVER's SVD of the [m, n] matrix on a
-    GPU; on a CPU it wins at small k and not at k = 4096 (docs/RESULTS.md). Squaring the matrix costs precision only in the smallest singular values (relative error
-    ~ eps64 * (s_max / s)^2), far below what a rank cut keeps. Returned in a's dtype."""
-    x = a.double()
+
+def gram_svd(a: torch.Tensor, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD (U, S, Vh) of a [m, n] from the eigendecomposition of its smaller Gram matrix, computed in dtype.
+
+    The Gram matrix's eigenvectors V are orthonormal to working precision; S are the norms of a V's columns (sorted
+    descending) and U = a V / S, so U[:, :r] diag(S[:r]) Vh[:r] = a V_r V_r^T is the projection of a onto V_r's span
+    at every rank r: the factors cut from it are exactly what the loss model evaluates (its P and Q hold for any
+    orthonormal V), and eigh's rounding only moves V_r's span from the optimal one (relative error
+    ~ eps * (s_1 / s_r)^2 in the r-th eigenvalue). eigh of the [k, k] Gram matrix (k = min(m, n)) is much faster
+    than cuSOLVER's SVD on a GPU, and in float32 about 2x faster than LAPACK's SVD on a CPU at Llama-3-8B's shapes
+    (docs/RESULTS.md). Returned in a's dtype."""
+    x = a.to(dtype)
     tall = x.shape[0] >= x.shape[1]
-    gram = x.T @ x if tall else x @ x.T  # [k, k]
-    evals, evecs = torch.linalg.eigh(gram)  # ascending
-    evals, evecs = evals.flip(0), evecs.flip(1)
-    S = evals.clamp_min(0).sqrt()  # [k], descending
+    y = x if tall else x.T  # [max(m, n), k]
+    _, V = torch.linalg.eigh(y.T @ y)  # [k, k], orthonormal columns
+    B = y @ V  # [max(m, n), k]
+    S, order = B.norm(dim=0).sort(descending=True)
+    V, B = V[:, order], B[:, order]
     inv = torch.where(S > S[0] * 1e-12, 1.0 / S, torch.zeros_like(S))  # null directions get zero vectors
-    if tall:
-        V = evecs  # [n, k]
-        U = (x @ V) * inv  # [m, k]
-    else:
-        U = evecs  # [m, k]
-        V = (x.T @ U) * inv  # [n, k]
+    B = B * inv
+    U, V = (B, V) if tall else (V, B)  # U [m, k], V [n, k]
     return U.to(a.dtype), S.to(a.dtype), V.T.contiguous().to(a.dtype)
+
+
+def gram32_holds(S: torch.Tensor, shape: tuple[int, int]) -> bool:
+    """Whether a float32 eigendecomposition is precise enough for a weight of this spectrum S (descending) and
+    shape [out, in]: eps32 * (s_1 / s_k)^2 <= GRAM32_TOLERANCE at the break-even rank k, the last the loss curve
+    reads."""
+    k = min(max_useful_rank(shape[1], shape[0]), S.numel() - 1)
+    if float(S[k]) <= 0:
+        return False
+    return torch.finfo(torch.float32).eps * float(S[0] / S[k]) ** 2 <= GRAM32_TOLERANCE
 
 
 def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: str = "svd") -> ScaledSVD:
     """SVD of weight @ S in float32: S = diag(scale) for a positive per-input-channel scale [in] (ASVD), or a
-    lower-triangular whitening matrix [in, in] (SVD-LLM, from `whiten`). method "gram" takes it from the
-    eigendecomposition of the smaller Gram matrix in float64 (`gram_svd`), "svd" from torch.linalg.svd."""
+    lower-triangular whitening matrix [in, in] (SVD-LLM, from `whiten`). method "svd": torch.linalg.svd (LAPACK);
+    "gram": from the eigendecomposition of the smaller Gram matrix in float64 (`gram_svd`); "gram32": the same in
+    float32 where `gram32_holds`, else "svd" (a whitened weight, ill-conditioned and kept in float64, always "svd")."""
     if method not in FACTORIZATIONS:
         raise ValueError(f"unknown factorization {method!r}: choose one of {', '.join(FACTORIZATIONS)}")
     w = weight.detach().float()  # [out, in]
@@ -128,8 +151,13 @@ def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: 
         # Whitening matrices can be ill-conditioned: keep this path in float64 (the factors are cast on copy).
         s = scale.detach().double()  # [in, in]
         w = w.double() @ s
-    U, S, Vh = gram_svd(w) if method == "gram" else tall_svd(w)
-    return ScaledSVD(U, S, Vh, s)
+    if method == "gram":
+        return ScaledSVD(*gram_svd(w), s)
+    if method == "gram32" and w.dtype == torch.float32:
+        U, S, Vh = gram_svd(w, torch.float32)
+        if gram32_holds(S, tuple(w.shape)):
+            return ScaledSVD(U, S, Vh, s)
+    return ScaledSVD(*tall_svd(w), s)
 
 
 def tall_svd(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

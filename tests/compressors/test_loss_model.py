@@ -14,6 +14,7 @@ from gac.compressors.loss_model import (
     slope_at,
     truncation_factors,
 )
+from gac.compressors import FACTORIZATIONS
 from gac.linalg import Gram, factorize_from_svd, scaled_svd, whiten
 
 
@@ -25,12 +26,14 @@ def _data(seed, out=12, inp=10, tokens=200):
     return W, X, f
 
 
+@pytest.mark.parametrize("method", FACTORIZATIONS)
 @pytest.mark.parametrize("kind", ["plain", "diag", "whiten"])
-def test_curve_is_the_fisher_weighted_output_error_of_the_materialized_factorization(kind):
+def test_curve_is_the_fisher_weighted_output_error_of_the_materialized_factorization(kind, method):
+    """Whatever the factorization (an exact SVD, or eigh of the Gram matrix: U = W S V / s need not be orthonormal)."""
     W, X, f = _data(0)
     C = X.T @ X / X.shape[0]
     scale = {"plain": None, "diag": X.abs().mean(0).sqrt(), "whiten": whiten(X.T @ X)}[kind]
-    svd = scaled_svd(W, scale)
+    svd = scaled_svd(W, scale, method)
     curve = lowrank_loss_curve(*truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, Gram.of_matrix(C), f))
     assert curve.shape == (min(W.shape) + 1,)
     for r in range(1, min(W.shape)):

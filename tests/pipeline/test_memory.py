@@ -9,7 +9,8 @@ import pytest
 import transformers
 
 from gac.errors import GacError
-from gac.pipeline.memory import FP64_SHARE, SVD_SHARE, Shapes, forecast, loss_model_flops
+from gac.pipeline.memory import (FP64_SHARE, GRAM32_SHARE, SVD_SHARE, Shapes, factorization_cost, forecast,
+                                 loss_model_flops)
 from tests.helpers import run_gac
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configs"
@@ -95,8 +96,8 @@ def test_layerwise_forecast_counts_the_factor_cache_and_one_svd():
     s = Shapes.of(config)
     layer = sum(((o * i - 1) // (o + i)) * (o + i) for o, i in s.linears())  # cached values of one layer
     for dtype, b in (("float32", 4), ("bfloat16", 2)):
-        layerwise, whole = (forecast(config, compressor="svd", dtype=dtype, layerwise=lw, flops_per_s=RATE)
-                            for lw in (True, False))
+        layerwise, whole = (forecast(config, compressor="svd", dtype=dtype, layerwise=lw, factorization="svd",
+                                     flops_per_s=RATE) for lw in (True, False))
         assert layerwise.disk_bytes == max(whole.disk_bytes, s.layers * layer * b) + layer * b
     tokens = 16 * 512  # forecast's default windows
     forward = 2 * tokens * (s.params - s.outer_params) + 2 * tokens * s.vocab * s.hidden
@@ -106,6 +107,22 @@ def test_layerwise_forecast_counts_the_factor_cache_and_one_svd():
     assert whole.seconds == pytest.approx(2 * forward / RATE + svd_seconds)
     layerwise, whole = (forecast(config, compressor="prune", layerwise=lw, flops_per_s=RATE) for lw in (True, False))
     assert layerwise.disk_bytes - whole.disk_bytes == s.layers * tokens * s.hidden * 4  # stored inputs, no factors
+
+
+def test_gram32_forecast_counts_its_products_and_eigh_and_whitened_weights_take_the_svd():
+    """The float32 Gram path (the CPU default): the Gram matrix and A V (2 max(o, i) k^2 each) and eigh (11 k^3) at
+    GRAM32_SHARE, under LAPACK's SVD at Llama-3-8B's shapes; svd_llm's whitened weights always take the exact SVD."""
+    config = llama(4)
+    s = Shapes.of(config)
+    svd, gram = (forecast(config, compressor="svd", factorization=m, flops_per_s=RATE) for m in ("svd", "gram32"))
+    work = s.layers * sum(4 * max(o, i) * min(o, i) ** 2 + 11 * min(o, i) ** 3 for o, i in s.linears())
+    lapack = s.layers * sum(12 * o * i * min(o, i) for o, i in s.linears())
+    assert svd.seconds - gram.seconds == pytest.approx(lapack / (RATE * SVD_SHARE) - work / (RATE * GRAM32_SHARE))
+    big = [factorization_cost(o, i, m) for o, i in ((4096, 4096), (14336, 4096)) for m in ("svd", "gram32")]
+    assert all(f_svd / s_svd > f_gram / s_gram for (f_svd, s_svd), (f_gram, s_gram) in zip(big[::2], big[1::2]))
+    whitened = [forecast(config, compressor="svd_llm", options={"importance": "magnitude"}, factorization=m,
+                         flops_per_s=RATE).seconds for m in ("svd", "gram32")]
+    assert whitened[0] == whitened[1]
 
 
 def test_loss_model_time_counts_its_float64_products_from_the_input_rows():

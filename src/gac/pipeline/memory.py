@@ -19,8 +19,8 @@ upper bound (the reverse sweep frees each layer's input as it caches its factors
 factors as it writes its output).
 Time: forward-pass FLOPs over the calibration tokens (the analysis's passes, one more whole; layer-wise
 materialization runs none: it reads the cached factors) and the probe passes at this device's measured matmul rate;
-SVD FLOPs (~12 m n k per m x n weight, once) at SVD_SHARE of it (LAPACK's SVD is far from matmul speed); the loss
-model's and the statistics' float64 products (loss_model_flops, X^T X once rows outnumber an input's columns) at
+the factorizations (factorization_cost: LAPACK's SVD, or the Gram path's products and eigh) at their share of it;
+the loss model's and the statistics' float64 products (loss_model_flops, X^T X once rows outnumber an input's columns) at
 FP64_SHARE of it. Rough by design: within a few tens of per cent (docs/RESULTS.md compares it with measured peaks
 and times)."""
 
@@ -40,8 +40,10 @@ GIB = 2**30
 RUNTIME_BYTES = int(0.6 * GIB)  # python + torch + transformers + tokenizer, measured on this CPU
 # rates relative to the measured float32 matmul rate, fitted on this 2-core CPU to an 8B-shaped layer of the current
 # code (2026-11-26, alone on the machine, matmul rate 190 GFLOP/s): its 7 SVDs (1.04e13 "12 m n k" FLOPs) in 80.5 s
-# side by side, the loss model's 1.83e12 float64 FLOPs in 24.1 s (docs/RESULTS.md)
+# side by side; by the float32 Gram path, 7.28e12 FLOPs in 43.5 s; the loss model's 1.83e12 float64 FLOPs in 24.1 s
+# (docs/RESULTS.md)
 SVD_SHARE = 0.68
+GRAM32_SHARE = 0.88
 FP64_SHARE = 0.40
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -130,7 +132,7 @@ def _factor_bytes(o: int, i: int) -> int:
 
 def forecast(config, *, compressor: str = "asvd", options: dict | None = None, ratio: float = 0.15,
              dtype: str = "float32", calib_windows: int = 16, seq_len: int = 512, layerwise: bool = True,
-             flops_per_s: float | None = None) -> Forecast:
+             factorization: str = "gram32", flops_per_s: float | None = None) -> Forecast:
     """Predicted peak memory, output size and time of compressing a model of this config with the compressor
     `compressor` built from `options` (its config options, as CompressConfig.compressor_options)."""
     from gac.compressors import make_compressor
@@ -217,17 +219,28 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
         passes = (1 + 1 + 3) if reverse else 1
     else:  # analysis (forward; reverse: forward + recompute + backward), materialize
         passes = (1 + 3 + 1) if reverse else 2
-    svd_flops = s.layers * sum(12 * o * i * min(o, i) for o, i in s.factorized()) if lowrank else 0
+    method = "svd" if own and factorization == "gram32" else factorization  # a whitened weight: gac.linalg.scaled_svd
+    factorizing = [factorization_cost(o, i, method) for o, i in s.factorized()] if lowrank else []
     active = s.layers * s.active_layer_params + s.outer_params
     probe_flops = (s.layers * len(s.factorized()) + 1) * 2 * probe * active  # the probe loss, each weight truncated
     fp64_flops = s.layers * sum(loss_model_flops(o, i, tokens) for o, i in s.factorized()) if loss_model else 0
     if xtx:  # summed only once an input's rows outnumber its columns (gac.linalg.Gram)
         fp64_flops += s.layers * sum(2 * tokens * i * i for i in (s.hidden, s.q_width, s.intermediate) if tokens > i)
     rate = flops_per_s or matmul_rate()
-    seconds = (forward_flops * passes + probe_flops) / rate + svd_flops / (rate * SVD_SHARE) + fp64_flops / (
-        rate * FP64_SHARE)
+    factorize_seconds = s.layers * sum(f / (rate * share) for f, share in factorizing)
+    seconds = (forward_flops * passes + probe_flops) / rate + factorize_seconds + fp64_flops / (rate * FP64_SHARE)
     return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk, seconds,
                     {k: int(v) for k, v in parts.items()})
+
+
+def factorization_cost(o: int, i: int, method: str) -> tuple[int, float]:
+    """(FLOPs, their rate as a share of the float32 matmul rate) of factorizing one [o, i] weight, k = min(o, i):
+    LAPACK's SVD, ~12 o i k; the Gram path (gac.linalg.gram_svd), the Gram matrix and a V (2 max(o, i) k^2 each) and
+    eigh (~11 k^3, measured on this CPU), in float32 (gram32, presumed to hold for every weight) or float64 (gram)."""
+    k = min(o, i)
+    if method == "svd":
+        return 12 * o * i * k, SVD_SHARE
+    return 4 * max(o, i) * k * k + 11 * k**3, GRAM32_SHARE if method == "gram32" else FP64_SHARE
 
 
 def loss_model_flops(o: int, i: int, tokens: int) -> int:
@@ -279,7 +292,8 @@ def forecast_of(cfg, layerwise: bool) -> Forecast:
         try:
             forecasts.append(forecast(config, compressor=name, options=cfg.compressor_options,
                                       ratio=cfg.analysis_ratio, dtype=cfg.dtype, calib_windows=cfg.text.calib_windows,
-                                      seq_len=cfg.text.seq_len, layerwise=layerwise))
+                                      seq_len=cfg.text.seq_len, layerwise=layerwise,
+                                      factorization=cfg.factorization_method))
         except GacError:
             if len(candidates_of(cfg.compressor)) == 1:
                 raise  # a candidate that cannot run on this model is skipped by auto, and not forecast
