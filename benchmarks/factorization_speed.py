@@ -14,8 +14,7 @@ import time
 
 import torch
 
-from gac.compressors import FACTORIZATIONS
-from gac.linalg import scaled_svd
+from gac.linalg import FACTORIZATIONS, scaled_svd
 
 
 def main() -> None:

@@ -5,7 +5,8 @@ import itertools
 import pytest
 import torch
 
-from gac.linalg import Gram, factorize_from_svd, gram32_holds, max_useful_rank, scaled_svd, tall_svd, whiten
+from gac.linalg import Gram, factorize_from_svd, gram32_holds, scaled_svd, tall_svd, whiten
+from gac.models.kinds.rank import max_useful_rank
 
 SHAPES = [(8, 6), (6, 8), (24, 16)]  # [out, in]: tall, wide, and the one used with a scale
 
@@ -149,7 +150,7 @@ def test_gram32_is_the_projection_onto_its_eigenvectors_and_near_the_svds_error(
     scale = torch.rand(shape[1], generator=g) + 0.5
     fast, exact = scaled_svd(w, scale, "gram32"), scaled_svd(w, scale, "svd")
     assert fast.S.dtype == torch.float32 and bool((fast.S[:-1] >= fast.S[1:]).all())
-    assert gram32_holds(fast.S, shape)
+    assert gram32_holds(fast.S)
     eye = torch.eye(fast.Vh.shape[0])
     assert torch.allclose(fast.Vh @ fast.Vh.T, eye, atol=1e-5)
     a = (w * scale).double()
@@ -171,8 +172,10 @@ def test_gram32_falls_back_to_the_exact_svd_where_float32_eigh_is_too_coarse():
     q2, _ = torch.linalg.qr(torch.randn(20, 20, generator=g))
     s = torch.logspace(0, -6, 20)
     w = (q1[:, :20] * s) @ q2.T  # [30, 20]
-    assert not gram32_holds(scaled_svd(w, None, "gram").S, w.shape)
-    assert torch.equal(scaled_svd(w, None, "gram32").U, scaled_svd(w, None, "svd").U)
+    k = max_useful_rank(20, 30)
+    assert gram32_holds(scaled_svd(w, None, "gram").S, 2) and not gram32_holds(scaled_svd(w, None, "gram").S, k)
+    assert torch.equal(scaled_svd(w, None, "gram32", k).U, scaled_svd(w, None, "svd").U)
+    assert not torch.equal(scaled_svd(w, None, "gram32", 2).U, scaled_svd(w, None, "svd").U)  # precise to rank 2
     x = torch.randn(80, 20, generator=g, dtype=torch.float64)
     white = whiten(x.T @ x)
     assert torch.equal(scaled_svd(w, white, "gram32").S, scaled_svd(w, white, "svd").S)

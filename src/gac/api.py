@@ -12,11 +12,12 @@ from pathlib import Path
 from gac.align.select import COMPRESS_WINDOW
 from gac.analysis import (Analyzed, Selected, analyze, analyze_and_select, analyze_with, latency_loop,  # noqa: F401
                           materialize_variants, reduced_dims, select_dims)  # the run's stages, public here too
-from gac.compressors import AUTO, FACTORIZATIONS
+from gac.compressors import AUTO
 from gac.data import TextConfig
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
 from gac.hw.device import ALIGNMENT
+from gac.linalg import FACTORIZATIONS
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class CompressConfig:
     target: str | None = None  # deployment target (gac.align.targets.TARGETS), e.g. "llama.cpp:q4_k_m"
     dtype: str = "float32"
     device: str = "cpu"
-    factorization: str = "auto"  # gac.compressors.FACTORIZATIONS, or auto: gram on CUDA, gram32 on CPU
+    factorization: str = "auto"  # gac.linalg.FACTORIZATIONS, or auto: gram on CUDA, gram32 on CPU
     compressor_options: dict = field(default_factory=dict)
     speedup: object | None = None  # gac.speedup.SpeedupConfig: latency as the objective (--speedup), not a ratio
     text: TextConfig = TextConfig()

@@ -3,11 +3,12 @@ hooks."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
-from gac.compressors import FACTORIZATIONS
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,16 +91,15 @@ class Gram:
         return torch.cat([r.double() for r in self.rows])  # [t, in]
 
 
+# How a low-rank compressor takes a weight's spectrum (scaled_svd): exact SVD, or eigh of the smaller Gram matrix in
+# float64 or float32; `--factorization auto` picks by device (gac.api.CompressConfig.factorization_method).
+FACTORIZATIONS = ("svd", "gram", "gram32")
+
 # gram32 takes a weight's spectrum from a float32 eigendecomposition where that leaves the smallest eigenvalue the
-# loss curve reads (at the break-even rank) within 1% of its value: eps32 * (s_1 / s_k)^2 <= 1e-2, i.e. s_1 / s_k
+# loss curve reads (at the unit's largest rank, the break-even one) within 1% of its value: eps32 * (s_1 / s_k)^2 <= 1e-2, i.e. s_1 / s_k
 # up to ~400. Measured: the embedded model's asvd weights reach 1.3e-3, an 8B-shaped random one far less
 # (docs/RESULTS.md); beyond it the exact SVD runs.
 GRAM32_TOLERANCE = 1e-2
-
-
-def max_useful_rank(in_features: int, out_features: int) -> int:
-    """Break-even: the largest rank whose factorization r (in + out) has fewer parameters than the dense weight."""
-    return (in_features * out_features - 1) // (in_features + out_features)
 
 
 def gram_svd(a: torch.Tensor, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -125,21 +125,22 @@ def gram_svd(a: torch.Tensor, dtype: torch.dtype = torch.float64) -> tuple[torch
     return U.to(a.dtype), S.to(a.dtype), V.T.contiguous().to(a.dtype)
 
 
-def gram32_holds(S: torch.Tensor, shape: tuple[int, int]) -> bool:
-    """Whether a float32 eigendecomposition is precise enough for a weight of this spectrum S (descending) and
-    shape [out, in]: eps32 * (s_1 / s_k)^2 <= GRAM32_TOLERANCE at the break-even rank k, the last the loss curve
-    reads."""
-    k = min(max_useful_rank(shape[1], shape[0]), S.numel() - 1)
+def gram32_holds(S: torch.Tensor, rank: int | None = None) -> bool:
+    """Whether a float32 eigendecomposition is precise enough for a weight of this spectrum S (descending):
+    eps32 * (s_1 / s_k)^2 <= GRAM32_TOLERANCE at k = `rank`, the last rank the loss curve reads (None: the last)."""
+    k = S.numel() - 1 if rank is None else min(rank, S.numel() - 1)
     if float(S[k]) <= 0:
         return False
     return torch.finfo(torch.float32).eps * float(S[0] / S[k]) ** 2 <= GRAM32_TOLERANCE
 
 
-def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: str = "svd") -> ScaledSVD:
+def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: str = "svd",
+               max_rank: int | None = None) -> ScaledSVD:
     """SVD of weight @ S in float32: S = diag(scale) for a positive per-input-channel scale [in] (ASVD), or a
     lower-triangular whitening matrix [in, in] (SVD-LLM, from `whiten`). method "svd": torch.linalg.svd (LAPACK);
     "gram": from the eigendecomposition of the smaller Gram matrix in float64 (`gram_svd`); "gram32": the same in
-    float32 where `gram32_holds`, else "svd" (a whitened weight, ill-conditioned and kept in float64, always "svd")."""
+    float32 where `gram32_holds` up to `max_rank` (the largest rank anything reads; None: all), else "svd" (a
+    whitened weight, ill-conditioned and kept in float64, always "svd")."""
     if method not in FACTORIZATIONS:
         raise ValueError(f"unknown factorization {method!r}: choose one of {', '.join(FACTORIZATIONS)}")
     w = weight.detach().float()  # [out, in]
@@ -155,8 +156,9 @@ def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: 
         return ScaledSVD(*gram_svd(w), s)
     if method == "gram32" and w.dtype == torch.float32:
         U, S, Vh = gram_svd(w, torch.float32)
-        if gram32_holds(S, tuple(w.shape)):
+        if gram32_holds(S, max_rank):
             return ScaledSVD(U, S, Vh, s)
+        log.debug("a %s weight too ill-conditioned for float32 eigh: the exact SVD", tuple(w.shape))
     return ScaledSVD(*tall_svd(w), s)
 
 

@@ -84,6 +84,13 @@ def test_importance_choices_are_the_library_s():
     assert set(IMPORTANCE) == set(LOWRANK_IMPORTANCE) | set(PROXIES)
 
 
+def test_factorization_choices_are_the_library_s():
+    from gac.cli.compress import FACTORIZATIONS as SPELLED
+    from gac.linalg import FACTORIZATIONS
+
+    assert SPELLED == FACTORIZATIONS
+
+
 def test_compressor_choices_are_the_registry_and_auto():
     from gac.cli.compress import command
     from gac.compressors import AUTO, AUTO_CANDIDATES, REGISTRY

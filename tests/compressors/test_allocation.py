@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from gac.compressors.allocation import DENSE, allocate_ranks
 from gac.errors import GacError
-from gac.linalg import max_useful_rank
+from gac.models.kinds.rank import max_useful_rank
 
 
 def _params(shapes, ranks):

@@ -14,8 +14,7 @@ from gac.compressors.loss_model import (
     slope_at,
     truncation_factors,
 )
-from gac.compressors import FACTORIZATIONS
-from gac.linalg import Gram, factorize_from_svd, scaled_svd, whiten
+from gac.linalg import FACTORIZATIONS, Gram, factorize_from_svd, scaled_svd, whiten
 
 
 def _data(seed, out=12, inp=10, tokens=200):

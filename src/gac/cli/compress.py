@@ -8,11 +8,11 @@ from gac.cli.heal import heal_config, heal_options
 from gac.cli.objective import latency_objective, speedup_options
 from gac.align.targets import TARGETS
 from gac.cli.options import Int, Real
-# names only: the compressors themselves (and torch) load when one is built
-from gac.compressors import AUTO, CHOICES, FACTORIZATIONS
+from gac.compressors import AUTO, CHOICES  # names only: the compressors themselves (and torch) load when one is built
 
 # gac.importance.LOWRANK_IMPORTANCE, spelled here so that parsing options imports no torch (a test holds them equal)
 IMPORTANCE = ("output", "magnitude", "activation", "taylor", "fisher")
+FACTORIZATIONS = ("svd", "gram", "gram32")  # gac.linalg.FACTORIZATIONS, likewise
 FLAGS = {"alpha": "--alpha", "importance": "--importance", "layers": "--prune-layers", "head_mode": "--head-mode",
          "group_size": "--group-size"}
 

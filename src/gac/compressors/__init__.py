@@ -17,10 +17,6 @@ AUTO = "auto"
 AUTO_CANDIDATES = ("asvd", "svd_llm", "palu", "prune")
 CHOICES = (*REGISTRY, AUTO)  # what --compressor accepts
 
-# How a low-rank compressor takes a weight's spectrum (gac.linalg.scaled_svd): exact SVD, or eigh of the smaller Gram
-# matrix in float64 or float32; `--factorization auto` picks by device (CompressConfig.factorization_method).
-FACTORIZATIONS = ("svd", "gram", "gram32")
-
 
 def candidates_of(name: str) -> tuple[str, ...]:
     """The compressors a run with `--compressor name` may build: auto's candidates, else the one named."""

@@ -7,7 +7,7 @@ import heapq
 import numpy as np
 
 from gac.errors import GacError
-from gac.linalg import max_useful_rank
+from gac.models.kinds.rank import max_useful_rank
 
 DENSE = None  # a weight whose allocation reaches the break-even rank stays dense
 

@@ -173,7 +173,7 @@ class Compressor:
 
         return self.own_xtx or self.proxy == OUTPUT
 
-    factorization = "svd"  # how low-rank compressors take their spectra: gac.compressors.FACTORIZATIONS
+    factorization = "svd"  # how low-rank compressors take their spectra: gac.linalg.FACTORIZATIONS
     factorizes = False  # whether its cut is a low-rank factorization (factors to hold; no llama.cpp architecture)
 
     def __init__(self, config):
@@ -322,7 +322,7 @@ class LowRankCompressor(Compressor):
 
         def factorize(u: LowRankUnit) -> ScaledSVD:
             w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [out, in]
-            return scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)), self.factorization)
+            return scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)), self.factorization, u.max_dim)
 
         with tqdm(total=len(units), desc=f"{self.name}: factorizing", unit="weight", disable=not progress) as bar:
             for u, svd in zip(units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work,
@@ -341,7 +341,7 @@ class LowRankCompressor(Compressor):
 
     def cut_state_bytes(self, shapes, value_bytes: int) -> int:
         """A and B of every linear at the largest rank selection may ask for (break-even)."""
-        from gac.linalg import max_useful_rank
+        from gac.models.kinds.rank import max_useful_rank
 
         return sum(value_bytes * max_useful_rank(i, o) * (o + i) for o, i in shapes.factorized())
 

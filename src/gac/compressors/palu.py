@@ -74,7 +74,7 @@ class PaluCompressor(LowRankCompressor):
 
         def factorize(u):
             w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [rows, hidden]
-            return scaled_svd(w, whitened[u.group.linear], self.factorization)
+            return scaled_svd(w, whitened[u.group.linear], self.factorization, u.max_dim)
 
         for u, svd in zip(units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work)):
             u.svd = svd

@@ -8,8 +8,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from gac.errors import GacError
-from gac.linalg import max_useful_rank
 from gac.models.kinds.base import FULL, DimGroup, Term, is_grouped_lowrank, is_lowrank, shape
+
+
+def max_useful_rank(in_features: int, out_features: int) -> int:
+    """Break-even: the largest rank whose factorization r (in + out) has fewer parameters than the dense weight."""
+    return (in_features * out_features - 1) // (in_features + out_features)
 
 
 @dataclass(frozen=True)
