@@ -221,3 +221,55 @@ def test_fused_expert_gradients_fold_block_by_block_as_whole(monkeypatch):
     for a, b in zip(whole, blocked):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(blocked[0][3], (g[3] * w[3]).abs().sum(1))
+
+
+def test_experts_latency_is_one_term_of_the_experts_op_at_the_layer_geometry():
+    from gac.hw.profile import FixedSizes
+    from gac.models.groups import groups_of
+    from gac.models.kinds.base import Term
+
+    for model_type in FAMILIES:
+        g = groups_of(tiny_moe(model_type), "experts")[0]
+        geometry = {"hidden": 64, "experts": 4, "top_k": 2}
+        assert g.profile_op == "experts" and g.profile_shape == geometry
+        assert g.latency_terms() == (None, [Term("experts", tuple(sorted(geometry.items())))])
+        sizes = FixedSizes.of(g.profile_op, g.profile_shape)
+        assert (sizes.hidden, sizes.experts, sizes.top_k) == (64, 4, 2)
+
+
+def test_moe_latency_model_times_each_expert_width_from_the_experts_sweep(monkeypatch):
+    """measure_latency_model (what --speedup builds) sweeps the experts op once for the model's layers, at M = the
+    phase's tokens, and every candidate width of each layer reads its own measured time."""
+    import gac.hw.profile as hp
+    from gac.align.latency_model import FULL, Phase, measure_latency_model
+    from gac.models.groups import groups_of
+
+    groups = groups_of(tiny_moe("qwen3_moe"), "experts")  # two MoE layers of width 40, one geometry
+    swept = []
+    run_profile = hp.run_profile
+    monkeypatch.setattr(hp, "run_profile", lambda spec, **kw: swept.append(spec) or run_profile(spec, **kw))
+    lm = measure_latency_model(groups, Phase("prefill", 1, 16), repeats=1, progress=False)
+    (spec,) = swept
+    assert spec.ops == ("experts",) and spec.m_values == (16,) and spec.dims == (8, 16, 24, 32, 40)
+    assert (spec.sizes.hidden, spec.sizes.experts, spec.sizes.top_k) == (64, 4, 2)
+    for g in groups:
+        assert set(lm.tables[g.name]) == {8, 16, 24, 32, FULL}
+        assert all(0 < ms < float("inf") for ms in lm.tables[g.name].values())
+    assert lm.tables[groups[0].name] == lm.tables[groups[1].name]  # one sweep serves every layer of the geometry
+
+
+def test_profile_candidates_of_an_expert_width_come_from_the_experts_sweep():
+    """--profile auto on an MoE model may measure nothing but the experts: their sweep alone gives candidates, and
+    a width on a cliff of it is dropped."""
+    from types import SimpleNamespace
+
+    from gac.align.profiled import candidates_from_profile
+
+    shape = {"hidden": 64, "experts": 4, "top_k": 2}
+    profile = {"ops": [{"op": "experts", "m": 16, "shape": shape, "dims": [8, 16, 24, 32],
+                        "ms": [1.0, 3.0, 2.0, 2.5]}]}
+    unit = SimpleNamespace(name="model.layers.0.mlp.experts", profile_op="experts", profile_shape=shape, min_dim=1,
+                           max_dim=40)
+    candidates_for = candidates_from_profile(profile, m=16, alignment=8, window=1)
+    assert candidates_for(unit, 18) == [24]
+    assert "cliff" in candidates_for.excluded[unit.name][16]
