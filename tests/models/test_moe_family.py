@@ -273,3 +273,18 @@ def test_profile_candidates_of_an_expert_width_come_from_the_experts_sweep():
     candidates_for = candidates_from_profile(profile, m=16, alignment=8, window=1)
     assert candidates_for(unit, 18) == [24]
     assert "cliff" in candidates_for.excluded[unit.name][16]
+
+
+def test_profile_auto_measures_the_experts_op_at_each_layer_geometry():
+    from types import SimpleNamespace
+
+    from gac.align.profiled import dims_around, profile_for_model
+    from gac.models.groups import groups_of
+
+    g = groups_of(tiny_moe("mixtral"), "experts")[0]
+    unit = SimpleNamespace(name=g.name, group=g, profile_op=g.profile_op, profile_shape=g.profile_shape)
+    profile = profile_for_model("auto", [unit], {g.name: 19}, device="cpu", dtype="float32", m=8, alignment=8,
+                                window=1, progress=False)
+    (entry,) = profile["ops"]
+    assert (entry["op"], entry["m"], entry["shape"]) == ("experts", 8, {"hidden": 64, "experts": 4, "top_k": 2})
+    assert entry["dims"] == list(dims_around([19], alignment=8, window=1)) and all(ms > 0 for ms in entry["ms"])
