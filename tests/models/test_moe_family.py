@@ -3,6 +3,7 @@ down [E, H, I]): prune cuts one expert width per layer, each expert its own chan
 budget; the saved model keeps the per-expert checkpoint layout and round-trips through gac.load and transformers."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -288,3 +289,38 @@ def test_profile_auto_measures_the_experts_op_at_each_layer_geometry():
     (entry,) = profile["ops"]
     assert (entry["op"], entry["m"], entry["shape"]) == ("experts", 8, {"hidden": 64, "experts": 4, "top_k": 2})
     assert entry["dims"] == list(dims_around([19], alignment=8, window=1)) and all(ms > 0 for ms in entry["ms"])
+
+
+def test_moe_speedup_predicts_the_experts_from_the_experts_sweep(moe_dir, tmp_path, monkeypatch):
+    """--speedup with prune on a tiny MoE model end to end: its latency tables are measured, the experts groups' from
+    one experts sweep at the phase's tokens and the layers' geometry. That sweep's times are then made steep in the
+    width (a tiny layer's are launch overhead, too flat to reach any target) and the closed loop is timed by a
+    stand-in: the knapsack reaches the target by cutting expert widths, aligned."""
+    import gac.hw.profile as hp
+    from gac.speedup import Instruments, SpeedupConfig
+    from tests.test_speedup import FAST, ShortThenReached
+
+    swept = []
+    run_profile = hp.run_profile
+
+    def sweep(spec, **kw):
+        profile = run_profile(spec, **kw)
+        swept.append((spec, profile))
+        for entry in profile["ops"]:
+            if entry["op"] == "experts":
+                entry["ms"] = [0.05 * d for d in entry["dims"]]
+        return profile
+
+    monkeypatch.setattr(hp, "run_profile", sweep)
+    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path / "cache"))  # measured here, not read from another test's sweep
+    speedup = SpeedupConfig(1.05, **FAST, instruments=Instruments(timer=ShortThenReached()))
+    r = compress(fast_config(moe_dir, compressor="prune", out=str(tmp_path / "out"), evaluate=False,
+                             compressor_options={"layers": "all"}, speedup=speedup)).report
+    ((spec, profile),) = [(s, p) for s, p in swept if "experts" in s.ops]
+    assert spec.ops == ("experts",) and spec.m_values == (16,) and {8, 16, 24, 32, 40} <= set(spec.dims)
+    entry = profile["ops"][0]
+    assert entry["shape"] == {"hidden": 64, "experts": 4, "top_k": 2} and entry["backend"] in ("grouped_mm", "eager")
+    widths = {n: d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")}
+    assert widths and all(d is None or d % 8 == 0 for d in widths.values())
+    assert any(d is not None and d < 40 for d in widths.values())  # the experts' table is what the knapsack cut
+    assert r["latency_objective"]["reached"] and math.isfinite(r["variants"]["gac"]["predicted_ms"])
