@@ -16,7 +16,7 @@ from gac.errors import GacError
 log = logging.getLogger(__name__)
 
 PROFILE_VERSION = 1
-OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank", "sdpa_heads")
+OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank", "sdpa_heads", "experts")  # gac.hw.profile.ALL_OPS, torch-free
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
 REGENERATE = "re-measure it with `gac profile --out FILE`"

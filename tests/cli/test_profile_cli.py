@@ -94,6 +94,18 @@ def test_given_sizes_win_over_the_models(built_spec, tiny_model_dir):
     assert built_spec(["--model", str(tiny_model_dir), "--hidden", "48"]).sizes.lowrank_out == 48
 
 
+def test_experts_op_sweeps_an_moe_layer_at_the_given_sizes(tmp_path, env):
+    out = tmp_path / "cpu.json"
+    result = run(["--ops", "experts", "--experts", "4", "--top-k", "2", "--hidden", "32", "--dims", "8:9", "--m", "4",
+                  "--threads", "1", "--out", str(out)], env)
+    assert result.exit_code == 0, result.output
+    profile = json.loads(out.read_text())
+    assert [(e["op"], e["m"], e["shape"]) for e in profile["ops"]] == [
+        ("experts", m, {"hidden": 32, "experts": 4, "top_k": 2}) for m in (4, 1)]
+    assert profile["spec"]["ops"] == ["experts"] and profile["spec"]["sizes"]["top_k"] == 2
+    assert [p.name for p in tmp_path.glob("*.png")] == ["cpu_experts.png"]
+
+
 def test_plan_sweep_windows(tmp_path, env):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"budget": 10**6, "weights": [
@@ -121,6 +133,11 @@ def test_plan_sweep_windows(tmp_path, env):
         (["--context", "0"], "bad --context"),
         (["--dims", "8:16", "--plan", "p.json"], "--dims, --plan and --model exclude each other"),
         (["--plan", "/no/such/plan.json"], "cannot read plan"),
+        (["--ops", "gemm_n,conv"], "unknown op(s) ['conv']"),
+        (["--ops", "experts", "--dims", "8:16"], "an experts sweep needs the layer's experts"),
+        (["--ops", "experts", "--experts", "2", "--top-k", "4"], "top_k 4 is more than the 2 experts"),
+        (["--experts", "0"], "bad --experts"),
+        (["--top-k", "x"], "bad --top-k"),
     ],
 )
 def test_bad_input_fails_in_one_line(args, message, env):

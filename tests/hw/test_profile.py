@@ -227,3 +227,102 @@ def test_spec_json_leaves_out_unused_sdpa_heads_sizes():
     """Specs without the heads sweep keep the JSON (and so the cache keys) older profiles were saved with."""
     assert set(TINY.to_json()["sizes"]) == {"hidden", "lowrank_in", "lowrank_out", "batch", "heads", "context"}
     assert hp.SweepSpec(sizes=hp.FixedSizes(head_dim=64)).to_json()["sizes"]["head_dim"] == 64
+
+
+EXPERTS = hp.SweepSpec(ops=("experts",), dims=tuple(range(8, 25)), m_values=(8, 1),
+                       sizes=hp.FixedSizes(hidden=64, experts=4, top_k=2), warmup=1, repeats=3, threads=1)
+
+
+def test_experts_sweep_times_each_width_as_transformers_runs_it(tmp_path):
+    """Every width gets a finite positive time and records what ran it: transformers' implementation for a loaded
+    model wherever it runs the width (always at rows of 16 bytes: 4 channels in float32), else the eager loop."""
+    from gac.hw.experts import loaded_implementation
+
+    loaded = loaded_implementation()
+    assert loaded in ("grouped_mm", "eager")
+    p = hp.run_profile(EXPERTS, progress=False)
+    assert [(e["op"], e["m"]) for e in p["ops"]] == [("experts", 8), ("experts", 1)]
+    for e in p["ops"]:
+        assert e["shape"] == {"hidden": 64, "experts": 4, "top_k": 2} and e["dims"] == list(EXPERTS.dims)
+        assert all(0 < ms < float("inf") for ms in e["ms"])
+        ran = dict(zip(e["dims"], e.get("backends", [e["backend"]] * len(e["dims"]))))
+        assert all(ran[d] == loaded for d in ran if d % 4 == 0) and set(ran.values()) <= {loaded, "eager"}
+    assert hp.load_profile(hp.save_profile(p, tmp_path / "p.json")) == p  # the schema knows the op
+
+
+def test_a_width_the_loaded_implementation_refuses_is_timed_eagerly(monkeypatch):
+    """Where transformers' implementation raises on a width (torch's grouped GEMM: rows that are not 16 bytes), the
+    op runs and records the eager loop, as gac runs a model of that width."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    from gac.hw.experts import ExpertsKernel
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("strides should be multiple of 16 bytes")
+
+    kernel = ExpertsKernel(6, 16, {"hidden": 16, "experts": 4, "top_k": 2}, "cpu", torch.float32)
+    kernel.module.config._experts_implementation = "grouped_mm"
+    monkeypatch.setitem(ALL_EXPERTS_FUNCTIONS._global_mapping, "grouped_mm", refuse)
+    args = tuple(torch.randn(s) for s in hp._tensor_shapes("experts", 6, 16, {"hidden": 16, "experts": 4}))
+    assert kernel.fit(args) == "eager" == kernel.implementation
+    assert kernel(*args).shape == (6, 16)
+
+
+@pytest.mark.parametrize("dim", [16, 12, 10])
+def test_experts_kernel_is_the_routed_moe_function(dim):
+    """The op computes what the layer does: each token's experts' SiLU-gated MLPs, weighted by the routing."""
+    from gac.hw.experts import ExpertsKernel
+
+    shape = {"hidden": 16, "experts": 4, "top_k": 2}
+    kernel = ExpertsKernel(6, dim, shape, "cpu", torch.float32)
+    x, gate_up, down = (torch.randn(s, generator=torch.Generator().manual_seed(0))
+                        for s in hp._tensor_shapes("experts", 6, dim, shape))
+    kernel.fit((x, gate_up, down))
+    index, weights = kernel.routing
+    want = torch.zeros_like(x)
+    for t in range(6):
+        for j in range(2):
+            gate, up = (gate_up[index[t, j]] @ x[t]).chunk(2)
+            want[t] += weights[t, j] * (down[index[t, j]] @ (torch.nn.functional.silu(gate) * up))
+    with torch.inference_mode():
+        torch.testing.assert_close(kernel(x, gate_up, down), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, experts, top_k", [(6, 4, 2), (5, 3, 2), (1, 128, 8), (64, 8, 8)])
+def test_balanced_routing_gives_distinct_experts_in_turn(m, experts, top_k):
+    from gac.hw.experts import balanced_routing
+
+    index, weights = balanced_routing(m, experts, top_k, "cpu", torch.float32)
+    assert index.shape == weights.shape == (m, top_k)
+    assert all(len(set(row.tolist())) == top_k for row in index)  # a token's experts are distinct
+    counts = torch.bincount(index.flatten(), minlength=experts)
+    assert int(counts.max() - counts.min()) <= 1 and int(counts.sum()) == m * top_k  # the experts take turns
+    assert torch.equal(index[0], torch.arange(top_k)) and torch.allclose(weights.sum(1), torch.ones(m))
+    assert torch.equal(balanced_routing(m, experts, top_k, "cpu", torch.float32)[0], index)  # deterministic
+
+
+def test_experts_sizes_round_trip_and_stay_out_of_other_specs():
+    """FixedSizes.of builds the sweep of an experts term's shape; specs without the op keep their JSON keys."""
+    shape = {"hidden": 64, "experts": 4, "top_k": 2}
+    sizes = hp.FixedSizes.of("experts", shape)
+    assert hp._entry_shape("experts", 8, sizes) == shape
+    assert {k: EXPERTS.to_json()["sizes"][k] for k in shape} == shape
+    assert "experts" not in hp.SweepSpec().to_json()["sizes"] and "top_k" not in TINY.to_json()["sizes"]
+    assert json.loads(json.dumps(EXPERTS.to_json())) == EXPERTS.to_json()
+    with pytest.raises(GacError, match="experts sweep needs the layer's experts"):
+        hp.SweepSpec(ops=("experts",))
+    with pytest.raises(GacError, match="top_k 3 is more than the 2 experts"):
+        hp.FixedSizes(experts=2, top_k=3)
+
+
+def test_chunks_hold_at_most_chunk_bytes(monkeypatch):
+    """A sweep of big weights builds a few dims at a time (at least one), and still times every dim."""
+    shape = hp._entry_shape("experts", 8, EXPERTS.sizes)
+    largest = hp._set_bytes(hp._tensor_shapes("experts", 8, 24, shape), torch.float32)
+    monkeypatch.setattr(hp, "CHUNK_BYTES", 3 * largest)
+    dev = torch.device("cpu")
+    assert hp._chunk_size("experts", 8, EXPERTS.dims, shape, EXPERTS, device=dev, dtype=torch.float32) == 3
+    monkeypatch.setattr(hp, "CHUNK_BYTES", 1)
+    assert hp._chunk_size("experts", 8, EXPERTS.dims, shape, EXPERTS, device=dev, dtype=torch.float32) == 1
+    entry = hp.run_profile(dataclasses.replace(EXPERTS, m_values=(2,), repeats=1), progress=False)["ops"][0]
+    assert entry["dims"] == list(EXPERTS.dims) and len(entry["ms"]) == len(EXPERTS.dims)

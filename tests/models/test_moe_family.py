@@ -3,6 +3,7 @@ down [E, H, I]): prune cuts one expert width per layer, each expert its own chan
 budget; the saved model keeps the per-expert checkpoint layout and round-trips through gac.load and transformers."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -221,3 +222,105 @@ def test_fused_expert_gradients_fold_block_by_block_as_whole(monkeypatch):
     for a, b in zip(whole, blocked):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(blocked[0][3], (g[3] * w[3]).abs().sum(1))
+
+
+def test_experts_latency_is_one_term_of_the_experts_op_at_the_layer_geometry():
+    from gac.hw.profile import FixedSizes
+    from gac.models.groups import groups_of
+    from gac.models.kinds.base import Term
+
+    for model_type in FAMILIES:
+        g = groups_of(tiny_moe(model_type), "experts")[0]
+        geometry = {"hidden": 64, "experts": 4, "top_k": 2}
+        assert g.profile_op == "experts" and g.profile_shape == geometry
+        assert g.latency_terms() == (None, [Term("experts", tuple(sorted(geometry.items())))])
+        sizes = FixedSizes.of(g.profile_op, g.profile_shape)
+        assert (sizes.hidden, sizes.experts, sizes.top_k) == (64, 4, 2)
+
+
+def test_moe_latency_model_times_each_expert_width_from_the_experts_sweep(monkeypatch):
+    """measure_latency_model (what --speedup builds) sweeps the experts op once for the model's layers, at M = the
+    phase's tokens, and every candidate width of each layer reads its own measured time."""
+    import gac.hw.profile as hp
+    from gac.align.latency_model import FULL, Phase, measure_latency_model
+    from gac.models.groups import groups_of
+
+    groups = groups_of(tiny_moe("qwen3_moe"), "experts")  # two MoE layers of width 40, one geometry
+    swept = []
+    run_profile = hp.run_profile
+    monkeypatch.setattr(hp, "run_profile", lambda spec, **kw: swept.append(spec) or run_profile(spec, **kw))
+    lm = measure_latency_model(groups, Phase("prefill", 1, 16), repeats=1, progress=False)
+    (spec,) = swept
+    assert spec.ops == ("experts",) and spec.m_values == (16,) and spec.dims == (8, 16, 24, 32, 40)
+    assert (spec.sizes.hidden, spec.sizes.experts, spec.sizes.top_k) == (64, 4, 2)
+    for g in groups:
+        assert set(lm.tables[g.name]) == {8, 16, 24, 32, FULL}
+        assert all(0 < ms < float("inf") for ms in lm.tables[g.name].values())
+    assert lm.tables[groups[0].name] == lm.tables[groups[1].name]  # one sweep serves every layer of the geometry
+
+
+def test_profile_candidates_of_an_expert_width_come_from_the_experts_sweep():
+    """--profile auto on an MoE model may measure nothing but the experts: their sweep alone gives candidates, and
+    a width on a cliff of it is dropped."""
+    from types import SimpleNamespace
+
+    from gac.align.profiled import candidates_from_profile
+
+    shape = {"hidden": 64, "experts": 4, "top_k": 2}
+    profile = {"ops": [{"op": "experts", "m": 16, "shape": shape, "dims": [8, 16, 24, 32],
+                        "ms": [1.0, 3.0, 2.0, 2.5]}]}
+    unit = SimpleNamespace(name="model.layers.0.mlp.experts", profile_op="experts", profile_shape=shape, min_dim=1,
+                           max_dim=40)
+    candidates_for = candidates_from_profile(profile, m=16, alignment=8, window=1)
+    assert candidates_for(unit, 18) == [24]
+    assert "cliff" in candidates_for.excluded[unit.name][16]
+
+
+def test_profile_auto_measures_the_experts_op_at_each_layer_geometry():
+    from types import SimpleNamespace
+
+    from gac.align.profiled import dims_around, profile_for_model
+    from gac.models.groups import groups_of
+
+    g = groups_of(tiny_moe("mixtral"), "experts")[0]
+    unit = SimpleNamespace(name=g.name, group=g, profile_op=g.profile_op, profile_shape=g.profile_shape)
+    profile = profile_for_model("auto", [unit], {g.name: 19}, device="cpu", dtype="float32", m=8, alignment=8,
+                                window=1, progress=False)
+    (entry,) = profile["ops"]
+    assert (entry["op"], entry["m"], entry["shape"]) == ("experts", 8, {"hidden": 64, "experts": 4, "top_k": 2})
+    assert entry["dims"] == list(dims_around([19], alignment=8, window=1)) and all(ms > 0 for ms in entry["ms"])
+
+
+def test_moe_speedup_predicts_the_experts_from_the_experts_sweep(moe_dir, tmp_path, monkeypatch):
+    """--speedup with prune on a tiny MoE model end to end: its latency tables are measured, the experts groups' from
+    one experts sweep at the phase's tokens and the layers' geometry. That sweep's times are then made steep in the
+    width (a tiny layer's are launch overhead, too flat to reach any target) and the closed loop is timed by a
+    stand-in: the knapsack reaches the target by cutting expert widths, aligned."""
+    import gac.hw.profile as hp
+    from gac.speedup import Instruments, SpeedupConfig
+    from tests.test_speedup import FAST, ShortThenReached
+
+    swept = []
+    run_profile = hp.run_profile
+
+    def sweep(spec, **kw):
+        profile = run_profile(spec, **kw)
+        swept.append((spec, profile))
+        for entry in profile["ops"]:
+            if entry["op"] == "experts":
+                entry["ms"] = [0.05 * d for d in entry["dims"]]
+        return profile
+
+    monkeypatch.setattr(hp, "run_profile", sweep)
+    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path / "cache"))  # measured here, not read from another test's sweep
+    speedup = SpeedupConfig(1.05, **FAST, instruments=Instruments(timer=ShortThenReached()))
+    r = compress(fast_config(moe_dir, compressor="prune", out=str(tmp_path / "out"), evaluate=False,
+                             compressor_options={"layers": "all"}, speedup=speedup)).report
+    ((spec, profile),) = [(s, p) for s, p in swept if "experts" in s.ops]
+    assert spec.ops == ("experts",) and spec.m_values == (16,) and {8, 16, 24, 32, 40} <= set(spec.dims)
+    entry = profile["ops"][0]
+    assert entry["shape"] == {"hidden": 64, "experts": 4, "top_k": 2} and entry["backend"] in ("grouped_mm", "eager")
+    widths = {n: d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")}
+    assert widths and all(d is None or d % 8 == 0 for d in widths.values())
+    assert any(d is not None and d < 40 for d in widths.values())  # the experts' table is what the knapsack cut
+    assert r["latency_objective"]["reached"] and math.isfinite(r["variants"]["gac"]["predicted_ms"])

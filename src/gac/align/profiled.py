@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, dtype: str, m: int,
                       alignment: int, window: int, progress: bool = True) -> dict:
     """Load the profile JSON at `profile_arg`, or with "auto" measure on this device each op and shape the units
-    need (low-rank in -> r -> out, GEMM N over K), around the dims the compressor chose. Units on a grid
-    (dim_step > 1: whole heads) take their candidates from the grid, not the profile, so are not measured.
+    need (low-rank in -> r -> out, GEMM N over K, an MoE layer's experts), around the dims the compressor chose.
+    Units on a grid (dim_step > 1: whole heads) take their candidates from the grid, not the profile, so are not
+    measured.
 
     Auto keeps its own cache, one file per sweep spec (gac.hw.profile.cached_sweep), apart from the one-per-device
     cache of `gac profile`, so a second compression of the same model on the same device measures nothing."""
@@ -61,19 +62,23 @@ def profile_candidates_for(profile_arg: str, units, dims: dict, *, device: str, 
 
 
 def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: int):
-    """A function (analysis, d*) -> candidate dims, from the profile's sweep of the unit's op (low-rank pair, or
-    GEMM N for pruned widths) nearest its shape (the N sweep of a plain GEMM when the profile lacks the op).
+    """A function (analysis, d*) -> candidate dims, from the profile's sweep of the unit's op (low-rank pair, GEMM N
+    for pruned widths, an MoE layer's experts) nearest its shape (the N sweep of a plain GEMM over the unit's input
+    size when the profile lacks the op).
     Its `excluded` attribute maps each unit asked about to {dim: why the profile dropped it}."""
     ops = {e["op"] for e in profile.get("ops", [])}
-    if not ops & {"lowrank", "gemm_n"}:
-        raise GacError("the profile has no lowrank or gemm_n sweep: measure one with `gac profile` (default ops)")
+    if not ops & {"lowrank", "gemm_n", "experts"}:
+        raise GacError("the profile has no lowrank, gemm_n or experts sweep: measure one with `gac profile` "
+                       "(default ops)")
     excluded = {}  # unit name -> {dim: reason}, from the last (widest) window asked for
 
     def candidates_for(u, dim, window=window):
         if u.profile_op in ops:
             table = latency_table(profile, u.profile_op, m=m, shape=u.profile_shape)
-        else:  # e.g. a profile without the low-rank sweep: the N sweep of a GEMM over the unit's input size
-            table = latency_table(profile, "gemm_n", m=m, shape={"k": u.profile_shape.get("in", 0)})
+        else:  # e.g. a profile without the low-rank sweep: the N sweep of a GEMM over the unit's input size (a
+            # pair's "in", the experts' "hidden")
+            k = u.profile_shape.get("in", u.profile_shape.get("hidden", 0))
+            table = latency_table(profile, "gemm_n", m=m, shape={"k": k})
         cs = profile_candidates(table, dim, alignment=alignment, window=window,
                                 min_dim=max(u.min_dim, min(alignment, u.max_dim)), max_dim=u.max_dim)
         excluded[u.name] = cs.excluded

@@ -48,6 +48,11 @@ def parse_dims(text: str, flag: str = "--dims") -> tuple[int, ...]:
 @click.option("--heads", type=Int(1, 1024, example=8), help="SDPA heads (default 8).")
 @click.option("--batch", type=Int(1, 4096, example=1), help="SDPA batch (default 1).")
 @click.option("--context", type=Int(1, 1048576, example=512), help="SDPA key/value length at decode, M=1 (default 512; prefill attends over M).")
+@click.option("--ops", "ops_text", metavar="OP,...",
+              help="Ops to sweep (default gemm_n,gemm_k,sdpa,lowrank), e.g. experts: an MoE layer's experts over "
+                   "their width (with --experts, --top-k and --hidden).")
+@click.option("--experts", type=Int(1, 65536, example=128), help="Experts in the MoE layer (the experts op).")
+@click.option("--top-k", "top_k", type=Int(1, 65536, example=8), help="Experts routed per token (the experts op).")
 @click.option("--plan", type=click.Path(dir_okay=False, path_type=Path),
               help="Sweep windows around each weight's dim in this selection plan.")
 @click.option("--model", "model_spec", help="Sweep windows around every dim this model has (alias, dir, .gguf).")
@@ -55,11 +60,12 @@ def parse_dims(text: str, flag: str = "--dims") -> tuple[int, ...]:
 @click.option("--threads", type=Int(1, 4096, example=4), help="CPU threads (default: torch's current count).")
 @click.option("--force", is_flag=True, help="Measure again even when a cached profile with this sweep exists.")
 @click.option("--no-plot", is_flag=True, help="Do not write the PNG plots.")
-def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads, batch, context, plan, model_spec,
-            m, threads, force, no_plot) -> None:
+def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads, batch, context, ops_text, experts,
+            top_k, plan, model_spec, m, threads, force, no_plot) -> None:
     """Measure GEMM, SDPA and low-rank latency over dims on this device (the hardware profile).
 
-    --dims, --plan and --model set the GEMM and low-rank dims; SDPA head dims come from --head-dims (or --model).
+    --dims, --plan and --model set the GEMM, low-rank (and --ops experts) dims; SDPA head dims come from
+    --head-dims (or --model).
     """
     import dataclasses
 
@@ -75,8 +81,9 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
         validate.local_model_typo(model_spec)
     head_dims = parse_dims(head_dims_text, "--head-dims") if head_dims_text else None
     sizes = {k: v for k, v in dict(hidden=hidden, lowrank_in=hidden, lowrank_out=hidden, heads=heads, batch=batch,
-                                   context=context).items() if v is not None}
-    spec = _given(hp.SweepSpec.quick() if quick else hp.SweepSpec(), head_dims, sizes)  # checked before any loading
+                                   context=context, experts=experts, top_k=top_k).items() if v is not None}
+    ops = tuple(op.strip() for op in ops_text.split(",")) if ops_text else None
+    spec = _given(hp.SweepSpec.quick() if quick else hp.SweepSpec(), head_dims, sizes, ops)  # checked before loading
     from gac.hw.device import check_device, default_dtype
 
     check_device(device)
@@ -94,7 +101,7 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
     if model_spec:
         from gac.models.loading import load_model
 
-        spec = _given(spec_from_model(load_model(model_spec).model, spec), head_dims, sizes)
+        spec = _given(spec_from_model(load_model(model_spec).model, spec), head_dims, sizes, ops)
     if m is not None:
         spec = dataclasses.replace(spec, m_values=(m, 1) if m > 1 else (1,))
     if threads is not None:
@@ -113,11 +120,12 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
             click.echo(f"plot:    {png}")
 
 
-def _given(spec, head_dims: tuple[int, ...] | None, sizes: dict):
-    """`spec` with the SDPA head dims and fixed sizes given on the command line (they win over --model's)."""
+def _given(spec, head_dims: tuple[int, ...] | None, sizes: dict, ops: tuple[str, ...] | None):
+    """`spec` with the SDPA head dims, fixed sizes and ops given on the command line (they win over --model's); the
+    ops are checked with their sizes."""
     import dataclasses
 
-    spec = dataclasses.replace(spec, sizes=dataclasses.replace(spec.sizes, **sizes))
+    spec = dataclasses.replace(spec, ops=ops or spec.ops, sizes=dataclasses.replace(spec.sizes, **sizes))
     return dataclasses.replace(spec, head_dims=head_dims) if head_dims else spec
 
 

@@ -16,6 +16,7 @@ DIM_LABELS = {
     "gemm_k": "K (input features) of Y[M,N] = X[M,K] W[N,K]^T",
     "sdpa": "head dim",
     "sdpa_heads": "query heads",
+    "experts": "expert width w of every expert's gate_up [2w, H] and down [H, w]",
     "lowrank": "rank r of X[M,in] -> r -> out",
 }
 

@@ -1,5 +1,5 @@
 """Hardware profile: kernel latency swept over dims on this device (GEMM N/K, SDPA head dim, low-rank pair, and
-SDPA query heads for the latency model's head groups).
+for the latency model's groups SDPA query heads and an MoE layer's experts at their width).
 
 Writes/reads the profile JSON ({"gac_profile": 1, ...}) and caches it per device name, dtype and torch version.
 """
@@ -31,7 +31,9 @@ logger = logging.getLogger(__name__)
 
 PROFILE_VERSION = 1
 OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank")  # a default sweep
-ALL_OPS = (*OPS, "sdpa_heads")  # sdpa_heads: swept over query heads, sized by the latency model's head groups
+# sdpa_heads: swept over query heads, sized by the latency model's head groups; experts: an MoE layer's experts
+# forward (gac.hw.experts) swept over the expert width, sized by the experts kind's groups
+ALL_OPS = (*OPS, "sdpa_heads", "experts")
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")  # tried in this order
 MAX_HEAD_DIM = 1024  # above any model's attention head (usually 64-256); catches GEMM ranges given as head dims
 CUDA_CHUNK = 32  # dims timed round-robin together on CUDA, each with input sets over twice the L2
@@ -40,6 +42,9 @@ CUDA_CHUNK = 32  # dims timed round-robin together on CUDA, each with input sets
 # read decode GEMVs 1.44-1.55x faster than from memory on a 480 MiB-L3 Xeon, docs/RESULTS.md 2026-11-25)
 SWEEP_METHOD = 2
 CPU_ROTATION_CAP = 2 << 30  # bytes of input sets per chunk at most on CPU, whatever cache size the host reports
+# Bytes of input sets (copies included) a chunk holds at most, one dim at least: an MoE layer's experts are up to GiBs
+# per dim (Qwen3-30B-A3B's at width 768: 1.1 GiB in bfloat16), and a chunk's dims are all built before any is timed.
+CHUNK_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,9 @@ class FixedSizes:
     head_dim: int | None = None
     kv_heads: int | None = None  # fixed KV heads (query heads cut within each KV group) ...
     q_per_kv: int | None = None  # ... or KV heads = query heads / q_per_kv (whole KV groups cut); neither: MHA
+    # experts, over `hidden` (None: unused, as above)
+    experts: int | None = None  # experts in the layer
+    top_k: int | None = None  # experts routed per token
 
     def __post_init__(self):
         for name, value in dataclasses.asdict(self).items():
@@ -63,12 +71,16 @@ class FixedSizes:
                 raise GacError(f"{name} must be a positive integer, got {value!r}")
         if self.kv_heads is not None and self.q_per_kv is not None:
             raise GacError("give SDPA's kv_heads or q_per_kv, not both")
+        if None not in (self.experts, self.top_k) and self.top_k > self.experts:
+            raise GacError(f"top_k {self.top_k} is more than the {self.experts} experts: a token is routed to at "
+                           "most every expert, e.g. --experts 128 --top-k 8")
 
     @classmethod
     def of(cls, op: str, shape: Mapping[str, int]) -> FixedSizes | None:
         """The sizes that make the `op` sweep measure a unit of this shape (a unit's profile_shape, or a latency
         term's: "in"/"out" of a low-rank pair, "k" of gemm_n, "n" of gemm_k, SDPA heads' "head_dim" and "kv_heads"
-        or "q_per_kv"); None for an op that a shape does not size. SDPA's batch and KV length are the caller's."""
+        or "q_per_kv", the experts' "hidden", "experts" and "top_k"); None for an op that a shape does not size.
+        SDPA's batch and KV length are the caller's."""
         if op == "lowrank":
             return cls(lowrank_in=shape["in"], lowrank_out=shape["out"])
         if op == "gemm_n":
@@ -77,6 +89,8 @@ class FixedSizes:
             return cls(hidden=shape["n"])
         if op == "sdpa_heads":
             return cls(head_dim=shape["head_dim"], kv_heads=shape.get("kv_heads"), q_per_kv=shape.get("q_per_kv"))
+        if op == "experts":
+            return cls(hidden=shape["hidden"], experts=shape["experts"], top_k=shape["top_k"])
         return None
 
 
@@ -113,6 +127,9 @@ class SweepSpec:
             if self.sizes.head_dim is None or any(h % kv_unit for h in self.dims):
                 raise GacError(f"an SDPA heads sweep needs a head_dim and query heads that are multiples of "
                                f"{kv_unit} (the KV heads or query heads per KV head), got {list(self.dims)[:8]}")
+        if "experts" in self.ops and None in (self.sizes.experts, self.sizes.top_k):
+            raise GacError("an experts sweep needs the layer's experts and experts per token: give them, e.g. "
+                           "--experts 128 --top-k 8 (and its --hidden)")
 
     @classmethod
     def quick(cls, m: int = 1024) -> SweepSpec:
@@ -136,6 +153,8 @@ def _entry_shape(op: str, m: int, sizes: FixedSizes) -> dict[str, int]:
         return {"n": sizes.hidden}
     if op == "lowrank":
         return {"in": sizes.lowrank_in, "out": sizes.lowrank_out}
+    if op == "experts":
+        return {"hidden": sizes.hidden, "experts": sizes.experts, "top_k": sizes.top_k}
     seq = m if m > 1 else sizes.context
     if op == "sdpa_heads":
         kv = {"kv_heads": sizes.kv_heads} if sizes.kv_heads else {"q_per_kv": sizes.q_per_kv or 1}
@@ -150,6 +169,9 @@ def _tensor_shapes(op: str, m: int, dim: int, shape: Mapping[str, int]) -> list[
         return [(m, dim), (shape["n"], dim)]  # X [M, K=dim], W [N, K=dim]
     if op == "lowrank":
         return [(m, shape["in"]), (dim, shape["in"]), (shape["out"], dim)]  # X [M, in], A [r, in], B [out, r]
+    if op == "experts":  # dim: expert width; X [M, H], gate_up [E, 2w, H], down [E, H, w]
+        e, h = shape["experts"], shape["hidden"]
+        return [(m, h), (e, 2 * dim, h), (e, h, dim)]
     b, s = shape["batch"], shape["seq"]
     if op == "sdpa_heads":  # dim: query heads
         kv, d = shape.get("kv_heads") or dim // shape["q_per_kv"], shape["head_dim"]
@@ -169,17 +191,32 @@ def _attention(q, k, v, causal: bool):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def _kernel(op: str, causal: bool) -> Callable:
+def _kernel(op: str, m: int, dim: int, shape: Mapping[str, int], *, device, dtype) -> Callable:
+    """The op at one swept dim, called on an input set of _tensor_shapes."""
     if op in ("gemm_n", "gemm_k"):
         return F.linear  # Y [M, N] = X [M, K] @ W[N, K]^T
     if op == "lowrank":
         return lambda x, a, b: F.linear(F.linear(x, a), b)  # [M, in] -> [M, r] -> [M, out]
+    if op == "experts":
+        from gac.hw.experts import ExpertsKernel
+
+        return ExpertsKernel(m, dim, shape, device, dtype)  # [M, H] -> [M, H]
+    causal = m == shape["seq"] and m > 1  # prefill attends over its own tokens, decode over the KV cache
     return lambda q, k, v: _attention(q, k, v, causal)  # [B, H, M, D]
 
 
+def _backend(op: str, kernel: Callable, args: tuple, device: torch.device) -> str | None:
+    """What runs the op on these inputs, recorded per dim: SDPA's backend, the experts implementation; None for a
+    plain GEMM."""
+    if op in ("sdpa", "sdpa_heads"):
+        return _first_sdpa_backend(kernel, args, device)
+    return kernel.fit(args) if op == "experts" else None
+
+
 def _sdpa_context(backend: str | None):
-    """Pin an SDPA backend by name for the calls inside; no-op for None and 'cpu'."""
-    if backend in (None, "cpu"):
+    """Pin an SDPA backend by name for the calls inside; no-op for any other backend (None, 'cpu', an experts
+    implementation)."""
+    if backend not in SDPA_BACKENDS:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -263,9 +300,8 @@ def _build_point(op: str, m: int, dim: int, shape, *, device, dtype, buffers: in
     copies = _copies(shapes, device, dtype, buffers) if copies is None else copies
     first = tuple(torch.randn(s, generator=gen, device=device, dtype=dtype) for s in shapes)
     inputs = [first, *(tuple(t.clone() for t in first) for _ in range(copies - 1))]
-    attention = op in ("sdpa", "sdpa_heads")
-    kernel = _kernel(op, causal=attention and m == shape.get("seq") and m > 1)
-    backend = _first_sdpa_backend(kernel, inputs[0], device) if attention else None
+    kernel = _kernel(op, m, dim, shape, device=device, dtype=dtype)
+    backend = _backend(op, kernel, inputs[0], device)
     state = {"i": 0}
 
     def call():
@@ -279,10 +315,19 @@ def _entries(spec: SweepSpec) -> list[tuple[str, int, tuple[int, ...]]]:
     return [(op, m, spec.head_dims if op == "sdpa" else spec.dims) for op in spec.ops for m in spec.m_values]
 
 
+def _chunk_size(op, m, dims, shape, spec, *, device, dtype) -> int:
+    """Dims timed round-robin together: spec.chunk (CUDA_CHUNK at most on CUDA), fewer where the largest dim's input
+    sets (its CUDA copies included; on CPU a chunk this large gets one copy per dim) would pass CHUNK_BYTES."""
+    shapes = _tensor_shapes(op, m, max(dims), shape)
+    copies = _copies(shapes, device, dtype, spec.buffers)
+    size = min(spec.chunk, CUDA_CHUNK) if device.type == "cuda" else spec.chunk
+    return max(1, min(size, CHUNK_BYTES // (copies * _set_bytes(shapes, dtype))))
+
+
 def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
     shape = _entry_shape(op, m, spec.sizes)
     ms, p10, p90, backends, methods, n_copies = [], [], [], [], set(), set()
-    chunk_size = min(spec.chunk, CUDA_CHUNK) if device.type == "cuda" else spec.chunk  # bounded device memory
+    chunk_size = _chunk_size(op, m, dims, shape, spec, device=device, dtype=dtype)  # bounded memory
     for start in range(0, len(dims), chunk_size):
         chunk = dims[start : start + chunk_size]
         copies = None  # CUDA: per dim (_copies)

@@ -38,7 +38,7 @@ class Term:
     """One op whose time changes with a group's dim: `weight` x the op's time at the swept dim `mult * d // div`
     (e.g. a query projection's N is group_size x the KV width; SDPA's query heads are a width / head_dim)."""
 
-    op: str  # a gac.hw.profile sweep: gemm_n | gemm_k | lowrank | sdpa_heads
+    op: str  # a gac.hw.profile sweep: gemm_n | gemm_k | lowrank | sdpa_heads | experts
     shape: tuple  # sorted (key, value) pairs of the op's fixed sizes (SDPA's batch and seq come from the phase)
     mult: int = 1
     weight: float = 1.0

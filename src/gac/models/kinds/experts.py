@@ -77,8 +77,14 @@ class ExpertWidthGroup(ChannelGroup):
         widen_expert_entries(model, self.gate_up, 1, 2 * dim, parts=2)
         widen_expert_entries(model, self.down, 2, dim)
 
+    # --- latency: the layer's experts forward as transformers runs it (gac.hw.experts), measured at each width
+    profile_op: ClassVar[str] = "experts"
+
+    @property
+    def profile_shape(self):
+        return {"hidden": self.hidden, "experts": self.num_experts, "top_k": self.top_k}
+
     def latency_terms(self):
-        """Every token runs its top-k experts: as top-k GEMMs of the tokens at the width (gate and up: N = w, down:
-        K = w), the grouped GEMM's total work; its per-expert tiling is not modelled."""
-        return None, [Term("gemm_n", shape(k=self.hidden), weight=2 * self.top_k),
-                      Term("gemm_k", shape(n=self.hidden), weight=self.top_k)]
+        """One term: the whole experts forward of the layer's tokens at the width, its grouped GEMMs' per-expert
+        tiling, routing and gating included (top-k dense GEMMs of the tokens would time none of these)."""
+        return None, [Term(self.profile_op, shape(**self.profile_shape))]
