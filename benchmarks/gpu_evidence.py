@@ -156,7 +156,8 @@ def kernel_names(device: str, dtype) -> dict:
             x = torch.randn(m, k, device=dev, dtype=dtype)
             w = torch.randn(n, k, device=dev, dtype=dtype)
             out["gemm"].append({"m": m, "k": k, "n": n, "kernels": names(lambda x=x, w=w: F.linear(x, w))})
-        attention = _kernel("sdpa", causal=True)  # the profile's SDPA call
+        # the profile's SDPA call at prefill (causal over its own 1024 tokens; the head dim does not size the call)
+        attention = _kernel("sdpa", 1024, 0, {"seq": 1024}, device=dev, dtype=dtype)
         for d in KERNEL_HEAD_DIMS:
             qkv = tuple(torch.randn(1, 32, 1024, d, device=dev, dtype=dtype) for _ in range(3))  # [B, H, S, D]
             out["sdpa"].append({"head_dim": d, "first_backend_that_runs": _first_sdpa_backend(attention, qkv, dev),
