@@ -96,9 +96,9 @@ class Gram:
 FACTORIZATIONS = ("svd", "gram", "gram32")
 
 # gram32 takes a weight's spectrum from a float32 eigendecomposition where that leaves the smallest eigenvalue the
-# loss curve reads (at the unit's largest rank, the break-even one) within 1% of its value: eps32 * (s_1 / s_k)^2 <= 1e-2, i.e. s_1 / s_k
-# up to ~400. Measured: the embedded model's asvd weights reach 1.3e-3, an 8B-shaped random one far less
-# (docs/RESULTS.md); beyond it the exact SVD runs.
+# loss curve reads (at the unit's largest rank, the break-even one) within 1% of its value: eps32 * (s_1 / s_k)^2
+# <= 1e-2, i.e. s_1 / s_k up to ~400. Measured: the embedded model's asvd weights reach 1.3e-3, an 8B-shaped random
+# one far less (docs/RESULTS.md); beyond it the exact SVD runs (after the Gram path's cost: rare, so not avoided).
 GRAM32_TOLERANCE = 1e-2
 
 

@@ -20,8 +20,8 @@ factors as it writes its output).
 Time: forward-pass FLOPs over the calibration tokens (the analysis's passes, one more whole; layer-wise
 materialization runs none: it reads the cached factors) and the probe passes at this device's measured matmul rate;
 the factorizations (factorization_cost: LAPACK's SVD, or the Gram path's products and eigh) at their share of it;
-the loss model's and the statistics' float64 products (loss_model_flops, X^T X once rows outnumber an input's columns) at
-FP64_SHARE of it. Rough by design: within a few tens of per cent (docs/RESULTS.md compares it with measured peaks
+the loss model's and the statistics' float64 products (loss_model_flops, X^T X once rows outnumber an input's
+columns) at FP64_SHARE of it. Rough by design: within a few tens of per cent (docs/RESULTS.md compares it with measured peaks
 and times)."""
 
 from __future__ import annotations
