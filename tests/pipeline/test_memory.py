@@ -149,3 +149,23 @@ def test_x_t_x_memory_is_the_input_rows_while_they_are_fewer_than_the_columns():
     assert few.parts["one layer's X^T X"] == sum(2 * 512 * i for i in widths)
     many = forecast(config, dtype="bfloat16", calib_windows=16, seq_len=512, flops_per_s=RATE)  # 8192 tokens
     assert many.parts["one layer's X^T X"] == sum(8 * i * i for i in widths)
+
+
+def test_auto_forecast_adds_a_second_built_candidate_on_the_whole_model():
+    """`--compressor auto` builds two candidates (gac.auto.BUILT): on the whole model its forecast is the heaviest
+    candidate's plus the second one's built model copies and factors; layer by layer, the heaviest candidate's."""
+    from gac.api import CompressConfig
+    from gac.compressors import AUTO_CANDIDATES
+    from gac.pipeline.memory import BUILT_COPY, FACTORS, forecast_of
+
+    model = str(DOCS / "llama-3-8b")
+    auto = CompressConfig(model=model, compressor="auto", ratio=0.15)
+    singles = [forecast_of(CompressConfig(model=model, compressor=n, ratio=0.15), False) for n in AUTO_CANDIDATES]
+    heaviest = max(singles, key=lambda f: f.peak_bytes)
+    second = max((f for f in singles if f is not heaviest), key=lambda f: f.parts[BUILT_COPY] + f.parts[FACTORS])
+    whole = forecast_of(auto, False)
+    assert whole.peak_bytes == heaviest.peak_bytes + second.parts[BUILT_COPY] + second.parts[FACTORS]
+    assert whole.peak_bytes > heaviest.peak_bytes
+    assert forecast_of(auto, True).peak_bytes == max(forecast_of(CompressConfig(model=model, compressor=n,
+                                                                                ratio=0.15), True).peak_bytes
+                                                     for n in AUTO_CANDIDATES)
