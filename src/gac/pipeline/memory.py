@@ -21,16 +21,15 @@ Time: forward-pass FLOPs over the calibration tokens (the analysis's passes, one
 materialization runs none: it reads the cached factors) and the probe passes at this device's measured matmul rate;
 the factorizations (factorization_cost: LAPACK's SVD, or the Gram path's products and eigh) at their share of it;
 the loss model's and the statistics' float64 products (loss_model_flops, X^T X once rows outnumber an input's
-columns) at FP64_SHARE of it. Rough by design: within a few tens of per cent (docs/RESULTS.md compares it with measured peaks
-and times)."""
+columns) at FP64_SHARE of it. Rough by design: within a few tens of per cent (docs/RESULTS.md compares it with
+measured peaks and times)."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import math
-import dataclasses
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
@@ -307,10 +306,9 @@ def forecast_of(cfg, layerwise: bool) -> Forecast:
         return heaviest
     # the whole model: auto holds a second built candidate (gac.auto.BUILT) beside the first, its built model and the
     # copy its held-back pass measures, and its factors (measured: docs/RESULTS.md 2026-11-26, 6.08 GiB anonymous)
-    second = max((f for f in forecasts if f is not heaviest), key=lambda f: f.parts[BUILT_COPY] + f.parts[FACTORS])
-    extra = second.parts[BUILT_COPY] + second.parts[FACTORS]
+    extra = max(f.parts[BUILT_COPY] + f.parts[FACTORS] for f in forecasts if f is not heaviest)
     parts = {**heaviest.parts, "a second built candidate (auto)": extra}
-    return dataclasses.replace(heaviest, peak_bytes=heaviest.peak_bytes + extra, parts=parts)
+    return replace(heaviest, peak_bytes=heaviest.peak_bytes + extra, parts=parts)
 
 
 def describe(f: Forecast, choice=None) -> str:
