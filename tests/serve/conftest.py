@@ -67,3 +67,62 @@ def serve_dirs(tmp_path_factory):
          plan=plan_record(variant="unaligned", source_model=str(original), alignment=None, dims={}))
     dirs["resized"] = root / "resized"
     return dirs
+
+
+# Serve-sized tiny models (head_dim 32) of the families beyond Llama's layout that the plugin serves
+FAMILY_CONFIGS = {
+    "gemma3_text": dict(intermediate_size=320, head_dim=32, query_pre_attn_scalar=32, sliding_window=16,
+                        layer_types=["sliding_attention", "full_attention"] * 2),
+    "phi3": dict(intermediate_size=320, pad_token_id=0),
+    "qwen3_moe": dict(intermediate_size=320, head_dim=32, moe_intermediate_size=96, num_experts=4,
+                      num_experts_per_tok=2, mlp_only_layers=[3]),
+    "mixtral": dict(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2),
+}
+
+
+def serve_tiny_family(model_type: str):
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type, **{**SERVE_TINY, **FAMILY_CONFIGS[model_type]})
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def fused_phi3():
+    """Phi-3 as no compressor here leaves it: layer 0's fused qkv_proj and gate_up_proj factorized whole (rank 32,
+    truncated SVD), layer 1's MLP cut to 200 channels (each kept channel's gate and up rows)."""
+    from gac.models import surgery
+    from gac.models.groups import groups_of
+
+    model = serve_tiny_family("phi3")
+    for name in ("model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.gate_up_proj"):
+        u, s, vh = torch.linalg.svd(model.get_submodule(name).weight.detach(), full_matrices=False)
+        surgery.factorize(model, name, vh[:32], u[:, :32] * s[:32])  # a [32, in], b [out, 32]
+    surgery.apply(model, [(groups_of(model, "mlp", layers=[1])[0], surgery.Keep(torch.arange(200)))])
+    return model
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory):
+    """{name: gac output}: Gemma 3 (asvd), Qwen3-MoE and Mixtral (prune: one expert width a layer), and Phi-3
+    with its fused projections factorized whole and a pruned MLP."""
+    from gac.api import CompressConfig, compress
+    from gac.data import TextConfig
+    from gac.models.io import plan_record, save
+
+    root = tmp_path_factory.mktemp("families")
+    dirs = {}
+    for family, compressor in (("gemma3_text", "asvd"), ("qwen3_moe", "prune"), ("mixtral", "prune")):
+        original = root / f"{family}-original"
+        serve_tiny_family(family).save_pretrained(original)
+        tiny_tokenizer().save_pretrained(original)
+        name = f"{family}-{compressor}"
+        compress(CompressConfig(model=str(original), compressor=compressor, ratio=0.3, out=str(root / name),
+                                evaluate=False, progress=False,
+                                compressor_options={"layers": "all"} if compressor == "prune" else {},
+                                text=TextConfig(seq_len=32, calib_windows=4, eval_windows=1)))
+        dirs[name] = root / name
+    save(fused_phi3(), tiny_tokenizer(), root / "phi3-fused",
+         plan=plan_record(variant="unaligned", source_model="phi3", alignment=None, dims={}))
+    dirs["phi3-fused"] = root / "phi3-fused"
+    return dirs

@@ -23,9 +23,26 @@ def test_the_plugin_entry_point_is_installed_with_gac():
 
     (plugin,) = [e for e in entry_points(group=vllm_engine.PLUGIN_GROUP) if e.name == "gac"]
     assert plugin.value == "gac.serve.vllm_plugin:register"
+    from gac.models.adapters import VLLM_FAMILIES
     from gac.serve.vllm_plugin import architectures
 
-    assert architectures() == {"GacLlamaForCausalLM": "gac.serve.vllm_model:GacLlamaForCausalLM"}
+    served = architectures()
+    assert len(served) == len(VLLM_FAMILIES) and served["GacLlamaForCausalLM"].endswith(":GacLlamaForCausalLM")
+    assert served["GacGemma3ForCausalLM"] == "gac.serve.vllm_model:GacGemma3ForCausalLM"  # gemma3_text's class
+    assert served["GacQwen3MoeForCausalLM"] == "gac.serve.vllm_model:GacQwen3MoeForCausalLM"
+
+
+def test_every_served_architecture_names_a_class_on_vllms_own(vllm):
+    """Each registered class mixes gac's sizes into vLLM's class for the family (the name after "Gac")."""
+    import importlib
+
+    from gac.serve.vllm_model import GacCausalLM
+    from gac.serve.vllm_plugin import architectures
+
+    for arch, target in architectures().items():
+        module, _, name = target.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, GacCausalLM) and cls.__mro__[2].__name__ == arch.removeprefix("Gac"), arch
 
 
 @pytest.mark.parametrize("cores, tp, bind", [({0, 1}, 2, "0|1"), ({0, 1, 2, 3}, 2, "0-1|2-3"),
@@ -45,9 +62,9 @@ def test_a_family_the_plugin_does_not_serve_is_refused(tmp_path):
     from gac.models.io import plan_record, save
     from tests.conftest import tiny_model, tiny_tokenizer
 
-    save(tiny_model("qwen2"), tiny_tokenizer(), tmp_path / "q", plan=plan_record(
+    save(tiny_model("olmo2"), tiny_tokenizer(), tmp_path / "q", plan=plan_record(
         variant="unaligned", source_model="x", alignment=None, dims={}))
-    with pytest.raises(GacError, match="vLLM plugin serves the llama family, not 'qwen2'"):
+    with pytest.raises(GacError, match=r"vLLM plugin serves the llama, .* families, not 'olmo2'"):
         vllm_engine.check_servable(tmp_path / "q")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from transformers import AutoConfig
 
@@ -71,3 +73,20 @@ def test_a_vllm_tp2_target_gives_a_model_two_ranks_split(serve_dirs, tmp_path):
     assert any(x.width < 320 for x in lays)
     assert all(x.width % 16 == 0 and x.num_heads % 2 == 0 for x in lays)
     check_tensor_parallel(lays, 2)
+
+
+def test_fused_projections_and_expert_widths_are_read_per_layer(family_dirs):
+    """Phi-3: one fused qkv linear (factorized whole in layer 0) and a gate_up twice the MLP width; Qwen3-MoE: the
+    experts' saved width per sparse layer, a dense width for its mlp_only layer; TP needs the expert width split."""
+    phi3 = layouts(family_dirs["phi3-fused"])
+    assert [len(x.qkv) for x in phi3] == [1] * 4 and phi3[0].qkv[0].rank == 32 and phi3[1].qkv[0].dense
+    assert [x.width for x in phi3] == [320, 200, 320, 320] and phi3[0].producers[0].rank == 32
+    moe = layouts(family_dirs["qwen3_moe-prune"])
+    config = AutoConfig.from_pretrained(family_dirs["qwen3_moe-prune"])
+    saved = {n.split(".")[2]: s[2] for n, s in config.gac_structure["parameter"].items() if n.endswith("down_proj")}
+    assert [x.expert_width for x in moe[:3]] == [saved.get(str(i), 96) for i in range(3)]
+    assert moe[3].expert_width is None and moe[3].width == 320 and not moe[0].producers
+    assert [x.mlp_width for x in moe] == [x.expert_width or x.width for x in moe]
+    check_tensor_parallel(moe, 2)
+    with pytest.raises(GacError, match=r"layer 0 keeps .*expert width \d+, not divisible by tensor parallel size 3"):
+        check_tensor_parallel([replace(moe[0], num_heads=3, num_kv_heads=3, expert_width=40)], 3)

@@ -171,7 +171,8 @@ def spec_from_plan(plan, base: SweepSpec | None = None) -> SweepSpec:
 
 def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = ALIGNMENT, window: int = WINDOW) -> SweepSpec:
     """`base` with dims swept around every compressible dim of a loaded model (ranks, PaLU group ranks, widths,
-    head_dim), GEMMs sized by its hidden size."""
+    head_dim), GEMMs sized by its hidden size; a mixture of experts also sweeps the experts op at its expert count
+    and experts a token (the op its MoE layers' widths are timed by)."""
     from gac.models.adapters import adapter_for
     from gac.models.dims import linear_dims
 
@@ -184,5 +185,11 @@ def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = AL
     base = base or SweepSpec()
     hidden = adapter.hidden_size(config)
     sizes = dataclasses.replace(base.sizes, hidden=hidden, lowrank_in=hidden, lowrank_out=hidden)
+    ops = base.ops
+    if any(adapter.is_moe_layer(config, i) for i in range(adapter.layer_count(config))):
+        experts, _, top_k = adapter.expert_geometry(config)
+        sizes = dataclasses.replace(sizes, experts=experts, top_k=top_k)
+        ops = ops if "experts" in ops else (*ops, "experts")
     return dataclasses.replace(base, dims=dims_around(sorted(centers), alignment=alignment, window=window),
-                               head_dims=dims_around([head_dim], alignment=alignment, window=window), sizes=sizes)
+                               head_dims=dims_around([head_dim], alignment=alignment, window=window), sizes=sizes,
+                               ops=ops)

@@ -83,8 +83,11 @@ class VllmNames:
     producers: str = "gate_up_proj"
 
 
-# model_type -> vLLM's names, for the families gac's vLLM plugin serves (gac.serve.vllm_model)
-VLLM_FAMILIES = {"llama": VllmNames()}
+# model_type -> vLLM's names, for the families gac's vLLM plugin serves (gac.serve.vllm_model has a Gac<model_class>)
+VLLM_FAMILIES = {"llama": VllmNames(), "mistral": VllmNames("MistralForCausalLM"),
+                 "qwen2": VllmNames("Qwen2ForCausalLM"), "qwen3": VllmNames("Qwen3ForCausalLM"),
+                 "gemma3_text": VllmNames("Gemma3ForCausalLM"), "phi3": VllmNames("Phi3ForCausalLM"),
+                 "qwen3_moe": VllmNames("Qwen3MoeForCausalLM"), "mixtral": VllmNames("MixtralForCausalLM")}
 
 # model_type -> layout. Each needs a transformers `<Name>ForCausalLM` (see modeling_gac.py).
 FAMILIES = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA, "granite": LLAMA, "olmo2": LLAMA,
@@ -256,7 +259,7 @@ class Adapter:
         """vLLM's names for this family; a family gac's vLLM plugin does not serve is one line."""
         names = VLLM_FAMILIES.get(self.model_type)
         if names is None:
-            raise GacError(f"gac's vLLM plugin serves the {', '.join(VLLM_FAMILIES)} family, not {self.model_type!r}: "
+            raise GacError(f"gac's vLLM plugin serves the {', '.join(VLLM_FAMILIES)} families, not {self.model_type!r}: "
                            "serve this model with transformers (gac.load, lm-eval's hf backend) instead")
         return names
 

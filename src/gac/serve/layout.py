@@ -10,8 +10,9 @@ Sharding plan for a degree-N tensor-parallel engine (Megatron's column/row split
   row projections (o, MLP consumers; input sharded, output all-reduced):
       dense        row-parallel
       low rank     a row-parallel [r, in / N] with the all-reduce on r values (not the hidden size), b replicated
-So N must divide every layer's query heads, KV heads and MLP width; ranks are never split, and each shard's
-GEMM reads in / N (width / N, heads x head_dim / N) values a row: the alignment a `vllm:tpN` target asks of them.
+  experts      an MoE layer's experts at one width a layer, split over the ranks by vLLM's FusedMoE
+So N must divide every layer's query heads, KV heads and MLP (or expert) width; ranks are never split, and each
+shard's GEMM reads in / N (width / N, heads x head_dim / N) values a row: the alignment a `vllm:tpN` target asks.
 """
 
 from __future__ import annotations
@@ -25,13 +26,18 @@ from gac.models.groups import heads_split
 
 @dataclass(frozen=True)
 class Projection:
-    """One HF linear as saved: its name inside its block (e.g. the q projection's), shape and factorization."""
+    """One HF linear as saved: its module path, shape and factorization."""
 
-    name: str
+    path: str  # e.g. model.layers.0.self_attn.q_proj
     in_features: int
     out_features: int
     rank: int | None = None  # a low-rank pair b(a(x))
     ranks: tuple[int, ...] | None = None  # PaLU: one shared a, an up-projection per KV-head group
+
+    @property
+    def name(self) -> str:
+        """Its name inside its block (q_proj)."""
+        return self.path.rpartition(".")[2]
 
     @property
     def dense(self) -> bool:
@@ -44,15 +50,21 @@ class LayerLayout:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    width: int  # MLP intermediate channels
-    qkv: tuple[Projection, Projection, Projection]
+    width: int | None  # a dense MLP's intermediate channels (None: the layer's MLP is a mixture of experts)
+    expert_width: int | None  # each expert's intermediate channels, one width a layer (None: a dense MLP)
+    qkv: tuple[Projection, ...]  # q, k, v; or the one fused linear they are rows of (Phi-3's qkv_proj)
     o: Projection
-    producers: tuple[Projection, ...]
+    producers: tuple[Projection, ...]  # gate, up; or one fused gate_up; none in an MoE layer
     consumers: tuple[Projection, ...]
 
     @property
     def projections(self) -> tuple[Projection, ...]:
         return (*self.qkv, self.o, *self.producers, *self.consumers)
+
+    @property
+    def mlp_width(self) -> int:
+        """The channels tensor parallelism splits: the dense MLP's, or each expert's."""
+        return self.width if self.width is not None else self.expert_width
 
 
 def layer_layouts(config) -> list[LayerLayout]:
@@ -62,6 +74,7 @@ def layer_layouts(config) -> list[LayerLayout]:
     structure = getattr(config, "gac_structure", None) or {}
     linear, lowrank = structure.get("linear", {}), structure.get("lowrank", {})
     grouped, attention = structure.get("grouped_lowrank", {}), structure.get("attention", {})
+    parameter = structure.get("parameter", {})  # fused expert weights' saved shapes
     hidden, inter = adapter.hidden_size(config), adapter.intermediate_size(config)
 
     layouts = []
@@ -71,15 +84,23 @@ def layer_layouts(config) -> list[LayerLayout]:
         num_kv = int(heads.get("num_kv_heads", geo.num_kv_heads))
         shapes = {**layer.shapes(hidden, num_heads * geo.head_dim, num_kv * geo.head_dim, inter),
                   **{n: tuple(shape) for n, shape in linear.items()}}  # saved shapes over the defaults
-        p = {n: Projection(n.rpartition(".")[2], int(shapes[n][1]), int(shapes[n][0]), lowrank.get(n),
+        p = {n: Projection(n, int(shapes[n][1]), int(shapes[n][0]), lowrank.get(n),
                            tuple(int(r) for r in grouped[n]) if n in grouped else None) for n in layer.linears}
-        widths = {p[n].out_features for n in layer.producers} | {p[n].in_features for n in layer.consumers}
-        if len(widths) != 1:
-            raise GacError(f"{layer.mlp}: its projections disagree on the MLP width ({sorted(widths)}): the saved "
-                           "structure is damaged; re-run `gac compress`")
-        layouts.append(LayerLayout(layer.index, num_heads, num_kv, geo.head_dim, widths.pop(),
-                                   (p[layer.q], p[layer.k], p[layer.v]), p[layer.o],
-                                   tuple(p[n] for n in layer.producers), tuple(p[n] for n in layer.consumers)))
+        width = expert_width = None
+        if layer.experts:  # down [E, H, I]: the saved width, else the config's
+            down = layer.expert_weights[1]
+            expert_width = int(parameter[down][2]) if down in parameter else adapter.expert_geometry(config)[1]
+        else:
+            widths = ({p[n].out_features // layer.producer_parts for n in layer.producers}
+                      | {p[n].in_features for n in layer.consumers})
+            if len(widths) != 1:
+                raise GacError(f"{layer.mlp}: its projections disagree on the MLP width ({sorted(widths)}): the "
+                               "saved structure is damaged; re-run `gac compress`")
+            width = widths.pop()
+        qkv = tuple(p[n] for n in dict.fromkeys((layer.q, layer.k, layer.v)))
+        layouts.append(LayerLayout(layer.index, num_heads, num_kv, geo.head_dim, width, expert_width, qkv,
+                                   p[layer.o], tuple(p[n] for n in layer.producers),
+                                   tuple(p[n] for n in layer.consumers)))
     return layouts
 
 
@@ -92,7 +113,8 @@ def check_tensor_parallel(layouts: list[LayerLayout], tp: int) -> None:
         dense_kv = all(p.dense for p in lay.qkv[1:])  # vLLM replicates dense KV heads over surplus ranks
         heads_ok = heads_split(lay.num_heads, lay.num_kv_heads, tp, kv_replicable=dense_kv)
         problems = [f"{lay.num_heads} query heads and {lay.num_kv_heads} KV heads" if not heads_ok else "",
-                    f"MLP width {lay.width}" if lay.width % tp else ""]
+                    f"{'MLP' if lay.width is not None else 'expert'} width {lay.mlp_width}" if lay.mlp_width % tp
+                    else ""]
         problems += [f"{p.name}'s {len(p.ranks)} PaLU groups" for p in lay.qkv if p.ranks and len(p.ranks) % tp]
         problems = [p for p in problems if p]
         if problems:

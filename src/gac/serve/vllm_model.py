@@ -1,39 +1,55 @@
-"""gac's model class for vLLM: the family's own vLLM model, each decoder layer built at its saved sizes.
+"""gac's model classes for vLLM: each family's own vLLM model, every decoder layer built at its saved sizes.
 
-Registered by gac's vLLM plugin (gac.serve.vllm_plugin) under the architecture name gac writes into config.json
-(e.g. GacLlamaForCausalLM), so `vllm serve DIR` and `LLM(model=DIR)` load a gac output with vLLM's own layers,
-attention, KV cache and tensor parallelism. Sizes and the sharding plan come from gac.serve.layout: a layer whose
-q/k/v (or MLP producers) are all dense keeps vLLM's fused linear at the layer's head counts (or width); a factorized
-projection is a pair of vLLM linears (column: a replicated, b column-parallel; row: a row-parallel, b replicated).
-Weights load under their HF names; vLLM checks that every parameter was loaded, so a damaged directory fails.
+Registered by gac's vLLM plugin (gac.serve.vllm_plugin) under the architecture names gac writes into config.json
+(e.g. GacLlamaForCausalLM, GacGemma3ForCausalLM), so `vllm serve DIR` and `LLM(model=DIR)` load a gac output with
+vLLM's own layers, attention, KV cache, fused MoE and tensor parallelism.
+
+How a layer gets its own sizes: every vLLM model builds its decoder layers through `make_layers(n, layer_fn,
+prefix)`. While gac's class is built, that function (in the family's vLLM modules) builds each layer with the
+config showing the layer's saved head counts, MLP width and expert width (gac.serve.layout), then puts the
+projections the saved model factorized in place of vLLM's dense ones: a column projection becomes a pair (a
+replicated, b column-parallel, or the family's own fused linear at input r for a fused projection), a row
+projection a pair (a row-parallel, b replicated), and q/k/v (or gate/up) of which some are factorized a Concat.
+Dense projections keep vLLM's fused linears and load through the family's own loader; the factorized ones load
+here under their HF names. vLLM checks that every parameter was loaded, so a damaged directory fails.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
+import contextlib
+import sys
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-from vllm.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
+                                               ReplicatedLinear, RowParallelLinear)
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
-from vllm.model_executor.models.utils import WeightsMapper, extract_layer_index
+from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.mistral import MistralForCausalLM
+from vllm.model_executor.models.mixtral import MixtralForCausalLM
+from vllm.model_executor.models.phi3 import Phi3ForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+from vllm.model_executor.models.utils import extract_layer_index
 
-from gac.models.adapters import adapter_for
+from gac.models.adapters import VllmNames, adapter_for
 from gac.serve.layout import LayerLayout, Projection, check_tensor_parallel, layer_layouts
 
 
 class LowRankColumn(nn.Module):
-    """y = b(a(x)) with its output sharded: a [r, in] replicated, b [out / N, r] column-parallel."""
+    """y = b(a(x)) with its output sharded: a [r, in] replicated, b [out / N, r] column-parallel (or, for a fused
+    projection, the family's fused linear at input r, which splits its rows by head or by half)."""
 
-    def __init__(self, p: Projection, bias: bool, quant_config, prefix: str):
+    def __init__(self, p: Projection, bias: bool, quant_config, prefix: str, fused: nn.Module | None = None):
         super().__init__()
         self.a = ReplicatedLinear(p.in_features, p.rank, bias=False, quant_config=quant_config, prefix=f"{prefix}.a")
-        self.b = ColumnParallelLinear(p.rank, p.out_features, bias=bias, quant_config=quant_config,
-                                      prefix=f"{prefix}.b")
+        self.b = (fused_at(fused, p.rank, bias, quant_config, f"{prefix}.b") if fused is not None else
+                  ColumnParallelLinear(p.rank, p.out_features, bias=bias, quant_config=quant_config,
+                                       prefix=f"{prefix}.b"))
 
     def forward(self, x):
         return self.b(self.a(x)[0])
@@ -86,6 +102,16 @@ class Concat(nn.Module):
         return torch.cat([part(x)[0] for part in self.children()], dim=-1), None
 
 
+def fused_at(dense: nn.Module, in_features: int, bias: bool, quant_config, prefix: str) -> nn.Module:
+    """The family's fused column linear `dense` (q/k/v by heads, or gate/up halves) rebuilt to read `in_features`
+    values: the up-projection of a factorized fused projection, sharded as the dense one."""
+    if isinstance(dense, QKVParallelLinear):
+        return QKVParallelLinear(in_features, dense.head_size, dense.total_num_heads, dense.total_num_kv_heads,
+                                 bias=bias, quant_config=quant_config, prefix=prefix)
+    return MergedColumnParallelLinear(in_features, list(dense.output_sizes), bias=bias, quant_config=quant_config,
+                                      prefix=prefix)
+
+
 def column(p: Projection, bias: bool, quant_config, prefix: str) -> nn.Module:
     if p.ranks:
         return GroupedLowRankColumn(p, bias, quant_config, prefix)
@@ -94,102 +120,157 @@ def column(p: Projection, bias: bool, quant_config, prefix: str) -> nn.Module:
     return ColumnParallelLinear(p.in_features, p.out_features, bias=bias, quant_config=quant_config, prefix=prefix)
 
 
-def row(p: Projection, bias: bool, quant_config, prefix: str) -> nn.Module:
-    if p.rank:
-        return LowRankRow(p, bias, quant_config, prefix)
-    return RowParallelLinear(p.in_features, p.out_features, bias=bias, quant_config=quant_config, prefix=prefix)
+def factorize(block: nn.Module, prefix: str, fused: str, parts: tuple[Projection, ...], rows: tuple[Projection, ...],
+              quant_config) -> dict[str, str]:
+    """Put the saved factorizations of one block (attention or MLP) in place of vLLM's dense linears: the column
+    parts of its fused linear `fused`, and its row projections. Returns {HF module path: vLLM module path} of every
+    projection moved, whose weights gac then loads."""
+    moved = {}
+    dense = getattr(block, fused)
+    bias = getattr(dense, "bias", None) is not None
+    if len(parts) == 1 and not parts[0].dense:  # one fused projection, factorized whole (Phi-3)
+        setattr(block, fused, LowRankColumn(parts[0], bias, quant_config, f"{prefix}.{fused}", fused=dense))
+        moved[parts[0].path] = f"{prefix}.{fused}"
+    elif not all(p.dense for p in parts):
+        setattr(block, fused, Concat({p.name: column(p, bias, quant_config, f"{prefix}.{fused}.{p.name}")
+                                      for p in parts}))
+        moved.update({p.path: f"{prefix}.{fused}.{p.name}" for p in parts})
+    for p in rows:
+        if not p.dense:
+            bias = getattr(getattr(block, p.name), "bias", None) is not None
+            setattr(block, p.name, LowRankRow(p, bias, quant_config, f"{prefix}.{p.name}"))
+            moved[p.path] = f"{prefix}.{p.name}"
+    return moved
 
 
-class HfNamedBlock:
-    """Loads a block's weights under their HF names: a dense projection fused with its siblings goes to the fused
-    linear by shard (`stacked`: HF name -> (fused linear, shard id)); any other to the parameter of its own name,
-    inside the Concat that holds it (`holders`: HF name -> Concat's attribute)."""
+@contextlib.contextmanager
+def layer_sizes(config, layout: LayerLayout, expert_width_key: str):
+    """`config` showing one layer's saved sizes while vLLM builds that layer (restored after)."""
+    sizes = {"num_attention_heads": layout.num_heads, "num_key_value_heads": layout.num_kv_heads,
+             "head_dim": layout.head_dim}
+    if layout.width is not None:
+        sizes["intermediate_size"] = layout.width
+    if layout.expert_width is not None:
+        sizes[expert_width_key] = layout.expert_width
+    missing = object()
+    before = {k: getattr(config, k, missing) for k in sizes}
+    for k, v in sizes.items():
+        setattr(config, k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            delattr(config, k) if v is missing else setattr(config, k, v)
 
-    stacked: dict
-    holders: dict
 
-    def use_parts(self, fused: str, parts: tuple[Projection, ...], build, bias: bool, quant_config, prefix: str,
-                  shard_ids) -> None:
-        """Keep vLLM's fused linear `fused` where every part is dense; else a Concat of the parts under it."""
-        if all(p.dense for p in parts):
-            self.stacked.update({p.name: (fused, s) for p, s in zip(parts, shard_ids)})
-            return
-        setattr(self, fused, Concat({p.name: build(p, bias, quant_config, f"{prefix}.{p.name}") for p in parts}))
-        self.holders.update({p.name: fused for p in parts})
+class GacCausalLM:
+    """Mixed into a family's vLLM causal LM (the class after it in the bases): builds it with every decoder layer at
+    its saved sizes and factorizations, and loads the factorized projections under their HF names."""
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        config = vllm_config.model_config.hf_config
+        adapter = adapter_for(config)
+        layouts = layer_layouts(config)  # read once, handed to every layer
+        check_tensor_parallel(layouts, get_tensor_model_parallel_world_size())
+        moved: dict[str, str] = {}  # HF module path -> vLLM module path of every factorized projection
+        names, quant = adapter.vllm_names(), vllm_config.quant_config
+        expert_width_key = adapter.layout.expert_width
+
+        def sized(make_layers):
+            def build(num_hidden_layers, layer_fn, prefix):
+                def layer(prefix):
+                    lay = layouts[extract_layer_index(prefix)]
+                    with layer_sizes(vllm_config.model_config.hf_text_config, lay, expert_width_key):
+                        built = layer_fn(prefix=prefix)
+                    moved.update(self._factorize(built, prefix, lay, names, quant))
+                    return built
+                return make_layers(num_hidden_layers, layer, prefix)
+            return build
+
+        with _patched("make_layers", sized):
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.gac_moved = moved
+
+    @staticmethod
+    def _factorize(layer: nn.Module, prefix: str, lay: LayerLayout, names: VllmNames, quant) -> dict[str, str]:
+        moved = factorize(layer.self_attn, f"{prefix}.self_attn", names.qkv, lay.qkv, (lay.o,), quant)
+        if lay.width is not None:  # a dense MLP (an MoE layer's experts stay as vLLM's FusedMoE builds them)
+            moved |= factorize(layer.mlp, f"{prefix}.mlp", names.producers, lay.producers, lay.consumers, quant)
+        return moved
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())
         loaded = set()
-        for name, tensor in weights:
-            proj, _, rest = name.partition(".")
-            if proj in self.stacked:
-                fused, shard = self.stacked[proj]
-                key = f"{fused}.{rest}"
-                params[key].weight_loader(params[key], tensor, shard)
-            else:
-                key = f"{self.holders[proj]}.{name}" if proj in self.holders else name
+
+        def family(weights):  # the weights the family's own loader takes: all but the moved projections'
+            for name, tensor in weights:
+                key = self._moved_key(name)
+                if key is None:
+                    yield name, tensor
+                    continue
                 if key not in params:
-                    raise ValueError(f"gac: the checkpoint's {name} has no parameter in {type(self).__name__} "
-                                     f"(it has {sorted(params)}): the saved structure does not match the weights")
+                    raise ValueError(f"gac: the checkpoint's {name} has no parameter {key} in {type(self).__name__}: "
+                                     "the saved structure does not match the weights")
                 getattr(params[key], "weight_loader", default_weight_loader)(params[key], tensor)
-            loaded.add(key)
-        return loaded
+                loaded.add(key)
+
+        loaded_by_family = set(super().load_weights(family(weights)))  # consumes every weight, ours too
+        return loaded | loaded_by_family
+
+    def _moved_key(self, name: str) -> str | None:
+        """The vLLM parameter of HF weight `name` if its projection was moved (e.g. ...q_proj.a.weight), else None."""
+        parts = name.split(".")
+        for cut in range(len(parts) - 1, max(len(parts) - 4, 0), -1):
+            module = ".".join(parts[:cut])
+            if module in self.gac_moved:
+                return ".".join([self.gac_moved[module], *parts[cut:]])
+        return None
 
 
-class GacAttention(HfNamedBlock, LlamaAttention):
-    """vLLM's attention at the layer's head counts; factorized q/k/v or o projections as vLLM linear pairs."""
-
-    def __init__(self, *, layout: LayerLayout, fused_qkv: str, **kwargs):
-        super().__init__(**kwargs)  # the layer's own config: its head counts, vLLM's fused qkv at that size
-        self.stacked, self.holders = {}, {}
-        quant, prefix, bias = kwargs.get("quant_config"), kwargs["prefix"], kwargs.get("bias", False)
-        self.use_parts(fused_qkv, layout.qkv, column, bias, quant, prefix, ("q", "k", "v"))
-        if not layout.o.dense:
-            setattr(self, layout.o.name, row(layout.o, kwargs.get("bias_o_proj", False), quant,
-                                             f"{prefix}.{layout.o.name}"))
-
-
-class GacMLP(HfNamedBlock, LlamaMLP):
-    """vLLM's MLP at the layer's width; factorized producers or consumer as vLLM linear pairs."""
-
-    def __init__(self, *, layout: LayerLayout, fused_producers: str, prefix: str, quant_config, bias: bool, **kwargs):
-        super().__init__(intermediate_size=layout.width, quant_config=quant_config, bias=bias, prefix=prefix, **kwargs)
-        self.stacked, self.holders = {}, {}
-        self.use_parts(fused_producers, layout.producers, column, bias, quant_config, prefix,
-                       range(len(layout.producers)))
-        (down,) = layout.consumers
-        if not down.dense:
-            setattr(self, down.name, row(down, bias, quant_config, f"{prefix}.{down.name}"))
+@contextlib.contextmanager
+def _patched(attr: str, wrap):
+    """Every loaded vLLM model module's `attr` (a function they import by name) wrapped by `wrap`, while gac's class
+    is built; put back after."""
+    modules = [m for name, m in list(sys.modules.items())
+               if name.startswith("vllm.model_executor.models.") and hasattr(m, attr)]
+    originals = [getattr(m, attr) for m in modules]
+    for m, original in zip(modules, originals):
+        setattr(m, attr, wrap(original))
+    try:
+        yield
+    finally:
+        for m, original in zip(modules, originals):
+            setattr(m, attr, original)
 
 
-class GacDecoderLayer(LlamaDecoderLayer):
-    """vLLM's decoder layer built from a per-layer copy of the config (head counts, MLP width)."""
-
-    def __init__(self, *, vllm_config, layouts: list[LayerLayout], prefix: str = "", config=None):
-        config = config or vllm_config.model_config.hf_config
-        layout = layouts[extract_layer_index(prefix)]
-        names = adapter_for(config).vllm_names()
-        own = copy.copy(config)
-        own.num_attention_heads, own.num_key_value_heads = layout.num_heads, layout.num_kv_heads
-        own.head_dim, own.intermediate_size = layout.head_dim, layout.width
-
-        def attention(**kwargs):
-            return GacAttention(layout=layout, fused_qkv=names.qkv, **kwargs)
-
-        super().__init__(vllm_config=vllm_config, prefix=prefix, config=own, attn_layer_type=attention)
-        self.mlp = GacMLP(layout=layout, fused_producers=names.producers, hidden_size=own.hidden_size,
-                          hidden_act=own.hidden_act, quant_config=self.get_quant_config(vllm_config),
-                          bias=getattr(own, "mlp_bias", False), prefix=f"{prefix}.mlp")
+# One class a family: gac's mixin before vLLM's class for it (adapters.VLLM_FAMILIES names which)
+class GacLlamaForCausalLM(GacCausalLM, LlamaForCausalLM):
+    pass
 
 
-class GacLlamaForCausalLM(LlamaForCausalLM):
-    """A gac output of a Llama-layout model; weights keep their HF names (each block maps its own)."""
+class GacMistralForCausalLM(GacCausalLM, MistralForCausalLM):
+    pass
 
-    hf_to_vllm_mapper = WeightsMapper()
 
-    def __init__(self, *, vllm_config, prefix: str = ""):
-        layouts = layer_layouts(vllm_config.model_config.hf_config)  # read once, handed to every layer
-        check_tensor_parallel(layouts, get_tensor_model_parallel_world_size())
-        super().__init__(vllm_config=vllm_config, prefix=prefix,
-                         layer_type=functools.partial(GacDecoderLayer, layouts=layouts))
-        self.model.hf_to_vllm_mapper = WeightsMapper()  # the blocks map q/k/v and the producers themselves
+class GacQwen2ForCausalLM(GacCausalLM, Qwen2ForCausalLM):
+    pass
+
+
+class GacQwen3ForCausalLM(GacCausalLM, Qwen3ForCausalLM):
+    pass
+
+
+class GacGemma3ForCausalLM(GacCausalLM, Gemma3ForCausalLM):
+    pass
+
+
+class GacPhi3ForCausalLM(GacCausalLM, Phi3ForCausalLM):
+    pass
+
+
+class GacQwen3MoeForCausalLM(GacCausalLM, Qwen3MoeForCausalLM):
+    pass
+
+
+class GacMixtralForCausalLM(GacCausalLM, MixtralForCausalLM):
+    pass
