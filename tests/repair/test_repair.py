@@ -298,3 +298,25 @@ def test_repair_pads_palu_group_ranks_exactly():
         want, got = before(ids).logits, model(ids).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_profile_sizes_expert_widths_by_the_experts_op():
+    """An MoE layer's expert width is padded to the size the profile's experts op (the whole experts forward at the
+    layer's expert count and experts a token) finds fastest, not by a dense GEMM's table."""
+    from gac.models.modeling_gac import fit_experts_implementation
+    from tests.conftest import TINY
+
+    config = transformers.Qwen3MoeConfig(**{**TINY, "intermediate_size": 96}, moe_intermediate_size=37,
+                                         num_experts=4, num_experts_per_tok=2, head_dim=16)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    fit_experts_implementation(model, 37)  # torch's grouped GEMM refuses rows of 37 floats
+    ids = _ids()
+    before = _logits(model, ids)
+    experts = {"op": "experts", "m": 512, "shape": {"hidden": 64, "experts": 4, "top_k": 2}, "dims": [40, 48, 56],
+               "ms": [2.0, 1.0, 1.5]}
+    gemm = {"op": "gemm_n", "m": 512, "shape": {"k": 64}, "dims": [40, 48, 56], "ms": [1.0, 2.0, 2.0]}
+    result = repair(model, align=8, profile={"ops": [experts, gemm]})
+    widths = {d.before: d.after for d in result.dims if d.kind == "mlp_width"}
+    assert widths == {37: 48}  # window 40..64: 48 is the experts op's fastest (gemm_n's would be 40)
+    _assert_same_outputs(_logits(model, ids), before)

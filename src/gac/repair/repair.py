@@ -123,9 +123,10 @@ class _Targets:
             table = self._table("lowrank", {"in": fan_in, "out": fan_out}) or self._table("gemm_n", {"k": fan_in})
         return self._pick(rank, table)
 
-    def mlp_width(self, width: int, hidden: int) -> int:
-        table = self._table("gemm_n", {"k": hidden}) if self.profile is not None else None
-        return self._pick(width, table)
+    def width(self, group) -> int:
+        """Target for a width group (an MLP's, or a layer's experts'), timed by the group's own profile op."""
+        table = self._table(group.profile_op, group.profile_shape) if self.profile is not None else None
+        return self._pick(group.dim, table)
 
 
 # --- repair ---------------------------------------------------------------------------------------------
@@ -174,7 +175,7 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
                   if g.dim is not None]
     names = adapter_for(model.config).linear_names(model.config)
     before = _counts(model, names)
-    planned = [(g, targets.mlp_width(g.dim, g.hidden)) for g in widths]
+    planned = [(g, targets.width(g)) for g in widths]
     planned += [(g, targets.group_rank(g.dim, g.in_features, g.out_features)) for g in ranks + head_ranks]
     surgery.pad(model, planned)
     dims = [DimChange(g.name, "mlp_width" if g in widths else "rank", _layer(g.name), g.dim, t)
