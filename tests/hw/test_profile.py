@@ -234,8 +234,9 @@ EXPERTS = hp.SweepSpec(ops=("experts",), dims=tuple(range(8, 25)), m_values=(8, 
 
 
 def test_experts_sweep_times_each_width_as_transformers_runs_it(tmp_path):
-    """Every width gets a finite positive time and records what ran it: transformers' implementation for a loaded
-    model wherever it runs the width (always at rows of 16 bytes: 4 channels in float32), else the eager loop."""
+    """Every width gets a finite positive time and records what ran it, as gac's models run it: transformers'
+    implementation for a loaded model at multiples of 8 channels, the eager loop elsewhere (gac's models run any
+    other width eagerly, in float32 too, where torch's grouped GEMM would take rows of 16 bytes)."""
     from gac.hw.experts import loaded_implementation
 
     loaded = loaded_implementation()
@@ -246,7 +247,7 @@ def test_experts_sweep_times_each_width_as_transformers_runs_it(tmp_path):
         assert e["shape"] == {"hidden": 64, "experts": 4, "top_k": 2} and e["dims"] == list(EXPERTS.dims)
         assert all(0 < ms < float("inf") for ms in e["ms"])
         ran = dict(zip(e["dims"], e.get("backends", [e["backend"]] * len(e["dims"]))))
-        assert all(ran[d] == loaded for d in ran if d % 4 == 0) and set(ran.values()) <= {loaded, "eager"}
+        assert ran == {d: loaded if d % 8 == 0 else "eager" for d in ran}
     assert hp.load_profile(hp.save_profile(p, tmp_path / "p.json")) == p  # the schema knows the op
 
 
@@ -340,3 +341,11 @@ def test_spec_from_an_moe_model_sweeps_its_experts():
     from tests.conftest import tiny_model
 
     assert spec_from_model(tiny_model(), TINY).ops == TINY.ops
+
+
+def test_the_experts_op_runs_widths_as_saved_models_do():
+    """The op's rule for the eager loop is the one saved models carry (modeling_gac loads without gac)."""
+    from gac.hw.experts import GROUPED_MM_ROW
+    from gac.models.modeling_gac import GROUPED_MM_ROW as SAVED
+
+    assert GROUPED_MM_ROW == SAVED

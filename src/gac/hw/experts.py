@@ -13,6 +13,10 @@ from collections.abc import Mapping
 
 import torch
 
+# expert widths that are not a multiple of this many channels run the eager loop in gac's models (fit below);
+# modeling_gac.GROUPED_MM_ROW states it for saved models, which load without gac: a test holds the two equal
+GROUPED_MM_ROW = 8
+
 logger = logging.getLogger(__name__)
 
 
@@ -62,10 +66,13 @@ class ExpertsKernel:
         return self.module.config._experts_implementation
 
     def fit(self, args: tuple) -> str:
-        """The implementation that runs these inputs, tried once: the loaded model's, or the eager loop where that
-        one refuses them (torch's grouped GEMM and expert rows that are not 16 bytes), as gac runs a model of such
-        a width (gac.models.modeling_gac.fit_experts_implementation, which does so at any width not a multiple of 8
-        channels, in float32 too)."""
+        """The implementation that runs these inputs: the eager loop at a width gac's models run that way
+        (gac.models.modeling_gac.fit_experts_implementation: any width not a multiple of GROUPED_MM_ROW channels, in
+        float32 too), else the loaded model's, tried once, or the eager loop where that one refuses them (torch's
+        grouped GEMM and expert rows that are not 16 bytes)."""
+        if args[-1].shape[-1] % GROUPED_MM_ROW:
+            self.module.config._experts_implementation = "eager"
+            return self.implementation
         try:
             with torch.inference_mode():
                 self(*args)
