@@ -172,6 +172,6 @@ def check_heads_prunable(model, group: HeadGroup) -> None:
     norm = adapter.per_head_norm(model.get_submodule(group.block))
     if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.numel() != group.head_dim:
         raise GacError(f"{model.config.model_type}'s query norm spans all heads, so its heads cannot be pruned: "
-                       "prune MLP channels only with --head-mode none")
+                       "use --head-mode none (MLP channels or expert widths only)")
     if group.num_heads % group.num_kv_heads:
         raise GacError(f"{group.num_heads} query heads do not split into {group.num_kv_heads} KV groups")
