@@ -248,3 +248,22 @@ def test_gpt_oss_gguf_export_is_one_line(gpt_oss_dir, tmp_path):
     p = run_gac("export", out, "--format", "gguf", "--out", tmp_path / "m.gguf")
     assert_one_error_line(p, "GGUF export supports")
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_quantized_gpt_oss_checkpoint_is_refused_in_one_line(tmp_path):
+    """gpt-oss is published in MXFP4 (expert tensors as blocks and scales): refused before loading, naming the
+    float checkpoint transformers can write from it."""
+    from gac.errors import GacError
+    from tests.helpers import assert_names_a_fix
+
+    d = tmp_path / "mxfp4"
+    tiny_gpt_oss().save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "mxfp4"}}))
+    for layerwise in (False, True):
+        with pytest.raises(GacError, match="quantized checkpoint") as e:
+            compress(fast_config(d, compressor="prune", ratio=0.3, out=str(tmp_path / "out"), evaluate=False,
+                                 layerwise=layerwise, compressor_options={"layers": "all"}))
+        assert "Mxfp4Config(dequantize=True)" in str(e.value)
+        assert_names_a_fix(str(e.value))
