@@ -104,9 +104,11 @@ def test_moe_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_path):
     runs = {}
     for layerwise in (False, True):
         out = tmp_path / f"out-{layerwise}"
-        result = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
+        result = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=layerwise,
                                       layerwise=layerwise, compressor_options={"layers": "all"}))
         runs[layerwise] = (result.report["dims"]["gac"], load(out).model)
+        # evaluated layer by layer: the unaligned variant's layers (copies holding their own config) run eagerly
+        assert not layerwise or result.report["variants"]["unaligned"]["ppl"] > 1
     assert runs[True][0] == runs[False][0]
     ids = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(1))
     assert torch.allclose(_logits(runs[True][1], ids), _logits(runs[False][1], ids), atol=1e-5)

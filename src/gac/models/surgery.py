@@ -147,7 +147,7 @@ def set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
     parent, _, attr = name.rpartition(".")
     module = model.get_submodule(parent)
     setattr(module, attr, nn.Parameter(value.contiguous(), requires_grad=getattr(module, attr).requires_grad))
-    fit_experts_implementation(model, value.shape)
+    fit_experts_implementation(model, value.shape, module)
 
 
 @torch.no_grad()
