@@ -105,16 +105,21 @@ def test_gpt_oss_prune_cuts_one_aligned_expert_width_per_layer_and_round_trips(g
 
 
 def test_gpt_oss_layerwise_equals_the_whole_model_pipeline(gpt_oss_dir, tmp_path):
+    """Layer by layer, evaluated as a user runs it: the unaligned variant's layers run their experts eagerly (a
+    layer copied on its own holds its own config), and each timed layer runs with its own kind of attention mask
+    (sliding-window or full)."""
     from gac.models.io import load
 
     runs = {}
     for layerwise in (False, True):
         out = tmp_path / f"out-{layerwise}"
-        result = compress(fast_config(gpt_oss_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
+        result = compress(fast_config(gpt_oss_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=layerwise,
                                       layerwise=layerwise, compressor_options={"layers": "all"}))
-        runs[layerwise] = (result.report["dims"]["gac"], load(out).model)
-    assert runs[True][0] == runs[False][0]
-    assert any(n.endswith(".experts") for n in runs[True][0])
+        runs[layerwise] = (result.report, load(out).model)
+    assert runs[True][0]["dims"]["gac"] == runs[False][0]["dims"]["gac"]
+    assert any(n.endswith(".experts") for n in runs[True][0]["dims"]["gac"])
+    assert any(d % 8 for d in runs[True][0]["dims"]["unaligned"].values())  # run eagerly, evaluated
+    assert all(runs[True][0]["variants"][v]["decode_ms_per_token"] > 0 for v in ("baseline", "unaligned", "gac"))
     torch.testing.assert_close(_logits(runs[True][1]), _logits(runs[False][1]), atol=1e-5, rtol=0)
 
 
