@@ -150,12 +150,6 @@ class LayerModules:
         """Every weight a group of this layer may name: its linears and its fused expert parameters."""
         return [*self.linears, *self.expert_weights]
 
-    @property
-    def expert_channel_axes(self) -> tuple[int, int]:
-        """The axis of (gate_up, down) that holds the expert channels: rows of gate_up [E, 2I, H] and columns of
-        down [E, H, I], or, transposed (gpt-oss), the columns of gate_up [E, H, 2I] and rows of down [E, I, H]."""
-        return (2, 1) if self.expert_transposed else (1, 2)
-
     def expert_shapes(self, hidden: int, num_experts: int, width: int) -> dict[str, tuple[int, ...]]:
         """{fused expert weight or bias: shape} at expert width `width` (nothing for a dense layer)."""
         if not self.expert_weights:

@@ -13,6 +13,12 @@ from gac.errors import GacError
 from gac.models.kinds.base import ChannelGroup, DimGroup, Term, shape
 
 
+def channel_axes(transposed: bool) -> tuple[int, int]:
+    """The axis of (gate_up, down) holding the expert channels: rows of gate_up [E, 2I, H] and columns of down
+    [E, H, I], or, transposed (gpt-oss), the columns of gate_up [E, H, 2I] and the rows of down [E, I, H]."""
+    return (2, 1) if transposed else (1, 2)
+
+
 @dataclass(frozen=True)
 class ExpertWidthGroup(ChannelGroup):
     """A layer's expert width: dim = channels kept in every expert (the same count, each expert its own channels)."""
@@ -35,7 +41,7 @@ class ExpertWidthGroup(ChannelGroup):
         gate_up, down = layer.expert_weights
         num_experts, full, top_k = adapter.expert_geometry(model.config)
         hidden = adapter.hidden_size(model.config)
-        live = model.get_parameter(down).shape[layer.expert_channel_axes[1]]
+        live = model.get_parameter(down).shape[channel_axes(layer.expert_transposed)[1]]
         expected = layer.expert_shapes(hidden, num_experts, live)
         found = {n: tuple(model.get_parameter(n).shape) for n in expected}
         if found != expected:
@@ -69,7 +75,7 @@ class ExpertWidthGroup(ChannelGroup):
     @property
     def channel_axes(self) -> tuple[int, int]:
         """The axis of gate_up and of down that holds the channels (1: rows, 2: columns, of [E, rows, columns])."""
-        return (2, 1) if self.transposed else (1, 2)
+        return channel_axes(self.transposed)
 
     def gate_up_entries(self, channels):
         """[E, k] channels -> [E, 2k]: their gate and up entries along gate_up's channel axis (and its bias)."""
