@@ -1,6 +1,7 @@
-"""Mixture-of-experts families (Qwen3-MoE, Mixtral: transformers 5's fused expert weights gate_up [E, 2I, H] and
-down [E, H, I]): prune cuts one expert width per layer, each expert its own channels, chosen by the knapsack under the
-budget; the saved model keeps the per-expert checkpoint layout and round-trips through gac.load and transformers."""
+"""Mixture-of-experts families (Qwen3-MoE, Mixtral, OLMoE: transformers 5's fused expert weights gate_up [E, 2I, H]
+and down [E, H, I]): prune cuts one expert width per layer, each expert its own channels, chosen by the knapsack under
+the budget; the saved model keeps the per-expert checkpoint layout and round-trips through gac.load and transformers.
+gpt-oss (transposed, interleaved, biased experts): test_gpt_oss_family.py."""
 
 import json
 import math
@@ -23,6 +24,9 @@ def tiny_moe(model_type: str, seed: int = 0):
         config = transformers.Qwen3MoeConfig(**{**TINY, "num_hidden_layers": 3, "intermediate_size": 96},
                                              moe_intermediate_size=40, num_experts=4, num_experts_per_tok=2,
                                              head_dim=16, mlp_only_layers=[2])
+    elif model_type == "olmoe":  # its q/k norms span all heads (heads not prunable); eos within the tiny vocabulary
+        config = transformers.OlmoeConfig(**{**TINY, "intermediate_size": 40}, num_experts=4, num_experts_per_tok=2,
+                                          eos_token_id=1, pad_token_id=1)
     else:
         config = transformers.MixtralConfig(**{**TINY, "intermediate_size": 40}, num_local_experts=4,
                                             num_experts_per_tok=2)
@@ -100,9 +104,11 @@ def test_moe_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_path):
     runs = {}
     for layerwise in (False, True):
         out = tmp_path / f"out-{layerwise}"
-        result = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
+        result = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=layerwise,
                                       layerwise=layerwise, compressor_options={"layers": "all"}))
         runs[layerwise] = (result.report["dims"]["gac"], load(out).model)
+        # evaluated layer by layer: the unaligned variant's layers (copies holding their own config) run eagerly
+        assert not layerwise or result.report["variants"]["unaligned"]["ppl"] > 1
     assert runs[True][0] == runs[False][0]
     ids = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(1))
     assert torch.allclose(_logits(runs[True][1], ids), _logits(runs[False][1], ids), atol=1e-5)
@@ -324,3 +330,44 @@ def test_moe_speedup_predicts_the_experts_from_the_experts_sweep(moe_dir, tmp_pa
     assert widths and all(d is None or d % 8 == 0 for d in widths.values())
     assert any(d is not None and d < 40 for d in widths.values())  # the experts' table is what the knapsack cut
     assert r["latency_objective"]["reached"] and math.isfinite(r["variants"]["gac"]["predicted_ms"])
+
+
+@pytest.fixture(scope="module")
+def olmoe_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("olmoe")
+    tiny_moe("olmoe").save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    return d
+
+
+def test_olmoe_prunes_its_experts_aligned_and_round_trips(olmoe_dir, tmp_path, monkeypatch):
+    """OLMoE: Qwen3-MoE's experts (a layout line); its q norm spans all heads, so the experts alone are pruned."""
+    from transformers import AutoModelForCausalLM
+
+    from gac.models.io import load
+
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
+    out = tmp_path / "out"
+    result = compress(fast_config(olmoe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
+                                  compressor_options={"layers": "all", "head_mode": "none"}))
+    r = result.report
+    assert r["variants"]["gac"]["params"] <= r["budget_params"] and r["variants"]["gac"]["aligned_fraction"] == 1.0
+    widths = [d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")]
+    assert widths and all(d is None or d % 8 == 0 for d in widths) and any(d is not None for d in widths)
+    from safetensors import safe_open
+
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert any(".experts.0.gate_proj." in k for k in f.keys())  # per expert, as transformers saves OLMoE
+    want = _logits(result.models["gac"], ids := torch.randint(0, 320, (2, 12)))
+    for model in (load(out).model, AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()):
+        assert torch.equal(_logits(model, ids), want)
+
+
+def test_olmoe_heads_are_refused_in_one_line(olmoe_dir, tmp_path):
+    from gac.errors import GacError
+    from tests.helpers import assert_names_a_fix
+
+    with pytest.raises(GacError, match="query norm spans all heads") as e:
+        compress(fast_config(olmoe_dir, compressor="prune", ratio=0.3, out=str(tmp_path / "out"), evaluate=False,
+                             compressor_options={"layers": "all"}))
+    assert_names_a_fix(str(e.value))

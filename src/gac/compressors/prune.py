@@ -173,8 +173,9 @@ class ExpertsUnit(PrunedUnit):
 
     @classmethod
     def scored(cls, group, scores):
-        gate_up, w = _vec(scores[group.gate_up].out), group.dim  # [E, 2w]: gate rows, then up rows
-        return cls(group, channel_importance=gate_up[:, :w] + gate_up[:, w:] + _vec(scores[group.down].inp))
+        gate_up, down = scores[group.gate_up], scores[group.down]  # sums per row (out) and per column (inp)
+        return cls(group, channel_importance=group.per_channel((_vec(gate_up.out), _vec(gate_up.inp)),
+                                                               (_vec(down.out), _vec(down.inp))))
 
     @property
     def total_importance(self) -> float:

@@ -29,13 +29,18 @@ class Layout:
     per_head_norm: str | None = "q_norm"  # a norm over each head's channels (qwen3): heads prunable if per head
     # mixture of experts: the MLP block's experts module (None: every layer dense), its fused 3D weights (transformers
     # 5's layout: gate_up [E, 2I, H], gate rows then up rows; down [E, H, I]), the config's keys for the expert count
-    # and the expert width, and the per-expert checkpoint names the fused weights are made of (gate, up, down)
+    # and the expert width, and the per-expert checkpoint names the fused weights are made of (gate, up, down; None:
+    # checkpoints store the fused weights as they are, as transformers saves gpt-oss)
     experts: str | None = None
     expert_weights: tuple[str, str] = ("gate_up_proj", "down_proj")
     expert_count: str = "num_experts"
     expert_width: str = "moe_intermediate_size"
-    expert_checkpoint: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # {block}.experts.{e}.{name}
+    expert_checkpoint: tuple[str, str, str] | None = ("gate_proj", "up_proj", "down_proj")  # {block}.experts.{e}.{name}
     checkpoint_mlp: str = "mlp"  # the MLP block's name in per-expert checkpoints
+    expert_transposed: bool = False  # fused weights stored [E, in, out]: gate_up [E, H, 2I], down [E, I, H] (gpt-oss)
+    expert_interleaved: bool = False  # gate and up alternate along gate_up's channels (gate [..., ::2], up [..., 1::2])
+    expert_biases: tuple[str, str] | None = None  # the fused weights' biases: gate_up's [E, 2I], down's [E, H]
+    head_parameters: tuple[str, ...] = ()  # attention parameters with one entry per query head (gpt-oss's sinks)
 
     @property
     def attention_projections(self) -> tuple[str, str, str, str]:
@@ -51,6 +56,11 @@ GEMMA3 = Layout(layers_path="model.language_model.layers")  # a multimodal check
 QWEN3_MOE = Layout(experts="experts")  # sparse layers' MLP is experts + router; mlp_only_layers keep a dense MLP
 MIXTRAL = Layout(experts="experts", expert_count="num_local_experts", expert_width="intermediate_size",
                  expert_checkpoint=("w1", "w3", "w2"), checkpoint_mlp="block_sparse_moe", per_head_norm=None)
+# gpt-oss: experts [E, in, out] with gate and up interleaved and biased, saved fused; per-head attention sinks
+GPT_OSS = Layout(experts="experts", expert_count="num_local_experts", expert_width="intermediate_size",
+                 expert_checkpoint=None, expert_transposed=True, expert_interleaved=True,
+                 expert_biases=("gate_up_proj_bias", "down_proj_bias"), per_head_norm=None, head_parameters=("sinks",))
+OLMOE = Layout(experts="experts", expert_width="intermediate_size")  # its q norm spans all heads: MLP only
 
 
 @dataclass(frozen=True)
@@ -91,8 +101,8 @@ VLLM_FAMILIES = {"llama": VllmNames(), "mistral": VllmNames("MistralForCausalLM"
 
 # model_type -> layout. Each needs a transformers `<Name>ForCausalLM` (see modeling_gac.py).
 FAMILIES = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA, "granite": LLAMA, "olmo2": LLAMA,
-            "phi": PHI, "qwen3_moe": QWEN3_MOE, "mixtral": MIXTRAL, "gemma3_text": LLAMA,
-            "gemma3": GEMMA3, "phi3": PHI3}
+            "phi": PHI, "qwen3_moe": QWEN3_MOE, "mixtral": MIXTRAL, "gpt_oss": GPT_OSS, "olmoe": OLMOE,
+            "gemma3_text": LLAMA, "gemma3": GEMMA3, "phi3": PHI3}
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,10 @@ class LayerModules:
     experts: str | None = None  # an MoE layer's experts module (producers and consumers are then empty)
     expert_weights: tuple[str, ...] = ()  # its fused weights: (gate_up [E, 2I, H], down [E, H, I]) parameter names
     producer_parts: int = 1  # row blocks of each producer (2: a fused gate_up)
+    expert_biases: tuple[str, ...] = ()  # the fused weights' biases (gate_up's [E, 2I], down's [E, H]) if any
+    expert_transposed: bool = False  # the fused weights stored [E, in, out] (Layout.expert_transposed)
+    expert_interleaved: bool = False  # gate and up alternate along gate_up's channels (Layout.expert_interleaved)
+    head_parameters: tuple[str, ...] = ()  # the attention's parameters with one entry per query head (sinks)
 
     @property
     def linears(self) -> list[str]:
@@ -139,12 +153,18 @@ class LayerModules:
         """Every weight a group of this layer may name: its linears and its fused expert parameters."""
         return [*self.linears, *self.expert_weights]
 
-    def expert_shapes(self, hidden: int, num_experts: int, width: int) -> dict[str, tuple[int, int, int]]:
-        """{fused expert weight: shape} at expert width `width` (nothing for a dense layer)."""
+    def expert_shapes(self, hidden: int, num_experts: int, width: int) -> dict[str, tuple[int, ...]]:
+        """{fused expert weight or bias: shape} at expert width `width` (nothing for a dense layer)."""
         if not self.expert_weights:
             return {}
         gate_up, down = self.expert_weights
-        return {gate_up: (num_experts, 2 * width, hidden), down: (num_experts, hidden, width)}
+        shapes = ({gate_up: (num_experts, hidden, 2 * width), down: (num_experts, width, hidden)}
+                  if self.expert_transposed else
+                  {gate_up: (num_experts, 2 * width, hidden), down: (num_experts, hidden, width)})
+        if self.expert_biases:
+            gate_up_bias, down_bias = self.expert_biases
+            shapes |= {gate_up_bias: (num_experts, 2 * width), down_bias: (num_experts, hidden)}
+        return shapes
 
     def shapes(self, hidden: int, q_width: int, kv_width: int, mlp_width: int) -> dict[str, tuple[int, int]]:
         """{linear: (out_features, in_features)} of every dense projection at these widths."""
@@ -169,12 +189,16 @@ class Adapter:
         prefix = self.layer_prefix(i)
         attn, mlp = f"{prefix}.{lay.attention}", f"{prefix}.{lay.mlp}"
         q, k, v, o = (f"{attn}.{p}" for p in lay.attention_projections)
+        heads = {"head_parameters": tuple(f"{attn}.{p}" for p in lay.head_parameters)}
         if self.is_moe_layer(config, i):
             experts = f"{mlp}.{lay.experts}"
             return LayerModules(i, attn, q, k, v, o, mlp, (), (), experts,
-                                tuple(f"{experts}.{w}" for w in lay.expert_weights))
+                                tuple(f"{experts}.{w}" for w in lay.expert_weights),
+                                expert_biases=tuple(f"{experts}.{b}" for b in lay.expert_biases or ()),
+                                expert_transposed=lay.expert_transposed, expert_interleaved=lay.expert_interleaved,
+                                **heads)
         return LayerModules(i, attn, q, k, v, o, mlp, tuple(f"{mlp}.{p}" for p in lay.producers),
-                            tuple(f"{mlp}.{p}" for p in lay.consumers), producer_parts=lay.producer_parts)
+                            tuple(f"{mlp}.{p}" for p in lay.consumers), producer_parts=lay.producer_parts, **heads)
 
     def is_moe_layer(self, config, i: int) -> bool:
         """Whether decoder layer i's MLP is a mixture of experts (Qwen3-MoE keeps `mlp_only_layers` dense and makes
@@ -200,8 +224,11 @@ class Adapter:
 
     def expert_checkpoint_names(self, layer: LayerModules, num_experts: int) -> dict[str, list[tuple[str, ...]]]:
         """{fused expert weight: per expert the checkpoint tensors it is made of} for an MoE layer: gate_up from
-        each expert's (gate, up), down from its (down,), as Hugging Face checkpoints store them per expert."""
+        each expert's (gate, up), down from its (down,), as Hugging Face checkpoints store them per expert; nothing
+        for a family whose checkpoints store the fused weights themselves (gpt-oss)."""
         lay = self.layout
+        if lay.expert_checkpoint is None:
+            return {}
         gate, up, down = lay.expert_checkpoint
         gate_up, fused_down = layer.expert_weights
         each = [f"{self.layer_prefix(layer.index)}.{lay.checkpoint_mlp}.{lay.experts}.{e}" for e in range(num_experts)]

@@ -32,13 +32,17 @@ class LinearDims:
 
 
 def linear_dims(model, names: list[str]) -> list[LinearDims]:
+    config = model.config
+    transposed = {n for layer in adapter_for(config).layers(config) if layer.expert_transposed
+                  for n in layer.expert_weights}  # fused expert weights stored [E, in, out] (gpt-oss)
     out = []
     for name in names:
         try:
             m = model.get_submodule(name)
-        except AttributeError:  # a fused expert weight [E, out, in]: E linears of one shape
+        except AttributeError:  # a fused expert weight [E, out, in] or [E, in, out]: E linears of one shape
             w = model.get_parameter(name)
-            out.append(LinearDims(name, w.shape[-1], w.shape[-2], None, w.numel()))
+            n_in, n_out = (w.shape[-2], w.shape[-1]) if name in transposed else (w.shape[-1], w.shape[-2])
+            out.append(LinearDims(name, n_in, n_out, None, w.numel()))
             continue
         if is_grouped_lowrank(m):  # one rank per head group
             ranks = tuple(int(r) for r in m.ranks)

@@ -78,7 +78,7 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
         old = getattr(parent, attr)
         new = torch.empty([int(n) for n in shape], device=old.device, dtype=old.dtype)
         setattr(parent, attr, nn.Parameter(new, requires_grad=old.requires_grad))
-        fit_experts_implementation(model, int(shape[-1]))
+        fit_experts_implementation(model, new.shape, parent)
     for name, heads in structure.get("attention", {}).items():
         attn = model.get_submodule(name)
         attn.num_heads = int(heads["num_heads"])  # informational; forward infers heads from q_proj's width
@@ -102,13 +102,18 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
 GROUPED_MM_ROW = 8  # channels: torch's grouped GEMM needs rows of 16 bytes, 8 channels in bfloat16 or float16
 
 
-def fit_experts_implementation(model: nn.Module, row_length: int) -> None:
-    """A fused expert weight with rows of `row_length` channels not a multiple of GROUPED_MM_ROW crashes torch's
-    grouped GEMM, transformers' default experts implementation ("strides should be multiple of 16 bytes"): such a
-    model runs its experts one by one ("eager", transformers' reference loop) instead."""
-    config = getattr(model, "config", None)
-    if row_length % GROUPED_MM_ROW and getattr(config, "_experts_implementation", None) not in (None, "eager"):
-        config._experts_implementation = "eager"
+def fit_experts_implementation(model: nn.Module, shape, owner: nn.Module | None = None) -> None:
+    """A fused expert weight [E, ...] of a new `shape` whose sizes past the expert axis are not all multiples of
+    GROUPED_MM_ROW crashes torch's grouped GEMM, transformers' default experts implementation ("strides should be
+    multiple of 16 bytes": the weight's rows, and the activations at the expert width, whichever axis holds it):
+    such a model runs its experts one by one ("eager", transformers' reference loop) instead. The model's config
+    says so, and the config of `owner`, the module holding the weight, which its forward reads (a layer copied on
+    its own, as the layer-by-layer pipeline copies them, holds a copy of the config)."""
+    if not any(int(n) % GROUPED_MM_ROW for n in shape[1:]):
+        return
+    for config in (getattr(model, "config", None), getattr(owner, "config", None)):
+        if getattr(config, "_experts_implementation", None) not in (None, "eager"):
+            config._experts_implementation = "eager"
 
 
 def set_module(model: nn.Module, name: str, module: nn.Module) -> None:

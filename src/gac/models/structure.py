@@ -3,7 +3,7 @@ modeling_gac.apply_gac_structure (self-contained, it travels with every saved mo
 
 Keys: "linear" {name: [out, in]} for linears of a new shape, "attention" {block: {num_heads, num_kv_heads}},
 "lowrank" {name: rank}, "grouped_lowrank" {name: [r_1, ..., r_G]}, "parameter" {name: shape} for fused expert
-weights of a new shape.
+weights (and their biases) and per-head attention parameters (gpt-oss's sinks) of a new shape.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def structure_of(model) -> dict:
             if (m.out_features, m.in_features) != shape:
                 live["linear"][name] = [m.out_features, m.in_features]
         fused = layer.expert_shapes(hidden, *experts[:2]) if layer.experts else {}
+        fused |= {name: (geo.num_heads, *model.get_parameter(name).shape[1:]) for name in layer.head_parameters}
         for name, shape in fused.items():
             if tuple(model.get_parameter(name).shape) != shape:
                 live["parameter"][name] = list(model.get_parameter(name).shape)

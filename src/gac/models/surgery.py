@@ -147,22 +147,29 @@ def set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
     parent, _, attr = name.rpartition(".")
     module = model.get_submodule(parent)
     setattr(module, attr, nn.Parameter(value.contiguous(), requires_grad=getattr(module, attr).requires_grad))
-    fit_experts_implementation(model, value.shape[-1])
+    fit_experts_implementation(model, value.shape, module)
+
+
+@torch.no_grad()
+def keep_entries(model: nn.Module, name: str, dim: int, index: torch.Tensor) -> None:
+    """Keep entries `index` [k] along `dim` of the parameter `name` (e.g. the sinks [heads] of kept heads)."""
+    w = model.get_parameter(name).detach()
+    set_parameter(model, name, w.index_select(dim, index.to(w.device)))
 
 
 @torch.no_grad()
 def keep_expert_entries(model: nn.Module, name: str, dim: int, index: torch.Tensor) -> None:
-    """Keep, in each expert e of the fused expert weight `name` [E, rows, cols], entries index[e] along `dim`
-    (1: rows, 2: columns); index [E, k]."""
+    """Keep, in each expert e of the fused expert weight `name` [E, rows, cols] (or bias [E, n]), entries index[e]
+    along `dim` (1: rows, 2: columns); index [E, k]."""
     w = model.get_parameter(name).detach()
-    idx = index.to(w.device).unsqueeze(3 - dim)  # [E, k, 1] or [E, 1, k]
+    idx = index.to(w.device).reshape([len(index) if a == 0 else -1 if a == dim else 1 for a in range(w.dim())])
     set_parameter(model, name, torch.take_along_dim(w, idx, dim=dim))
 
 
 @torch.no_grad()
 def widen_expert_entries(model: nn.Module, name: str, dim: int, size: int, parts: int = 1) -> None:
-    """The fused expert weight `name` zero-padded along `dim` to `size`, each of its `parts` equal blocks padded at
-    its own end (a fused gate_up weight is two: gate rows, then up rows)."""
+    """The fused expert weight (or bias) `name` zero-padded along `dim` to `size`, each of its `parts` equal blocks
+    padded at its own end (a fused gate_up weight is two: gate rows, then up rows)."""
     w = model.get_parameter(name).detach()
     blocks = []
     for block in w.chunk(parts, dim=dim):

@@ -138,6 +138,12 @@ def check_config(config, source: str) -> None:
     act = getattr(config, "hidden_act", None)
     if act is not None and (not isinstance(act, str) or act not in ACT2FN):
         bad(f"names an unknown activation hidden_act = {act!r}")
+    quant = getattr(config, "quantization_config", None)
+    if quant:  # gpt-oss's published checkpoints are MXFP4: their expert tensors are blocks and scales, not weights
+        method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+        raise GacError(f"{source} is a quantized checkpoint ({method}), and gac compresses floating-point weights: "
+                       "pass its float16/bfloat16/float32 checkpoint (an MXFP4 one, e.g. gpt-oss's: load it with "
+                       "transformers' Mxfp4Config(dequantize=True) and save_pretrained)")
 
 
 def check_loading_info(info: dict, source: str, *, gac_output: bool = False) -> None:

@@ -14,7 +14,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from gac.errors import GacError
-from gac.models.adapters import adapter_for
+from gac.models.adapters import adapter_for, text_config
 from gac.models.lazy import map_large_allocations, return_freed_memory
 from gac.pipeline.analyze import CALIB_BATCH, groups_by_layer
 from gac.pipeline.layers import (
@@ -46,11 +46,18 @@ def shell_of(model) -> nn.Module:
     return shell
 
 
-def one_layer_model(model, layer: nn.Module) -> nn.Module:
+def one_layer_model(model, layer: nn.Module, index: int = 0) -> nn.Module:
     """A copy of `model` sharing its tensors whose decoder layers are [layer] alone (its own index kept: its KV cache
-    entry is its own)."""
+    entry is its own). `index`: the layer's index in `model`; where layers differ in kind (config.layer_types:
+    sliding-window or full attention, Gemma 3's and gpt-oss's), the copy runs its one layer with that layer's kind
+    of mask and rotary embedding, which the family's forward picks by the position in its list of layers."""
     with swapped_layers(model, [layer]):
-        return shared_copy(model).eval()
+        one = shared_copy(model).eval()
+    config = text_config(one.config)  # the copy's own: editing it leaves `model` as it is
+    types = getattr(config, "layer_types", None)
+    if types:
+        config.layer_types = [types[index], *types[1:]]
+    return one
 
 
 def _layers_parent(model):
@@ -114,7 +121,7 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
             if evals is not None:
                 _advance(cuts[variant], evals[variant], i)
         if timer is not None and timer.wants(i):
-            timer.time_layer(i, {"baseline": layer, **cuts}, lambda one: one_layer_model(model, one))
+            timer.time_layer(i, {"baseline": layer, **cuts}, lambda one: one_layer_model(model, one, i))
         if writer is not None:
             for variant, cut in cuts.items():
                 if variant == writer[0]:

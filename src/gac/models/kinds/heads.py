@@ -34,6 +34,7 @@ class HeadGroup(DimGroup):
     mode: str = "group"
     live_heads: int = 0  # query and KV heads of the live module
     live_kv_heads: int = 0
+    head_parameters: tuple[str, ...] = ()  # parameters with an entry per query head (gpt-oss's sinks): cut alike
 
     @classmethod
     def read(cls, model, adapter, layer, *, mode: str = "group", **_) -> list[DimGroup]:
@@ -48,7 +49,8 @@ class HeadGroup(DimGroup):
         live = kv * geo.head_dim if mode == "group" else heads * geo.head_dim
         return [cls(layer.attention, live, block=layer.attention, q=layer.q, k=layer.k, v=layer.v, o=layer.o,
                     hidden=adapter.hidden_size(model.config), num_heads=geo.num_heads, num_kv_heads=geo.num_kv_heads,
-                    head_dim=geo.head_dim, mode=mode, live_heads=heads, live_kv_heads=kv)]
+                    head_dim=geo.head_dim, mode=mode, live_heads=heads, live_kv_heads=kv,
+                    head_parameters=layer.head_parameters)]
 
     @property
     def linears(self):
@@ -126,13 +128,16 @@ class HeadGroup(DimGroup):
         return [live * self.head_dim for live, full in widths if live != full]
 
     def cut(self, model, cut) -> None:
-        """Keep query heads `cut.q_heads` (q rows, o columns) and KV heads `cut.kv_heads` (k and v rows)."""
-        from gac.models.surgery import channels_of, keep_columns, keep_rows, set_head_counts
+        """Keep query heads `cut.q_heads` (q rows, o columns, their entries of per-head parameters such as gpt-oss's
+        sinks) and KV heads `cut.kv_heads` (k and v rows)."""
+        from gac.models.surgery import channels_of, keep_columns, keep_entries, keep_rows, set_head_counts
 
         q_ch, kv_ch = channels_of(cut.q_heads, self.head_dim), channels_of(cut.kv_heads, self.head_dim)
         keep_rows(model, (self.q,), q_ch)
         keep_rows(model, (self.k, self.v), kv_ch)
         keep_columns(model, (self.o,), q_ch)
+        for name in self.head_parameters:
+            keep_entries(model, name, 0, cut.q_heads)
         set_head_counts(model.get_submodule(self.block), len(cut.q_heads), len(cut.kv_heads))
 
     # pad: DimGroup's refusal (gac.repair leaves attention as it is: see its docstring)
@@ -167,6 +172,6 @@ def check_heads_prunable(model, group: HeadGroup) -> None:
     norm = adapter.per_head_norm(model.get_submodule(group.block))
     if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.numel() != group.head_dim:
         raise GacError(f"{model.config.model_type}'s query norm spans all heads, so its heads cannot be pruned: "
-                       "prune MLP channels only with --head-mode none")
+                       "use --head-mode none (MLP channels or expert widths only)")
     if group.num_heads % group.num_kv_heads:
         raise GacError(f"{group.num_heads} query heads do not split into {group.num_kv_heads} KV groups")
