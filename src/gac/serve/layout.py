@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
 from gac.models.groups import heads_split
+from gac.models.kinds.experts import channel_axes
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,9 @@ def layer_layouts(config) -> list[LayerLayout]:
         p = {n: Projection(n, int(shapes[n][1]), int(shapes[n][0]), lowrank.get(n),
                            tuple(int(r) for r in grouped[n]) if n in grouped else None) for n in layer.linears}
         width = expert_width = None
-        if layer.experts:  # down [E, H, I]: the saved width, else the config's
-            down = layer.expert_weights[1]
-            expert_width = int(parameter[down][2]) if down in parameter else adapter.expert_geometry(config)[1]
+        if layer.experts:  # down [E, H, I] (or, transposed, [E, I, H]): the saved width, else the config's
+            down, axis = layer.expert_weights[1], channel_axes(layer.expert_transposed)[1]
+            expert_width = int(parameter[down][axis]) if down in parameter else adapter.expert_geometry(config)[1]
         else:
             widths = ({p[n].out_features // layer.producer_parts for n in layer.producers}
                       | {p[n].in_features for n in layer.consumers})
