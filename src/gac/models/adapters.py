@@ -36,6 +36,7 @@ class Layout:
     expert_width: str = "moe_intermediate_size"
     expert_checkpoint: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # {block}.experts.{e}.{name}
     checkpoint_mlp: str = "mlp"  # the MLP block's name in per-expert checkpoints
+    router: str = "gate"  # the MLP block's router (weight [E, H], a bias [E] if any): one row per expert
 
     @property
     def attention_projections(self) -> tuple[str, str, str, str]:
@@ -120,6 +121,7 @@ class LayerModules:
     experts: str | None = None  # an MoE layer's experts module (producers and consumers are then empty)
     expert_weights: tuple[str, ...] = ()  # its fused weights: (gate_up [E, 2I, H], down [E, H, I]) parameter names
     producer_parts: int = 1  # row blocks of each producer (2: a fused gate_up)
+    router: str | None = None  # an MoE layer's router module (one row per expert)
 
     @property
     def linears(self) -> list[str]:
@@ -169,7 +171,7 @@ class Adapter:
         if self.is_moe_layer(config, i):
             experts = f"{mlp}.{lay.experts}"
             return LayerModules(i, attn, q, k, v, o, mlp, (), (), experts,
-                                tuple(f"{experts}.{w}" for w in lay.expert_weights))
+                                tuple(f"{experts}.{w}" for w in lay.expert_weights), router=f"{mlp}.{lay.router}")
         return LayerModules(i, attn, q, k, v, o, mlp, tuple(f"{mlp}.{p}" for p in lay.producers),
                             tuple(f"{mlp}.{p}" for p in lay.consumers), producer_parts=lay.producer_parts)
 
