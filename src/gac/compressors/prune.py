@@ -294,7 +294,8 @@ class PruneCompressor(Compressor):
         moe = [i for i in range(adapter.layer_count(config)) if adapter.is_moe_layer(config, i)]
         if not moe:
             raise GacError(f"--drop-experts drops experts of mixture-of-experts layers, and this "
-                           f"{adapter.model_type} model has none: leave --drop-experts out")
+                           f"{adapter.model_type} model has none: drop --drop-experts, or pass a mixture-of-experts "
+                           "model")
         pruned = set(self._layers(config))
         missing = [i for i in moe if i not in pruned]
         if missing:
@@ -305,7 +306,7 @@ class PruneCompressor(Compressor):
         k = experts_dropped(f, num_experts)
         if num_experts - k < top_k:
             most = num_experts - top_k
-            fix = (f"pass --drop-experts {most / num_experts:g} or lower" if most else "leave --drop-experts out")
+            fix = (f"pass --drop-experts {most / num_experts:g} or lower" if most else "drop --drop-experts")
             raise GacError(f"--drop-experts {f:g} drops {k} of the {num_experts} experts of each MoE layer, leaving "
                            f"fewer than the {top_k} each token is routed to (num_experts_per_tok): {fix}")
         if k == 0:
