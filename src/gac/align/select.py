@@ -33,7 +33,8 @@ def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, c
     candidates_for(unit, d*, window) -> dims, from a hardware profile or a deployment target (gac.align.targets,
     which also covers head-grid groups); None: the static rule of the plan.
     Groups on a coarse grid (whole heads) offer their grid points within `window` alignment steps of d*."""
-    untouched = sum(u.group.params(None) for u in units if dims[u.name] is None)  # whole: numel, or less (experts dropped)
+    # a whole group: its numel, or less where its cut changes it even whole (experts dropped)
+    untouched = sum(u.group.params(None) for u in units if dims[u.name] is None)
     weights = []
     for u in units:
         d, g = dims[u.name], u.group

@@ -105,8 +105,8 @@ class ExpertWidthGroup(ChannelGroup):
         experts = getattr(cut, "experts", None)
         if experts is not None or self.dropped:
             if experts is None or len(experts) != self.kept_experts:
-                raise GacError(f"{self.name}: a cut keeping {len(experts) if experts is not None else 'all'} experts for "
-                               f"a group keeping "
+                given = "every one of its" if experts is None else len(experts)
+                raise GacError(f"{self.name}: a cut keeping {given} experts for a group keeping "
                                f"{self.kept_experts}: re-run the compression")
             keep_experts(model, (self.gate_up, self.down), self.router, experts)
             config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
