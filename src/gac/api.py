@@ -90,6 +90,9 @@ class CompressConfig:
         for given, flag, why in excluded:
             if given:
                 raise GacError(f"--speedup and {flag} exclude each other ({flag} is for {why}): give one of them")
+        if self.compressor_options.get("drop_experts"):
+            raise GacError("--drop-experts removes parameters under a ratio's budget, and --speedup has none: drop "
+                           "--drop-experts, or use --ratio")
         if self.layerwise or self.max_memory:
             raise GacError("--speedup times the whole model on the device, so it cannot run layer by layer: drop "
                            "--layerwise/--max-memory, or use --ratio")
@@ -178,6 +181,8 @@ def compress(cfg: CompressConfig) -> CompressResult:
         variants, latency_method = _evaluate(models, selected.names, held_out, cfg, measured=measured)
         report = _report(cfg, model_name, selected, variants, choice, latency_method)
         report.auto = auto
+        if cfg.compressor_options.get("drop_experts"):
+            report.experts_kept = _experts_kept(models[cfg.saved_variant])
         if cfg.heal is not None:
             report.heal = _heal(models, heal_texts, cfg)
         out = _save(models[cfg.saved_variant], tokenizer, cfg, report, compressor, streamed_to)
@@ -328,6 +333,13 @@ def _report(cfg: CompressConfig, model_name: str, selected: Selected, variants: 
         objective=cfg.speedup.objective() if outcome else None, latency_objective=outcome.report() if outcome else None,
         target=selected.target, profile_excluded=selected.profile_excluded,
     )
+
+
+def _experts_kept(model) -> dict:
+    """{MoE layer's experts module: experts it kept} of a built variant (--drop-experts), read off the model."""
+    from gac.models.groups import groups_of
+
+    return {g.name: g.num_experts for g in groups_of(model, "experts")}
 
 
 def _save(model, tokenizer, cfg: CompressConfig, report, compressor, streamed_to) -> Path | None:

@@ -310,7 +310,7 @@ def test_profile_sizes_expert_widths_by_the_experts_op():
                                          num_experts=4, num_experts_per_tok=2, head_dim=16)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    fit_experts_implementation(model, 37)  # torch's grouped GEMM refuses rows of 37 floats
+    fit_experts_implementation(model, (4, 37))  # torch's grouped GEMM refuses rows of 37 floats
     ids = _ids()
     before = _logits(model, ids)
     experts = {"op": "experts", "m": 512, "shape": {"hidden": 64, "experts": 4, "top_k": 2}, "dims": [40, 48, 56],

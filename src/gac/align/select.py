@@ -33,7 +33,8 @@ def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, c
     candidates_for(unit, d*, window) -> dims, from a hardware profile or a deployment target (gac.align.targets,
     which also covers head-grid groups); None: the static rule of the plan.
     Groups on a coarse grid (whole heads) offer their grid points within `window` alignment steps of d*."""
-    untouched = sum(u.group.numel for u in units if dims[u.name] is None)
+    # a whole group: its numel, or less where its cut changes it even whole (experts dropped)
+    untouched = sum(u.group.params(None) for u in units if dims[u.name] is None)
     weights = []
     for u in units:
         d, g = dims[u.name], u.group
@@ -65,6 +66,13 @@ def select_within_budget(units, dims: dict, budget: int, *, alignment: int, wind
 
     A profile measured around d* (e.g. --profile auto) cannot offer the widened dims it never swept: when its
     candidates cannot fit the budget at any window, the static rule gets the same chance, with a warning."""
+    if all(dims[u.name] is None for u in units):  # nothing reduced (e.g. dropped experts alone meet the budget)
+        untouched = sum(u.group.params(None) for u in units)
+        if untouched > budget:
+            raise InfeasibleBudget(f"budget {budget} params is infeasible: the whole groups need {untouched}; raise "
+                                   "the budget or let the compressor reduce a group", untouched)
+        return SelectionResult(dims={}, params=0, budget=budget - untouched, objective=0.0, aligned_fraction=1.0,
+                               exact=True, solver_ms=0.0)
     try:
         return _widening(units, dims, budget, alignment, window, candidates_for)
     except InfeasibleBudget:

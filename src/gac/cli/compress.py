@@ -14,7 +14,7 @@ from gac.compressors import AUTO, CHOICES  # names only: the compressors themsel
 IMPORTANCE = ("output", "magnitude", "activation", "taylor", "fisher")
 FACTORIZATIONS = ("svd", "gram", "gram32")  # gac.linalg.FACTORIZATIONS, likewise
 FLAGS = {"alpha": "--alpha", "importance": "--importance", "layers": "--prune-layers", "head_mode": "--head-mode",
-         "group_size": "--group-size"}
+         "group_size": "--group-size", "drop_experts": "--drop-experts"}
 
 
 def _given(**kwargs) -> dict:
@@ -94,6 +94,10 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--head-mode", type=click.Choice(["group", "uniform", "none"]),
               help="prune: remove whole KV groups, the same number of query heads per group, or no heads "
                    "[default: group; under --speedup the knapsack keeps heads whole unless this is given].")
+@click.option("--drop-experts", type=Real(high=1, example=0.25),
+              help="prune, mixture-of-experts models: share F in [0, 1) of each MoE layer's experts to drop whole, "
+                   "with their router rows: every MoE layer drops round(F x experts), its least important (the "
+                   "budget counts them; the widths fill the rest) [default: 0, none].")
 @click.option("--group-size", type=Int(1, 1024, example=1), help="palu: KV heads sharing one down-projection [default: 1].")
 @click.option("--calib-file", type=click.Path(dir_okay=False), help="Calibration text [default: Python docs].")
 @click.option("--eval-file", type=click.Path(dir_okay=False), help="Held-out evaluation text [default: Python docs].")
@@ -119,7 +123,7 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
               help="Print the forecast (peak memory per device, disk, rough time) from the config alone and exit.")
 def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, no_guard, out, alignment, no_align, profile, target,
             allow_profile_mismatch, dtype, device, factorization, alpha, importance, prune_layers, head_mode,
-            group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
+            drop_experts, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
             quiet, layerwise, max_memory, heal, heal_file, heal_tokens, heal_samples, heal_lr, hidden_weight,
             heal_precision, unlike_file, dry_run):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
@@ -140,7 +144,7 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
     from gac.evaluate.latency import LatencyConfig
 
     options = _given(alpha=alpha, importance=importance, layers=prune_layers, head_mode=head_mode,
-                     group_size=group_size)
+                     group_size=group_size, drop_experts=drop_experts)
     _check_options(compressor or CompressConfig.compressor, options)
     healing = dict(heal_file=heal_file, heal_tokens=heal_tokens, heal_samples=heal_samples, heal_lr=heal_lr,
                    hidden_weight=hidden_weight, heal_precision=heal_precision, unlike_file=unlike_file)

@@ -240,14 +240,18 @@ class Compressor:
         return copied.eval()
 
     def materialize_units(self, model, units: list[Unit], dims: dict) -> None:
-        """Cut every unit whose dim is not None into `model`, in place (through gac.models.surgery)."""
+        """Cut every unit whose dim is not None into `model`, in place (through gac.models.surgery); a unit whose
+        group changes the model even whole (DimGroup.changes_whole: experts dropped) is cut at its max_dim."""
         from gac.models import surgery
 
         cuts = []
         for u in units:
-            if dims[u.name] is not None:
-                u.group.check(dims[u.name])
-                cuts.append((u.group, self.cut(u, dims[u.name])))
+            dim = dims[u.name]
+            if dim is None and u.group.changes_whole:
+                dim = u.max_dim
+            if dim is not None:
+                u.group.check(dim)
+                cuts.append((u.group, self.cut(u, dim)))
         surgery.apply(model, cuts)
 
 

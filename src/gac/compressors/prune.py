@@ -6,6 +6,7 @@ Units are one MLP (or experts) and one attention block per pruned layer; their d
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,12 +52,22 @@ class PruneConfig:
     importance: str = "taylor"  # which proxy ranks channels and heads (gac.importance.PROXIES)
     layers: tuple[int, ...] | str | None = None  # None: all but the first and last layer (as LLM-Pruner); "all"
     head_mode: str = "group"  # group: whole KV groups; uniform: same number of query heads per group; none
+    drop_experts: float = 0.0  # share of each MoE layer's experts to drop whole, in [0, 1) (--drop-experts)
 
     def __post_init__(self):
         check_proxy(self.importance)
         if self.head_mode not in HEAD_MODES:
             raise GacError(f"unknown head mode {self.head_mode!r}: choose one of {', '.join(HEAD_MODES)}")
         object.__setattr__(self, "layers", parse_layers(self.layers))
+        f = self.drop_experts
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
+            raise GacError(f"--drop-experts {f!r} is outside [0, 1): pass the share of each MoE layer's experts to "
+                           "drop, e.g. --drop-experts 0.25")
+
+
+def experts_dropped(fraction: float, num_experts: int) -> int:
+    """K = round(fraction x E), halves rounded up: the experts every MoE layer drops."""
+    return math.floor(fraction * num_experts + 0.5)
 
 
 # --- units: a group and how important each step of it is --------------------------------------------------
@@ -167,27 +178,42 @@ class AttentionUnit(PrunedUnit):
 @dataclass
 class ExpertsUnit(PrunedUnit):
     """An MoE layer's expert width (gac.models.groups.ExpertWidthGroup): dim = channels every expert keeps, each
-    expert its own best ones."""
+    expert its own best ones. A group dropping experts (--drop-experts) keeps its most important ones: the width's
+    steps and the cut are over those alone."""
 
     channel_importance: np.ndarray | None = None  # [E, intermediate] float64
+    experts: torch.Tensor | None = None  # the experts kept, ascending (None: every one)
 
     @classmethod
     def scored(cls, group, scores):
         gate_up, down = scores[group.gate_up], scores[group.down]  # sums per row (out) and per column (inp)
-        return cls(group, channel_importance=group.per_channel((_vec(gate_up.out), _vec(gate_up.inp)),
-                                                               (_vec(down.out), _vec(down.inp))))
+        imp = group.per_channel((_vec(gate_up.out), _vec(gate_up.inp)), (_vec(down.out), _vec(down.inp)))  # [E, w]
+        # An expert's importance is the sum of its channels' scores under the run's proxy (taylor by default: |g w|
+        # summed over the calibration tokens routed to it, each weighted by its router probability), not its routed
+        # share alone: it is the first-order loss change of removing all its weights, so routing frequency, router
+        # weight and the size of the expert's contribution are all in it, a never-routed expert scores 0, it is on
+        # the same scale as the channels the knapsack weighs (one objective for which experts go and which widths
+        # stay), and both pipelines (whole model, layer by layer) have it with no hook of their own.
+        experts = _top(imp.sum(1), group.kept_experts) if group.dropped else None
+        return cls(group, channel_importance=imp, experts=experts)
+
+    @property
+    def kept_importance(self) -> np.ndarray:
+        """[kept experts, intermediate]: the channel importance of the experts the cut keeps."""
+        return self.channel_importance if self.experts is None else self.channel_importance[self.experts.numpy()]
 
     @property
     def total_importance(self) -> float:
-        return float(self.channel_importance.sum())
+        return float(self.kept_importance.sum())
 
     def step_gains(self) -> np.ndarray:
-        return (-np.sort(-self.channel_importance, axis=1)).sum(0)  # k-th step: every expert's k-th best channel
+        return (-np.sort(-self.kept_importance, axis=1)).sum(0)  # k-th step: every kept expert's k-th best channel
 
     def cut(self, dim: int):
         from gac.models.surgery import KeepExperts
 
-        return KeepExperts(torch.stack([_top(row, dim) for row in self.channel_importance]))  # [E, dim]
+        channels = torch.stack([_top(row, dim) for row in self.kept_importance])  # [kept experts, dim]
+        return KeepExperts(channels, self.experts)
 
 
 UNITS = {"mlp": MLPUnit, "heads": AttentionUnit, "experts": ExpertsUnit}  # group kind -> its pruned unit
@@ -255,7 +281,39 @@ class PruneCompressor(Compressor):
                 heads = groups_of(model, "heads", layers=[i], mode=self.config.head_mode)
                 check_heads_prunable(model, heads[0])
                 out += heads
+        if self.config.drop_experts:
+            out = self._dropping_experts(model.config, out)
         return out
+
+    def _dropping_experts(self, config, groups: list[DimGroup]) -> list[DimGroup]:
+        """The groups with every MoE layer's expert group dropping K = round(F x E) experts (the same K everywhere:
+        transformers, vLLM's FusedMoE and llama.cpp hold one expert count per model). Refused in one line, before
+        any work, where that cannot be: no experts, MoE layers left out of the pruned ones, or fewer experts left
+        than each token is routed to."""
+        adapter, f = adapter_for(config), self.config.drop_experts
+        moe = [i for i in range(adapter.layer_count(config)) if adapter.is_moe_layer(config, i)]
+        if not moe:
+            raise GacError(f"--drop-experts drops experts of mixture-of-experts layers, and this "
+                           f"{adapter.model_type} model has none: drop --drop-experts, or pass a mixture-of-experts "
+                           "model")
+        pruned = set(self._layers(config))
+        missing = [i for i in moe if i not in pruned]
+        if missing:
+            raise GacError(f"--drop-experts drops experts in every MoE layer (a model holds one expert count), but "
+                           f"the pruned layers leave out MoE layer{'s' if len(missing) > 1 else ''} "
+                           f"{', '.join(map(str, missing))}: pass --prune-layers all, or name every MoE layer")
+        num_experts, _, top_k = adapter.expert_geometry(config)
+        k = experts_dropped(f, num_experts)
+        if num_experts - k < top_k:
+            most = num_experts - top_k
+            fix = (f"pass --drop-experts {most / num_experts:g} or lower" if most else "drop --drop-experts")
+            raise GacError(f"--drop-experts {f:g} drops {k} of the {num_experts} experts of each MoE layer, leaving "
+                           f"fewer than the {top_k} each token is routed to (num_experts_per_tok): {fix}")
+        if k == 0:
+            log.warning("--drop-experts %g drops round(%g x %d) = 0 experts per MoE layer: nothing dropped", f, f,
+                        num_experts)
+            return groups
+        return [g.dropping(k) if g.kind == "experts" else g for g in groups]
 
     def analyze(self, model, groups: list[DimGroup], stats: dict, *, probe=None, keep: float = 0.85,
                 progress: bool = True, windows=None) -> list[Unit]:

@@ -42,6 +42,7 @@ class Report:
     pipeline_choice: dict | None = None  # why this pipeline: its reason, the whole-model forecast, the memory available
     latency_method: dict | None = None  # how the latencies were obtained (whole models, or layer by layer)
     auto: dict | None = None  # --compressor auto: every compressor's predicted and measured figures, which was kept
+    experts_kept: dict | None = None  # --drop-experts: {MoE layer's experts module: experts the saved variant kept}
 
     def to_dict(self) -> dict:
         """report.json's object: every field, those of another objective (None) left out; profile_excluded with
@@ -136,6 +137,12 @@ def report_markdown(r: dict) -> str:
             f"{_fmt(x.get('ppl'), '.2f')} | {prefill} | {_fmt(x.get('decode_ms_per_token'), '.2f')} | {speed} |"
         )
     lines += _target_lines(r.get("target"))
+    if r.get("experts_kept"):
+        counts = sorted(set(r["experts_kept"].values()))
+        options = r.get("compressor_options") or {}
+        lines += ["", f"Experts: each of the {len(r['experts_kept'])} MoE layers kept "
+                  f"{', '.join(map(str, counts))} experts (--drop-experts {options.get('drop_experts', '?')}: its "
+                  "least important dropped whole, with their router rows)."]
     lines += _auto_lines(r.get("auto"))
     lines += [
         "",

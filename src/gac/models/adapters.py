@@ -41,6 +41,7 @@ class Layout:
     expert_interleaved: bool = False  # gate and up alternate along gate_up's channels (gate [..., ::2], up [..., 1::2])
     expert_biases: tuple[str, str] | None = None  # the fused weights' biases: gate_up's [E, 2I], down's [E, H]
     head_parameters: tuple[str, ...] = ()  # attention parameters with one entry per query head (gpt-oss's sinks)
+    router: str = "gate"  # the MLP block's router (weight [E, H], a bias [E] if any): one row per expert
 
     @property
     def attention_projections(self) -> tuple[str, str, str, str]:
@@ -59,7 +60,8 @@ MIXTRAL = Layout(experts="experts", expert_count="num_local_experts", expert_wid
 # gpt-oss: experts [E, in, out] with gate and up interleaved and biased, saved fused; per-head attention sinks
 GPT_OSS = Layout(experts="experts", expert_count="num_local_experts", expert_width="intermediate_size",
                  expert_checkpoint=None, expert_transposed=True, expert_interleaved=True,
-                 expert_biases=("gate_up_proj_bias", "down_proj_bias"), per_head_norm=None, head_parameters=("sinks",))
+                 expert_biases=("gate_up_proj_bias", "down_proj_bias"), per_head_norm=None, head_parameters=("sinks",),
+                 router="router")
 OLMOE = Layout(experts="experts", expert_width="intermediate_size")  # its q norm spans all heads: MLP only
 
 
@@ -137,6 +139,7 @@ class LayerModules:
     expert_transposed: bool = False  # the fused weights stored [E, in, out] (Layout.expert_transposed)
     expert_interleaved: bool = False  # gate and up alternate along gate_up's channels (Layout.expert_interleaved)
     head_parameters: tuple[str, ...] = ()  # the attention's parameters with one entry per query head (sinks)
+    router: str | None = None  # an MoE layer's router module (one row per expert)
 
     @property
     def linears(self) -> list[str]:
@@ -196,6 +199,7 @@ class Adapter:
                                 tuple(f"{experts}.{w}" for w in lay.expert_weights),
                                 expert_biases=tuple(f"{experts}.{b}" for b in lay.expert_biases or ()),
                                 expert_transposed=lay.expert_transposed, expert_interleaved=lay.expert_interleaved,
+                                router=f"{mlp}.{lay.router}",
                                 **heads)
         return LayerModules(i, attn, q, k, v, o, mlp, tuple(f"{mlp}.{p}" for p in lay.producers),
                             tuple(f"{mlp}.{p}" for p in lay.consumers), producer_parts=lay.producer_parts, **heads)

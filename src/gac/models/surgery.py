@@ -36,9 +36,12 @@ class Keep:
 
 @dataclass(frozen=True)
 class KeepExperts:
-    """Channels to keep in every expert of an MoE layer: [E, w], each row ascending (one width, own channels)."""
+    """Channels to keep in every expert of an MoE layer: [E, w], each row ascending (one width, own channels); with
+    `experts` (ascending indices into the layer's experts, E of them), only those experts are kept, renumbered in
+    that order, and channels[j] is kept expert j's."""
 
     channels: torch.Tensor
+    experts: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -142,12 +145,14 @@ def keep_columns(model: nn.Module, names, cols: torch.Tensor) -> None:
         set_module(model, name, sliced_linear(model.get_submodule(name), cols=cols))
 
 
-def set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
-    """Put `value` at the parameter path `name` (requires_grad as the parameter it replaces)."""
+def set_parameter(model: nn.Module, name: str, value: torch.Tensor, *, expert_rows: bool = True) -> None:
+    """Put `value` at the parameter path `name` (requires_grad as the parameter it replaces). expert_rows: `value` is a
+    fused expert weight, whose row length the experts implementation must run (fit_experts_implementation)."""
     parent, _, attr = name.rpartition(".")
     module = model.get_submodule(parent)
     setattr(module, attr, nn.Parameter(value.contiguous(), requires_grad=getattr(module, attr).requires_grad))
-    fit_experts_implementation(model, value.shape, module)
+    if expert_rows:
+        fit_experts_implementation(model, value.shape, module)
 
 
 @torch.no_grad()
@@ -164,6 +169,26 @@ def keep_expert_entries(model: nn.Module, name: str, dim: int, index: torch.Tens
     w = model.get_parameter(name).detach()
     idx = index.to(w.device).reshape([len(index) if a == 0 else -1 if a == dim else 1 for a in range(w.dim())])
     set_parameter(model, name, torch.take_along_dim(w, idx, dim=dim))
+
+
+@torch.no_grad()
+def keep_experts(model: nn.Module, fused: tuple[str, ...], router: str, experts: torch.Tensor) -> None:
+    """Keep experts `experts` (ascending indices) of an MoE layer, renumbered 0..len-1 in that order: their slices of
+    each fused expert weight in `fused` [E, rows, cols] and their rows of the router module's weight [E, H] (and of
+    its bias, if any); the `num_experts` the experts and router modules keep follows."""
+    count = len(experts)
+    for name in fused:
+        w = model.get_parameter(name).detach()
+        set_parameter(model, name, w.index_select(0, experts.to(w.device)))
+    gate = model.get_submodule(router)
+    for attr in ("weight", "bias"):
+        p = getattr(gate, attr, None)
+        if isinstance(p, torch.Tensor):
+            set_parameter(model, f"{router}.{attr}", p.detach().index_select(0, experts.to(p.device)),
+                          expert_rows=False)
+    for module in {model.get_submodule(name.rpartition(".")[0]) for name in fused} | {gate}:
+        if hasattr(module, "num_experts"):
+            module.num_experts = count
 
 
 @torch.no_grad()

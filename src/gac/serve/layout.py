@@ -29,7 +29,7 @@ from gac.models.kinds.experts import channel_axes
 class Projection:
     """One HF linear as saved: its module path, shape and factorization."""
 
-    path: str  # e.g. model.layers.0.self_attn.q_proj
+    path: str  # its module path in the HF model, e.g. model.layers.0.self_attn and its name
     in_features: int
     out_features: int
     rank: int | None = None  # a low-rank pair b(a(x))
@@ -37,7 +37,7 @@ class Projection:
 
     @property
     def name(self) -> str:
-        """Its name inside its block (q_proj)."""
+        """Its name inside its block (the last part of its path)."""
         return self.path.rpartition(".")[2]
 
     @property

@@ -95,6 +95,12 @@ class DimGroup:
     def params(self, dim: int | None) -> int:
         return self.numel if dim is None else self.fixed_params + dim * self.params_per_dim
 
+    @property
+    def changes_whole(self) -> bool:
+        """Whether the group's cut changes the model even at its whole dim (an MoE layer dropping experts): then it
+        is cut at max_dim where its dim is None."""
+        return False
+
     def grid(self) -> range:
         return range(self.min_dim, self.max_dim + 1, self.step)
 

@@ -2,11 +2,16 @@
 FusedMoE and llama.cpp's mul_mat_id hold), each expert keeping its own channels: entries of the gate and the up part
 of its fused gate_up weight and of its down weight. Where the channels sit is the layout's (read off the family's
 adapter): transformers 5's gate_up [E, 2I, H] (gate rows, then up rows) and down [E, H, I], or gpt-oss's transposed
-gate_up [E, H, 2I] with gate and up interleaved (gate = [..., ::2]) and down [E, I, H], each with its bias."""
+gate_up [E, H, 2I] with gate and up interleaved (gate = [..., ::2]) and down [E, I, H], each with its bias..
+
+A group may also drop whole experts (`dropped`, prune's --drop-experts): its cut then keeps E - dropped experts,
+their slices of the fused weights (and biases) and their router rows, renumbered, and the config's expert count
+follows (every engine holds one expert count per model, so every MoE layer drops as many). Its parameters at a width
+count the kept experts only; its numel, the budget's unit, stays the original layer's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from gac.errors import GacError
@@ -28,11 +33,14 @@ class ExpertWidthGroup(ChannelGroup):
     block: str = ""  # the experts module
     gate_up: str = ""  # its fused weights (parameter names)
     down: str = ""
-    num_experts: int = 0
+    num_experts: int = 0  # the layer's experts as the model has them
     top_k: int = 0  # experts routed per token
-    gate_up_bias: str = ""  # gate_up's bias [E, 2I] (parameter name), if the layout has one; down's is not resized
     transposed: bool = False  # weights [E, in, out]: the channels are gate_up's columns and down's rows
     interleaved: bool = False  # gate and up alternate along gate_up's channels, else gate's then up's
+    biases: tuple[str, ...] = ()  # the fused weights' biases (gate_up's [E, 2I], down's [E, H]), if the layout has them
+    router: str = ""  # the router module (one row per expert)
+    count_key: str = ""  # the config's key for the expert count (num_experts, num_local_experts)
+    dropped: int = 0  # whole experts the cut removes (the least important, chosen by the compressor)
 
     @classmethod
     def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
@@ -48,8 +56,30 @@ class ExpertWidthGroup(ChannelGroup):
             raise GacError(f"{layer.experts}: its fused expert weights {found} are not the layout gac reads "
                            f"({expected}): this is not a model gac can resize")
         return [cls(layer.experts, live, block=layer.experts, gate_up=gate_up, down=down, num_experts=num_experts,
-                    top_k=top_k, hidden=hidden, full=full, gate_up_bias=(layer.expert_biases or ("",))[0],
-                    transposed=layer.expert_transposed, interleaved=layer.expert_interleaved)]
+                    top_k=top_k, hidden=hidden, full=full, transposed=layer.expert_transposed, interleaved=layer.expert_interleaved,
+                    biases=layer.expert_biases, router=layer.router or "", count_key=adapter.layout.expert_count)]
+
+    @property
+    def gate_up_bias(self) -> str:
+        """gate_up's bias, resized with the width (down's [E, H] is not), or "" where the layout has none."""
+        return self.biases[0] if self.biases else ""
+
+    def dropping(self, count: int) -> ExpertWidthGroup:
+        """This group with `count` whole experts removed by its cut (at least top_k experts must stay)."""
+        if not 0 <= count <= self.num_experts - self.top_k:
+            raise GacError(f"{self.name}: dropping {count} of its {self.num_experts} experts would leave fewer than "
+                           f"the {self.top_k} each token is routed to: drop at most {self.num_experts - self.top_k}")
+        return replace(self, dropped=count)
+
+    @property
+    def kept_experts(self) -> int:
+        """Experts the layer has after the cut."""
+        return self.num_experts - self.dropped
+
+    @property
+    def changes_whole(self) -> bool:
+        """Dropping experts changes the layer even at its whole width: the cut runs at the full width too."""
+        return self.dropped > 0
 
     @property
     def linears(self):
@@ -57,8 +87,17 @@ class ExpertWidthGroup(ChannelGroup):
         return (self.gate_up, self.down)
 
     @property
-    def params_per_dim(self):  # per channel: a gate row, an up row and a down column of every expert
-        return 3 * self.hidden * self.num_experts
+    def params_per_dim(self):  # per channel: a gate row, an up row and a down column of every kept expert
+        return 3 * self.hidden * self.kept_experts
+
+    @property
+    def numel(self):
+        """The layer's expert parameters as the model has them (the budget's unit: dropped experts count in it)."""
+        return 3 * self.hidden * self.num_experts * self.full
+
+    def params(self, dim: int | None) -> int:
+        """Parameters after the cut at `dim` (None: the whole width), of the kept experts."""
+        return (self.full if dim is None else dim) * self.params_per_dim
 
     def row_lengths(self, dim: int) -> list[int]:
         """down reads the width (K); gate and up compute it (N)."""
@@ -95,9 +134,19 @@ class ExpertWidthGroup(ChannelGroup):
 
     def cut(self, model, cut) -> None:
         """Keep channels `cut.channels` [E, w] of each expert: its gate and up entries of gate_up (and of its bias)
-        and its down entries."""
-        from gac.models.surgery import keep_expert_entries
+        and its down entries; first, with `cut.experts`, only those experts (their fused slices, biases and router
+        rows), and the config's expert count follows."""
+        from gac.models.surgery import keep_expert_entries, keep_experts
 
+        experts = getattr(cut, "experts", None)
+        if experts is not None or self.dropped:
+            if experts is None or len(experts) != self.kept_experts:
+                given = "every one of its" if experts is None else len(experts)
+                raise GacError(f"{self.name}: a cut keeping {given} experts for a group keeping "
+                               f"{self.kept_experts}: re-run the compression")
+            keep_experts(model, (self.gate_up, self.down, *self.biases), self.router, experts)
+            config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+            setattr(config, self.count_key, len(experts))
         ch = cut.channels  # [E, w]
         gate_up_axis, down_axis = self.channel_axes
         entries = self.gate_up_entries(ch)
@@ -123,7 +172,7 @@ class ExpertWidthGroup(ChannelGroup):
 
     @property
     def profile_shape(self):
-        return {"hidden": self.hidden, "experts": self.num_experts, "top_k": self.top_k}
+        return {"hidden": self.hidden, "experts": self.kept_experts, "top_k": self.top_k}
 
     def latency_terms(self):
         """One term: the whole experts forward of the layer's tokens at the width, its grouped GEMMs' per-expert
