@@ -4,7 +4,6 @@ weights are stored, what it cannot hold (one line, before anything is written) a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from gac.errors import GacError
 
@@ -37,7 +36,6 @@ def _add_shape(w, config, geo, *, uniform: bool) -> None:
     w.add_vocab_size(int(config.vocab_size))
 
 
-@dataclass(frozen=True)
 class LlamaArch:
     """llama.cpp's `llama` graph when every layer has the same geometry, `deci` (its DeciLM / Nemotron-NAS graph,
     which reads the MLP width and head counts per layer) when pruning left layers of different widths."""
@@ -63,7 +61,6 @@ class LlamaArch:
         w.add_rope_freq_base(_theta(rope_of(config), config))
 
 
-@dataclass(frozen=True)
 class Gemma3Arch:
     """llama.cpp's `gemma3` graph: sandwich norms, per-head q/k norms, neox rope with a base for the global layers
     and one for the sliding-window layers, the embedding scaled by sqrt(hidden) in the graph itself. Its loader makes
@@ -81,8 +78,8 @@ class Gemma3Arch:
         fix = "serve this model with transformers (gac.load)"
         if len(set(geo.heads)) > 1 or len(set(geo.kv_heads)) > 1:
             raise GacError(f"llama.cpp's gemma3 graph needs the same head counts in every layer, but pruning left "
-                           f"{sorted(set(zip(geo.heads, geo.kv_heads)))} (query, KV) heads: prune MLP channels "
-                           f"only (`--head-mode none`) or {fix}")
+                           f"{sorted(set(zip(geo.heads, geo.kv_heads)))} (query, KV) heads: compress with "
+                           f"`--head-mode none` (MLP channels only) or {fix}")
         if getattr(config, "attention_bias", False):
             raise GacError(f"llama.cpp's gemma3 graph has no projection biases, and this model has them: {fix}")
         act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)

@@ -118,8 +118,9 @@ def _sentencepiece_fields(directory: Path) -> Callable:
     """(tokens, library types) -> (scores, types) for llama.cpp's `llama` tokenizer. It merges the adjacent pair
     whose merged token scores highest, so each token scores minus the rank of the first tokenizer.json merge that
     makes it. (gguf's LlamaHfVocab scores every token -1000: with Gemma 3's tokenizer llama.cpp then split 38 of
-    45 Python-docs texts differently from transformers; with merge ranks all 84 topics split identically.) Added
-    tokens are typed as llama.cpp's converter types them: special ones CONTROL, the others USER_DEFINED."""
+    45 test texts differently from transformers; with merge ranks all 79 Python-docs topics and 5 texts of
+    whitespace, accents, CJK and emoji split identically.) Added tokens are typed as llama.cpp's converter types
+    them: special ones CONTROL, the others USER_DEFINED."""
     import gguf
 
     spec = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
