@@ -19,7 +19,7 @@ PROMPTS = ("The capital of France is", "def fibonacci(n):\n    ", "Once upon a t
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model", help="the model the GGUF was exported from (loaded with gac.load)")
+    p.add_argument("model", help="the model the GGUF was exported from (a gac output or HF directory)")
     p.add_argument("gguf")
     p.add_argument("--out", help="also write the figures here (JSON)")
     p.add_argument("--windows", type=int, default=2, help="held-out windows (gac.data) [default: 2]")
@@ -45,9 +45,9 @@ def main(argv=None) -> dict:
 
     from gac.data import TextConfig, load_windows
     from gac.export.engine import EngineConfig, logits, open_gguf
-    from gac.models.io import load
+    from gac.models.loading import load_model
 
-    loaded = load(args.model)
+    loaded = load_model(args.model, dtype="float32", device="cpu")
     model, tok = loaded.model.eval(), loaded.tokenizer
     _, held_out = load_windows(tok, TextConfig(seq_len=args.seq_len, calib_windows=1, eval_windows=args.windows))
     bos = tok.bos_token_id
