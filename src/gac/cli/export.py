@@ -31,9 +31,12 @@ def print_export(report: dict) -> None:
 @click.option("--type", "type_", help="f16, q8_0, q4_0 or q4_k_m (llama.cpp's quantizer) [default: f16].")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the per-tensor type report (JSON).")
 @click.option("--threads", type=Int(0, 1024, example=2), help="Quantizer threads [default: 0, all cores].")
+@click.option("--pad-mlp", is_flag=True,
+              help="Where llama.cpp's architecture holds one MLP width (gemma3), write every layer at the widest "
+                   "layer's width with zero channels (the same outputs; the file no smaller than that width).")
 @click.option("--force", is_flag=True, help="Replace an existing output file.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
-def command(model, format_, out, type_, report, threads, force, quiet) -> None:
+def command(model, format_, out, type_, report, threads, pad_mlp, force, quiet) -> None:
     """Export MODEL (a gac output, an HF directory, a .gguf or an alias) for a serving engine: llama.cpp (gguf) or
     transformers and vLLM (hf)."""
     from gac.cli.output import setup_logging
@@ -41,7 +44,7 @@ def command(model, format_, out, type_, report, threads, force, quiet) -> None:
 
     setup_logging(quiet)
     given = {k: v for k, v in {"type": type_, "report": report, "threads": threads}.items() if v is not None}
-    cfg = ExportConfig(model=model, out=out, format=format_, force=force, **given)
+    cfg = ExportConfig(model=model, out=out, format=format_, pad_mlp=pad_mlp, force=force, **given)
     if format_ == "hf":
         click.echo(f"saved {model} as a Hugging Face directory: {export_hf(cfg)}")
         return

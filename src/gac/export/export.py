@@ -26,6 +26,7 @@ class ExportConfig:
     type: str = "f16"
     report: str | None = None  # where to write the JSON type report (default: none)
     threads: int = 0  # quantizer threads; 0: llama.cpp's default (all cores)
+    pad_mlp: bool = False  # an architecture holding one MLP width (gemma3): zero-pad every layer to the widest
     force: bool = False
 
     def __post_init__(self):
@@ -35,6 +36,8 @@ class ExportConfig:
         if self.format == "hf" and (self.type != "f16" or self.report):
             raise GacError("--type and --report are for --format gguf: an HF directory keeps the weights as loaded "
                            "(float32); drop them")
+        if self.format == "hf" and self.pad_mlp:
+            raise GacError("--pad-mlp is for --format gguf: an HF directory keeps each layer's own MLP width; drop it")
 
 
 FORMATS = ("gguf", "hf")
@@ -89,7 +92,7 @@ def check_source(spec: str) -> None:
                                "--compressor prune`) or serve this one with transformers (gac.load)")
 
 
-def write_f16(loaded, path: Path) -> object:
+def write_f16(loaded, path: Path, *, pad_mlp: bool = False) -> object:
     """The f16 GGUF of a loaded model at `path` (a plain write; callers make it atomic). Returns its Geometry."""
     from gac.export.gguf_writer import write_gguf
     from gac.export.tokenizer import tokenizer_fields
@@ -97,7 +100,7 @@ def write_f16(loaded, path: Path) -> object:
     src = Path(loaded.source).expanduser()
     fields = tokenizer_fields(loaded.source, src if src.is_dir() else None)
     name = Path(loaded.source).name.removesuffix(".gguf") or "gac"
-    return write_gguf(loaded.model, path, tokenizer_fields=fields, name=name)
+    return write_gguf(loaded.model, path, tokenizer_fields=fields, name=name, pad_mlp=pad_mlp)
 
 
 def export_hf(cfg: ExportConfig) -> Path:
@@ -134,17 +137,17 @@ def export(cfg: ExportConfig) -> ExportResult:
     if cfg.type != "f16":
         llama_cpp_module()  # installed, or one line, before the model is loaded
     loaded = load_model(cfg.model, dtype="float32", device="cpu")
-    check_exportable(loaded.model)
+    check_exportable(loaded.model, pad_mlp=cfg.pad_mlp)
     state = {}
 
     def write(tmp: Path) -> None:
         if cfg.type == "f16":
-            state["geo"] = write_f16(loaded, tmp)
+            state["geo"] = write_f16(loaded, tmp, pad_mlp=cfg.pad_mlp)
             state["fallbacks"] = []
             return
         with tempfile.TemporaryDirectory(prefix=".gac-export-", dir=tmp.parent) as d:
             f16 = Path(d) / "f16.gguf"
-            state["geo"] = write_f16(loaded, f16)
+            state["geo"] = write_f16(loaded, f16, pad_mlp=cfg.pad_mlp)
             state["fallbacks"] = quantize(f16, tmp, cfg.type, threads=cfg.threads)
 
     write_file(out, write)
@@ -152,7 +155,7 @@ def export(cfg: ExportConfig) -> ExportResult:
     report = type_report(tensor_types(out, state["fallbacks"], geo), cfg.type)
     report = {"file": str(out), "bytes": out.stat().st_size, "arch": geo.arch, "source": loaded.source,
               "hidden": geo.hidden, "ff": list(geo.ff), "heads": list(geo.heads), "kv_heads": list(geo.kv_heads),
-              **report}
+              **({"model_ff": list(geo.model_ff)} if geo.model_ff else {}), **report}
     if cfg.report:
         write_text(cfg.report, json.dumps(report, indent=2), flag="--report")
     return ExportResult(out, geo.arch, report)

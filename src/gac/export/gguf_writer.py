@@ -1,11 +1,10 @@
-"""Write a model of a llama-layout family as an f16 GGUF that llama.cpp runs: architecture `llama` when every layer
-has the same geometry, `deci` (llama.cpp's DeciLM / Nemotron-NAS graph, per-layer feed-forward length and head
-counts) when pruning left layers of different widths. Tensor names come from the family adapter."""
+"""Write a model of a family llama.cpp runs as an f16 GGUF: the architecture (gac.export.gguf_arch: `llama`,
+`deci` for per-layer widths, `gemma3`) and the tensor names come from the family adapter's GgufNames."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,14 +26,12 @@ class Geometry:
     kv_heads: tuple[int, ...]
     original_ff: int  # the unmodified model's, to tell a pruned width from the model's own
     original_heads: int
+    arch: str = ""  # the llama.cpp architecture written (gac.export.gguf_arch)
+    model_ff: tuple[int, ...] = ()  # the model's own MLP widths where ff zero-pads them (pad_mlp); else empty
 
     @property
     def uniform(self) -> bool:
         return len(set(self.ff)) == 1 and len(set(self.heads)) == 1 and len(set(self.kv_heads)) == 1
-
-    @property
-    def arch(self) -> str:
-        return "llama" if self.uniform else "deci"
 
     def original_row_length(self, tensor: str) -> int:
         """Row length (ggml ne0, a linear's in_features) of `tensor` in the unmodified model."""
@@ -45,24 +42,34 @@ class Geometry:
         return self.hidden
 
 
-def check_exportable(model) -> None:
-    """One line for what llama.cpp cannot run: factorized (low-rank) projections, biases, other rope types."""
+def _arch(model):
+    """The llama.cpp architecture description of the model's family (one line for a family llama.cpp cannot run)."""
+    from gac.export.gguf_arch import ARCHS
     from gac.models.adapters import adapter_for
+
+    return ARCHS[adapter_for(model.config).gguf_family().arch]
+
+
+def check_exportable(model, *, pad_mlp: bool = False) -> None:
+    """One line for what llama.cpp cannot run: a family it has no architecture for, factorized (low-rank)
+    projections, what the family's architecture cannot hold (biases, rope types, per-layer heads...), and MLP
+    widths that differ by layer where it holds one (unless pad_mlp)."""
+    from gac.models.adapters import text_config
     from gac.models.groups import is_grouped_lowrank, is_lowrank
 
-    config = model.config
-    adapter = adapter_for(config)
-    adapter.gguf_names(config)  # a family llama.cpp runs, or one line
+    arch = _arch(model)
     if any(is_lowrank(m) or is_grouped_lowrank(m) for m in model.modules()):
         raise GacError("this model has low-rank (factorized) projections, which no llama.cpp architecture can "
                        "represent: export a pruned model (`gac compress --compressor prune`) or serve this one "
                        "with transformers (gac.load)")
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        raise GacError("GGUF export handles bias-free llama-layout models only: this one has projection biases")
-    rope = _rope(config)
-    if rope.get("rope_type", "default") not in ("default", None):
-        raise GacError(f"GGUF export handles the default rope only, not {rope.get('rope_type')!r}: "
-                       "convert this model with llama.cpp's convert_hf_to_gguf.py")
+    geo = geometry(model)
+    arch.check(text_config(model.config), geo)
+    widths = sorted(set(geo.ff))
+    if arch.one_mlp_width and len(widths) > 1 and not pad_mlp:
+        raise GacError(f"llama.cpp's {geo.arch} architecture holds one MLP width for every layer, but this model's "
+                       f"layers have {len(widths)} ({widths[0]}-{widths[-1]}): pass --pad-mlp to write every layer "
+                       f"at {widths[-1]} with zero channels (the same outputs, but no smaller than the widest layer), "
+                       "or serve this model with transformers (gac.load)")
 
 
 def geometry(model) -> Geometry:
@@ -74,18 +81,9 @@ def geometry(model) -> Geometry:
     geo = adapter.geometry(config)
     widths = [g.dim for g in groups_of(model, "mlp")]
     heads = groups_of(model, "heads")
-    return Geometry(adapter.hidden_size(config), geo.head_dim, tuple(widths), tuple(h.live_heads for h in heads),
-                    tuple(h.live_kv_heads for h in heads), adapter.intermediate_size(config),
-                    geo.num_heads)
-
-
-def _rope(config) -> dict:
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return dict(rope)
-
-
-def _rope_theta(config) -> float:
-    return float(_rope(config).get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0)
+    out = Geometry(adapter.hidden_size(config), geo.head_dim, tuple(widths), tuple(h.live_heads for h in heads),
+                   tuple(h.live_kv_heads for h in heads), adapter.intermediate_size(config), geo.num_heads)
+    return replace(out, arch=_arch(model).name(out))
 
 
 def permute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -94,54 +92,78 @@ def permute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _tied(model) -> bool:
+    """Whether the output projection equals the embedding (read off the weights, not a config: a multimodal
+    checkpoint keeps tie_word_embeddings apart from its text_config)."""
+    out, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if out is None or emb is None or out.weight.shape != emb.weight.shape:
+        return False
+    return out.weight.data_ptr() == emb.weight.data_ptr() or torch.equal(out.weight, emb.weight)
+
+
 def tensors(model, geo: Geometry) -> dict[str, np.ndarray]:
-    """{GGUF tensor name: array [out, in] (f16) or [n] (norms, f32)}, q/k rows permuted for llama.cpp's rope."""
+    """{GGUF tensor name: array [out, in] (f16) or [n] (norms, f32)}, stored as the architecture reads them:
+    q/k rows permuted for llama's rope, norms shifted for Gemma's (1 + w)."""
     from gac.models.adapters import adapter_for
+    from gac.padding import pad_cols, pad_rows
 
     config = model.config
     adapter = adapter_for(config)
+    arch = _arch(model)
     names = adapter.gguf_names(config)
-    rotary = {}
+    rotary, rows, cols = {}, {}, {}  # q/k: heads to permute; MLP producers / consumers: width to pad to
     for layer in adapter.layers(config):
-        rotary[layer.q] = geo.heads[layer.index]
-        rotary[layer.k] = geo.kv_heads[layer.index]
-    tied = getattr(config, "tie_word_embeddings", False)
+        if arch.permute_qk:
+            rotary[layer.q] = geo.heads[layer.index]
+            rotary[layer.k] = geo.kv_heads[layer.index]
+        rows |= dict.fromkeys(layer.producers, geo.ff[layer.index])
+        cols |= dict.fromkeys(layer.consumers, geo.ff[layer.index])
+    tied = _tied(model)
     out = {}
     for module_name, prefix in names.items():
         if prefix == "output" and tied:
             continue  # llama.cpp reuses token_embd when output.weight is absent
-        weight = model.get_submodule(module_name).weight.detach().to(torch.float32).cpu().numpy()
+        weight = model.get_submodule(module_name).weight.detach().to(torch.float32).cpu()
+        # padded MLP channels: zero rows of gate and up (act(0) * 0 = 0), read by zero columns of down
+        if module_name in rows and weight.shape[0] < rows[module_name]:
+            weight, _ = pad_rows(weight, rows[module_name])
+        if module_name in cols and weight.shape[1] < cols[module_name]:
+            weight = pad_cols(weight, cols[module_name])
+        weight = weight.numpy()
         if module_name in rotary:
             weight = permute_rotary(weight, rotary[module_name])
+        if prefix.endswith("norm"):  # every RMSNorm, as llama.cpp's converter shifts every *norm.weight
+            weight = weight + np.float32(arch.norm_shift)
         out[f"{prefix}.weight"] = weight.astype(np.float16 if weight.ndim == 2 else np.float32)
     return out
 
 
-def write_gguf(model, path: Path, *, tokenizer_fields, name: str) -> Geometry:
+def padded(geo: Geometry) -> Geometry:
+    """`geo` with every layer's MLP at the widest layer's width (the model's own widths kept in model_ff)."""
+    return replace(geo, ff=(max(geo.ff),) * len(geo.ff), model_ff=geo.ff)
+
+
+def write_gguf(model, path: Path, *, tokenizer_fields, name: str, pad_mlp: bool = False) -> Geometry:
     """Write `model` to `path` (a plain file; the caller makes it atomic) as an f16 GGUF. tokenizer_fields:
-    a callable that adds the tokenizer and chat template to a gguf.GGUFWriter (gac.export.tokenizer)."""
+    a callable that adds the tokenizer and chat template to a gguf.GGUFWriter (gac.export.tokenizer). pad_mlp:
+    where the architecture holds one MLP width, write every layer at the widest with zero channels."""
     import gguf
 
-    check_exportable(model)
-    config = model.config
+    from gac.models.adapters import text_config
+
+    check_exportable(model, pad_mlp=pad_mlp)
+    config = text_config(model.config)
+    arch = _arch(model)
     geo = geometry(model)
+    if arch.one_mlp_width and len(set(geo.ff)) > 1:
+        geo = padded(geo)
+        log.warning("llama.cpp's %s holds one MLP width: every layer written at %d, zero-padded from %s", geo.arch,
+                    geo.ff[0], list(geo.model_ff))
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its INFO lines name the hidden temporary file
     w = gguf.GGUFWriter(str(path), geo.arch)
     w.add_name(name)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_context_length(int(config.max_position_embeddings))
-    w.add_embedding_length(geo.hidden)
-    w.add_block_count(len(geo.ff))
-    uniform = geo.uniform
-    w.add_feed_forward_length(geo.ff[0] if uniform else list(geo.ff))
-    w.add_head_count(geo.heads[0] if uniform else list(geo.heads))
-    w.add_head_count_kv(geo.kv_heads[0] if uniform else list(geo.kv_heads))
-    w.add_key_length(geo.head_dim)
-    w.add_value_length(geo.head_dim)
-    w.add_rope_dimension_count(geo.head_dim)
-    w.add_rope_freq_base(_rope_theta(config))
-    w.add_layer_norm_rms_eps(float(config.rms_norm_eps))
-    w.add_vocab_size(int(config.vocab_size))
+    arch.add_metadata(w, config, geo)
     tokenizer_fields(w, int(config.vocab_size))
     for tensor_name, array in tensors(model, geo).items():
         w.add_tensor(tensor_name, array)

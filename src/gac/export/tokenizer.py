@@ -1,10 +1,12 @@
 """The tokenizer and chat template of an exported GGUF. A model that came from a GGUF (the embedded alias, a .gguf
 file, or a gac output compressed from one) gets its source's `tokenizer.*` fields copied verbatim: the same
-vocabulary, merges, pre-tokenizer, special tokens and chat template. A Hugging Face model with a byte-level BPE
-tokenizer.json gets them through the gguf package's vocab helpers, with llama.cpp's default pre-tokenizer."""
+vocabulary, merges, pre-tokenizer, special tokens and chat template. A Hugging Face model's tokenizer.json gets them
+through the gguf package's vocab helpers: a byte-level BPE (GPT-2 style) as llama.cpp's `gpt2` tokenizer with its
+default pre-tokenizer, a SentencePiece-style BPE with byte fallback (Llama 2, Gemma) as its `llama` tokenizer."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -61,35 +63,107 @@ def fields_from_gguf(path: Path) -> Callable:
 
 
 def fields_from_hf(directory: Path) -> Callable:
-    """A writer step for a Hugging Face byte-level BPE tokenizer (tokenizer.json) in `directory`."""
+    """A writer step for the Hugging Face tokenizer (tokenizer.json) in `directory`: byte-level BPE, or
+    SentencePiece-style BPE with byte fallback; any other is one line."""
     import gguf
-    from gguf.vocab import BpeVocab, SpecialVocab
+    from gguf.vocab import BpeVocab, LlamaHfVocab, SpecialVocab
 
+    directory = Path(directory)
     try:
-        vocab = BpeVocab(Path(directory))
-    except (FileNotFoundError, ValueError, KeyError) as e:
-        raise GacError(f"{directory}: GGUF export carries byte-level BPE tokenizers (tokenizer.json) or a source "
-                       f"GGUF's tokenizer; this one is neither ({e})") from None
-    special = SpecialVocab(Path(directory), load_merges=True)
+        vocab, model = BpeVocab(directory), "gpt2"
+    except FileNotFoundError:  # no tokenizer.json, or not a byte-level one
+        try:
+            vocab, model = LlamaHfVocab(directory), "llama"
+        except (FileNotFoundError, TypeError, ValueError, KeyError, OSError) as e:
+            raise GacError(_unsupported(directory, e)) from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise GacError(_unsupported(directory, e)) from None
+    special = SpecialVocab(directory, load_merges=model == "gpt2")
+    spm = _sentencepiece_fields(directory) if model == "llama" else None
 
     def add(writer, vocab_size: int) -> None:
-        tokens, types = [], []
-        for text, _score, kind in vocab.all_tokens():
+        tokens, scores, types = [], [], []
+        for text, score, kind in vocab.all_tokens():
             tokens.append(text if isinstance(text, str) else text.decode("utf-8"))
+            scores.append(score)
             types.append(int(kind))
         if len(tokens) > vocab_size:
             raise GacError(f"the tokenizer has {len(tokens)} tokens but the model only {vocab_size} embeddings")
+        if spm is not None:
+            scores, types = spm(tokens, types)
         for i in range(len(tokens), vocab_size):  # embedding rows past the vocabulary, as convert_hf_to_gguf pads
             tokens.append(f"[PAD{i}]")
+            scores.append(-1000.0)
             types.append(int(gguf.TokenType.UNUSED))
-        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_model(model)
         writer.add_tokenizer_pre("default")
         writer.add_token_list(tokens)
         writer.add_token_types(types)
+        if spm is not None:
+            writer.add_token_scores(scores)
+            writer.add_add_space_prefix(_adds_space_prefix(directory))
         special.add_to_gguf(writer, quiet=True)
 
-    log.info("tokenizer: %d BPE tokens from %s, llama.cpp's default pre-tokenizer", vocab.vocab_size, directory)
+    log.info("tokenizer: %d %s tokens from %s, llama.cpp's %r tokenizer", vocab.vocab_size,
+             "byte-level BPE" if model == "gpt2" else "SentencePiece-style BPE", directory, model)
     return add
+
+
+def _unsupported(directory: Path, e: Exception) -> str:
+    return (f"{directory}: GGUF export carries BPE tokenizers (tokenizer.json: byte-level, or SentencePiece-style "
+            f"with byte fallback) or a source GGUF's tokenizer; this one is neither ({e})")
+
+
+def _sentencepiece_fields(directory: Path) -> Callable:
+    """(tokens, library types) -> (scores, types) for llama.cpp's `llama` tokenizer. It merges the adjacent pair
+    whose merged token scores highest, so each token scores minus the rank of the first tokenizer.json merge that
+    makes it. (gguf's LlamaHfVocab scores every token -1000: with Gemma 3's tokenizer llama.cpp then split 38 of
+    45 test texts differently from transformers; with merge ranks all 79 Python-docs topics and 5 texts of
+    whitespace, accents, CJK and emoji split identically.) Added tokens are typed as llama.cpp's converter types
+    them: special ones CONTROL, the others USER_DEFINED."""
+    import gguf
+
+    spec = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    rank: dict[int, int] = {}
+    for r, merge in enumerate(spec["model"].get("merges", [])):
+        left, right = merge if isinstance(merge, list) else merge.split(" ", 1)
+        rank.setdefault(vocab.get(left + right, -1), r)
+    added = {a["id"]: a.get("special", False) for a in spec.get("added_tokens", [])}
+    normal, byte = int(gguf.TokenType.NORMAL), int(gguf.TokenType.BYTE)
+    last = len(spec["model"].get("merges", []))
+
+    def fields(tokens: list[str], types: list[int]) -> tuple[list[float], list[int]]:
+        scores, out = [], []
+        for i, kind in enumerate(types):
+            if i in added and kind != byte:
+                kind = int(gguf.TokenType.CONTROL if added[i] else gguf.TokenType.USER_DEFINED)
+            out.append(kind)
+            scores.append(-float(rank.get(i, last)) if kind == normal else 0.0 if kind == byte else -1000.0)
+        return scores, out
+
+    return fields
+
+
+def _adds_space_prefix(directory: Path) -> bool:
+    """Whether the tokenizer puts a space before the text (a normalizer's Prepend of '▁', or a Metaspace that
+    prepends), which llama.cpp's `llama` tokenizer does only when told: Llama 2 does, Gemma does not."""
+    spec = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+
+    def steps(node):
+        if isinstance(node, dict):
+            yield node
+            for key in ("normalizers", "pretokenizers"):
+                for child in node.get(key) or ():
+                    yield from steps(child)
+
+    for step in [*steps(spec.get("normalizer")), *steps(spec.get("pre_tokenizer"))]:
+        if step.get("type") == "Prepend":
+            return True
+        if step.get("type") == "Metaspace" and step.get("prepend_scheme", "always") != "never" \
+                and step.get("add_prefix_space", True):
+            return True
+    return False
 
 
 def tokenizer_fields(spec: str, model_dir: Path | None) -> Callable:

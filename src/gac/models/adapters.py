@@ -67,9 +67,13 @@ OLMOE = Layout(experts="experts", expert_width="intermediate_size")  # its q nor
 
 @dataclass(frozen=True)
 class GgufNames:
-    """llama.cpp's tensor names for a layout (`llama`/`deci` architectures), what `gac export` writes: each
-    field pairs with the Layout field of the same name; producers and consumers in the Layout's order."""
+    """llama.cpp's side of a family, what `gac export` writes: the architecture description it runs as
+    (gac.export.gguf_arch.ARCHS) and its tensor names. q..consumers pair with the Layout field of the same name
+    (producers and consumers in the Layout's order); layer_norms are relative to the decoder layer, `model` to the
+    decoder (the parent of the Layout's layers_path: `model`, or a multimodal checkpoint's `model.language_model`),
+    `head` to the whole model."""
 
+    arch: str = "llama"
     q: str = "attn_q"
     k: str = "attn_k"
     v: str = "attn_v"
@@ -78,12 +82,21 @@ class GgufNames:
     consumers: tuple[str, ...] = ("ffn_down",)
     layer_norms: tuple[tuple[str, str], ...] = (("input_layernorm", "attn_norm"),
                                                 ("post_attention_layernorm", "ffn_norm"))
-    model: tuple[tuple[str, str], ...] = (("model.embed_tokens", "token_embd"), ("model.norm", "output_norm"),
-                                          ("lm_head", "output"))
+    model: tuple[tuple[str, str], ...] = (("embed_tokens", "token_embd"), ("norm", "output_norm"))
+    head: tuple[tuple[str, str], ...] = (("lm_head", "output"),)
 
 
-# model_type -> llama.cpp names, for the families llama.cpp runs as `llama` (or `deci` when layers differ)
-GGUF_FAMILIES = {"llama": GgufNames(), "mistral": GgufNames()}
+# Gemma 3 norms its attention output and its MLP input and output apart (sandwich norms), and q/k per head; llama.cpp
+# calls the pre-MLP norm ffn_norm, as llama's post-attention one
+GEMMA3_GGUF = GgufNames(arch="gemma3", layer_norms=(
+    ("input_layernorm", "attn_norm"), ("self_attn.q_norm", "attn_q_norm"), ("self_attn.k_norm", "attn_k_norm"),
+    ("post_attention_layernorm", "post_attention_norm"), ("pre_feedforward_layernorm", "ffn_norm"),
+    ("post_feedforward_layernorm", "post_ffw_norm")))
+
+# model_type -> llama.cpp's architecture and names: llama and mistral run as `llama` (`deci` when layers differ),
+# Gemma 3 as `gemma3` (a multimodal checkpoint: its language model, as llama.cpp's converter writes it)
+GGUF_FAMILIES = {"llama": GgufNames(), "mistral": GgufNames(), "gemma3_text": GEMMA3_GGUF, "gemma3": GEMMA3_GGUF}
+
 
 @dataclass(frozen=True)
 class VllmNames:
@@ -268,14 +281,20 @@ class Adapter:
     def vocab_size(self, config) -> int:
         return text_config(config).vocab_size
 
-    def gguf_names(self, config) -> dict[str, str]:
-        """{module name: GGUF tensor prefix} for every weight-bearing module (`.weight` follows both), e.g.
-        the first layer's q projection -> "blk.0.attn_q". A family llama.cpp cannot run is one line."""
+    def gguf_family(self) -> GgufNames:
+        """llama.cpp's architecture and names for this family; a family llama.cpp cannot run is one line."""
         names = GGUF_FAMILIES.get(self.model_type)
         if names is None:
             raise GacError(f"GGUF export supports the {', '.join(GGUF_FAMILIES)} families, not {self.model_type!r}: "
                            "serve this model with transformers (gac.load) instead")
-        out = dict(names.model)
+        return names
+
+    def gguf_names(self, config) -> dict[str, str]:
+        """{module name: GGUF tensor prefix} for every weight-bearing module (`.weight` follows both), e.g.
+        the first layer's q projection -> "blk.0.attn_q". A family llama.cpp cannot run is one line."""
+        names = self.gguf_family()
+        decoder = self.layers_path.rpartition(".")[0]
+        out = {f"{decoder}.{hf}": gg for hf, gg in names.model} | dict(names.head)
         for layer in self.layers(config):
             blk = f"blk.{layer.index}"
             pairs = [(layer.q, names.q), (layer.k, names.k), (layer.v, names.v), (layer.o, names.o),
