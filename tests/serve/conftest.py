@@ -102,10 +102,13 @@ def fused_phi3():
     return model
 
 
+OPTIONS = {"qwen3_moe": {"layers": "all", "drop_experts": 0.25}, "mixtral": {"layers": "all"}}
+
+
 @pytest.fixture(scope="session")
 def family_dirs(tmp_path_factory):
-    """{name: gac output}: Gemma 3 (asvd), Qwen3-MoE and Mixtral (prune: one expert width a layer), and Phi-3
-    with its fused projections factorized whole and a pruned MLP."""
+    """{name: gac output}: Gemma 3 (asvd), Qwen3-MoE (prune, a quarter of its experts dropped) and Mixtral (prune:
+    one expert width a layer), and Phi-3 with its fused projections factorized whole and a pruned MLP."""
     from gac.api import CompressConfig, compress
     from gac.data import TextConfig
     from gac.models.io import plan_record, save
@@ -119,7 +122,7 @@ def family_dirs(tmp_path_factory):
         name = f"{family}-{compressor}"
         compress(CompressConfig(model=str(original), compressor=compressor, ratio=0.3, out=str(root / name),
                                 evaluate=False, progress=False,
-                                compressor_options={"layers": "all"} if compressor == "prune" else {},
+                                compressor_options=OPTIONS.get(family, {}),
                                 text=TextConfig(seq_len=32, calib_windows=4, eval_windows=1)))
         dirs[name] = root / name
     save(fused_phi3(), tiny_tokenizer(), root / "phi3-fused",

@@ -1,7 +1,7 @@
 """Families beyond Llama's layout served by vLLM (CPU build) through gac's plugin, each with vLLM's own class for it
 and every layer at its saved sizes: Gemma 3 (per-head q/k norms, sliding-window layers) with factorized
 projections; Phi-3's fused qkv_proj and gate_up_proj factorized whole, which vLLM's fused linears split by head and
-by half; Qwen3-MoE and Mixtral with one expert width a layer in vLLM's fused MoE. Each computes the model gac saved
+by half; Qwen3-MoE (a quarter of its experts dropped) and Mixtral with one expert width a layer in vLLM's fused MoE. Each computes the model gac saved
 (greedy tokens and prompt log-probabilities against transformers), at tensor parallel size 1 and 2."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from transformers import AutoConfig
 
 from tests.serve.test_vllm import LOGPROB_TOL, serve_check
 
@@ -24,6 +25,7 @@ def test_the_fixtures_hold_the_structures_served(family_dirs):
     phi3 = saved_structure(family_dirs["phi3-fused"])
     assert set(phi3["lowrank"]) == {"model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.gate_up_proj"}
     assert phi3["linear"]["model.layers.1.mlp.gate_up_proj"] == [400, 128]
+    assert AutoConfig.from_pretrained(family_dirs["qwen3_moe-prune"]).num_experts == 3  # of 4
     for moe in ("qwen3_moe-prune", "mixtral-prune"):
         downs = {n: s for n, s in saved_structure(family_dirs[moe])["parameter"].items() if n.endswith("down_proj")}
         assert downs and all(s[2] < 96 and s[2] % 8 == 0 for s in downs.values())  # cut, aligned, one a layer
