@@ -204,16 +204,9 @@ def test_gpt_oss_heads_are_cut_with_their_sinks_and_round_trip(tmp_path, monkeyp
 
 def test_unaligned_gpt_oss_output_repairs_to_the_same_function(gpt_oss_dir, tmp_path):
     """Zero padding an interleaved, biased expert width: zero (gate, up) pairs and biases at the end, zero down rows."""
-    from gac.models.io import load
-    from gac.repair import repair_dir
+    from tests.models.test_moe_family import assert_unaligned_output_repairs
 
-    raw = tmp_path / "raw"
-    compress(fast_config(gpt_oss_dir, compressor="prune", ratio=0.3, out=str(raw), align=False, evaluate=False,
-                         compressor_options={"layers": "all", "head_mode": "none"}))
-    assert any(w % 8 for w in _expert_widths(load(raw).model))  # the compressor's own widths are irregular
-    out = repair_dir(str(raw), str(tmp_path / "fixed"), align=8, measure_latency=False)
-    assert out.report["logits_check"]["argmax_identical"] and out.report["logits_check"]["max_rel_error"] < 1e-5
-    assert all(w % 8 == 0 for w in _expert_widths(load(out.out).model))
+    assert_unaligned_output_repairs(gpt_oss_dir, tmp_path)
 
 
 def test_gpt_oss_asvd_factorizes_the_biased_attention_and_leaves_the_experts_whole(gpt_oss_dir, tmp_path,
