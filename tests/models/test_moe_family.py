@@ -48,6 +48,20 @@ def _logits(model, ids):
         return model(ids, use_cache=False).logits
 
 
+def pruned_experts(model_dir, out, ratio):
+    """prune every layer of `model_dir` at `ratio` into `out`: within budget, 100% aligned, and the budget met by
+    cutting expert widths (multiples of 8). The result and {experts module: its dim (None: whole)}."""
+    result = compress(fast_config(model_dir, compressor="prune", ratio=ratio, out=str(out), evaluate=False,
+                                  compressor_options={"layers": "all"}))
+    r = result.report
+    assert r["variants"]["gac"]["params"] <= r["budget_params"]
+    assert r["variants"]["gac"]["aligned_fraction"] == 1.0
+    experts = {n: d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")}
+    assert experts and all(d is None or d % 8 == 0 for d in experts.values())
+    assert any(d is not None for d in experts.values())  # the budget is met by cutting experts
+    return result, experts
+
+
 def _expert_widths(model) -> list[int]:
     from gac.models.groups import groups_of
 
@@ -62,14 +76,7 @@ def test_moe_prune_aligned_within_budget_and_round_trips(moe_dir, tmp_path, monk
 
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
     out = tmp_path / "out"
-    result = compress(fast_config(moe_dir, compressor="prune", ratio=ratio, out=str(out), evaluate=False,
-                                  compressor_options={"layers": "all"}))
-    r = result.report
-    assert r["variants"]["gac"]["params"] <= r["budget_params"]
-    assert r["variants"]["gac"]["aligned_fraction"] == 1.0
-    experts = {n: d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")}
-    assert experts and all(d is None or d % 8 == 0 for d in experts.values())
-    assert any(d is not None for d in experts.values())  # the budget is met by cutting experts
+    result, experts = pruned_experts(moe_dir, out, ratio)
     saved = result.models["gac"]
     widths = _expert_widths(saved)
     assert widths == [experts[n] or g for n, g in zip(sorted(experts), widths)]
