@@ -165,25 +165,28 @@ def test_a_fraction_outside_0_1_is_one_line(fraction):
 
 
 def test_drop_experts_refusals_are_one_line(tiny_model_dir, tmp_path):
+    """Refused before any output: on the command line (another compressor, a share of 1), and where the model decides
+    (too few experts left, no experts, MoE layers left out of the pruned ones), each one line naming the fix."""
+    from gac.errors import GacError
+
     moe_dir = tmp_path / "qwen3-moe"
     tiny_moe("qwen3_moe").save_pretrained(moe_dir)
     tiny_tokenizer().save_pretrained(moe_dir)
-    p = run_gac("compress", "--model", moe_dir, "--compressor", "prune", "--prune-layers", "all", "--drop-experts",
-                "0.75", "--no-eval", "--out", tmp_path / "a")  # 4 - 3 = 1 expert left, 2 routed per token
-    assert_one_error_line(p, "fewer than the 2 each token is routed to")
     p = run_gac("compress", "--model", moe_dir, "--compressor", "asvd", "--drop-experts", "0.25", "--no-eval",
                 "--out", tmp_path / "b")
     assert_one_error_line(p, "--drop-experts does not apply to --compressor asvd")
-    p = run_gac("compress", "--model", tiny_model_dir, "--compressor", "prune", "--prune-layers", "all",
-                "--drop-experts", "0.25", "--no-eval", "--out", tmp_path / "c")
-    assert_one_error_line(p, "has none")
-    p = run_gac("compress", "--model", moe_dir, "--compressor", "prune", "--drop-experts", "0.25", "--no-eval",
-                "--out", tmp_path / "d")  # the default layers leave the first and last MoE layers whole
-    assert_one_error_line(p, "--prune-layers all")
     p = run_gac("compress", "--model", moe_dir, "--compressor", "prune", "--drop-experts", "1", "--no-eval",
                 "--out", tmp_path / "e")
     assert_one_error_line(p, "--drop-experts")
-    assert not any((tmp_path / x).exists() for x in "abcde")
+    cases = [(moe_dir, {"layers": "all", "drop_experts": 0.75}, "fewer than the 2 each token is routed to"),  # 1 left
+             (tiny_model_dir, DROP, "has none"),
+             (moe_dir, {"drop_experts": 0.25}, "--prune-layers all")]  # the default layers leave MoE layers whole
+    for model, options, expected in cases:
+        with pytest.raises(GacError, match=expected) as e:
+            compress(fast_config(model, compressor="prune", ratio=0.3, out=str(tmp_path / "a"), evaluate=False,
+                                 compressor_options=options))
+        assert "\n" not in str(e.value) and ": " in str(e.value)
+    assert not any((tmp_path / x).exists() for x in "abe")
 
 
 def test_drop_experts_under_speedup_is_one_line(moe_dir):
