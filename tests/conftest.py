@@ -38,6 +38,14 @@ def tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
 
+def save_tiny(model, d, **save_options):
+    """`model` and the tiny tokenizer saved as an HF model directory at `d` (save_options: save_pretrained's);
+    returns `d`."""
+    model.save_pretrained(d, **save_options)
+    tiny_tokenizer().save_pretrained(d)
+    return d
+
+
 def tiny_model(model_type: str = "llama", seed: int = 0):
     import transformers
 
@@ -72,19 +80,13 @@ def _private_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """An HF model directory (config, safetensors, tokenizer) of a tiny random Llama."""
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model().save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny(tiny_model(), tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")
 def tiny_phi_dir(tmp_path_factory):
     """An HF model directory of a tiny random Phi (dense/fc1/fc2 names, ungated MLP, biases everywhere)."""
-    d = tmp_path_factory.mktemp("tiny-phi")
-    tiny_model("phi").save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny(tiny_model("phi"), tmp_path_factory.mktemp("tiny-phi"))
 
 
 @pytest.fixture()

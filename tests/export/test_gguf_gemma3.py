@@ -17,7 +17,7 @@ from gac.export.gguf_writer import write_gguf
 from gac.export.tokenizer import fields_from_hf
 from gac.models.groups import groups_of
 from gac.models.surgery import Keep, KeepHeads
-from tests.conftest import FAMILY_EXTRA, TINY, tiny_tokenizer
+from tests.conftest import FAMILY_EXTRA, TINY, save_tiny, tiny_tokenizer
 from tests.helpers import assert_names_a_fix, assert_one_error_line, run_gac
 
 MAX_REL_ERROR = 1e-2  # max |difference| / max |logit|, f16 weights against gac's fp32 (measured ~2e-3)
@@ -169,10 +169,7 @@ def test_what_llama_cpps_gemma3_cannot_hold_is_one_line(tok_dir, tmp_path, case)
 
 @pytest.fixture(scope="module")
 def gemma3_text_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-gemma3-text")
-    _gemma3().save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny(_gemma3(), tmp_path_factory.mktemp("tiny-gemma3-text"))
 
 
 def test_gac_prune_output_exports_and_runs_in_llama_cpp(llama_cpp, gemma3_text_dir, tmp_path):

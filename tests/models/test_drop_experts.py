@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gac.api import compress
-from tests.conftest import tiny_tokenizer
+from tests.conftest import save_tiny, tiny_tokenizer
 from tests.helpers import assert_one_error_line, run_gac
 from tests.models.test_moe_family import FAMILIES, tiny_moe
 from tests.test_api import fast_config
@@ -36,10 +36,7 @@ def never_routed_moe(model_type: str):
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def moe_dir(request, tmp_path_factory):
-    d = tmp_path_factory.mktemp(f"drop-{request.param}")
-    never_routed_moe(request.param).save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny(never_routed_moe(request.param), tmp_path_factory.mktemp(f"drop-{request.param}"))
 
 
 def _logits(model, ids):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gac.api import compress
-from tests.conftest import tiny_model, tiny_tokenizer
+from tests.conftest import save_tiny, tiny_model
 from tests.test_api import fast_config
 
 
@@ -28,10 +28,8 @@ def tiny_gemma3_multimodal():
 
 @pytest.fixture(scope="module", params=["gemma3_text", "gemma3"])
 def tiny_gemma3_dir(request, tmp_path_factory):
-    d = tmp_path_factory.mktemp(f"tiny-{request.param}")
-    (tiny_model("gemma3_text") if request.param == "gemma3_text" else tiny_gemma3_multimodal()).save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    model = tiny_model("gemma3_text") if request.param == "gemma3_text" else tiny_gemma3_multimodal()
+    return save_tiny(model, tmp_path_factory.mktemp(f"tiny-{request.param}"))
 
 
 @pytest.mark.parametrize("compressor,options", [("prune", {"layers": "all"}), ("asvd", {"importance": "magnitude"})])

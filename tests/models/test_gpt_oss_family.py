@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gac.api import compress
-from tests.conftest import TINY, tiny_tokenizer
+from tests.conftest import TINY, save_tiny, tiny_tokenizer
 from tests.helpers import assert_one_error_line, run_gac
 from tests.models.test_moe_family import pruned_experts
 from tests.test_api import fast_config
@@ -41,10 +41,7 @@ def tiny_gpt_oss(seed: int = 0):
 @pytest.fixture(scope="module")
 def gpt_oss_dir(tmp_path_factory):
     """An HF directory of a tiny random gpt-oss model, saved as transformers saves it (fused expert tensors)."""
-    d = tmp_path_factory.mktemp("gpt-oss")
-    tiny_gpt_oss().save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny(tiny_gpt_oss(), tmp_path_factory.mktemp("gpt-oss"))
 
 
 IDS = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))  # longer than the sliding window

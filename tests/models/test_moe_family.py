@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gac.api import compress
-from tests.conftest import TINY, tiny_tokenizer
+from tests.conftest import TINY, save_tiny
 from tests.helpers import assert_one_error_line, run_gac
 from tests.test_api import fast_config
 
@@ -37,10 +37,7 @@ def tiny_moe(model_type: str, seed: int = 0):
 @pytest.fixture(scope="module", params=FAMILIES)
 def moe_dir(request, tmp_path_factory):
     """An HF directory of a tiny random MoE model, saved as transformers saves it (per-expert tensors)."""
-    d = tmp_path_factory.mktemp(request.param)
-    tiny_moe(request.param).save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny(tiny_moe(request.param), tmp_path_factory.mktemp(request.param))
 
 
 def _logits(model, ids):
@@ -347,10 +344,7 @@ def test_moe_speedup_predicts_the_experts_from_the_experts_sweep(moe_dir, tmp_pa
 
 @pytest.fixture(scope="module")
 def olmoe_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("olmoe")
-    tiny_moe("olmoe").save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny(tiny_moe("olmoe"), tmp_path_factory.mktemp("olmoe"))
 
 
 def test_olmoe_prunes_its_experts_aligned_and_round_trips(olmoe_dir, tmp_path, monkeypatch):

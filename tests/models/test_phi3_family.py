@@ -7,7 +7,7 @@ import torch
 
 from gac.api import compress
 from gac.errors import GacError
-from tests.conftest import TINY, tiny_tokenizer
+from tests.conftest import TINY, save_tiny
 from tests.helpers import assert_names_a_fix
 from tests.test_api import fast_config
 
@@ -23,10 +23,7 @@ def tiny_phi3(seed: int = 0):
 
 @pytest.fixture(scope="module")
 def phi3_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-phi3")
-    tiny_phi3().save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny(tiny_phi3(), tmp_path_factory.mktemp("tiny-phi3"))
 
 
 def _round_trips(result, out):

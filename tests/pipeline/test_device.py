@@ -13,7 +13,7 @@ from gac.evaluate.latency import LatencyConfig
 from gac.models.io import load
 from gac.models.lazy import LazyCheckpoint
 from gac.pipeline.analyze import ActivationStore, FactorCache
-from tests.conftest import tiny_model, tiny_tokenizer
+from tests.conftest import save_tiny, tiny_model
 
 TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
 FAST = LatencyConfig(warmup=0, prefill_rounds=1, decode_rounds=1, prefill_tokens=8, decode_context=4)
@@ -23,10 +23,7 @@ CUDA = pytest.param("cuda", marks=[pytest.mark.gpu,
 
 @pytest.fixture(scope="module")
 def source_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("src") / "tiny"
-    tiny_model(seed=3).save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny(tiny_model(seed=3), tmp_path_factory.mktemp("src") / "tiny")
 
 
 def _run(source_dir, out, **kw):

@@ -14,17 +14,15 @@ from gac.api import CompressConfig, compress
 from gac.data import TextConfig
 from gac.models.io import load
 from gac.models.lazy import LazyCheckpoint
-from tests.conftest import tiny_model, tiny_tokenizer
+from tests.conftest import save_tiny, tiny_model
 
 TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
 
 
 @pytest.fixture(scope="module")
 def source_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("src") / "tiny"
-    tiny_model(seed=7).save_pretrained(d, max_shard_size="100KB")  # sharded input, read through its index
-    tiny_tokenizer().save_pretrained(d)
-    return d
+    # a sharded input, read through its index
+    return save_tiny(tiny_model(seed=7), tmp_path_factory.mktemp("src") / "tiny", max_shard_size="100KB")
 
 
 def test_lazy_checkpoint_holds_one_layer_at_a_time(source_dir):
