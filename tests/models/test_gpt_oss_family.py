@@ -13,7 +13,6 @@ import torch
 
 from gac.api import compress
 from tests.conftest import TINY, save_tiny, tiny_tokenizer
-from tests.helpers import assert_one_error_line, run_gac
 from tests.models.test_moe_family import pruned_experts
 from tests.test_api import fast_config
 
@@ -231,12 +230,9 @@ def test_inspect_reads_the_transposed_expert_weights_the_right_way_round():
 
 
 def test_gpt_oss_gguf_export_is_one_line(gpt_oss_dir, tmp_path):
-    out = tmp_path / "out"
-    compress(fast_config(gpt_oss_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
-                         compressor_options={"layers": "all"}))
-    p = run_gac("export", out, "--format", "gguf", "--out", tmp_path / "m.gguf")
-    assert_one_error_line(p, "GGUF export supports")
-    assert not (tmp_path / "m.gguf").exists()
+    from tests.models.test_moe_family import assert_gguf_export_refused
+
+    assert_gguf_export_refused(gpt_oss_dir, tmp_path)
 
 
 def test_a_quantized_gpt_oss_checkpoint_is_refused_in_one_line(tmp_path):

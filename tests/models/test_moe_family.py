@@ -152,8 +152,13 @@ def assert_unaligned_output_repairs(model_dir, tmp_path):
 
 
 def test_moe_gguf_export_is_one_line(moe_dir, tmp_path):
+    assert_gguf_export_refused(moe_dir, tmp_path)
+
+
+def assert_gguf_export_refused(model_dir, tmp_path):
+    """A pruned MoE output's GGUF export is refused in one line, and no file is written."""
     out = tmp_path / "out"
-    compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
+    compress(fast_config(model_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
                          compressor_options={"layers": "all"}))
     p = run_gac("export", out, "--format", "gguf", "--out", tmp_path / "m.gguf")
     assert_one_error_line(p, "GGUF export supports")
