@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU items the CPU sessions owe (docs/RESULTS.md), in one run on the GPU machine, within BUDGET seconds:
+#   1. decode at batch 1 against the bytes read (a dense weight against its low-rank pair);
+#   2. the layer-wise Llama-3-8B-shaped run on CUDA at the default allocation: wall and peak GPU memory;
+#   3. torch.compile (default, max-autotune-no-cudagraphs) against eager for baseline, unaligned and gac;
+#   4. the CUDA-only tests.
+# Each step runs under `timeout` with what is left of the budget; results land in WORK as they finish, and OUT gets
+# the log, the main JSON files and one archive of everything at the end (the device tool returns 8 files at most).
+#   BUDGET=520 bash benchmarks/gpu_owed.sh OUT            (no install, no network: src/ goes on PYTHONPATH)
+#   BUDGET=300 bash benchmarks/gpu_owed.sh OUT --tiny     (the CPU check: toy sizes)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?results folder}; shift
+tiny=0; [ "${1:-}" = --tiny ] && tiny=1
+shm=$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1 | tr -d ' ')  # the 8B model and its output in memory
+work=${WORK:-$([ "${shm:-0}" -gt 40 ] && echo /dev/shm/gac-owed || echo /tmp/gac-owed)}
+rm -rf "$work"; mkdir -p "$work" "$out"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 GAC_CACHE_DIR=${GAC_CACHE_DIR:-/tmp/gac-cache}
+py=${PYTHON:-python3}
+deadline=$(( $(date +%s) + ${BUDGET:-520} ))
+log="$work/log.txt"
+
+step() {  # step NAME LIMIT_S COMMAND...: run it under what is left of the budget (at most LIMIT_S)
+  local name=$1 want=$2 left secs; shift 2
+  left=$(( deadline - $(date +%s) - 20 )); secs=$(( want < left ? want : left ))
+  if [ "$secs" -lt 15 ]; then echo "== $name: skipped, ${left}s left" | tee -a "$log"; return; fi
+  echo "== $(date -u +%T) $name (limit ${secs}s)" | tee -a "$log"
+  timeout --kill-after=5 "$secs" "$@" 2>&1 | tee -a "$log"
+  echo "== $(date -u +%T) $name: exit ${PIPESTATUS[0]}" | tee -a "$log"
+  cp "$log" "$work"/*.json "$out"/ 2>/dev/null
+}
+
+config=docs/configs/llama-3-8b
+if [ $tiny = 1 ]; then  # a config of width 256 beside the 8B one
+  config=$work/tiny-config; "$py" -c "import sys; from transformers import AutoConfig
+c = AutoConfig.from_pretrained('docs/configs/llama-3-8b'); c.update(dict(hidden_size=256, intermediate_size=896,
+num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512)); c.save_pretrained(sys.argv[1])" "$config"
+  model_args=(--layers 2 --dtype float32); dev=(); compress_extra=(--seq-len 32 --calib-windows 4)
+  small=(--tiny --dtype float32)
+else
+  model_args=(--device cuda); dev=(--device cuda); compress_extra=(); small=()
+fi
+"$py" -c "import pydoc_data.topics" 2>/dev/null || {  # a Python without it: the same text, carried
+  echo "no pydoc_data here: calibrating on .gpu/calib.txt" | tee -a "$log"; compress_extra+=(--calib-file .gpu/calib.txt); }
+
+step env 30 "$py" benchmarks/gpu_evidence.py env --out "$work" --phase before
+step decode-bytes 60 "$py" benchmarks/gpu_owed.py decode-bytes --out "$work" "${small[@]}"
+step write-8b 120 "$py" benchmarks/big_model.py --config "$config" --dtype bfloat16 "${model_args[@]}" \
+  --out "$work/llama-3-8b"
+echo "work folder: $work ($(df -h --output=fstype,avail "$work" | tail -1))" | tee -a "$log"
+step layerwise-8b 330 "$py" benchmarks/gpu_owed.py peak --out "$work" --name layerwise_8b.json -- compress \
+  --model "$work/llama-3-8b" --compressor asvd --ratio 0.15 --dtype bfloat16 "${dev[@]}" --layerwise --no-eval \
+  "${compress_extra[@]}" --out "$work/l8" --force
+cp "$work/l8/report.md" "$out/layerwise_8b_report.md" 2>/dev/null; cp "$work/l8/report.md" "$work/" 2>/dev/null
+rm -rf "$work/llama-3-8b" "$work/l8"/*.safetensors
+left=$(( deadline - $(date +%s) - 80 ))
+step compile 400 "$py" benchmarks/gpu_owed.py compile --out "$work" --budget-s $(( left > 30 ? left - 30 : 1 )) \
+  "${small[@]}"
+if [ $tiny = 0 ]; then
+  step gpu-tests 60 "$py" -m pytest -q -p no:cacheprovider -m gpu -o addopts="" tests/pipeline/test_device.py tests/hw
+fi
+step env-after 20 "$py" benchmarks/gpu_evidence.py env --out "$work" --phase after
+tar czf "$out/results.tgz" --exclude='*.safetensors' -C "$(dirname "$work")" "$(basename "$work")"
+cp "$log" "$out"/
+ls -la "$out"
