@@ -8,6 +8,7 @@
 # the log, the main JSON files and one archive of everything at the end (the device tool returns 8 files at most).
 #   BUDGET=520 bash benchmarks/gpu_owed.sh OUT            (no install, no network: src/ goes on PYTHONPATH)
 #   BUDGET=300 bash benchmarks/gpu_owed.sh OUT --tiny     (the CPU check: toy sizes)
+#   STEPS="env write-8b layerwise-8b" BUDGET=300 bash benchmarks/gpu_owed.sh OUT   (only these steps)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?results folder}; shift
@@ -22,6 +23,7 @@ log="$work/log.txt"
 
 step() {  # step NAME LIMIT_S COMMAND...: run it under what is left of the budget (at most LIMIT_S)
   local name=$1 want=$2 left secs; shift 2
+  case " ${STEPS:-$name} " in *" $name "*) ;; *) echo "== $name: not in STEPS" | tee -a "$log"; return ;; esac
   left=$(( deadline - $(date +%s) - 20 )); secs=$(( want < left ? want : left ))
   if [ "$secs" -lt 15 ]; then echo "== $name: skipped, ${left}s left" | tee -a "$log"; return; fi
   echo "== $(date -u +%T) $name (limit ${secs}s)" | tee -a "$log"

@@ -58,3 +58,16 @@ def test_one_worker_runs_in_order():
         assert map_side_by_side(lambda x: -x, [1, 2, 3], cost=lambda x: x) == [-1, -2, -3]
     finally:
         torch.set_num_threads(saved)
+
+
+def test_on_a_gpu_one_item_at_a_time_in_the_calling_thread(two_threads):
+    """CUDA's lazily loaded linalg library fails when two host threads call it first at once (seen on an H100):
+    on a GPU device the items run in order on the caller's thread; the device is only named, so this runs on CPU."""
+    assert workers(5, "cpu") == 2 and workers(5, "cuda") == workers(5, torch.device("cuda:0")) == 1
+    threads = []
+    assert map_side_by_side(lambda x: threads.append(threading.get_ident()) or x + 1, [1, 2, 3],
+                            cost=lambda x: x, device="cuda") == [2, 3, 4]
+    assert threads == [threading.get_ident()] * 3
+    side = []
+    map_side_by_side(lambda x: side.append(threading.get_ident()), [1, 2, 3], device="cpu")
+    assert threading.get_ident() not in side

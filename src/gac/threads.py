@@ -19,8 +19,13 @@ import torch
 WORKERS = 2  # weights at once: each holds its own SVD or loss-model work (pipeline/memory.py counts them)
 
 
-def workers(items: int | None = None) -> int:
-    """How many weights map_side_by_side works on at once: WORKERS, fewer with fewer intra-op threads or items."""
+def workers(items: int | None = None, device: str | torch.device = "cpu") -> int:
+    """How many weights map_side_by_side works on at once: WORKERS, fewer with fewer intra-op threads or items; one
+    on a GPU, which spreads each kernel over all its cores already. There, host threads side by side also race CUDA's
+    lazily loaded linear-algebra library: the second thread's first `eigh` fails with "lazy wrapper should be called
+    at most once" (torch 2.11, an H100, 2026-11-26)."""
+    if torch.device(device).type != "cpu":
+        return 1
     n = min(WORKERS, torch.get_num_threads())
     return max(1, n if items is None else min(n, items))
 
@@ -37,16 +42,16 @@ def kernel_threads(n: int):
 
 
 def map_side_by_side(fn: Callable, items: Iterable, *, cost: Callable | None = None,
-                     on_done: Callable[[], None] | None = None) -> list:
+                     on_done: Callable[[], None] | None = None, device: str | torch.device = "cpu") -> list:
     """[fn(item) for item in items], computed by `workers()` threads that share torch's intra-op threads between
     them (one each on a 2-core machine); results in the items' order, the first exception raised. on_done is
-    called after each item (a progress bar's update).
+    called after each item (a progress bar's update). device: where fn's kernels run (see workers()).
 
     cost(item): its work, relative to the others'. The costliest start first (longest processing time first), so
     the last to start is a small one and the workers finish together: an 8B-shaped layer's SVDs in order q, k, v, o,
     gate, up, down left one worker alone on down's for its last 40 s (docs/RESULTS.md, 2026-11-26)."""
     items = list(items)
-    n = workers(len(items))
+    n = workers(len(items), device)
     if n == 1:
         results = []
         for item in items:

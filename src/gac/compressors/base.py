@@ -328,9 +328,10 @@ class LowRankCompressor(Compressor):
             w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [out, in]
             return scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)), self.factorization, u.max_dim)
 
+        device = model.get_submodule(units[0].group.linear).weight.device if units else "cpu"
         with tqdm(total=len(units), desc=f"{self.name}: factorizing", unit="weight", disable=not progress) as bar:
             for u, svd in zip(units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work,
-                                                              on_done=bar.update)):
+                                                      on_done=bar.update, device=device)):
                 u.svd = svd
 
     def cut_state(self, model, units: list[LowRankUnit]) -> dict:
@@ -418,7 +419,8 @@ def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progr
                                      fishers[g.linear][g.rows].to(svd.U.device))
         return lowrank_loss_curve(s, P, Q / max(linear_stats.tokens, 1), u.max_dim)
 
-    for u, c in zip(units, map_side_by_side(curve, units, cost=lambda u: u.factorization_work)):
+    device = units[0].svd.U.device if units else "cpu"
+    for u, c in zip(units, map_side_by_side(curve, units, cost=lambda u: u.factorization_work, device=device)):
         u.curve = c
     log.info("loss model: %d curves in %.1f s", len(units), time.perf_counter() - start)
 

@@ -66,17 +66,19 @@ class PaluCompressor(LowRankCompressor):
 
     def factorize_units(self, model, units, stats, progress: bool = False) -> None:
         """Each head group's rows, whitened by its linear's inputs (one Cholesky per linear)."""
-        whitened = {}
+        whitened, device = {}, "cpu"
         for u in units:
             g = u.group
             if g.linear not in whitened:
-                whitened[g.linear] = whiten(stats[g.linear].xtx.matrix().to(model.get_submodule(g.linear).weight.device))
+                device = model.get_submodule(g.linear).weight.device
+                whitened[g.linear] = whiten(stats[g.linear].xtx.matrix().to(device))
 
         def factorize(u):
             w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [rows, hidden]
             return scaled_svd(w, whitened[u.group.linear], self.factorization, u.max_dim)
 
-        for u, svd in zip(units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work)):
+        for u, svd in zip(units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work,
+                                                  device=device)):
             u.svd = svd
 
 
