@@ -49,10 +49,11 @@ PRESETS = {"llama8b": LLAMA3_8B, "smollm2": SMOLLM2_135M, "tiny": TINY}
 OPTIONS = {"llama8b": {"importance": "activation"}, "tiny": {"importance": "activation"}, "smollm2": {}}
 
 
-def options_for(preset: str, compressor: str, head_mode: str | None = None) -> dict:
-    """The compressor options of a preset; the 2-layer toy model prunes every layer (the default keeps the first
-    and the last, as LLM-Pruner does)."""
-    extra = {"layers": "all"} if preset == "tiny" and compressor == "prune" else {}
+def options_for(preset: str, compressor: str, head_mode: str | None = None, layers: int | None = None) -> dict:
+    """The compressor options of a preset; a model of two layers or fewer (the toy, gpu_owed.py's compile bench)
+    prunes every layer (the default keeps the first and the last, as LLM-Pruner does)."""
+    few = preset == "tiny" or (layers is not None and layers <= 2)
+    extra = {"layers": "all"} if few and compressor == "prune" else {}
     if compressor == "prune" and head_mode:
         extra["head_mode"] = head_mode
     return {**OPTIONS[preset], **extra}
@@ -332,7 +333,8 @@ def compress_variants(model, preset: str, compressor_name: str, args, stages: St
     saved = json.loads(dims_path.read_text()) if dims_path.exists() else {}
     cfg = CompressConfig(model=f"random-{preset}", compressor=compressor_name, ratio=args.ratio,
                          alignment=args.align, device=args.device,
-                         compressor_options=options_for(preset, compressor_name, args.head_mode),
+                         compressor_options=options_for(preset, compressor_name, args.head_mode,
+                                                        model.config.num_hidden_layers),
                          progress=False)
     compressor = make_compressor(compressor_name, **cfg.compressor_options)
     if args.reuse_dims and compressor_name in saved:
