@@ -131,7 +131,7 @@ def test_auto_under_speedup_keeps_the_best_reaching(tiny4_dir, tmp_path):
     assert a["kept"] == a["built"][1] == min(built, key=lambda n: built[n]["loss"])
     assert result.report["compressor"] == a["kept"] and result.report["latency_objective"]["reached"]
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "measured speedup" in md and "(reached)" in md
+    assert "measured speedup" in md and "(reached)" in md and "(latency " in md
 
 
 class BySize:
