@@ -178,7 +178,7 @@ def report_markdown(r: dict) -> str:
         if "parameter" in guard:
             lines.append("- guard: kept the " + guard["kept"] + " stream's model; " + "; ".join(
                 f"{s}: {kept_round(lo, s).get('measured_speedup', float('nan')):.3f}x, "
-                f"{'reached' if g['reached'] else 'short'}" + (f", calibration loss {g['loss']:.4f}" if g["loss"] is not
+                f"{'reached' if g['reached'] else 'short'}" + (f", held-back loss {g['loss']:.4f}" if g["loss"] is not
                                                                None else "")
                 for s, g in guard.items() if s != "kept"))
     return "\n".join(lines) + "\n"
