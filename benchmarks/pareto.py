@@ -32,10 +32,11 @@ log = logging.getLogger("pareto")
 
 
 def load(args):
-    """(model, calib [n, S] tokens, held-out windows or None, source)."""
+    """(model, calib [n, S] tokens, held-back calibration windows (the guard's, past calib), held-out windows or None,
+    source)."""
     import torch
 
-    from gac.data import TextConfig, load_windows
+    from gac.data import HELD_BACK_WINDOWS, TextConfig, held_back_windows, load_windows
     from gac.hw.device import torch_dtype
 
     if args.model.startswith("random-"):
@@ -45,14 +46,15 @@ def load(args):
                             dtype=torch_dtype(args.dtype), seed=0)
         decay_spectra(model, 1.0, seed=0)  # trained-like decaying spectra, so ranks vary between weights
         g = torch.Generator().manual_seed(1)
-        calib = torch.randint(0, model.config.vocab_size, (args.calib_windows, args.seq_len), generator=g)
-        return model, calib, None, args.model
+        tokens = torch.randint(0, model.config.vocab_size, (args.calib_windows + HELD_BACK_WINDOWS, args.seq_len),
+                               generator=g)
+        return model, tokens[:args.calib_windows], tokens[args.calib_windows:], None, args.model
     from gac.models.loading import load_model
 
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-    calib, held_out = load_windows(loaded.tokenizer, TextConfig(seq_len=args.seq_len, calib_windows=args.calib_windows,
-                                                                 eval_windows=args.eval_windows))
-    return loaded.model, calib, held_out, loaded.source
+    text = TextConfig(seq_len=args.seq_len, calib_windows=args.calib_windows, eval_windows=args.eval_windows)
+    calib, held_out = load_windows(loaded.tokenizer, text)
+    return loaded.model, calib, held_back_windows(loaded.tokenizer, text), held_out, loaded.source
 
 
 def config(model, name: str, args, speedup=None):
@@ -66,14 +68,14 @@ def config(model, name: str, args, speedup=None):
                           alignment=args.align, progress=False, speedup=speedup)
 
 
-def analyses(model, calib, name: str, args, speedup) -> tuple:
+def analyses(model, calib, held_back, name: str, args, speedup) -> tuple:
     """(analysis, config of the latency objective, config of the parameter objective): gac compress's analysis (one
     calibration, spectra and loss model), shared by both: --speedup changes no compressor option (prune's heads are
     held whole in the knapsack alone, gac.speedup.WHOLE_HEADS)."""
     from gac.api import analyze
 
     latency, parameters = config(model, name, args, speedup), config(model, name, args)
-    return analyze(model, calib, latency), latency, parameters
+    return analyze(model, calib, latency, held_back=held_back), latency, parameters
 
 
 def evaluate(built, held_out, lm, dims) -> dict:
@@ -99,7 +101,7 @@ def time_together(model, built: dict, cfg, rounds: int) -> dict:
                     "spread_pct": t[label].spread_pct} for label in built}
 
 
-def run_compressor(name, model, calib, held_out, args) -> dict:
+def run_compressor(name, model, calib, held_back, held_out, args) -> dict:
     from gac.align.latency_model import Phase, measure_latency_model
     from gac.api import select_dims
     from gac.speedup import SpeedupConfig, fit_latency, parse_shape
@@ -108,7 +110,7 @@ def run_compressor(name, model, calib, held_out, args) -> dict:
     cfg = SpeedupConfig(args.targets[0], phase=args.phase, batch=batch, seq=seq, rounds=args.rounds,
                         timing_rounds=args.timing_rounds, margin=args.margin)
     t0 = time.perf_counter()
-    analyzed, latency_cfg, params_cfg = analyses(model, calib, name, args, cfg)
+    analyzed, latency_cfg, params_cfg = analyses(model, calib, held_back, name, args, cfg)
     analyze_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     # the groups' tables for the ratio rows (the latency objective's closed loop measures its own, from the cache)
@@ -322,7 +324,7 @@ def markdown(result: dict) -> str:
              "that speedup +- the A/A floor). `twin`: the guard's model, the parameter objective's allocation over the "
              "same groups brought to the same measured target by its own closed loop, timed in the same run: "
              "perplexity and measured speed against it (speed positive: faster). `kept`: the stream whose model "
-             "--speedup returned (the lower calibration loss of those reaching the target); `knapsack's own`: the "
+             "--speedup returned (the lower held-back loss of those reaching the target); `knapsack's own`: the "
              "latency knapsack's model where the guard kept the twin.", "",
              ("| compressor | objective | target / ratio | rounds | kept | loop speedup | predicted speedup | measured "
               "speedup | vs target | error | A/A floor | ppl | vs params at equal measured speed | vs twin (ratio): ppl, speed "
@@ -465,10 +467,10 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, calib, held_out, source = load(args)
+    model, calib, held_back, held_out, source = load(args)
     result = {"model": source, "args": vars(args), "env": environment(args), "compressors": []}
     for name in args.compressors:
-        result["compressors"].append(run_compressor(name, model, calib, held_out, args))
+        result["compressors"].append(run_compressor(name, model, calib, held_back, held_out, args))
         (out / "pareto.json").write_text(json.dumps(result, indent=1))  # written as it goes
         (out / "pareto.md").write_text(markdown(result))
     result["env"]["loadavg_end"] = environment(args).get("loadavg")

@@ -7,6 +7,7 @@ prints the real ones)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -17,7 +18,8 @@ from gac.api import CompressConfig, compress
 from gac.errors import GacError
 from gac.evaluate.report import kept_round, report_markdown
 from gac.speedup import Instruments, SpeedupConfig, parse_shape
-from tests.test_api import fast_config
+from tests.helpers import assert_names_a_fix
+from tests.test_api import FAST_TEXT, fast_config
 
 
 def _linear_latency(groups, phase, *, alignment=8, **_):
@@ -181,6 +183,38 @@ def test_guard_keeps_the_lower_loss_of_the_reaching_models(tiny_model_dir):
     assert not guard["parameter"]["history"][0]["reached"] and "ratio" in b
 
 
+def test_guard_compares_on_the_held_back_windows(tiny_model_dir, tmp_path):
+    """The guard measures both streams' models on the calibration windows past those that calibrate (what auto
+    compares compressors on), never on a calibrating window; a calibration text with none past them is refused in
+    one line, unless --no-guard."""
+    from gac.data import HELD_BACK_WINDOWS, held_back_windows, load_windows
+    from gac.models.loading import load_model
+
+    seen = []
+
+    def recorded(model, windows):
+        seen.append(windows)
+        return 1.0
+
+    _guarded(tiny_model_dir, {}, loss=recorded)
+    tokenizer = load_model(str(tiny_model_dir)).tokenizer
+    held_back, (calib, _) = held_back_windows(tokenizer, FAST_TEXT), load_windows(tokenizer, FAST_TEXT)
+    assert len(seen) == 2 and len(held_back) == HELD_BACK_WINDOWS  # each stream's reaching model
+    assert all(torch.equal(w, held_back) for w in seen)
+    assert not any(torch.equal(row, c) for row in held_back for c in calib)
+    ids = tokenizer("\n\n".join(["plain words over and over"] * 400))["input_ids"]
+    short = tmp_path / "short.txt"  # the calibrating windows' tokens, and less than one window more
+    short.write_text(tokenizer.decode(ids[:FAST_TEXT.calib_windows * FAST_TEXT.seq_len + 4]))
+    text = dataclasses.replace(FAST_TEXT, calib_file=str(short))
+    cfg = dataclasses.replace(fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
+                                          speedup=objective(ShortThenReached())), text=text)
+    with pytest.raises(GacError, match="--no-guard") as e:
+        compress(cfg)
+    assert "\n" not in str(e.value)
+    assert_names_a_fix(str(e.value))
+    compress(dataclasses.replace(cfg, speedup=objective(ShortThenReached(), guard=False)))  # no guard: no need
+
+
 def test_guard_keeps_the_stream_that_reaches(tiny_model_dir):
     """The parameter objective's model reaches the target in round 1 and the knapsack's never does: the guard's is
     kept (and it was timed only until it reached); the other way round, the knapsack's."""
@@ -283,7 +317,6 @@ def test_no_guard_builds_the_knapsack_choice_alone(tiny_model_dir):
 
 
 def test_prune_heads_whole_in_the_knapsack_only_by_default():
-    import dataclasses
 
     from gac.speedup import objective_config
 

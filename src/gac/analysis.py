@@ -27,7 +27,7 @@ class Analyzed:
     units: list  # the compressor's units, one per dimension group (gac.compressors.base.Unit)
     names: list[str]  # the linears the units cover: params and alignment are measured over these
     compressible: int
-    windows: object  # calibration token windows [n, seq]: the --speedup guard's loss (None: no guard)
+    windows: object  # held-back calibration windows [n, seq] the --speedup guard compares on (None: no guard)
 
 
 @dataclass
@@ -42,10 +42,11 @@ class Selected(Analyzed):
     built: dict = field(default_factory=dict)  # {variant: model} already cut at its dims (the closed loop's kept one)
 
 
-def analyze(model, calib, cfg, compressor=None, source=None) -> Analyzed:
+def analyze(model, calib, cfg, compressor=None, source=None, held_back=None) -> Analyzed:
     """Calibrate on `calib` [n, seq] and let the compressor analyze every group (spectra, loss model, importance) at
     keep = 1 - cfg.analysis_ratio. The model is not changed. source: a gac.models.lazy weight source for the
-    layer-by-layer pipeline (None: the whole model at once)."""
+    layer-by-layer pipeline (None: the whole model at once); held_back: the windows the --speedup guard compares
+    models on (gac.data.held_back_windows; None: no guard)."""
     from gac.calibrate import calibrate
     from gac.compressors import make_compressor
     from gac.models.groups import linears_of
@@ -57,15 +58,15 @@ def analyze(model, calib, cfg, compressor=None, source=None) -> Analyzed:
         check_feasible(groups, cfg)
     if source is None:
         stats = calibrate(model, calib, linears_of(groups), xtx=compressor.needs_xtx, progress=cfg.progress)
-        return analyze_with(model, calib, cfg, compressor, groups, stats)
+        return analyze_with(model, calib, cfg, compressor, groups, stats, held_back)
     from gac.pipeline.analyze import analyze_layerwise
 
     units = analyze_layerwise(model, source, compressor, groups, calib, keep=1.0 - cfg.analysis_ratio,
                               progress=cfg.progress)
-    return Analyzed(compressor, units, linears_of(groups), sum(u.group.numel for u in units), calib)
+    return Analyzed(compressor, units, linears_of(groups), sum(u.group.numel for u in units), held_back)
 
 
-def analyze_with(model, calib, cfg, compressor, groups, stats: dict) -> Analyzed:
+def analyze_with(model, calib, cfg, compressor, groups, stats: dict, held_back=None) -> Analyzed:
     """The compressor's analysis of `groups` from calibration statistics already collected on `calib` (`stats`:
     gac.calibrate.calibrate's, over at least the groups' linears; shared by `--compressor auto`), the whole model in
     memory."""
@@ -76,7 +77,7 @@ def analyze_with(model, calib, cfg, compressor, groups, stats: dict) -> Analyzed
     grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
     units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.analysis_ratio,
                                progress=cfg.progress, **grads)
-    return Analyzed(compressor, units, linears_of(groups), sum(u.group.numel for u in units), calib)
+    return Analyzed(compressor, units, linears_of(groups), sum(u.group.numel for u in units), held_back)
 
 
 def latency_loop(model, analyzed: Analyzed, cfg):
@@ -128,9 +129,9 @@ def select_dims(model, analyzed: Analyzed, cfg, loop=None) -> Selected:
                     selection=selection, profile_excluded=excluded, target=target)
 
 
-def analyze_and_select(model, calib, cfg, compressor=None, source=None) -> Selected:
+def analyze_and_select(model, calib, cfg, compressor=None, source=None, held_back=None) -> Selected:
     """analyze, then select_dims: calibrate, analyze and choose the dims of cfg's objective."""
-    return select_dims(model, analyze(model, calib, cfg, compressor, source), cfg)
+    return select_dims(model, analyze(model, calib, cfg, compressor, source, held_back), cfg)
 
 
 def materialize_variants(model, selected: Selected) -> dict:

@@ -166,16 +166,16 @@ def compress(cfg: CompressConfig) -> CompressResult:
     model, tokenizer, model_name, source = _open(cfg)
     _check_uncompressed(model, cfg.model)
     calib, held_out = load_windows(tokenizer, cfg.text)
+    held_back = _held_back(tokenizer, cfg)
     heal_texts = _heal_config(cfg).windows(tokenizer) if cfg.heal is not None else None  # a bad text fails now
     auto = None
     if compressor is None:  # --compressor auto: the best measured compressor's selection, then the run as its own
-        from gac.auto import HELD_BACK_WINDOWS, choose
-        from gac.data import held_back_windows
+        from gac.auto import choose
 
-        cfg, selected, auto = choose(model, calib, held_back_windows(tokenizer, cfg.text, HELD_BACK_WINDOWS), cfg)
+        cfg, selected, auto = choose(model, calib, held_back, cfg)
         compressor = selected.compressor
     else:
-        selected = analyze_and_select(model, calib, cfg, compressor, source=source)
+        selected = analyze_and_select(model, calib, cfg, compressor, source=source, held_back=held_back)
     with _streamed_output(cfg) as streamed_to:
         models, measured = _materialize(model, source, selected, cfg, held_out, streamed_to)
         variants, latency_method = _evaluate(models, selected.names, held_out, cfg, measured=measured)
@@ -187,6 +187,17 @@ def compress(cfg: CompressConfig) -> CompressResult:
             report.heal = _heal(models, heal_texts, cfg)
         out = _save(models[cfg.saved_variant], tokenizer, cfg, report, compressor, streamed_to)
     return CompressResult(report.to_dict(), out, models)
+
+
+def _held_back(tokenizer, cfg: CompressConfig):
+    """The calibration windows past those that calibrate (gac.data.held_back_windows), on which --compressor auto and
+    the --speedup guard compare models by one loss: auto's kept model is then the best of every closed-loop stream of
+    every compressor it built, and each compressor's is the one its single run keeps. None where neither runs."""
+    from gac.data import held_back_windows
+
+    if cfg.compressor == AUTO or (cfg.speedup is not None and cfg.speedup.guard):
+        return held_back_windows(tokenizer, cfg.text)
+    return None
 
 
 def _open(cfg: CompressConfig) -> tuple:

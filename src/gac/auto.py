@@ -3,6 +3,11 @@ shared calibration pass, its best dims at the run's objective predicted, the bes
 built and measured on held-back calibration windows, and the best measured kept. The evaluation text is never read
 here: it judges the kept model afterwards, as it would any single compressor's.
 
+Each built candidate goes through the single run's own selection (gac.analysis.select_dims; under --speedup its
+closed loop, whose guard compares its two streams by the same held-back loss on the same windows), so given the same
+timings it is the model `--compressor <name>` keeps, and the kept one is the best on those windows of every stream of
+every compressor built.
+
 Predicted loss is the increase of the mean next-token loss over the original, in nats per token. A unit whose
 quality is the loss model's (Unit.loss_in_nats: the low-rank compressors with importance "output") predicts it;
 another (prune: taylor importances, relative and unitless) cannot, so its loss at the predicted dims is measured on
@@ -21,15 +26,14 @@ from gac.errors import GacError
 log = logging.getLogger(__name__)
 
 BUILT = 2  # candidates built (and, under --speedup, run through the closed loop) and measured, best predicted first
-HELD_BACK_WINDOWS = 8  # calibration windows past the calibrating ones, on which the built candidates are measured
 LOSS_MODEL, MEASURED_AT_PREDICTED = "loss model", "held-back windows at the predicted dims"
 
 
 def held_back_loss(model, windows) -> float:
-    """Mean next-token loss in nats on held-back calibration windows [n, seq]."""
-    from gac.evaluate.perplexity import perplexity
+    """Mean next-token loss in nats on held-back calibration windows [n, seq] (the --speedup guard's too)."""
+    from gac.evaluate.perplexity import mean_loss
 
-    return math.log(perplexity(model, windows, desc="held-back loss", progress=False))
+    return mean_loss(model, windows)
 
 
 def predicted_loss(units: list, dims: dict) -> float | None:
@@ -52,7 +56,7 @@ class Candidate:
     loop: object = None  # --speedup: its gac.closed_loop.ClosedLoop, fitted by the prediction
     selected: object = None  # gac.analysis.Selected: --ratio's at prediction, --speedup's once built
     predicted: dict = field(default_factory=dict)  # loss, loss_from, params[, ms, speedup]
-    measured: dict | None = None  # loss, params[, speedup, reached]
+    measured: dict | None = None  # loss, params[, speedup, reached, streams]
     skipped: str | None = None  # why this compressor cannot run here (its one-line error)
     status: str = "predicted"
     common: int = 0  # parameters of the weights any candidate may touch
@@ -207,7 +211,7 @@ def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg)
     from gac.analysis import analyze_with, latency_loop, select_dims
 
     try:
-        c.analyzed = analyze_with(model, calib, c.config, c.compressor, c.groups, stats)
+        c.analyzed = analyze_with(model, calib, c.config, c.compressor, c.groups, stats, held_back)
         units = c.analyzed.units
         if cfg.speedup is None:
             c.selected = select_dims(model, c.analyzed, c.config)
@@ -234,8 +238,10 @@ def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg)
 
 
 def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
-    """Factorize `c` again, build its model at the objective (under --speedup: its closed loop, built and timed) and
-    measure it on the held-back windows; the model waits in c.selected.built for the run to keep or drop it."""
+    """Factorize `c` again, build its model at the objective (under --speedup: its closed loop, built and timed, as
+    the single run's) and measure it on the held-back windows (under --speedup the guard measured its streams' models
+    there already: each reaching stream's loss is reported); the model waits in c.selected.built for the run to keep or
+    drop it."""
     from gac.analysis import select_dims
 
     units = c.analyzed.units
@@ -243,13 +249,17 @@ def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
     if cfg.speedup is None:
         variant = cfg.saved_variant
         c.selected.built[variant] = c.compressor.built(model, units, c.selected.dims[variant])
-        timing = {}
-    else:
+        timing, loss = {}, None
+    else:  # the single run's closed loop, its fit already measured by the prediction
         c.selected = select_dims(model, c.analyzed, c.config, loop=c.loop)
         variant, outcome = "gac", c.selected.selection
-        timing = {"speedup": outcome.final["measured_speedup"], "reached": outcome.chosen.reached}
+        streams = {s.name: s.loss - baseline for s in outcome.streams if s.loss is not None}
+        timing = {"speedup": outcome.final["measured_speedup"], "reached": outcome.chosen.reached, "streams": streams}
+        loss = streams.get(outcome.chosen.name)  # None where no guard measured it (--no-guard, or none reached)
     built, dims = c.selected.built[variant], c.selected.dims[variant]
-    c.measured = {"loss": held_back_loss(built, held_back) - baseline, "params": c.params(dims), **timing}
+    if loss is None:
+        loss = held_back_loss(built, held_back) - baseline
+    c.measured = {"loss": loss, "params": c.params(dims), **timing}
     c.status = "built"
     log.info("auto: %s built: measured loss %+.4f nats/token on %d held-back windows%s", c.name, c.measured["loss"],
              len(held_back), f", {timing['speedup']:.3f}x measured" if timing else "")

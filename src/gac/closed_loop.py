@@ -4,7 +4,7 @@ original; the loop aims at S and a margin against the drift between timings (a s
 round that reaches it). When a round measures short, the latency budget is tightened by the measured residual (and
 one noise floor more) and the choice solved again (a few rounds at most), and loosened once when it reaches far past
 the aim. The guard runs the parameter objective's choice through the same loop beside it and keeps the reaching model
-with the lower calibration loss."""
+with the lower loss on held-back calibration windows (as --compressor auto compares compressors: gac.auto)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ log = logging.getLogger(__name__)
 # LatencyModel.fitted's figures, and calibrated's table_scale (below 1 when the fitted groups outgrew the baseline)
 FIT_KEYS = ("saving_scale", "fit_scale", "reference_ms", "reference_predicted_saving_ms", "table_scale")
 _TIMED = ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct", "measured_speedup", "target_ms")
-GUARD_WINDOWS = 8  # calibration windows on which the guard compares the two streams' reaching models
 OVERSHOOT = 0.02  # a reaching model this much (or two A/A floors) past the aim gets one looser round
 
 
@@ -38,7 +37,7 @@ class Stream:
     rows: list = field(default_factory=list)  # one per round it was built and timed in
     kept: tuple | None = None  # (choice, row) of the reaching round, else of the fastest measured
     model: object = None  # the kept round's model, built and timed by the loop
-    loss: float | None = None  # mean next-token loss of the reaching model on the guard's calibration windows
+    loss: float | None = None  # mean next-token loss of the reaching model on the guard's held-back windows
     done: bool = False
     loosened: bool = False  # a reaching round far past the target was followed by one with a looser budget
 
@@ -115,11 +114,13 @@ class ClosedLoop:
     `cfg.rounds` times, tightening each stream's budget by its measured shortfall. How it measures (the timer, the
     latency tables, the guard's loss) is cfg.instruments.
 
-    With `windows` (calibration token windows) and cfg.guard, the parameter objective's choice at the same budget is
-    built and timed beside the knapsack's in every round, under its own closed loop; of the two streams' models that
-    reach the target, the one with the lower loss on those windows is kept: the latency objective is then never
-    worse than the parameter objective at the measured target on calibration text, whatever the latency model's
-    errors between the two choices (docs/RESULTS.md, 2026-11-24)."""
+    With `windows` (held-back calibration windows: gac.data.held_back_windows, text the analysis never saw) and
+    cfg.guard, the parameter objective's choice at the same budget is built and timed beside the knapsack's in every
+    round, under its own closed loop; of the two streams' models that reach the target, the one with the lower loss
+    on those windows is kept: the latency objective is then never worse than the parameter objective at the measured
+    target on calibration text, whatever the latency model's errors between the two choices (docs/RESULTS.md,
+    2026-11-24). --compressor auto compares compressors by the same loss on the same windows, so its kept model is
+    the best of every stream of every compressor it built."""
 
     def __init__(self, model, compressor, units, cfg: SpeedupConfig, *, alignment: int, device: str, dtype: str,
                  windows=None, progress: bool = True):
@@ -131,7 +132,7 @@ class ClosedLoop:
         self.lm = None  # the fitted latency model, its constant recentred after every round
         self.baseline_ms = None  # the fit's timing of the original: the knapsack's speedup is against it
         self.items = None  # the knapsack's items, from the fitted tables (recentring leaves them as they are)
-        self.guarded = False  # two streams: each reaching model's calibration loss is measured
+        self.guarded = False  # two streams: each reaching model's held-back loss is measured
         # the baseline timed beside the models in every round: from round 1 on, their median is the reference that
         # the constant is calibrated on and residuals are rescaled to. The calibration timing alone, before the loop,
         # can fall into a slow stretch of a shared machine (1136 ms against 850-990 ms beside the models minutes
@@ -165,7 +166,7 @@ class ClosedLoop:
         if self.cfg.guard and self.windows is not None:
             streams.append(self._stream("parameter", self.lm.fastest_ms(), warn=False))
         elif self.cfg.guard:
-            log.info("--speedup without calibration windows: no parameter-objective guard")
+            log.info("--speedup without held-back windows: no parameter-objective guard")
         self.guarded = len(streams) > 1
         for k in range(1, self.cfg.rounds + 1):
             active = [s for s in streams if not s.done]
@@ -264,7 +265,7 @@ class ClosedLoop:
 
     def _settle(self, s: Stream, choice, row: dict, built, reference_ms: float) -> None:
         """Record a stream's round: keep it (and its model) when it reached the aim, the target and its margin (its
-        loss measured for the guard), or is the fastest yet; else tighten the stream's budget by the measured residual
+        held-back loss measured for the guard), or is the fastest yet; else tighten the stream's budget by the measured residual
         for its next round."""
         cfg = self.cfg
         s.rows.append(row)
@@ -277,7 +278,7 @@ class ClosedLoop:
                                                  s.kept[1]["measured_speedup"]):
             s.kept, s.model = (choice, row), built
         if row["reached"] and self.guarded:
-            s.loss = cfg.instruments.calibration_loss(built, self.windows[:GUARD_WINDOWS])
+            s.loss = cfg.instruments.held_back_loss(built, self.windows)
         # a model far past the target gives away quality: one more round with the budget loosened by the excess (the
         # same rule as a shortfall), kept only if it reaches the target too. Both streams are loosened alike, so the
         # guard compares models brought to the target, not one cut deeper than needed
@@ -302,7 +303,7 @@ class ClosedLoop:
             s.done = True
 
     def _outcome(self, streams: list[Stream]) -> LatencyOutcome:
-        """Of the streams that reached the target, the lower calibration loss (the knapsack's on a tie); of none, the
+        """Of the streams that reached the target, the lower held-back loss (the knapsack's on a tie); of none, the
         fastest measured. The other streams' models are let go."""
         cfg = self.cfg
         kept = [s for s in streams if s.kept is not None]
@@ -321,5 +322,5 @@ class ClosedLoop:
         if len(streams) > 1:
             log.info("guard%s: kept the %s stream's model (%s)", cfg.where, best.name, ", ".join(
                 f"{s.name}: {'reached' if s.reached else 'short'}"
-                + (f", calibration loss {s.loss:.4f}" if s.loss is not None else "") for s in streams))
+                + (f", held-back loss {s.loss:.4f}" if s.loss is not None else "") for s in streams))
         return LatencyOutcome(cfg, self.lm, streams, best)

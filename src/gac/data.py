@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from gac.errors import GacError
 
 EVAL_EVERY = 5  # every 5th pydoc topic (sorted by name) is held out for evaluation
+# calibration windows past those that calibrate, on which --compressor auto and the --speedup guard compare models
+HELD_BACK_WINDOWS = 8
 
 
 def pydoc_split() -> tuple[str, str]:
@@ -84,15 +86,15 @@ def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what:
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # [n, seq_len]
 
 
-def held_back_windows(tokenizer, cfg: TextConfig, n: int):
+def held_back_windows(tokenizer, cfg: TextConfig, n: int = HELD_BACK_WINDOWS):
     """Up to `n` calibration windows [k, seq_len] past the cfg.calib_windows that calibrate: calibration text that
-    the analysis never saw, to measure candidates on without touching the evaluation text."""
+    the analysis never saw, to compare models on without touching the evaluation text."""
     text = read_text(cfg.calib_file, "--calib-file") if cfg.calib_file else pydoc_split()[0]
     windows = token_windows(tokenizer, text, cfg.seq_len, cfg.calib_windows + n, what="calibration")
     if len(windows) <= cfg.calib_windows:
         raise GacError(f"the calibration text has no window of {cfg.seq_len} tokens past the {cfg.calib_windows} "
-                       "that calibrate, to measure the candidates on: pass a longer --calib-file or fewer "
-                       "--calib-windows")
+                       "that calibrate, to compare models on (--compressor auto, and the --speedup guard): pass a "
+                       "longer --calib-file or fewer --calib-windows (or --no-guard with --speedup)")
     return windows[cfg.calib_windows:]
 
 

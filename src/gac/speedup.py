@@ -139,7 +139,8 @@ class Instruments:
         run at cfg's phase and shape, with `aa` the first one a second time as "<name> (A/A)" (time_at_phase);
     latency_model(groups, phase, *, alignment, device, dtype, repeats, progress) -> a LatencyModel with a zero
         constant (None: gac.align.latency_model.measure_latency_model, from the cached op sweeps);
-    loss(model, windows) -> the guard's mean next-token loss on calibration windows [n, seq] (None: log perplexity).
+    loss(model, windows) -> the guard's mean next-token loss on held-back calibration windows [n, seq] (None:
+        gac.evaluate.perplexity.mean_loss, as --compressor auto measures).
     """
 
     timer: Callable = time_at_phase
@@ -151,12 +152,10 @@ class Instruments:
 
         return (self.latency_model or measure_latency_model)(groups, phase, **kw)
 
-    def calibration_loss(self, model, windows) -> float:
-        if self.loss is not None:
-            return self.loss(model, windows)
-        from gac.evaluate.perplexity import perplexity
+    def held_back_loss(self, model, windows) -> float:
+        from gac.evaluate.perplexity import mean_loss
 
-        return math.log(perplexity(model, windows, desc="guard loss", progress=False))
+        return (self.loss or mean_loss)(model, windows)
 
 
 def time_beside(model, built: dict, cfg: SpeedupConfig) -> tuple[float, float, dict]:

@@ -169,3 +169,26 @@ def test_auto_forecast_adds_a_second_built_candidate_on_the_whole_model():
     assert forecast_of(auto, True).peak_bytes == max(forecast_of(CompressConfig(model=model, compressor=n,
                                                                                 ratio=0.15), True).peak_bytes
                                                      for n in AUTO_CANDIDATES)
+
+
+def test_auto_forecast_times_every_analysis_and_the_built_factorized_again():
+    """auto's time: the calibration and materialization passes and each kind of gradient pass once (the loss model's
+    output gradients shared by the low-rank candidates, prune's taylor gradients its own), every candidate's own
+    work, and the gac.auto.BUILT longest factorizations once more: more than any one candidate's run."""
+    from gac.api import CompressConfig
+    from gac.auto import BUILT
+    from gac.compressors import AUTO_CANDIDATES
+    from gac.pipeline.memory import FACTORIZING, forecast_of
+
+    model = str(DOCS / "llama-3-8b")
+    singles = {n: forecast_of(CompressConfig(model=model, compressor=n, ratio=0.15), False) for n in AUTO_CANDIDATES}
+    auto = forecast_of(CompressConfig(model=model, compressor="auto", ratio=0.15), False)
+    one = singles["prune"].pass_seconds["calibration pass"]  # no X^T X (the rate is measured once a process)
+    statistics = singles["asvd"].pass_seconds["calibration pass"] - one  # X^T X, collected once for all
+    assert statistics > 0
+    assert auto.pass_seconds == pytest.approx({"calibration pass": one + statistics, "materialization pass": one,
+                                               "gradient pass (output)": 3 * one, "gradient pass (taylor)": 3 * one})
+    own = sum(sum(f.work_seconds.values()) for f in singles.values())
+    again = sum(sorted((f.work_seconds[FACTORIZING] for f in singles.values()), reverse=True)[:BUILT])
+    assert again > 0 and auto.seconds == pytest.approx(8 * one + statistics + own + again)
+    assert auto.seconds > max(f.seconds for f in singles.values())

@@ -25,3 +25,9 @@ def perplexity(model, windows: torch.Tensor, *, batch_size: int = 4, desc: str =
         nll += float(loss)
         count += target.numel()
     return math.exp(nll / count)
+
+
+def mean_loss(model, windows: torch.Tensor) -> float:
+    """Mean next-token loss in nats on token windows [n, seq] (log perplexity): how --compressor auto and the
+    --speedup guard compare models, on held-back calibration windows (gac.data.held_back_windows)."""
+    return math.log(perplexity(model, windows, desc="held-back loss", progress=False))

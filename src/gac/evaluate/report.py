@@ -178,7 +178,7 @@ def report_markdown(r: dict) -> str:
         if "parameter" in guard:
             lines.append("- guard: kept the " + guard["kept"] + " stream's model; " + "; ".join(
                 f"{s}: {kept_round(lo, s).get('measured_speedup', float('nan')):.3f}x, "
-                f"{'reached' if g['reached'] else 'short'}" + (f", calibration loss {g['loss']:.4f}" if g["loss"] is not
+                f"{'reached' if g['reached'] else 'short'}" + (f", held-back loss {g['loss']:.4f}" if g["loss"] is not
                                                                None else "")
                 for s, g in guard.items() if s != "kept"))
     return "\n".join(lines) + "\n"
@@ -200,6 +200,10 @@ def _target_lines(t: dict | None) -> list[str]:
     return lines
 
 
+STREAMS = ("; in brackets, the loss of each closed-loop stream that reached the target (the guard keeps the lower, "
+           "as auto does)")
+
+
 def _auto_lines(a: dict | None) -> list[str]:
     """--compressor auto: every compressor's predicted figures, the measured ones of those built, and which was kept
     (report.json's "auto")."""
@@ -214,8 +218,9 @@ def _auto_lines(a: dict | None) -> list[str]:
               "weights; prefill speedup: the built models timed beside the original.")
     lines = ["", f"Compressor auto: kept {a['kept']} ({a['why']}).{target} Loss: the increase of the mean next-token "
              f"loss over the original in nats per token, measured on {a['held_back_windows']} held-back calibration "
-             f"windows (never the evaluation text). Params: of the {a['compressible_params']:,} that any compressor "
-             "may touch, those a compressor leaves whole counted at full size.", "",
+             f"windows (never the evaluation text){STREAMS if timed else ''}. Params: of the "
+             f"{a['compressible_params']:,} that any compressor may touch, those a compressor leaves whole counted at "
+             "full size.", "",
              f"| compressor |{'' if timed else ' own ratio |'} predicted loss | predicted from | predicted params |"
              f"{speed[0]} measured loss | measured params |{speed[1]} status |",
              f"|---|{'' if timed else '---:|'}---:|---|---:|---:|---:|{speed[2]}---|"]
@@ -225,7 +230,8 @@ def _auto_lines(a: dict | None) -> list[str]:
         cells += [_fmt(p.get("loss"), "+.4f"), p.get("loss_from", "n/a"), _fmt(p.get("params"), ",")]
         if timed:
             cells.append(_fmt(p.get("speedup"), ".3f"))
-        cells += [_fmt(m.get("loss"), "+.4f"), _fmt(m.get("params"), ","),
+        streams = ", ".join(f"{s} {loss:+.4f}" for s, loss in m.get("streams", {}).items())  # the guard's
+        cells += [_fmt(m.get("loss"), "+.4f") + (f" ({streams})" if streams else ""), _fmt(m.get("params"), ","),
                   _fmt(m.get("speedup"), ".3f") + ("" if m.get("reached") is None else
                                                    " (reached)" if m["reached"] else " (short)")]
         cells.append(c["status"] + (f": {c['why']}" if c.get("why") else ""))

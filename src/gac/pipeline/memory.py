@@ -21,15 +21,16 @@ Time: forward-pass FLOPs over the calibration tokens (the analysis's passes, one
 materialization runs none: it reads the cached factors) and the probe passes at this device's measured matmul rate;
 the factorizations (factorization_cost: LAPACK's SVD, or the Gram path's products and eigh) at their share of it;
 the loss model's and the statistics' float64 products (loss_model_flops, X^T X once rows outnumber an input's
-columns) at FP64_SHARE of it. Rough by design: within a few tens of per cent (docs/RESULTS.md compares it with
-measured peaks and times)."""
+columns) at FP64_SHARE of it. `--compressor auto`: each kind of pass once, every candidate's own work, and the
+built candidates' factorizations once more (_auto_forecast). Rough by design: within a few tens of per cent
+(docs/RESULTS.md compares it with measured peaks and times)."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
@@ -47,6 +48,7 @@ GRAM32_SHARE = 0.88
 FP64_SHARE = 0.40
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 BUILT_COPY, FACTORS = "two variants (copies)", "all factors"  # whole-model parts that auto holds twice
+FACTORIZING = "factorizations"  # the work auto repeats for each candidate it builds
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,10 @@ class Forecast:
     disk_bytes: int  # the output directory
     seconds: float
     parts: dict  # name -> bytes, what the peak is made of
+    # name -> seconds, what the time is made of: passes over the calibration text (--compressor auto runs each kind
+    # once for every candidate), and the work each candidate does on its own weights
+    pass_seconds: dict = field(default_factory=dict)
+    work_seconds: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -216,22 +222,27 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
         stored = s.layers * tokens * s.hidden * act if reverse else 0
         disk = stored + max(disk, s.layers * cached) + cached
     forward_flops = 2 * tokens * s.layers * s.active_layer_params + 2 * tokens * s.vocab * s.hidden
-    if layerwise:  # forward (reverse sweep: + statistics, recompute, backward); materialization runs none
-        passes = (1 + 1 + 3) if reverse else 1
-    else:  # analysis (forward; reverse: forward + recompute + backward), materialize
-        passes = (1 + 3 + 1) if reverse else 2
     method = "svd" if own and factorization == "gram32" else factorization  # a whitened weight: gac.linalg.scaled_svd
     factorizing = [factorization_cost(o, i, method) for o, i in s.factorized()] if lowrank else []
     active = s.layers * s.active_layer_params + s.outer_params
     probe_flops = (s.layers * len(s.factorized()) + 1) * 2 * probe * active  # the probe loss, each weight truncated
     fp64_flops = s.layers * sum(loss_model_flops(o, i, tokens) for o, i in s.factorized()) if loss_model else 0
-    if xtx:  # summed only once an input's rows outnumber its columns (gac.linalg.Gram)
-        fp64_flops += s.layers * sum(2 * tokens * i * i for i in (s.hidden, s.q_width, s.intermediate) if tokens > i)
+    # the statistics, collected in the calibration pass: X^T X summed only once an input's rows outnumber its columns
+    # (gac.linalg.Gram)
+    xtx_flops = s.layers * sum(2 * tokens * i * i for i in (s.hidden, s.q_width, s.intermediate) if tokens > i) if xtx \
+        else 0
     rate = flops_per_s or matmul_rate()
-    factorize_seconds = s.layers * sum(f / (rate * share) for f, share in factorizing)
-    seconds = (forward_flops * passes + probe_flops) / rate + factorize_seconds + fp64_flops / (rate * FP64_SHARE)
-    return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk, seconds,
-                    {k: int(v) for k, v in parts.items()})
+    one, statistics = forward_flops / rate, xtx_flops / (rate * FP64_SHARE)
+    if layerwise:  # forward (reverse sweep: + statistics, recompute, backward); materialization runs none
+        passes = {"calibration sweep": (1 + 1 + 3 if reverse else 1) * one + statistics}
+    else:  # the analysis's forward (a gradient pass: forward, recompute, backward), materialization's forward
+        passes = {"calibration pass": one + statistics, "materialization pass": one,
+                  **({f"gradient pass ({c.proxy})": 3 * one} if reverse else {})}
+    work = {"probe passes": probe_flops / rate,
+            FACTORIZING: s.layers * sum(f / (rate * share) for f, share in factorizing),
+            "loss model (float64)": fp64_flops / (rate * FP64_SHARE)}
+    return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk,
+                    sum(passes.values()) + sum(work.values()), {k: int(v) for k, v in parts.items()}, passes, work)
 
 
 def factorization_cost(o: int, i: int, method: str) -> tuple[int, float]:
@@ -283,9 +294,8 @@ def config_of(spec: str):
 
 
 def forecast_of(cfg, layerwise: bool) -> Forecast:
-    """The forecast for a CompressConfig (gac.api); under `--compressor auto`, its heaviest candidate's (auto holds
-    one calibration's statistics, as each of them does) and, on the whole model, a second built candidate's model
-    and factors (gac.auto builds two)."""
+    """The forecast for a CompressConfig (gac.api); under `--compressor auto` (_auto_forecast), its heaviest
+    candidate's memory and the time of every candidate's analysis."""
     from gac.compressors import candidates_of
 
     config = config_of(cfg.model)
@@ -301,14 +311,32 @@ def forecast_of(cfg, layerwise: bool) -> Forecast:
                 raise  # a candidate that cannot run on this model is skipped by auto, and not forecast
     if not forecasts:
         raise GacError(f"no compressor can run on {cfg.model}: name one compressor to see why")
+    return forecasts[0] if len(forecasts) == 1 else _auto_forecast(forecasts)
+
+
+def _auto_forecast(forecasts: list[Forecast]) -> Forecast:
+    """gac.auto over candidates forecast each as its own run: the heaviest one's memory (auto holds one calibration's
+    statistics, as each of them does) and, on the whole model, a second built candidate's model and factors (it builds
+    gac.auto.BUILT); the time of each kind of pass over the calibration text once (the statistics and the loss
+    model's output gradients are shared; prune's taylor gradients are its own), every candidate's own work (each one
+    is analyzed), and the factorizations of the BUILT that take longest once more (each built one is factorized
+    again). The closed loops' timings under --speedup are not counted, as in a single run's forecast."""
+    from gac.auto import BUILT
+
     heaviest = max(forecasts, key=lambda f: f.peak_bytes)
-    if len(forecasts) == 1 or heaviest.pipeline != "whole":
-        return heaviest
-    # the whole model: auto holds a second built candidate (gac.auto.BUILT) beside the first, its built model and the
-    # copy its held-back pass measures, and its factors (measured: docs/RESULTS.md 2026-11-26, 6.08 GiB anonymous)
+    passes = {k: max(f.pass_seconds.get(k, 0.0) for f in forecasts) for f in forecasts for k in f.pass_seconds}
+    work = {k: sum(f.work_seconds[k] for f in forecasts) for k in heaviest.work_seconds}
+    work[f"{FACTORIZING} again ({BUILT} built, auto)"] = sum(sorted((f.work_seconds[FACTORIZING] for f in forecasts),
+                                                                   reverse=True)[:BUILT])
+    timed = replace(heaviest, seconds=sum(passes.values()) + sum(work.values()), pass_seconds=passes,
+                    work_seconds=work)
+    if heaviest.pipeline != "whole":
+        return timed
+    # the whole model: auto holds a second built candidate beside the first, its built model and the copy its
+    # held-back pass measures, and its factors (measured: docs/RESULTS.md 2026-11-26, 6.08 GiB anonymous)
     extra = max(f.parts[BUILT_COPY] + f.parts[FACTORS] for f in forecasts if f is not heaviest)
     parts = {**heaviest.parts, "a second built candidate (auto)": extra}
-    return replace(heaviest, peak_bytes=heaviest.peak_bytes + extra, parts=parts)
+    return replace(timed, peak_bytes=heaviest.peak_bytes + extra, parts=parts)
 
 
 def describe(f: Forecast, choice=None) -> str:
