@@ -18,7 +18,7 @@ from gac.heal.texts import heal_windows, sharing
 from tests.helpers import assert_one_error_line, run_gac
 
 TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
-HEAL = HealConfig(text=TEXT, distill=DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3),
+HEAL = HealConfig(text=TEXT, distill=DistillConfig(tokens=32 * 2 * 24, lr=3e-3, batch=2, eval_every=6, patience=3),
                   progress=False)
 
 
@@ -115,13 +115,37 @@ def test_early_stop_keeps_the_best_tensors(compressed, original):
                      eval_windows=2)
     before = [p.detach().clone() for p in student.parameters()]
     kl = held_out_kl(student, teacher, t.val, 2)
-    result = distill(student, teacher, t.train, t.val, DistillConfig(tokens=32 * 2 * 40, lr=0.5, eval_every=2,
+    result = distill(student, teacher, t.train, t.val, DistillConfig(tokens=32 * 2 * 40, lr=0.5, batch=2, eval_every=2,
                                                                      patience=2, warmup=0.0), progress=False)
     assert result.stopped == "early stop" and result.best_step == 0 and result.steps < 40
     assert result.backoffs == [2]  # the first evaluation backed off, the second stopped
     assert all(torch.equal(a, b) for a, b in zip(before, student.parameters()))
     assert held_out_kl(student, teacher, t.val, 2) == pytest.approx(kl)
     assert all(p.requires_grad for p in student.parameters())  # as it came
+
+
+def test_the_originals_perplexities_are_measured_once_per_model_and_windows(compressed, original, monkeypatch):
+    """The original's perplexities never change for its tensors and the windows: a second heal reads them back from
+    the cache; other tensors or other windows are measured."""
+    import gac
+    from gac.heal.texts import HealTexts
+    from gac.models.loading import load_model
+
+    teacher = load_model(str(original)).model
+    t = heal_windows(gac.load(compressed).tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32,
+                     eval_windows=2)
+    first = t.cached_perplexities(teacher, progress=False)
+    assert first == t.perplexities(teacher, progress=False)
+    measured = []
+    measure = HealTexts.perplexities
+    monkeypatch.setattr(HealTexts, "perplexities", lambda self, *a, **k: measured.append(1) or measure(self, *a, **k))
+    assert t.cached_perplexities(teacher, progress=False) == first and not measured
+    fewer = heal_windows(gac.load(compressed).tokenizer, heal_file=None, eval_file=None, unlike_file=None,
+                         seq_len=32, eval_windows=1)
+    assert fewer.cached_perplexities(teacher, progress=False) != first and len(measured) == 1
+    with torch.no_grad():
+        teacher.model.norm.weight.mul_(2)
+    assert t.cached_perplexities(teacher, progress=False) != first and len(measured) == 2
 
 
 def test_embeddings_and_head_are_not_trained(tiny):
@@ -163,7 +187,8 @@ def test_cli_heals_and_prints_before_and_after(compressed, tmp_path):
                 "--quiet")
     assert p.returncode == 0, p.stderr
     assert "perplexity on held-out Python docs" in p.stdout and "Python licence" in p.stdout
-    assert (out / "heal.json").is_file()
+    run = json.loads((out / "heal.json").read_text())["run"]
+    assert f"at peak lr {run['lr']:.2g}," in p.stdout and run["lr"] > 0
 
 
 def _moved_original(compressed, tmp_path):
@@ -214,7 +239,7 @@ def test_healing_lowers_the_loss_in_either_precision(compressed, original, preci
     t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
     before = held_out_kl(loaded.model, teacher, t.val, 2)
     result = distill(loaded.model, teacher, t.train, t.val,
-                     DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3, precision=precision),
+                     DistillConfig(tokens=32 * 2 * 24, lr=3e-3, batch=2, eval_every=6, patience=3, precision=precision),
                      progress=False)
     assert result.precision == {"fp32": "float32", "bf16": "bfloat16"}[precision]
     assert all(p.dtype == torch.float32 for p in loaded.model.parameters())  # the weights stay fp32
@@ -246,10 +271,26 @@ def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, or
     t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
     before = held_out_kl(loaded.model, teacher, t.val, 2)
     result = distill(loaded.model, teacher, t.train, t.val,
-                     DistillConfig(tokens=32 * 2 * 30, lr=0.5, backoff=0.006, eval_every=3, patience=2, warmup=0.0),
+                     DistillConfig(tokens=32 * 2 * 30, lr=0.5, batch=2, backoff=0.006, eval_every=3, patience=2,
+                                   warmup=0.0),
                      progress=False)
     assert result.backoffs[0] == 3 and dict(result.held_out_loss)[3] > before  # overshot, then backed off
     assert result.best_step > result.backoffs[0] and held_out_kl(loaded.model, teacher, t.val, 2) < 0.97 * before
+
+
+def test_the_default_lr_is_scaled_to_how_far_the_student_starts(compressed, original):
+    """Without --heal-lr the peak lr is LR_PER_NAT x the student's initial held-out KL, at most MAX_LR; one given
+    is kept."""
+    import gac
+    from gac.heal.distill import LR_PER_NAT, MAX_LR
+    from gac.models.loading import load_model
+
+    assert DistillConfig().peak_lr(0.2) == pytest.approx(LR_PER_NAT * 0.2) and LR_PER_NAT * 0.2 < MAX_LR
+    assert DistillConfig().peak_lr(10.0) == MAX_LR and DistillConfig(lr=5e-5).peak_lr(10.0) == 5e-5
+    loaded, teacher = gac.load(compressed), load_model(str(original)).model
+    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    result = distill(loaded.model, teacher, t.train, t.val, DistillConfig(tokens=32 * 4, eval_every=2), progress=False)
+    assert result.steps == 4 and result.lr == pytest.approx(min(MAX_LR, LR_PER_NAT * result.held_out_loss[0][1]))
 
 
 def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_text(compressed, original):
