@@ -18,7 +18,7 @@ from gac.heal.texts import heal_windows, sharing
 from tests.helpers import assert_one_error_line, run_gac
 
 TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
-HEAL = HealConfig(text=TEXT, distill=DistillConfig(tokens=32 * 2 * 24, lr=3e-3, batch=2, eval_every=6, patience=3),
+HEAL = HealConfig(text=TEXT, distill=DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3),
                   progress=False)
 
 
@@ -68,6 +68,15 @@ def test_healing_lowers_the_held_out_loss(healed):
     assert p["after"]["held_out"] < p["before"]["held_out"]
 
 
+def test_module_fixtures_cache_the_originals_perplexities_privately(healed):
+    """The module's heal (set up before any function fixture) caches in the tests' directory, not ~/.cache/gac."""
+    import os
+    from pathlib import Path
+
+    cache = Path(os.environ["GAC_CACHE_DIR"]) / "perplexity"
+    assert healed.report["ppl"]["original"] in [json.loads(f.read_text()) for f in cache.glob("*.json")]
+
+
 def test_healed_output_keeps_dims_and_params_and_loads_everywhere(compressed, healed):
     from transformers import AutoModelForCausalLM
 
@@ -115,7 +124,7 @@ def test_early_stop_keeps_the_best_tensors(compressed, original):
                      eval_windows=2)
     before = [p.detach().clone() for p in student.parameters()]
     kl = held_out_kl(student, teacher, t.val, 2)
-    result = distill(student, teacher, t.train, t.val, DistillConfig(tokens=32 * 2 * 40, lr=0.5, batch=2, eval_every=2,
+    result = distill(student, teacher, t.train, t.val, DistillConfig(tokens=32 * 2 * 40, lr=0.5, eval_every=2,
                                                                      patience=2, warmup=0.0), progress=False)
     assert result.stopped == "early stop" and result.best_step == 0 and result.steps < 40
     assert result.backoffs == [2]  # the first evaluation backed off, the second stopped
@@ -239,7 +248,7 @@ def test_healing_lowers_the_loss_in_either_precision(compressed, original, preci
     t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
     before = held_out_kl(loaded.model, teacher, t.val, 2)
     result = distill(loaded.model, teacher, t.train, t.val,
-                     DistillConfig(tokens=32 * 2 * 24, lr=3e-3, batch=2, eval_every=6, patience=3, precision=precision),
+                     DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3, precision=precision),
                      progress=False)
     assert result.precision == {"fp32": "float32", "bf16": "bfloat16"}[precision]
     assert all(p.dtype == torch.float32 for p in loaded.model.parameters())  # the weights stay fp32
@@ -271,8 +280,7 @@ def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, or
     t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
     before = held_out_kl(loaded.model, teacher, t.val, 2)
     result = distill(loaded.model, teacher, t.train, t.val,
-                     DistillConfig(tokens=32 * 2 * 30, lr=0.5, batch=2, backoff=0.006, eval_every=3, patience=2,
-                                   warmup=0.0),
+                     DistillConfig(tokens=32 * 2 * 30, lr=0.5, backoff=0.006, eval_every=3, patience=2, warmup=0.0),
                      progress=False)
     assert result.backoffs[0] == 3 and dict(result.held_out_loss)[3] > before  # overshot, then backed off
     assert result.best_step > result.backoffs[0] and held_out_kl(loaded.model, teacher, t.val, 2) < 0.97 * before
@@ -289,7 +297,8 @@ def test_the_default_lr_is_scaled_to_how_far_the_student_starts(compressed, orig
     assert DistillConfig().peak_lr(10.0) == MAX_LR and DistillConfig(lr=5e-5).peak_lr(10.0) == 5e-5
     loaded, teacher = gac.load(compressed), load_model(str(original)).model
     t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
-    result = distill(loaded.model, teacher, t.train, t.val, DistillConfig(tokens=32 * 4, eval_every=2), progress=False)
+    result = distill(loaded.model, teacher, t.train, t.val, DistillConfig(tokens=32 * 2 * 4, eval_every=2),
+                     progress=False)
     assert result.steps == 4 and result.lr == pytest.approx(min(MAX_LR, LR_PER_NAT * result.held_out_loss[0][1]))
 
 

@@ -14,7 +14,7 @@ HEAL_OPTIONS = (
                  help="Text to heal on [default: the calibration text]; windows sharing text with the evaluation "
                       "text are left out."),
     click.option("--heal-tokens", type=Int(1, 10**10, example=131072),
-                 help="Training tokens [default: 131072: 256 steps of 1 x 512 tokens]."),
+                 help="Training tokens [default: 131072: 128 steps of 2 x 512 tokens]."),
     click.option("--heal-samples", type=Int(0, 100000, example=64),
                  help="Windows sampled from the original beside the healing text, so healing fits no one domain "
                       "[default: 0, none; e.g. 64]."),

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from gac.errors import GacError
 
-DEFAULT_TOKENS = 131072  # the --heal-tokens budget: 256 steps of 1 x 512 tokens
+DEFAULT_TOKENS = 131072  # the --heal-tokens budget: 128 steps of 2 x 512 tokens
 MAX_LR = 3e-4  # the default peak learning rate: LR_PER_NAT x the student's initial held-out KL, at most this
 LR_PER_NAT = 5e-4  # (svd_llm at 0.15 starts at 0.22 nats/token and overshoots at 3e-4; asvd starts at 0.61)
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -26,7 +26,7 @@ class DistillConfig:
 
     tokens: int = DEFAULT_TOKENS  # training tokens (--heal-tokens): steps = tokens // (batch * seq_len)
     lr: float | None = None  # peak learning rate (--heal-lr); None: scaled to how far the student starts (peak_lr)
-    batch: int = 1  # windows per step: twice the steps of 2 windows for the same tokens, better on the embedded model
+    batch: int = 2  # windows per step (1 x 512 healed svd_llm at 0.15 less at this budget: docs/RESULTS.md)
     hidden_weight: float = 0.0  # weight of the hidden-state matching term (--hidden-weight); 0: logits only
     eval_every: int = 16  # steps between held-out evaluations
     patience: int = 2  # evaluations without improvement before stopping early
@@ -178,12 +178,13 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
     steps = cfg.steps(train.shape[1])
     dtype = cfg.compute_dtype(device)
     best = held_out_kl(student.eval(), teacher, val, cfg.batch, dtype)
+    lr = cfg.peak_lr(best)
     # fused: one kernel for all tensors, a sixth of foreach's time a step on the 2-core CPU (90M parameters)
-    opt = torch.optim.AdamW(params, lr=cfg.peak_lr(best), weight_decay=0.0, fused=True)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, steps, cfg.warmup))
     gen = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []
-    result = DistillResult(steps=0, tokens=0, stopped="budget", best_step=0, lr=cfg.peak_lr(best),
+    result = DistillResult(steps=0, tokens=0, stopped="budget", best_step=0, lr=lr,
                            trainable_params=sum(p.numel() for p in params), precision=str(dtype).split(".")[-1])
     result.held_out_loss.append((0, best))
     best_state = [p.detach().clone() for p in params]
