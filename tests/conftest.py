@@ -71,10 +71,13 @@ def installed_for_ci(module: str, package: str, setup_arg: str):
         pytest.skip(f"{package} is not installed: bash scripts/setup.sh {setup_arg}")
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    """Profiles and sweeps that tests cache go to a temporary directory, never the user's ~/.cache/gac."""
-    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "gac-cache"))
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Profiles, sweeps and perplexities that tests cache go to a temporary directory, never the user's ~/.cache/gac
+    (for the whole session: module fixtures, set up before any function's, heal and profile too)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GAC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "gac-cache"))
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -68,6 +68,15 @@ def test_healing_lowers_the_held_out_loss(healed):
     assert p["after"]["held_out"] < p["before"]["held_out"]
 
 
+def test_module_fixtures_cache_the_originals_perplexities_privately(healed):
+    """The module's heal (set up before any function fixture) caches in the tests' directory, not ~/.cache/gac."""
+    import os
+    from pathlib import Path
+
+    cache = Path(os.environ["GAC_CACHE_DIR"]) / "perplexity"
+    assert healed.report["ppl"]["original"] in [json.loads(f.read_text()) for f in cache.glob("*.json")]
+
+
 def test_healed_output_keeps_dims_and_params_and_loads_everywhere(compressed, healed):
     from transformers import AutoModelForCausalLM
 
@@ -124,6 +133,30 @@ def test_early_stop_keeps_the_best_tensors(compressed, original):
     assert all(p.requires_grad for p in student.parameters())  # as it came
 
 
+def test_the_originals_perplexities_are_measured_once_per_model_and_windows(compressed, original, monkeypatch):
+    """The original's perplexities never change for its tensors and the windows: a second heal reads them back from
+    the cache; other tensors or other windows are measured."""
+    import gac
+    from gac.heal.texts import HealTexts
+    from gac.models.loading import load_model
+
+    teacher = load_model(str(original)).model
+    t = heal_windows(gac.load(compressed).tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32,
+                     eval_windows=2)
+    first = t.cached_perplexities(teacher, progress=False)
+    assert first == t.perplexities(teacher, progress=False)
+    measured = []
+    measure = HealTexts.perplexities
+    monkeypatch.setattr(HealTexts, "perplexities", lambda self, *a, **k: measured.append(1) or measure(self, *a, **k))
+    assert t.cached_perplexities(teacher, progress=False) == first and not measured
+    fewer = heal_windows(gac.load(compressed).tokenizer, heal_file=None, eval_file=None, unlike_file=None,
+                         seq_len=32, eval_windows=1)
+    assert fewer.cached_perplexities(teacher, progress=False) != first and len(measured) == 1
+    with torch.no_grad():
+        teacher.model.norm.weight.mul_(2)
+    assert t.cached_perplexities(teacher, progress=False) != first and len(measured) == 2
+
+
 def test_embeddings_and_head_are_not_trained(tiny):
     trained = {id(p) for p in trainable_parameters(tiny)}
     assert id(tiny.get_input_embeddings().weight) not in trained
@@ -163,7 +196,8 @@ def test_cli_heals_and_prints_before_and_after(compressed, tmp_path):
                 "--quiet")
     assert p.returncode == 0, p.stderr
     assert "perplexity on held-out Python docs" in p.stdout and "Python licence" in p.stdout
-    assert (out / "heal.json").is_file()
+    run = json.loads((out / "heal.json").read_text())["run"]
+    assert f"at peak lr {run['lr']:.2g}," in p.stdout and run["lr"] > 0
 
 
 def _moved_original(compressed, tmp_path):
@@ -250,6 +284,22 @@ def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, or
                      progress=False)
     assert result.backoffs[0] == 3 and dict(result.held_out_loss)[3] > before  # overshot, then backed off
     assert result.best_step > result.backoffs[0] and held_out_kl(loaded.model, teacher, t.val, 2) < 0.97 * before
+
+
+def test_the_default_lr_is_scaled_to_how_far_the_student_starts(compressed, original):
+    """Without --heal-lr the peak lr is LR_PER_NAT x the student's initial held-out KL, at most MAX_LR; one given
+    is kept."""
+    import gac
+    from gac.heal.distill import LR_PER_NAT, MAX_LR
+    from gac.models.loading import load_model
+
+    assert DistillConfig().peak_lr(0.2) == pytest.approx(LR_PER_NAT * 0.2) and LR_PER_NAT * 0.2 < MAX_LR
+    assert DistillConfig().peak_lr(10.0) == MAX_LR and DistillConfig(lr=5e-5).peak_lr(10.0) == 5e-5
+    loaded, teacher = gac.load(compressed), load_model(str(original)).model
+    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    result = distill(loaded.model, teacher, t.train, t.val, DistillConfig(tokens=32 * 2 * 4, eval_every=2),
+                     progress=False)
+    assert result.steps == 4 and result.lr == pytest.approx(min(MAX_LR, LR_PER_NAT * result.held_out_loss[0][1]))
 
 
 def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_text(compressed, original):

@@ -18,7 +18,9 @@ HEAL_OPTIONS = (
     click.option("--heal-samples", type=Int(0, 100000, example=64),
                  help="Windows sampled from the original beside the healing text, so healing fits no one domain "
                       "[default: 0, none; e.g. 64]."),
-    click.option("--heal-lr", type=Real(0, 1, example=3e-4), help="Peak learning rate [default: 3e-4]."),
+    click.option("--heal-lr", type=Real(0, 1, example=3e-4),
+                 help="Peak learning rate [default: 5e-4 x the compressed model's initial KL per token to the "
+                      "original, at most 3e-4]."),
     click.option("--hidden-weight", type=Real(None, None, example=1.0),
                  help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
     click.option("--heal-precision", type=click.Choice(PRECISIONS),
@@ -58,9 +60,9 @@ def describe(report: dict) -> list[str]:
     """The healing report in a few lines: perplexity before -> after on each text, the original's beside."""
     p, r, run = report["ppl"], report["ratio_to_original"], report["run"]
     names = report["texts"]
-    lines = [f"healed on {run['tokens']:,} tokens of {names['train']} in {run['seconds']:.0f} s ({run['steps']} steps in "
-             f"{run.get('precision', 'fp32')}, "
-             f"{run['stopped']}, kept step {run['best_step']})"]
+    lines = [f"healed on {run['tokens']:,} tokens of {names['train']} in {run['seconds']:.0f} s ({run['steps']} "
+             f"steps in {run.get('precision', 'fp32')} at peak lr {run.get('lr', 0):.2g}, {run['stopped']}, kept step "
+             f"{run['best_step']})"]
     for key in p["before"]:  # the held-out text, then each unlike text
         lines.append(f"perplexity on {names[key]}: {p['before'][key]:.2f} ({r['before'][key]:.3f}x) -> "
                      f"{p['after'][key]:.2f} ({r['after'][key]:.3f}x); original {p['original'][key]:.2f}")

@@ -117,7 +117,7 @@ def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
         log.info("healing: %d windows sharing text with the evaluation windows left out", texts.dropped)
     shape = _shape(student)
     evaluated = texts.evaluated()
-    original = texts.perplexities(teacher, "original", cfg.progress)
+    original = texts.cached_perplexities(teacher, "original", cfg.progress)
     before = texts.perplexities(student, "before", cfg.progress)
     start = time.perf_counter()
     if cfg.samples:

@@ -467,10 +467,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "unknown"
 
 
+def cache_root() -> Path:
+    """$GAC_CACHE_DIR, else ~/.cache/gac: where gac keeps what it measured once (profiles, the originals' perplexities)."""
+    root = os.environ.get("GAC_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "gac"
+
+
 def cache_dir() -> Path:
     """$GAC_CACHE_DIR/profiles, else ~/.cache/gac/profiles."""
-    root = os.environ.get("GAC_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "gac") / "profiles"
+    return cache_root() / "profiles"
 
 
 def cached_profile_path(device: str = "cpu", dtype: str = "float32") -> Path:
