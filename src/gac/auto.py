@@ -21,11 +21,12 @@ import math
 from dataclasses import dataclass, field
 
 from gac.align.select import parameter_budget
+from gac.compressors import AUTO_BUILT
 from gac.errors import GacError
 
 log = logging.getLogger(__name__)
 
-BUILT = 2  # candidates built (and, under --speedup, run through the closed loop) and measured, best predicted first
+BUILT = AUTO_BUILT  # candidates built (and, under --speedup, run through the closed loop) and measured
 LOSS_MODEL, MEASURED_AT_PREDICTED = "loss model", "held-back windows at the predicted dims"
 
 

@@ -15,6 +15,7 @@ REGISTRY = {
 # among them: it is asvd at alpha 0 scored by weight magnitude, with no loss model to predict its quality by.
 AUTO = "auto"
 AUTO_CANDIDATES = ("asvd", "svd_llm", "palu", "prune")
+AUTO_BUILT = 2  # of them, built (under --speedup run through the closed loop) and measured, best predicted first
 CHOICES = (*REGISTRY, AUTO)  # what --compressor accepts
 
 
