@@ -286,22 +286,6 @@ def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, or
     assert result.best_step > result.backoffs[0] and held_out_kl(loaded.model, teacher, t.val, 2) < 0.97 * before
 
 
-def test_the_default_lr_is_scaled_to_how_far_the_student_starts(compressed, original):
-    """Without --heal-lr the peak lr is LR_PER_NAT x the student's initial held-out KL, at most MAX_LR; one given
-    is kept."""
-    import gac
-    from gac.heal.distill import LR_PER_NAT, MAX_LR
-    from gac.models.loading import load_model
-
-    assert DistillConfig().peak_lr(0.2) == pytest.approx(LR_PER_NAT * 0.2) and LR_PER_NAT * 0.2 < MAX_LR
-    assert DistillConfig().peak_lr(10.0) == MAX_LR and DistillConfig(lr=5e-5).peak_lr(10.0) == 5e-5
-    loaded, teacher = gac.load(compressed), load_model(str(original)).model
-    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
-    result = distill(loaded.model, teacher, t.train, t.val, DistillConfig(tokens=32 * 2 * 4, eval_every=2),
-                     progress=False)
-    assert result.steps == 4 and result.lr == pytest.approx(min(MAX_LR, LR_PER_NAT * result.held_out_loss[0][1]))
-
-
 def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_text(compressed, original):
     import gac
     from gac.heal.samples import sample_windows

@@ -19,8 +19,7 @@ HEAL_OPTIONS = (
                  help="Windows sampled from the original beside the healing text, so healing fits no one domain "
                       "[default: 0, none; e.g. 64]."),
     click.option("--heal-lr", type=Real(0, 1, example=3e-4),
-                 help="Peak learning rate [default: 5e-4 x the compressed model's initial KL per token to the "
-                      "original, at most 3e-4]."),
+                 help="Peak learning rate [default: 3e-4]."),
     click.option("--hidden-weight", type=Real(None, None, example=1.0),
                  help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
     click.option("--heal-precision", type=click.Choice(PRECISIONS),

@@ -14,8 +14,6 @@ from tqdm.auto import tqdm
 from gac.errors import GacError
 
 DEFAULT_TOKENS = 131072  # the --heal-tokens budget: 128 steps of 2 x 512 tokens
-MAX_LR = 3e-4  # the default peak learning rate: LR_PER_NAT x the student's initial held-out KL, at most this
-LR_PER_NAT = 5e-4  # (svd_llm at 0.15 starts at 0.22 nats/token and overshoots at 3e-4; asvd starts at 0.61)
 PRECISIONS = ("auto", "bf16", "fp32")
 MIN_IMPROVEMENT = 1e-3  # a held-out loss this share lower counts as better for early stopping
 
@@ -25,8 +23,8 @@ class DistillConfig:
     """How the student is trained: a token budget, AdamW with warm-up and cosine decay, early stop on held-out loss."""
 
     tokens: int = DEFAULT_TOKENS  # training tokens (--heal-tokens): steps = tokens // (batch * seq_len)
-    lr: float | None = None  # peak learning rate (--heal-lr); None: scaled to how far the student starts (peak_lr)
-    batch: int = 2  # windows per step (1 x 512 healed svd_llm at 0.15 less at this budget: docs/RESULTS.md)
+    lr: float = 3e-4  # peak learning rate (--heal-lr)
+    batch: int = 2  # windows per step
     hidden_weight: float = 0.0  # weight of the hidden-state matching term (--hidden-weight); 0: logits only
     eval_every: int = 16  # steps between held-out evaluations
     patience: int = 2  # evaluations without improvement before stopping early
@@ -44,18 +42,12 @@ class DistillConfig:
         integer(self.eval_every, "eval_every", example=16)
         integer(self.patience, "patience", example=2)
         real(self.backoff, "backoff", low=0.0, high=1.0, example=0.25)
-        if self.lr is not None:
-            real(self.lr, "--heal-lr", low=0.0, high=1.0, example=MAX_LR)
+        real(self.lr, "--heal-lr", low=0.0, high=1.0, example=3e-4)
         if self.precision not in PRECISIONS:
             raise GacError(f"unknown --heal-precision {self.precision!r}: choose {', '.join(PRECISIONS)}")
         if not (isinstance(self.hidden_weight, (int, float)) and math.isfinite(self.hidden_weight)
                 and self.hidden_weight >= 0):
             raise GacError(f"bad --hidden-weight {self.hidden_weight!r}: give a number >= 0, e.g. --hidden-weight 1")
-
-    def peak_lr(self, initial_kl: float) -> float:
-        """The given lr, else LR_PER_NAT x the student's initial held-out KL to its teacher (at most MAX_LR): a student
-        close to its teacher takes smaller steps, so a far one heals fast and a near one is not thrown off."""
-        return self.lr if self.lr is not None else min(MAX_LR, LR_PER_NAT * initial_kl)
 
     def steps(self, seq_len: int) -> int:
         return max(1, self.tokens // (self.batch * seq_len))
@@ -178,13 +170,12 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
     steps = cfg.steps(train.shape[1])
     dtype = cfg.compute_dtype(device)
     best = held_out_kl(student.eval(), teacher, val, cfg.batch, dtype)
-    lr = cfg.peak_lr(best)
     # fused: one kernel for all tensors, a sixth of foreach's time a step on the 2-core CPU (90M parameters)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, steps, cfg.warmup))
     gen = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []
-    result = DistillResult(steps=0, tokens=0, stopped="budget", best_step=0, lr=lr,
+    result = DistillResult(steps=0, tokens=0, stopped="budget", best_step=0, lr=cfg.lr,
                            trainable_params=sum(p.numel() for p in params), precision=str(dtype).split(".")[-1])
     result.held_out_loss.append((0, best))
     best_state = [p.detach().clone() for p in params]

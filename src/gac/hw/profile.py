@@ -468,7 +468,7 @@ def _slug(text: str) -> str:
 
 
 def cache_root() -> Path:
-    """$GAC_CACHE_DIR, else ~/.cache/gac: where gac keeps what it measured once (profiles, the originals' perplexities)."""
+    """$GAC_CACHE_DIR, else ~/.cache/gac: what gac measured once (profiles, the originals' perplexities)."""
     root = os.environ.get("GAC_CACHE_DIR")
     return Path(root) if root else Path.home() / ".cache" / "gac"
 
