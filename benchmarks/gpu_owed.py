@@ -118,7 +118,8 @@ def step_decode_bytes(args) -> None:
                 return fn
 
             fns = {k: run(v) for k, v in sets.items()} | {"dense (A/A)": run(sets["dense"])}
-            t = time_interleaved(fns, device=device, warmup=3, rounds=args.rounds, graph_calls=1 if device == "cuda" else 0)
+            t = time_interleaved(fns, device=device, warmup=3, rounds=args.rounds,
+                                 graph_calls=1 if device == "cuda" else 0)
             row = {}
             for k, ws in sets.items():
                 us = t[k].median_ms * 1e3 / len(ws)
@@ -130,7 +131,8 @@ def step_decode_bytes(args) -> None:
             row["aa_floor"] = _aa_floor(t, "dense", "dense (A/A)")
             record["projections"][f"{name} b{batch}"] = row
             log.info("%-8s b%-3d dense %7.1f us (%4.0f GB/s) | gac pair %7.1f us (%4.0f GB/s, time %.3f, bytes %.3f) | "
-                     "unaligned %7.1f us (time %.3f) | A/A %.1f%%", name, batch, row["dense"]["us"], row["dense"]["GBps"],
+                     "unaligned %7.1f us (time %.3f) | A/A %.1f%%", name, batch, row["dense"]["us"],
+                     row["dense"]["GBps"],
                      row["pair gac"]["us"], row["pair gac"]["GBps"], row["pair gac"]["time_vs_dense"],
                      row["pair gac"]["bytes_vs_dense"], row["pair unaligned"]["us"],
                      row["pair unaligned"]["time_vs_dense"], 100 * row["aa_floor"])
@@ -139,7 +141,8 @@ def step_decode_bytes(args) -> None:
         layer = {k: {f: sum(PER_LAYER[n] * row[k][f] for n, row in rows.items()) for f in ("us", "bytes")}
                  for k in ("dense", "pair gac", "pair unaligned")}
         for k, v in layer.items():
-            v |= {"time_vs_dense": v["us"] / layer["dense"]["us"], "bytes_vs_dense": v["bytes"] / layer["dense"]["bytes"]}
+            v |= {"time_vs_dense": v["us"] / layer["dense"]["us"],
+                  "bytes_vs_dense": v["bytes"] / layer["dense"]["bytes"]}
         record[f"layer b{batch}"] = layer
         log.info("a layer's projections, b%d: %s", batch, json.dumps(record[f"layer b{batch}"]))
         _dump(args.out, "decode_bytes.json", record)

@@ -265,8 +265,8 @@ class ClosedLoop:
 
     def _settle(self, s: Stream, choice, row: dict, built, reference_ms: float) -> None:
         """Record a stream's round: keep it (and its model) when it reached the aim, the target and its margin (its
-        held-back loss measured for the guard), or is the fastest yet; else tighten the stream's budget by the measured residual
-        for its next round."""
+        held-back loss measured for the guard), or is the fastest yet; else tighten the stream's budget by the measured
+        residual for its next round."""
         cfg = self.cfg
         s.rows.append(row)
         log.info("%sround %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; aim %.4gx, "

@@ -22,8 +22,8 @@ SPEEDUP_OPTIONS = (
                       "the target itself [default: 0.03]."),
     click.option("--no-guard", is_flag=True,
                  help="--speedup: keep the latency knapsack's own choice, without building the parameter objective's "
-                      "choice at the same budget beside it and keeping, of those that reach the target, the one with the "
-                      "lower loss on held-back calibration windows."),
+                      "choice at the same budget beside it and keeping, of those that reach the target, the one with "
+                      "the lower loss on held-back calibration windows."),
 )
 
 

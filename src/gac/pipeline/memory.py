@@ -316,11 +316,11 @@ def forecast_of(cfg, layerwise: bool) -> Forecast:
 
 def _auto_forecast(forecasts: list[Forecast]) -> Forecast:
     """gac.auto over candidates forecast each as its own run: the heaviest one's memory (auto holds one calibration's
-    statistics, as each of them does) and, on the whole model, a second built candidate's model and factors (it builds
-    gac.compressors.AUTO_BUILT); the time of each kind of pass over the calibration text once (the statistics and the loss
-    model's output gradients are shared; prune's taylor gradients are its own), every candidate's own work (each one
-    is analyzed), and the factorizations of the BUILT that take longest once more (each built one is factorized
-    again). The closed loops' timings under --speedup are not counted, as in a single run's forecast."""
+    statistics, as each of them does) and, on the whole model, a second built candidate's model and factors (it
+    builds gac.compressors.AUTO_BUILT); the time of each kind of pass over the calibration text once (the statistics
+    and the loss model's output gradients are shared; prune's taylor gradients are its own), every candidate's own work
+    (each one is analyzed), and the factorizations of the BUILT that take longest once more (each built one is
+    factorized again). The closed loops' timings under --speedup are not counted, as in a single run's forecast."""
     from gac.compressors import AUTO_BUILT as BUILT
 
     heaviest = max(forecasts, key=lambda f: f.peak_bytes)
