@@ -10,7 +10,7 @@ import pytest
 
 import gac.auto
 from gac.api import CompressConfig, compress
-from gac.compressors import AUTO_CANDIDATES
+from gac.compressors import AUTO_BUILT, AUTO_CANDIDATES
 from gac.errors import GacError
 from tests.helpers import assert_names_a_fix, assert_one_error_line, run_gac
 from tests.test_api import fast_config
@@ -55,9 +55,9 @@ def test_auto_keeps_the_best_measured(tiny4_dir, tmp_path, monkeypatch, step, ke
     out = tmp_path / "out"
     result = compress(fast_config(tiny4_dir, compressor="auto", ratio=0.3, out=str(out)))
     a = result.report["auto"]
-    assert set(a["candidates"]) == set(AUTO_CANDIDATES) and len(a["built"]) == gac.auto.BUILT
+    assert set(a["candidates"]) == set(AUTO_CANDIDATES) and len(a["built"]) == AUTO_BUILT
     predicted = {n: c["predicted"]["loss"] for n, c in a["candidates"].items() if c["status"] != "skipped"}
-    assert a["built"] == sorted(predicted, key=predicted.get)[:gac.auto.BUILT]  # the best predicted are built
+    assert a["built"] == sorted(predicted, key=predicted.get)[:AUTO_BUILT]  # the best predicted are built
     assert a["kept"] == a["built"][kept_built]
     measured = {n: a["candidates"][n]["measured"]["loss"] for n in a["built"]}
     assert a["kept"] == min(measured, key=measured.get)

@@ -1,5 +1,5 @@
 """`--compressor auto`: every candidate compressor (gac.compressors.AUTO_CANDIDATES) analyzed at its defaults on one
-shared calibration pass, its best dims at the run's objective predicted, the best BUILT of them (by predicted loss)
+shared calibration pass, its best dims at the run's objective predicted, the best AUTO_BUILT of them (by predicted loss)
 built and measured on held-back calibration windows, and the best measured kept. The evaluation text is never read
 here: it judges the kept model afterwards, as it would any single compressor's.
 
@@ -26,7 +26,6 @@ from gac.errors import GacError
 
 log = logging.getLogger(__name__)
 
-BUILT = AUTO_BUILT  # candidates built (and, under --speedup, run through the closed loop) and measured
 LOSS_MODEL, MEASURED_AT_PREDICTED = "loss model", "held-back windows at the predicted dims"
 
 
@@ -85,7 +84,7 @@ def choose(model, calib, held_back, cfg) -> tuple:
     """(the kept compressor's run config, its gac.analysis.Selected, report.json's "auto" section) for cfg (compressor
     "auto"; under --ratio, a share of the parameters of every weight any candidate may touch) on
     `model`: calibration statistics once on `calib` over every candidate's linears (and the loss model's output
-    gradients once), each candidate analyzed in turn and its factors dropped after its prediction, the best BUILT
+    gradients once), each candidate analyzed in turn and its factors dropped after its prediction, the best AUTO_BUILT
     predicted built and measured on `held_back` windows, the lowest measured loss kept (under --speedup: of those
     whose closed loop reached the target; of none, the fastest)."""
     from gac.compressors import AUTO_CANDIDATES
@@ -113,7 +112,7 @@ def choose(model, calib, held_back, cfg) -> tuple:
         raise GacError("no compressor reaches this target (" + "; ".join(f"{c.name}: {c.skipped}" for c in candidates)
                        + "): use a smaller --ratio or --speedup")
     built = []
-    for c in ranked[:BUILT]:
+    for c in ranked[:AUTO_BUILT]:
         try:
             _build(c, model, stats, held_back, baseline, cfg)
             built.append(c)
@@ -123,7 +122,7 @@ def choose(model, calib, held_back, cfg) -> tuple:
     del stats
     if not built:
         raise GacError("no compressor built reaches this target (" + "; ".join(f"{c.name}: {c.skipped}" for c in
-                                                                              ranked[:BUILT]) + "): use a smaller "
+                                                                              ranked[:AUTO_BUILT]) + "): use a smaller "
                        "--ratio or --speedup")
     if cfg.speedup is None and cfg.evaluate:
         _time_beside(model, built, cfg)
@@ -135,7 +134,7 @@ def choose(model, calib, held_back, cfg) -> tuple:
     why = _why(kept, built, cfg)
     log.info("auto: kept %s (%s)", kept.name, why)
     report = {"candidates": {c.name: c.to_dict() for c in candidates}, "kept": kept.name, "why": why,
-              "built": [c.name for c in ranked[:BUILT]], "held_back_windows": len(held_back),
+              "built": [c.name for c in ranked[:AUTO_BUILT]], "held_back_windows": len(held_back),
               "baseline_loss": baseline}
     report["compressible_params"] = common
     if cfg.speedup is None:

@@ -152,7 +152,7 @@ def test_x_t_x_memory_is_the_input_rows_while_they_are_fewer_than_the_columns():
 
 
 def test_auto_forecast_adds_a_second_built_candidate_on_the_whole_model():
-    """`--compressor auto` builds two candidates (gac.auto.BUILT): on the whole model its forecast is the heaviest
+    """`--compressor auto` builds two candidates (AUTO_BUILT): on the whole model its forecast is the heaviest
     candidate's plus the second one's built model copies and factors; layer by layer, the heaviest candidate's."""
     from gac.api import CompressConfig
     from gac.compressors import AUTO_CANDIDATES
@@ -174,9 +174,9 @@ def test_auto_forecast_adds_a_second_built_candidate_on_the_whole_model():
 def test_auto_forecast_times_every_analysis_and_the_built_factorized_again():
     """auto's time: the calibration and materialization passes and each kind of gradient pass once (the loss model's
     output gradients shared by the low-rank candidates, prune's taylor gradients its own), every candidate's own
-    work, and the gac.auto.BUILT longest factorizations once more: more than any one candidate's run."""
+    work, and the gac.compressors.AUTO_BUILT longest factorizations once more: more than any one candidate's run."""
     from gac.api import CompressConfig
-    from gac.auto import BUILT
+    from gac.compressors import AUTO_BUILT
     from gac.compressors import AUTO_CANDIDATES
     from gac.pipeline.memory import FACTORIZING, forecast_of
 
@@ -189,6 +189,6 @@ def test_auto_forecast_times_every_analysis_and_the_built_factorized_again():
     assert auto.pass_seconds == pytest.approx({"calibration pass": one + statistics, "materialization pass": one,
                                                "gradient pass (output)": 3 * one, "gradient pass (taylor)": 3 * one})
     own = sum(sum(f.work_seconds.values()) for f in singles.values())
-    again = sum(sorted((f.work_seconds[FACTORIZING] for f in singles.values()), reverse=True)[:BUILT])
+    again = sum(sorted((f.work_seconds[FACTORIZING] for f in singles.values()), reverse=True)[:AUTO_BUILT])
     assert again > 0 and auto.seconds == pytest.approx(8 * one + statistics + own + again)
     assert auto.seconds > max(f.seconds for f in singles.values())

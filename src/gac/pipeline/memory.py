@@ -319,15 +319,15 @@ def _auto_forecast(forecasts: list[Forecast]) -> Forecast:
     statistics, as each of them does) and, on the whole model, a second built candidate's model and factors (it
     builds gac.compressors.AUTO_BUILT); the time of each kind of pass over the calibration text once (the statistics
     and the loss model's output gradients are shared; prune's taylor gradients are its own), every candidate's own work
-    (each one is analyzed), and the factorizations of the BUILT that take longest once more (each built one is
+    (each one is analyzed), and the factorizations of the AUTO_BUILT that take longest once more (each built one is
     factorized again). The closed loops' timings under --speedup are not counted, as in a single run's forecast."""
-    from gac.compressors import AUTO_BUILT as BUILT
+    from gac.compressors import AUTO_BUILT
 
     heaviest = max(forecasts, key=lambda f: f.peak_bytes)
     passes = {k: max(f.pass_seconds.get(k, 0.0) for f in forecasts) for f in forecasts for k in f.pass_seconds}
     work = {k: sum(f.work_seconds[k] for f in forecasts) for k in heaviest.work_seconds}
-    work[f"{FACTORIZING} again ({BUILT} built, auto)"] = sum(sorted((f.work_seconds[FACTORIZING] for f in forecasts),
-                                                                   reverse=True)[:BUILT])
+    longest = sorted((f.work_seconds[FACTORIZING] for f in forecasts), reverse=True)
+    work[f"{FACTORIZING} again ({AUTO_BUILT} built, auto)"] = sum(longest[:AUTO_BUILT])
     timed = replace(heaviest, seconds=sum(passes.values()) + sum(work.values()), pass_seconds=passes,
                     work_seconds=work)
     if heaviest.pipeline != "whole":
