@@ -20,8 +20,12 @@ log = logging.getLogger(__name__)
 
 # LatencyModel.fitted's figures, and calibrated's table_scale (below 1 when the fitted groups outgrew the baseline)
 FIT_KEYS = ("saving_scale", "fit_scale", "reference_ms", "reference_predicted_saving_ms", "table_scale")
-_TIMED = ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct", "measured_speedup", "target_ms")
+_TIMED = ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct", "measured_speedup", "target_ms", "retimed")
 OVERSHOOT = 0.02  # a reaching model this much (or two A/A floors) past the aim gets one looser round
+# a timing whose A/A twin differs from the original by more than this was disturbed (the machine's load changed under
+# it): it is timed again, up to NOISY_RETIMES more times, and the quietest timing judges the round
+NOISY_FLOOR = 0.05
+NOISY_RETIMES = 2
 
 
 @dataclass
@@ -219,14 +223,22 @@ class ClosedLoop:
 
     def _timed(self, built: dict) -> dict:
         """{name: figures}: one side-by-side timing of the original and the built models ({name: model}) with an A/A
-        twin, and the time each built model must beat to count as reaching the target and margin beyond this
-        timing's noise floor."""
+        twin (timed again while the twin is off by more than NOISY_FLOOR; the quietest timing counts), and the time
+        each built model must beat to count as reaching the target and margin beyond this timing's noise floor."""
         cfg = self.cfg
         base, floor, t = time_beside(self.model, built, cfg)
+        retimed = 0
+        while floor > NOISY_FLOOR and retimed < NOISY_RETIMES:
+            retimed += 1
+            log.info("a timing%s was disturbed (A/A floor %.1f%%, above %.0f%%): timing again", cfg.where,
+                     100.0 * floor, 100.0 * NOISY_FLOOR)
+            again = time_beside(self.model, built, cfg)
+            if again[1] < floor:
+                base, floor, t = again
         self.baselines.append(base)
         return {name: {"baseline_measured_ms": base, "gac_measured_ms": t[name].median_ms,
                        "aa_floor_pct": 100.0 * floor, "measured_speedup": base / t[name].median_ms,
-                       "target_ms": base / (cfg.aim * (1.0 + floor))} for name in built}
+                       "target_ms": base / (cfg.aim * (1.0 + floor)), "retimed": retimed} for name in built}
 
     def _round(self, k: int, active: list[Stream]) -> bool:
         """Round k of the active streams: each one's choice solved, built and timed beside the baseline (a passing
