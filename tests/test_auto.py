@@ -33,8 +33,9 @@ def tiny4_dir(tmp_path_factory):
 
 
 class Sequence:
-    """held_back_loss stand-in: the original first (10 nats), then each model measured `step` nats from the one
-    before, so the last built candidate measures best (step < 0) or worst (step > 0) whatever its prediction."""
+    """mean_loss stand-in (the held-back loss): the original first (10 nats), then each model measured `step` nats
+    from the one before, so the last built candidate measures best (step < 0) or worst (step > 0) whatever its
+    prediction."""
 
     def __init__(self, step: float):
         self.step, self.calls = step, 0
@@ -51,7 +52,7 @@ def test_auto_keeps_the_best_measured(tiny4_dir, tmp_path, monkeypatch, step, ke
     from gac.models.io import load, read_plan
     from gac.models.structure import structure_of
 
-    monkeypatch.setattr(gac.auto, "held_back_loss", Sequence(step))
+    monkeypatch.setattr(gac.auto, "mean_loss", Sequence(step))
     out = tmp_path / "out"
     result = compress(fast_config(tiny4_dir, compressor="auto", ratio=0.3, out=str(out)))
     a = result.report["auto"]

@@ -23,17 +23,11 @@ from dataclasses import dataclass, field
 from gac.align.select import parameter_budget
 from gac.compressors import AUTO_BUILT
 from gac.errors import GacError
+from gac.evaluate.perplexity import mean_loss  # the held-back loss, the --speedup guard's too
 
 log = logging.getLogger(__name__)
 
 LOSS_MODEL, MEASURED_AT_PREDICTED = "loss model", "held-back windows at the predicted dims"
-
-
-def held_back_loss(model, windows) -> float:
-    """Mean next-token loss in nats on held-back calibration windows [n, seq] (the --speedup guard's too)."""
-    from gac.evaluate.perplexity import mean_loss
-
-    return mean_loss(model, windows)
 
 
 def predicted_loss(units: list, dims: dict) -> float | None:
@@ -104,7 +98,7 @@ def choose(model, calib, held_back, cfg) -> tuple:
         raise GacError("no compressor can run on this model at this target ("
                        + "; ".join(f"{c.name}: {c.skipped}" for c in candidates) + "): name one compressor to see why")
     stats = shared_statistics(model, calib, live, cfg)
-    baseline = held_back_loss(model, held_back)
+    baseline = mean_loss(model, held_back)
     for c in live:
         _predict(c, model, calib, stats, held_back, baseline, cfg)
     ranked = sorted((c for c in live if not c.skipped), key=lambda c: c.predicted["loss"])
@@ -223,7 +217,7 @@ def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg)
         loss, source = predicted_loss(units, dims), LOSS_MODEL
         if loss is None:
             cut = c.compressor.built(model, units, dims)
-            loss, source = held_back_loss(cut, held_back) - baseline, MEASURED_AT_PREDICTED
+            loss, source = mean_loss(cut, held_back) - baseline, MEASURED_AT_PREDICTED
             del cut
         c.predicted = {"loss": loss, "loss_from": source, "params": c.params(dims), **timing}
     except GacError as e:  # e.g. a speedup out of this compressor's reach
@@ -258,7 +252,7 @@ def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
         loss = streams.get(outcome.chosen.name)  # None where no guard measured it (--no-guard, or none reached)
     built, dims = c.selected.built[variant], c.selected.dims[variant]
     if loss is None:
-        loss = held_back_loss(built, held_back) - baseline
+        loss = mean_loss(built, held_back) - baseline
     c.measured = {"loss": loss, "params": c.params(dims), **timing}
     c.status = "built"
     log.info("auto: %s built: measured loss %+.4f nats/token on %d held-back windows%s", c.name, c.measured["loss"],
