@@ -3,6 +3,7 @@ never trains on the evaluation windows, saves atomically and refuses bad input i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -158,10 +159,36 @@ def test_the_originals_perplexities_are_measured_once_per_model_and_windows(comp
 
 
 def test_embeddings_and_head_are_not_trained(tiny):
-    trained = {id(p) for p in trainable_parameters(tiny)}
-    assert id(tiny.get_input_embeddings().weight) not in trained
-    assert id(tiny.get_output_embeddings().weight) not in trained
-    assert len(trained) == len(list(tiny.parameters())) - 1  # tied: one tensor left out
+    for which in ("all", "changed"):
+        trained = {id(p) for p in trainable_parameters(tiny, tiny, which)}
+        assert id(tiny.get_input_embeddings().weight) not in trained
+        assert id(tiny.get_output_embeddings().weight) not in trained
+    assert len({id(p) for p in trainable_parameters(tiny)}) == len(list(tiny.parameters())) - 1  # tied: one left out
+
+
+def test_changed_trains_the_compressions_tensors_and_the_norms_only(compressed, original):
+    """--heal-train changed: the factor pairs and every vector train; the matrices the compression
+    left as they were keep the original's values through a whole run, and the held-out loss still falls."""
+    import gac
+    from gac.models.loading import load_model
+
+    loaded, teacher = gac.load(compressed), load_model(str(original)).model
+    student, kept = loaded.model, dict(teacher.named_parameters())
+    trained = {id(p) for p in trainable_parameters(student, teacher, "changed")}
+    names = {n: p for n, p in student.named_parameters()}
+    same = {n for n, p in names.items() if n in kept and kept[n].shape == p.shape and torch.equal(kept[n], p)}
+    factors = {n for n in names if n not in kept}
+    assert factors and same - {"model.embed_tokens.weight"}  # the tiny asvd output has both kinds
+    assert all(id(names[n]) in trained for n in factors)
+    assert all((id(names[n]) in trained) == (names[n].dim() == 1) for n in same - {"model.embed_tokens.weight"})
+    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    before = held_out_kl(student, teacher, t.val, 2)
+    result = distill(student, teacher, t.train, t.val, dataclasses.replace(HEAL.distill, train="changed"), progress=False)
+    assert result.trainable_params == sum(names[n].numel() for n in names if id(names[n]) in trained)
+    assert all(torch.equal(kept[n], names[n]) for n in same if names[n].dim() > 1)
+    assert result.best_step > 0 and held_out_kl(student, teacher, t.val, 2) < 0.97 * before
+    with pytest.raises(GacError, match="--heal-train"):
+        DistillConfig(train="factors")
 
 
 def test_compress_with_heal(original, tmp_path):
@@ -193,11 +220,13 @@ def test_a_failed_heal_leaves_no_output(compressed, tmp_path, monkeypatch):
 def test_cli_heals_and_prints_before_and_after(compressed, tmp_path):
     out = tmp_path / "out"
     p = run_gac("heal", compressed, "--out", out, "--heal-tokens", 32 * 2 * 6, "--seq-len", 32, "--eval-windows", 2,
-                "--quiet")
+                "--heal-train", "changed", "--quiet")
     assert p.returncode == 0, p.stderr
     assert "perplexity on held-out Python docs" in p.stdout and "Python licence" in p.stdout
-    run = json.loads((out / "heal.json").read_text())["run"]
+    report = json.loads((out / "heal.json").read_text())
+    run = report["run"]
     assert f"at peak lr {run['lr']:.2g}," in p.stdout and run["lr"] > 0
+    assert report["config"]["train"] == "changed" and run["trainable_params"] < report["params"] / 2
 
 
 def _moved_original(compressed, tmp_path):
@@ -263,11 +292,12 @@ def test_auto_precision_is_bf16_only_where_native():
         DistillConfig(precision="fp16")
 
 
-def test_cli_precisions_are_the_configs():
-    from gac.cli.heal import PRECISIONS
+def test_cli_choices_are_the_configs():
+    from gac.cli.heal import PRECISIONS, TRAINED
     from gac.heal.distill import PRECISIONS as CONFIG_PRECISIONS
+    from gac.heal.distill import TRAINED as CONFIG_TRAINED
 
-    assert PRECISIONS == CONFIG_PRECISIONS
+    assert PRECISIONS == CONFIG_PRECISIONS and TRAINED == CONFIG_TRAINED
 
 
 def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, original):
@@ -310,7 +340,6 @@ def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_
 def test_healing_on_samples_beside_the_text(compressed, tmp_path):
     """--heal-samples: windows sampled from the original join the training and early-stopping windows, and the
     KL on both falls."""
-    import dataclasses
 
     healed = heal_dir(str(compressed), str(tmp_path / "out"), dataclasses.replace(HEAL, samples=10))
     texts, run = healed.report["texts"], healed.report["run"]

@@ -8,6 +8,7 @@ import click
 from gac.cli.options import Int, Real
 
 PRECISIONS = ("auto", "bf16", "fp32")  # gac.heal.distill.PRECISIONS, spelled here so that parsing imports no torch
+TRAINED = ("changed", "all")  # gac.heal.distill.TRAINED, likewise
 
 HEAL_OPTIONS = (
     click.option("--heal-file", type=click.Path(dir_okay=False),
@@ -20,6 +21,9 @@ HEAL_OPTIONS = (
                       "[default: 0, none; e.g. 64]."),
     click.option("--heal-lr", type=Real(0, 1, example=3e-4),
                  help="Peak learning rate [default: 3e-4]."),
+    click.option("--heal-train", type=click.Choice(TRAINED),
+                 help="Which tensors healing trains [default: all: every decoder tensor; changed: those the "
+                      "compression changed (factor pairs, pruned weights) and the norms, a sixth less work a step]."),
     click.option("--hidden-weight", type=Real(None, None, example=1.0),
                  help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
     click.option("--heal-precision", type=click.Choice(PRECISIONS),
@@ -37,8 +41,8 @@ def heal_options(f):
     return f
 
 
-def heal_config(*, heal_file=None, heal_tokens=None, heal_samples=None, heal_lr=None, hidden_weight=None,
-                heal_precision=None, unlike_file=None, **rest):
+def heal_config(*, heal_file=None, heal_tokens=None, heal_samples=None, heal_lr=None, heal_train=None,
+                hidden_weight=None, heal_precision=None, unlike_file=None, **rest):
     """gac.heal.HealConfig from the options given (the others keep the config's defaults); text files are read and
     checked now, before any model is loaded."""
     from gac import validate
@@ -48,8 +52,8 @@ def heal_config(*, heal_file=None, heal_tokens=None, heal_samples=None, heal_lr=
     for path, flag in ((heal_file, "--heal-file"), (unlike_file, "--unlike-file")):
         if path is not None:
             validate.read_text(path, "text file", flag)
-    given = {k: v for k, v in (("tokens", heal_tokens), ("lr", heal_lr), ("hidden_weight", hidden_weight),
-                               ("precision", heal_precision)) if v is not None}
+    given = {k: v for k, v in (("tokens", heal_tokens), ("lr", heal_lr), ("train", heal_train),
+                               ("hidden_weight", hidden_weight), ("precision", heal_precision)) if v is not None}
     rest = {**rest, "samples": heal_samples}
     return HealConfig(heal_file=heal_file, unlike_file=unlike_file, distill=DistillConfig(**given),
                       **{k: v for k, v in rest.items() if v is not None})
@@ -79,8 +83,8 @@ def describe(report: dict) -> list[str]:
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr, hidden_weight, heal_precision,
-            unlike_file, eval_file, seq_len, eval_windows, device, force, quiet):
+def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr, heal_train, hidden_weight,
+            heal_precision, unlike_file, eval_file, seq_len, eval_windows, device, force, quiet):
     """Recover MODEL (a gac output) by distillation from its original; dims and parameter count unchanged."""
     from gac import validate
     from gac.cli.output import setup_logging
@@ -93,7 +97,7 @@ def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr,
     text = TextConfig(**{k: v for k, v in (("eval_file", eval_file), ("seq_len", seq_len),
                                            ("eval_windows", eval_windows)) if v is not None})
     cfg = heal_config(heal_file=heal_file, heal_tokens=heal_tokens, heal_samples=heal_samples, heal_lr=heal_lr,
-                      hidden_weight=hidden_weight, heal_precision=heal_precision, unlike_file=unlike_file,
+                      heal_train=heal_train, hidden_weight=hidden_weight, heal_precision=heal_precision, unlike_file=unlike_file,
                       original=original, text=text, device=device, force=force, progress=not quiet)
     from gac.heal.run import heal_dir
 

@@ -15,6 +15,7 @@ from gac.errors import GacError
 
 DEFAULT_TOKENS = 131072  # the --heal-tokens budget: 128 steps of 2 x 512 tokens
 PRECISIONS = ("auto", "bf16", "fp32")
+TRAINED = ("changed", "all")  # --heal-train: which of the decoder's tensors healing trains
 MIN_IMPROVEMENT = 1e-3  # a held-out loss this share lower counts as better for early stopping
 
 
@@ -31,6 +32,8 @@ class DistillConfig:
     backoff: float = 0.25  # at an evaluation without improvement: the best tensors back, the lr times this
     warmup: float = 0.1  # share of the steps the learning rate warms up over
     seed: int = 0
+    train: str = "all"  # --heal-train: "all" (every decoder tensor) or "changed" (those the compression changed, and
+    # every vector): 17% less work a step, but it healed asvd and svd_llm at 0.15 less on the docs (docs/RESULTS.md)
     precision: str = "auto"  # --heal-precision: matmuls in bf16 (weights, optimizer and loss in fp32) or fp32;
     # auto: bf16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else fp32
 
@@ -43,6 +46,8 @@ class DistillConfig:
         integer(self.patience, "patience", example=2)
         real(self.backoff, "backoff", low=0.0, high=1.0, example=0.25)
         real(self.lr, "--heal-lr", low=0.0, high=1.0, example=3e-4)
+        if self.train not in TRAINED:
+            raise GacError(f"unknown --heal-train {self.train!r}: choose {', '.join(TRAINED)}")
         if self.precision not in PRECISIONS:
             raise GacError(f"unknown --heal-precision {self.precision!r}: choose {', '.join(PRECISIONS)}")
         if not (isinstance(self.hidden_weight, (int, float)) and math.isfinite(self.hidden_weight)
@@ -94,13 +99,24 @@ class DistillResult:
                 "trainable_params": self.trainable_params, "precision": self.precision, "lr": self.lr}
 
 
-def trainable_parameters(model) -> list[torch.nn.Parameter]:
-    """The tensors healing trains: every parameter of the decoder (factor pairs, kept rows, norms), not the token
-    embeddings or the output head (tied on small models: a third of SmolLM2's parameters, trained on few tokens
-    they overfit the words seen)."""
+def trainable_parameters(model, original=None, which: str = "all") -> list[torch.nn.Parameter]:
+    """The tensors healing trains, never the token embeddings or the output head (tied on small models: a third of
+    SmolLM2's parameters, trained on few tokens they overfit the words seen). "all": every other parameter of the
+    decoder. "changed": of those, every vector (norms, biases) and every matrix the compression changed, that is one
+    `original` has no tensor of the same name, shape and values for (factor pairs, pruned weights): the weights it left
+    as they were keep the original's values and cost no weight gradients or optimizer state."""
     frozen = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
               for p in m.parameters()}
-    return [p for p in model.parameters() if id(p) not in frozen]
+    params = [(n, p) for n, p in model.named_parameters() if id(p) not in frozen]
+    if which == "all":
+        return [p for _, p in params]
+    kept = dict(original.named_parameters())
+
+    def unchanged(name, p):
+        o = kept.get(name)
+        return o is not None and o.shape == p.shape and torch.equal(o.detach().to(p.device), p.detach())
+
+    return [p for n, p in params if p.dim() < 2 or not unchanged(n, p)]
 
 
 def distillation_loss(student_out, teacher_out, hidden_weight: float) -> torch.Tensor:
@@ -162,7 +178,7 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
     without improvement brings the best tensors back at cfg.backoff times the learning rate, and cfg.patience of them
     in a row stop the run. Returns the run's figures."""
     device = next(student.parameters()).device
-    params = trainable_parameters(student)
+    params = trainable_parameters(student, teacher, cfg.train)
     was_trainable = {id(p): p.requires_grad for p in student.parameters()}
     trained = {id(p) for p in params}
     for p in student.parameters():
