@@ -183,7 +183,8 @@ def test_changed_trains_the_compressions_tensors_and_the_norms_only(compressed, 
     assert all((id(names[n]) in trained) == (names[n].dim() == 1) for n in same - {"model.embed_tokens.weight"})
     t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
     before = held_out_kl(student, teacher, t.val, 2)
-    result = distill(student, teacher, t.train, t.val, dataclasses.replace(HEAL.distill, train="changed"), progress=False)
+    changed = dataclasses.replace(HEAL.distill, train="changed")
+    result = distill(student, teacher, t.train, t.val, changed, progress=False)
     assert result.trainable_params == sum(names[n].numel() for n in names if id(names[n]) in trained)
     assert all(torch.equal(kept[n], names[n]) for n in same if names[n].dim() > 1)
     assert result.best_step > 0 and held_out_kl(student, teacher, t.val, 2) < 0.97 * before
@@ -340,7 +341,6 @@ def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_
 def test_healing_on_samples_beside_the_text(compressed, tmp_path):
     """--heal-samples: windows sampled from the original join the training and early-stopping windows, and the
     KL on both falls."""
-
     healed = heal_dir(str(compressed), str(tmp_path / "out"), dataclasses.replace(HEAL, samples=10))
     texts, run = healed.report["texts"], healed.report["run"]
     assert texts["sampled_windows"] == 8 and texts["val_windows"] == 4 and texts["sampling_seconds"] >= 0

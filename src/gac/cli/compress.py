@@ -124,8 +124,8 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, no_guard, out, alignment, no_align, profile, target,
             allow_profile_mismatch, dtype, device, factorization, alpha, importance, prune_layers, head_mode,
             drop_experts, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
-            quiet, layerwise, max_memory, heal, heal_file, heal_tokens, heal_samples, heal_lr, heal_train, hidden_weight,
-            heal_precision, unlike_file, dry_run):
+            quiet, layerwise, max_memory, heal, heal_file, heal_tokens, heal_samples, heal_lr, heal_train,
+            hidden_weight, heal_precision, unlike_file, dry_run):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
     from gac.errors import GacError
