@@ -23,7 +23,7 @@ HEAL_OPTIONS = (
                  help="Peak learning rate [default: 3e-4]."),
     click.option("--heal-train", type=click.Choice(TRAINED),
                  help="Which tensors healing trains [default: all: every decoder tensor; changed: those the "
-                      "compression changed (factor pairs, pruned weights) and the norms, steps about 1.2x faster]."),
+                      "compression changed (factor pairs, pruned weights) and the norms, steps 1.1-1.2x faster]."),
     click.option("--hidden-weight", type=Real(None, None, example=1.0),
                  help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
     click.option("--heal-precision", type=click.Choice(PRECISIONS),
