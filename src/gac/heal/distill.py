@@ -32,8 +32,8 @@ class DistillConfig:
     backoff: float = 0.25  # at an evaluation without improvement: the best tensors back, the lr times this
     warmup: float = 0.1  # share of the steps the learning rate warms up over
     seed: int = 0
-    train: str = "all"  # --heal-train: "all" (every decoder tensor) or "changed" (those the compression changed, and
-    # every vector): steps 1.1-1.2x faster on asvd 0.15, but it healed asvd and svd_llm less on the docs (docs/RESULTS.md)
+    train: str = "all"  # --heal-train: "all" (every decoder tensor) or "changed" (trainable_parameters); "all" healed
+    # asvd and svd_llm further on the docs, "changed" takes faster steps (figures: docs/RESULTS.md)
     precision: str = "auto"  # --heal-precision: matmuls in bf16 (weights, optimizer and loss in fp32) or fp32;
     # auto: bf16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else fp32
 
