@@ -1,5 +1,5 @@
 """Healing recipes side by side: each one distills the same gac output from the same starting tensors (one process,
-the model and its original loaded once) on `gac heal`'s windows, then prints one JSON line: the held-out KL curve,
+the model and its original loaded once) on `gac heal`'s windows, then prints one JSON line: the held-out loss curve,
 the wall, the trained tensor count and, unless --no-ppl, the perplexities on gac heal's evaluation texts. A recipe
 is a JSON object of gac.heal.distill.DistillConfig fields; list one twice for an A/A twin of its timing.
 
@@ -49,7 +49,7 @@ def main() -> None:
         wall = time.perf_counter() - t
         out = {"recipe": {k: v for k, v in vars(cfg).items() if v != getattr(DistillConfig, k, None)},
                "trained_tensors": run.trainable_params, "steps": run.steps, "seconds": round(wall, 1),
-               "held_out_kl": [round(v, 4) for _, v in run.held_out_loss], "best_step": run.best_step,
+               "held_out_loss": [round(v, 4) for _, v in run.held_out_loss], "best_step": run.best_step,
                "backoffs": run.backoffs}
         if not args.no_ppl:
             out["ppl"] = ppl()

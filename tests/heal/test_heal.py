@@ -13,7 +13,7 @@ import torch
 from gac.api import CompressConfig, compress
 from gac.data import TextConfig
 from gac.errors import GacError
-from gac.heal.distill import DistillConfig, distill, held_out_kl, trainable_parameters
+from gac.heal.distill import DistillConfig, distill, held_out_loss, trainable_parameters
 from gac.heal.run import HealConfig, heal_dir
 from gac.heal.texts import heal_windows, sharing
 from tests.helpers import assert_one_error_line, run_gac
@@ -124,13 +124,13 @@ def test_early_stop_keeps_the_best_tensors(compressed, original):
     t = heal_windows(gac.load(compressed).tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32,
                      eval_windows=2)
     before = [p.detach().clone() for p in student.parameters()]
-    kl = held_out_kl(student, teacher, t.val, 2)
+    kl = held_out_loss(student, teacher, t.val, 2)
     result = distill(student, teacher, t.train, t.val, DistillConfig(tokens=32 * 2 * 40, lr=0.5, eval_every=2,
                                                                      patience=2, warmup=0.0), progress=False)
     assert result.stopped == "early stop" and result.best_step == 0 and result.steps < 40
     assert result.backoffs == [2]  # the first evaluation backed off, the second stopped
     assert all(torch.equal(a, b) for a, b in zip(before, student.parameters()))
-    assert held_out_kl(student, teacher, t.val, 2) == pytest.approx(kl)
+    assert held_out_loss(student, teacher, t.val, 2) == pytest.approx(kl)
     assert all(p.requires_grad for p in student.parameters())  # as it came
 
 
@@ -182,14 +182,43 @@ def test_changed_trains_the_compressions_tensors_and_the_norms_only(compressed, 
     assert all(id(names[n]) in trained for n in factors)
     assert all((id(names[n]) in trained) == (names[n].dim() == 1) for n in same - {"model.embed_tokens.weight"})
     t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
-    before = held_out_kl(student, teacher, t.val, 2)
+    before = held_out_loss(student, teacher, t.val, 2)
     changed = dataclasses.replace(HEAL.distill, train="changed")
     result = distill(student, teacher, t.train, t.val, changed, progress=False)
     assert result.trainable_params == sum(names[n].numel() for n in names if id(names[n]) in trained)
     assert all(torch.equal(kept[n], names[n]) for n in same if names[n].dim() > 1)
-    assert result.best_step > 0 and held_out_kl(student, teacher, t.val, 2) < 0.97 * before
+    assert result.best_step > 0 and held_out_loss(student, teacher, t.val, 2) < 0.97 * before
     with pytest.raises(GacError, match="--heal-train"):
         DistillConfig(train="factors")
+
+
+def test_ce_weight_adds_the_texts_cross_entropy(compressed, original):
+    """--ce-weight W: the loss is the KL to the original plus W x the student's cross-entropy on each window's next
+    tokens, in training and in the early-stopping loss alike; a run with it still lowers that loss."""
+    import torch.nn.functional as F
+
+    import gac
+    from gac.heal.distill import distillation_loss
+    from gac.models.loading import load_model
+
+    loaded, teacher = gac.load(compressed), load_model(str(original)).model
+    student = loaded.model
+    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    ids = t.val[:2]
+    with torch.inference_mode():
+        s_out, t_out = student(ids), teacher(ids)
+        ce = float(F.cross_entropy(s_out.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()))
+        kl = float(distillation_loss(s_out, t_out, 0.0))
+        assert float(distillation_loss(s_out, t_out, 0.0, ids, 0.5)) == pytest.approx(kl + 0.5 * ce, rel=1e-5)
+        assert float(distillation_loss(s_out, s_out, 0.0, ids, 2.0)) == pytest.approx(2.0 * ce, rel=1e-5, abs=1e-6)
+    assert held_out_loss(student, teacher, ids, 2, ce_weight=0.5) == pytest.approx(kl + 0.5 * ce, rel=1e-4)
+    cfg = dataclasses.replace(HEAL.distill, ce_weight=0.5, precision="fp32")
+    before = held_out_loss(student, teacher, t.val, 2, ce_weight=0.5)
+    result = distill(student, teacher, t.train, t.val, cfg, progress=False)
+    assert result.held_out_loss[0][1] == pytest.approx(before)
+    assert result.best_step > 0 and held_out_loss(student, teacher, t.val, 2, ce_weight=0.5) < 0.97 * before
+    with pytest.raises(GacError, match="--ce-weight"):
+        DistillConfig(ce_weight=-1.0)
 
 
 def test_compress_with_heal(original, tmp_path):
@@ -221,13 +250,14 @@ def test_a_failed_heal_leaves_no_output(compressed, tmp_path, monkeypatch):
 def test_cli_heals_and_prints_before_and_after(compressed, tmp_path):
     out = tmp_path / "out"
     p = run_gac("heal", compressed, "--out", out, "--heal-tokens", 32 * 2 * 6, "--seq-len", 32, "--eval-windows", 2,
-                "--heal-train", "changed", "--quiet")
+                "--heal-train", "changed", "--ce-weight", 0.25, "--quiet")
     assert p.returncode == 0, p.stderr
     assert "perplexity on held-out Python docs" in p.stdout and "Python licence" in p.stdout
     report = json.loads((out / "heal.json").read_text())
     run = report["run"]
     assert f"at peak lr {run['lr']:.2g}," in p.stdout and run["lr"] > 0
     assert report["config"]["train"] == "changed" and run["trainable_params"] < report["params"] / 2
+    assert report["config"]["ce_weight"] == 0.25 and "KL + 0.25 x cross-entropy" in p.stdout
 
 
 def _moved_original(compressed, tmp_path):
@@ -245,6 +275,7 @@ BAD_INPUT = {  # case -> (arguments after MODEL, expected in the error); MODEL i
     "empty text": (lambda c, o, t: [c, "--heal-file", _text(t, "  \n")], "empty"),
     "tiny text": (lambda c, o, t: [c, "--heal-file", _text(t, "a few words only")], "healing text"),
     "zero tokens": (lambda c, o, t: [c, "--heal-tokens", 0], "--heal-tokens"),
+    "negative ce weight": (lambda c, o, t: [c, "--ce-weight", -1], "--ce-weight"),
     "too few samples": (lambda c, o, t: [c, "--heal-samples", 2], "--heal-samples"),
 }
 
@@ -276,13 +307,14 @@ def test_healing_lowers_the_loss_in_either_precision(compressed, original, preci
 
     loaded, teacher = gac.load(compressed), load_model(str(original)).model
     t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
-    before = held_out_kl(loaded.model, teacher, t.val, 2)
+    before = held_out_loss(loaded.model, teacher, t.val, 2)
     result = distill(loaded.model, teacher, t.train, t.val,
-                     DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3, precision=precision),
+                     DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3, precision=precision,
+                                   ce_weight=0.0),
                      progress=False)
     assert result.precision == {"fp32": "float32", "bf16": "bfloat16"}[precision]
     assert all(p.dtype == torch.float32 for p in loaded.model.parameters())  # the weights stay fp32
-    assert result.best_step > 0 and held_out_kl(loaded.model, teacher, t.val, 2) < 0.97 * before
+    assert result.best_step > 0 and held_out_loss(loaded.model, teacher, t.val, 2) < 0.97 * before
 
 
 def test_auto_precision_is_bf16_only_where_native():
@@ -309,12 +341,12 @@ def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, or
 
     loaded, teacher = gac.load(compressed), load_model(str(original)).model
     t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
-    before = held_out_kl(loaded.model, teacher, t.val, 2)
+    before = held_out_loss(loaded.model, teacher, t.val, 2)
     result = distill(loaded.model, teacher, t.train, t.val,
-                     DistillConfig(tokens=32 * 2 * 30, lr=0.5, backoff=0.006, eval_every=3, patience=2, warmup=0.0),
-                     progress=False)
+                     DistillConfig(tokens=32 * 2 * 30, lr=0.5, backoff=0.006, eval_every=3, patience=2, warmup=0.0,
+                                   ce_weight=0.0), progress=False)
     assert result.backoffs[0] == 3 and dict(result.held_out_loss)[3] > before  # overshot, then backed off
-    assert result.best_step > result.backoffs[0] and held_out_kl(loaded.model, teacher, t.val, 2) < 0.97 * before
+    assert result.best_step > result.backoffs[0] and held_out_loss(loaded.model, teacher, t.val, 2) < 0.97 * before
 
 
 def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_text(compressed, original):
@@ -341,7 +373,8 @@ def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_
 def test_healing_on_samples_beside_the_text(compressed, tmp_path):
     """--heal-samples: windows sampled from the original join the training and early-stopping windows, and the
     KL on both falls."""
-    healed = heal_dir(str(compressed), str(tmp_path / "out"), dataclasses.replace(HEAL, samples=10))
+    kl_only = dataclasses.replace(HEAL.distill, ce_weight=0.0)
+    healed = heal_dir(str(compressed), str(tmp_path / "out"), dataclasses.replace(HEAL, samples=10, distill=kl_only))
     texts, run = healed.report["texts"], healed.report["run"]
     assert texts["sampled_windows"] == 8 and texts["val_windows"] == 4 and texts["sampling_seconds"] >= 0
     assert "8 windows sampled from the original" in texts["train"]

@@ -125,7 +125,7 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
             allow_profile_mismatch, dtype, device, factorization, alpha, importance, prune_layers, head_mode,
             drop_experts, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
             quiet, layerwise, max_memory, heal, heal_file, heal_tokens, heal_samples, heal_lr, heal_train,
-            hidden_weight, heal_precision, unlike_file, dry_run):
+            hidden_weight, ce_weight, heal_precision, unlike_file, dry_run):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
     from gac.errors import GacError
@@ -147,8 +147,8 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
                      group_size=group_size, drop_experts=drop_experts)
     _check_options(compressor or CompressConfig.compressor, options)
     healing = dict(heal_file=heal_file, heal_tokens=heal_tokens, heal_samples=heal_samples, heal_lr=heal_lr,
-                   heal_train=heal_train, hidden_weight=hidden_weight, heal_precision=heal_precision,
-                   unlike_file=unlike_file)
+                   heal_train=heal_train, hidden_weight=hidden_weight, ce_weight=ce_weight,
+                   heal_precision=heal_precision, unlike_file=unlike_file)
     if not heal and any(v is not None for v in healing.values()):
         given = ", ".join("--" + k.replace("_", "-") for k, v in healing.items() if v is not None)
         raise GacError(f"{given} set healing: give --heal too")

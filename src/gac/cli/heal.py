@@ -26,6 +26,9 @@ HEAL_OPTIONS = (
                       "compression changed (factor pairs, pruned weights) and the norms, steps 1.1-1.2x faster]."),
     click.option("--hidden-weight", type=Real(None, None, example=1.0),
                  help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
+    click.option("--ce-weight", type=Real(None, None, example=0.5),
+                 help="Weight of the cross-entropy on the healing text's own tokens beside the logits' KL "
+                      "[default: 0.5; 0: the original's distributions only]."),
     click.option("--heal-precision", type=click.Choice(PRECISIONS),
                  help="Matmuls in bf16 (weights and optimizer stay fp32) or fp32 [default: auto: bf16 where the "
                       "device has it natively]."),
@@ -42,7 +45,7 @@ def heal_options(f):
 
 
 def heal_config(*, heal_file=None, heal_tokens=None, heal_samples=None, heal_lr=None, heal_train=None,
-                hidden_weight=None, heal_precision=None, unlike_file=None, **rest):
+                hidden_weight=None, ce_weight=None, heal_precision=None, unlike_file=None, **rest):
     """gac.heal.HealConfig from the options given (the others keep the config's defaults); text files are read and
     checked now, before any model is loaded."""
     from gac import validate
@@ -53,7 +56,8 @@ def heal_config(*, heal_file=None, heal_tokens=None, heal_samples=None, heal_lr=
         if path is not None:
             validate.read_text(path, "text file", flag)
     given = {k: v for k, v in (("tokens", heal_tokens), ("lr", heal_lr), ("train", heal_train),
-                               ("hidden_weight", hidden_weight), ("precision", heal_precision)) if v is not None}
+                               ("hidden_weight", hidden_weight), ("ce_weight", ce_weight),
+                               ("precision", heal_precision)) if v is not None}
     rest = {**rest, "samples": heal_samples}
     return HealConfig(heal_file=heal_file, unlike_file=unlike_file, distill=DistillConfig(**given),
                       **{k: v for k, v in rest.items() if v is not None})
@@ -63,9 +67,10 @@ def describe(report: dict) -> list[str]:
     """The healing report in a few lines: perplexity before -> after on each text, the original's beside."""
     p, r, run = report["ppl"], report["ratio_to_original"], report["run"]
     names = report["texts"]
+    ce = report.get("config", {}).get("ce_weight", 0)
     lines = [f"healed on {run['tokens']:,} tokens of {names['train']} in {run['seconds']:.0f} s ({run['steps']} "
-             f"steps in {run.get('precision', 'fp32')} at peak lr {run.get('lr', 0):.2g}, {run['stopped']}, kept step "
-             f"{run['best_step']})"]
+             f"steps in {run.get('precision', 'fp32')} at peak lr {run.get('lr', 0):.2g}, KL + {ce:g} x "
+             f"cross-entropy, {run['stopped']}, kept step {run['best_step']})"]
     for key in p["before"]:  # the held-out text, then each unlike text
         lines.append(f"perplexity on {names[key]}: {p['before'][key]:.2f} ({r['before'][key]:.3f}x) -> "
                      f"{p['after'][key]:.2f} ({r['after'][key]:.3f}x); original {p['original'][key]:.2f}")
@@ -84,7 +89,7 @@ def describe(report: dict) -> list[str]:
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr, heal_train, hidden_weight,
-            heal_precision, unlike_file, eval_file, seq_len, eval_windows, device, force, quiet):
+            ce_weight, heal_precision, unlike_file, eval_file, seq_len, eval_windows, device, force, quiet):
     """Recover MODEL (a gac output) by distillation from its original; dims and parameter count unchanged."""
     from gac import validate
     from gac.cli.output import setup_logging
@@ -97,9 +102,9 @@ def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr,
     text = TextConfig(**{k: v for k, v in (("eval_file", eval_file), ("seq_len", seq_len),
                                            ("eval_windows", eval_windows)) if v is not None})
     cfg = heal_config(heal_file=heal_file, heal_tokens=heal_tokens, heal_samples=heal_samples, heal_lr=heal_lr,
-                      heal_train=heal_train, hidden_weight=hidden_weight, heal_precision=heal_precision,
-                      unlike_file=unlike_file, original=original, text=text, device=device, force=force,
-                      progress=not quiet)
+                      heal_train=heal_train, hidden_weight=hidden_weight, ce_weight=ce_weight,
+                      heal_precision=heal_precision, unlike_file=unlike_file, original=original, text=text,
+                      device=device, force=force, progress=not quiet)
     from gac.heal.run import heal_dir
 
     result = heal_dir(model, out, cfg)

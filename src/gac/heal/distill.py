@@ -1,5 +1,6 @@
-"""Distillation of a compressed model from its original: KL divergence of the logits (optionally matching each
-layer's hidden states), training the student's own tensors in place; its modules and dims never change."""
+"""Distillation of a compressed model from its original: KL divergence of the logits plus the cross-entropy on the
+healing text (optionally matching each layer's hidden states), training the student's own tensors in place; its
+modules and dims never change."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from gac.errors import GacError
 DEFAULT_TOKENS = 131072  # the --heal-tokens budget: 128 steps of 2 x 512 tokens
 PRECISIONS = ("auto", "bf16", "fp32")
 TRAINED = ("all", "changed")  # --heal-train: which of the decoder's tensors healing trains
+IGNORED = -100  # the label of a position with no next token in its window
 MIN_IMPROVEMENT = 1e-3  # a held-out loss this share lower counts as better for early stopping
 
 
@@ -27,6 +29,9 @@ class DistillConfig:
     lr: float = 3e-4  # peak learning rate (--heal-lr)
     batch: int = 2  # windows per step
     hidden_weight: float = 0.0  # weight of the hidden-state matching term (--hidden-weight); 0: logits only
+    ce_weight: float = 0.5  # --ce-weight: weight of the cross-entropy on the healing text's own next tokens beside
+    # the KL (the student's target: the original's distribution and the text's token, 1 : ce_weight); 0.5 healed
+    # asvd and svd_llm further than the KL alone on the docs and on both unlike texts (docs/RESULTS.md)
     eval_every: int = 16  # steps between held-out evaluations
     patience: int = 2  # evaluations without improvement before stopping early
     backoff: float = 0.25  # at an evaluation without improvement: the best tensors back, the lr times this
@@ -50,9 +55,9 @@ class DistillConfig:
             raise GacError(f"unknown --heal-train {self.train!r}: choose {', '.join(TRAINED)}")
         if self.precision not in PRECISIONS:
             raise GacError(f"unknown --heal-precision {self.precision!r}: choose {', '.join(PRECISIONS)}")
-        if not (isinstance(self.hidden_weight, (int, float)) and math.isfinite(self.hidden_weight)
-                and self.hidden_weight >= 0):
-            raise GacError(f"bad --hidden-weight {self.hidden_weight!r}: give a number >= 0, e.g. --hidden-weight 1")
+        for flag, value in (("--hidden-weight", self.hidden_weight), ("--ce-weight", self.ce_weight)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise GacError(f"bad {flag} {value!r}: give a number >= 0, e.g. {flag} 1")
 
     def steps(self, seq_len: int) -> int:
         return max(1, self.tokens // (self.batch * seq_len))
@@ -119,9 +124,11 @@ def trainable_parameters(model, original=None, which: str = "all") -> list[torch
     return [p for n, p in params if p.dim() < 2 or not unchanged(n, p)]
 
 
-def distillation_loss(student_out, teacher_out, hidden_weight: float) -> torch.Tensor:
+def distillation_loss(student_out, teacher_out, hidden_weight: float, tokens=None,
+                      ce_weight: float = 0.0) -> torch.Tensor:
     """KL(teacher || student) of the next-token distributions, mean per token; plus hidden_weight x the mean over
-    layers of each layer output's squared error relative to the teacher's mean square."""
+    layers of each layer output's squared error relative to the teacher's mean square; plus ce_weight x the
+    student's cross-entropy on the next tokens of `tokens` [B, S] (the windows both models read)."""
     s = F.log_softmax(student_out.logits.float().flatten(0, -2), dim=-1)  # [B*S, V]
     t = F.log_softmax(teacher_out.logits.float().flatten(0, -2), dim=-1)
     loss = F.kl_div(s, t, log_target=True, reduction="batchmean")
@@ -129,6 +136,9 @@ def distillation_loss(student_out, teacher_out, hidden_weight: float) -> torch.T
         pairs = list(zip(student_out.hidden_states[1:], teacher_out.hidden_states[1:]))  # [B, S, D] per layer
         hidden = sum(F.mse_loss(sh, th) / th.pow(2).mean().clamp_min(1e-12) for sh, th in pairs) / len(pairs)
         loss = loss + hidden_weight * hidden
+    if ce_weight:  # each position's next token; a window's last position has none (ignored: s is not copied)
+        following = F.pad(tokens[:, 1:], (0, 1), value=IGNORED).flatten()  # [B*S]
+        loss = loss + ce_weight * F.nll_loss(s, following, ignore_index=IGNORED)
     return loss
 
 
@@ -159,14 +169,17 @@ def _back_off(params, best_state, opt, sched, factor: float) -> None:
 
 
 @torch.inference_mode()
-def held_out_kl(student, teacher, windows: torch.Tensor, batch: int, dtype: torch.dtype = torch.float32) -> float:
-    """Mean per-token KL(teacher || student) on windows [n, seq] never trained on: the early-stopping loss."""
+def held_out_loss(student, teacher, windows: torch.Tensor, batch: int, dtype: torch.dtype = torch.float32,
+                  ce_weight: float = 0.0) -> float:
+    """The distillation loss (no hidden-state term) per token on windows [n, seq] never trained on: the
+    early-stopping loss."""
     device = next(student.parameters()).device
     total = 0.0
     for chunk in windows.split(batch):
         chunk = chunk.to(device)
         with autocast(device, dtype):
-            loss = distillation_loss(student(chunk, use_cache=False), teacher(chunk, use_cache=False), 0.0)
+            loss = distillation_loss(student(chunk, use_cache=False), teacher(chunk, use_cache=False), 0.0, chunk,
+                                     ce_weight)
         total += float(loss) * chunk.numel()
     return total / windows.numel()
 
@@ -185,7 +198,7 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
         p.requires_grad_(id(p) in trained)
     steps = cfg.steps(train.shape[1])
     dtype = cfg.compute_dtype(device)
-    best = held_out_kl(student.eval(), teacher, val, cfg.batch, dtype)
+    best = held_out_loss(student.eval(), teacher, val, cfg.batch, dtype, cfg.ce_weight)
     # fused: one kernel for all tensors, a sixth of foreach's time a step on the 2-core CPU (90M parameters)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, steps, cfg.warmup))
@@ -209,7 +222,7 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
             student.train()
             with autocast(device, dtype):
                 loss = distillation_loss(student(batch, use_cache=False, output_hidden_states=hidden), teacher_out,
-                                         cfg.hidden_weight)
+                                         cfg.hidden_weight, batch, cfg.ce_weight)
             del teacher_out
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -222,7 +235,7 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
             bar.set_postfix(loss=f"{loss:.4f}", held_out=f"{best:.4f}")
             if (step + 1) % cfg.eval_every and step + 1 < steps:
                 continue
-            value = held_out_kl(student.eval(), teacher, val, cfg.batch, dtype)
+            value = held_out_loss(student.eval(), teacher, val, cfg.batch, dtype, cfg.ce_weight)
             result.held_out_loss.append((step + 1, value))
             if value < best * (1 - MIN_IMPROVEMENT):
                 best, stale, result.best_step = value, 0, step + 1
