@@ -29,9 +29,9 @@ class DistillConfig:
     lr: float = 3e-4  # peak learning rate (--heal-lr)
     batch: int = 2  # windows per step
     hidden_weight: float = 0.0  # weight of the hidden-state matching term (--hidden-weight); 0: logits only
-    ce_weight: float = 0.5  # --ce-weight: weight of the cross-entropy on the healing text's own next tokens beside
+    ce_weight: float = 0.0  # --ce-weight: weight of the cross-entropy on the healing text's own next tokens beside
     # the KL (the student's target: the original's distribution and the text's token, 1 : ce_weight); 0.5 healed
-    # asvd and svd_llm further than the KL alone on the docs and on both unlike texts (docs/RESULTS.md)
+    # asvd and svd_llm further on every text but took 18 min instead of 15 at the default budget (docs/RESULTS.md)
     eval_every: int = 16  # steps between held-out evaluations
     patience: int = 2  # evaluations without improvement before stopping early
     backoff: float = 0.25  # at an evaluation without improvement: the best tensors back, the lr times this
