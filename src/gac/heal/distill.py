@@ -1,6 +1,6 @@
-"""Distillation of a compressed model from its original: KL divergence of the logits plus the cross-entropy on the
-healing text (optionally matching each layer's hidden states), training the student's own tensors in place; its
-modules and dims never change."""
+"""Distillation of a compressed model from its original: KL divergence of the logits (optionally plus the
+cross-entropy on the healing text and matching each layer's hidden states), training the student's own tensors in
+place; its modules and dims never change."""
 
 from __future__ import annotations
 
