@@ -3,12 +3,14 @@
 #   1. decode at batch 1 against the bytes read (a dense weight against its low-rank pair);
 #   2. the layer-wise Llama-3-8B-shaped run on CUDA at the default allocation: wall and peak GPU memory;
 #   3. torch.compile (default, max-autotune-no-cudagraphs) against eager for baseline, unaligned and gac;
-#   4. the CUDA-only tests.
+#   4. the CUDA-only tests;
+#   5. benchmarks/pareto.py on a random SmolLM2-shaped model, prefill 1x1024 then decode 1x512 (prune, asvd).
 # Each step runs under `timeout` with what is left of the budget; results land in WORK as they finish, and OUT gets
 # the log, the main JSON files and one archive of everything at the end (the device tool returns 8 files at most).
 #   BUDGET=520 bash benchmarks/gpu_owed.sh OUT            (no install, no network: src/ goes on PYTHONPATH)
 #   BUDGET=300 bash benchmarks/gpu_owed.sh OUT --tiny     (the CPU check: toy sizes)
 #   STEPS="env write-8b layerwise-8b" BUDGET=300 bash benchmarks/gpu_owed.sh OUT   (only these steps)
+#   COMPILE="--compressors prune --modes eager default" ...     (the compile step's own arguments)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?results folder}; shift
@@ -57,10 +59,21 @@ cp "$work/l8/report.md" "$out/layerwise_8b_report.md" 2>/dev/null; cp "$work/l8/
 rm -rf "$work/llama-3-8b" "$work/l8"/*.safetensors
 left=$(( deadline - $(date +%s) - 80 ))
 step compile 400 "$py" benchmarks/gpu_owed.py compile --out "$work" --budget-s $(( left > 30 ? left - 30 : 1 )) \
-  "${small[@]}"
+  "${small[@]}" ${COMPILE:-}
 if [ $tiny = 0 ]; then
-  step gpu-tests 60 "$py" -m pytest -q -p no:cacheprovider -m gpu -o addopts="" tests/pipeline/test_device.py tests/hw
+  step gpu-tests 90 "$py" -m pytest -q -p no:cacheprovider -m gpu -o addopts="" tests/pipeline/test_device.py tests/hw \
+    tests/cli/test_profile_cli.py
+  pareto=(--model random-smollm2 --device cuda --dtype bfloat16 --timing-rounds 20 --calib-windows 8)
+else
+  pareto=(--model random-tiny --timing-rounds 3 --calib-windows 2)
 fi
+for phase_shape in prefill:1x1024 decode:1x512; do
+  phase=${phase_shape%%:*}; shape=${phase_shape#*:}
+  [ $tiny = 1 ] && shape=1x64
+  step "pareto-$phase" 200 "$py" benchmarks/pareto.py "${pareto[@]}" --phase "$phase" --shape "$shape" \
+    --compressors prune asvd --targets 1.05 1.1 1.2 --ratios 0.15 0.3 --out "$work/pareto-$phase"
+  cp "$work/pareto-$phase/pareto.md" "$out/pareto-$phase.md" 2>/dev/null
+done
 step env-after 20 "$py" benchmarks/gpu_evidence.py env --out "$work" --phase after
 tar czf "$out/results.tgz" --exclude='*.safetensors' -C "$(dirname "$work")" "$(basename "$work")"
 cp "$log" "$out"/
