@@ -14,8 +14,8 @@ HEAL_OPTIONS = (
     click.option("--heal-file", type=click.Path(dir_okay=False),
                  help="Text to heal on [default: the calibration text]; windows sharing text with the evaluation "
                       "text are left out."),
-    click.option("--heal-tokens", type=Int(1, 10**10, example=131072),
-                 help="Training tokens [default: 131072: 128 steps of 2 x 512 tokens]."),
+    click.option("--heal-tokens", type=Int(1, 10**10, example=98304),
+                 help="Training tokens [default: 98304: 96 steps of 2 x 512 tokens]."),
     click.option("--heal-samples", type=Int(0, 100000, example=64),
                  help="Windows sampled from the original beside the healing text, so healing fits no one domain "
                       "[default: 0, none; e.g. 64]."),
@@ -28,7 +28,7 @@ HEAL_OPTIONS = (
                  help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
     click.option("--ce-weight", type=Real(None, None, example=0.5),
                  help="Weight of the cross-entropy on the healing text's own tokens beside the logits' KL "
-                      "[default: 0, the original's distributions only; 0.5 heals further, slower]."),
+                      "[default: 0.5; 0: the KL alone, the original's distributions only]."),
     click.option("--heal-precision", type=click.Choice(PRECISIONS),
                  help="Matmuls in bf16 (weights and optimizer stay fp32) or fp32 [default: auto: bf16 where the "
                       "device has it natively]."),
