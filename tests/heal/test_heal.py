@@ -397,3 +397,17 @@ def test_unlike_texts_are_those_the_distribution_carries(monkeypatch, tmp_path):
     (tmp_path / "idlelib").mkdir()
     (tmp_path / "idlelib" / "NEWS.txt").write_text("notes")
     assert {k: text for k, (_, text) in data.unlike_texts().items()} == {"licence": "licence", "release_notes": "notes"}
+
+
+def test_the_help_states_the_configs_defaults():
+    """The CLI spells the defaults in its help (parsing imports no torch); they must be DistillConfig's."""
+    from gac.cli.heal import HEAL_OPTIONS
+
+    helps = {}
+    for option in HEAL_OPTIONS:
+        param = option(lambda: None).__click_params__[0]
+        helps[param.opts[0]] = param.help
+    cfg = DistillConfig()
+    assert f"[default: {cfg.tokens}: {cfg.steps(512)} steps of {cfg.batch} x 512 tokens]" in helps["--heal-tokens"]
+    assert f"[default: {cfg.ce_weight};" in helps["--ce-weight"]
+    assert float(helps["--heal-lr"].split("[default: ")[1].split("]")[0]) == cfg.lr
