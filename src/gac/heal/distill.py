@@ -86,7 +86,7 @@ class DistillResult:
     tokens: int  # tokens trained on
     stopped: str  # "budget" (every step taken) or "early stop" (held-out loss stopped improving)
     best_step: int  # the step whose tensors were kept (0: the student as it came)
-    held_out_loss: list = field(default_factory=list)  # [(step, KL to the teacher per token on the validation windows)]
+    held_out_loss: list = field(default_factory=list)  # [(step, held_out_loss on the validation windows)]
     backoffs: list = field(default_factory=list)  # steps after which the best tensors came back at a lower lr
     train_loss: list = field(default_factory=list)  # [(step, distillation loss)]
     seconds: float = 0.0  # wall-clock
@@ -187,9 +187,9 @@ def held_out_loss(student, teacher, windows: torch.Tensor, batch: int, dtype: to
 def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: DistillConfig,
             progress: bool = True) -> DistillResult:
     """Train `student` in place to match `teacher` on token windows `train` [n, seq]; every cfg.eval_every steps its
-    KL to the teacher on `val` [m, seq] (never trained on) is measured and the best tensors are kept; an evaluation
-    without improvement brings the best tensors back at cfg.backoff times the learning rate, and cfg.patience of them
-    in a row stop the run. Returns the run's figures."""
+    distillation loss on `val` [m, seq] (held_out_loss; never trained on) is measured and the best tensors are kept;
+    an evaluation without improvement brings the best tensors back at cfg.backoff times the learning rate, and
+    cfg.patience of them in a row stop the run. Returns the run's figures."""
     device = next(student.parameters()).device
     params = trainable_parameters(student, teacher, cfg.train)
     was_trainable = {id(p): p.requires_grad for p in student.parameters()}
