@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gac.data import EVAL_EVERY, TextConfig, load_windows, pydoc_split, read_text, token_windows
+from gac.data import EVAL_EVERY, TextConfig, load_windows, pydoc_split, read_text, stdlib_sources, token_windows
 from gac.errors import GacError
 from tests.conftest import tiny_tokenizer
 
@@ -95,6 +95,29 @@ def test_token_windows_fewer_than_one_window_raises(tokenizer):
     with pytest.raises(GacError, match=f"calibration text has {n} tokens, fewer than one window of {n + 1}"):
         token_windows(tokenizer, text, n + 1, 4, what="calibration")
     assert token_windows(tokenizer, text, n, 4, what="calibration").shape == (1, n)
+
+
+def test_stdlib_sources_are_whole_module_files_up_to_the_token_count(tokenizer, tmp_path, monkeypatch):
+    """The standard library's module sources, never its tests or site-packages, whole files in one seeded order,
+    until they hold the tokens asked (the last file may pass it)."""
+    import sysconfig
+
+    modules = {f"m{i}.py": f"def f{i}(x):\n    return x + {i}  # module {i}\n" * 20 for i in range(6)}
+    modules["pkg/inner.py"] = "class Inner:\n    pass\n" * 20
+    others = {"test/test_m0.py": "TESTS", "pkg/tests/t.py": "TESTS", "site-packages/p.py": "INSTALLED",
+              "idlelib/idle_test/t.py": "TESTS", "notes.txt": "TEXT"}
+    for name, text in {**modules, **others}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    every = stdlib_sources(tokenizer, 10**9)
+    assert all(t in every for t in modules.values())
+    assert len(every) == sum(map(len, modules.values())) + 2 * (len(modules) - 1)  # each whole, once
+    assert not any(word in every for word in ("TESTS", "INSTALLED", "TEXT"))
+    assert every == stdlib_sources(tokenizer, 10**9) and every != stdlib_sources(tokenizer, 10**9, seed=1)
+    one = len(tokenizer(modules["m0.py"], add_special_tokens=False)["input_ids"])
+    some = stdlib_sources(tokenizer, 2 * one)
+    assert every.startswith(some) and some.count("def f") + some.count("class Inner") in (40, 60)
 
 
 def test_load_windows_uses_user_files(tmp_path, tokenizer):

@@ -1,4 +1,5 @@
-"""Calibration and evaluation text: Python's own documentation by default (disjoint parts), or user files."""
+"""Calibration and evaluation text: Python's own documentation by default (disjoint parts), or user files;
+the standard library's sources, which healing trains on beside the docs; the texts unlike them."""
 
 from __future__ import annotations
 
@@ -48,6 +49,29 @@ def unlike_texts() -> dict[str, tuple[str, str]]:
             raise GacError(f"this Python distribution carries no {path}: pass a text unlike the calibration text "
                            "with --unlike-file")
     return out
+
+
+SOURCES_LEFT_OUT = {"site-packages", "test", "tests", "idle_test"}  # standard-library folders not of its modules
+
+
+def stdlib_sources(tokenizer, tokens: int, seed: int = 0) -> str:
+    """Whole source files of the standard library's modules (no tests, no site-packages) in a seeded order, until
+    they hold `tokens` tokens: code, its comments and docstrings, and the licence notices some modules carry, a kind
+    of text the documentation lacks. The files differ between Python versions, the order never within one."""
+    import random
+    import sysconfig
+    from pathlib import Path
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*.py") if not SOURCES_LEFT_OUT & set(p.relative_to(stdlib).parts))
+    random.Random(seed).shuffle(files)
+    parts, n = [], 0
+    for path in files:
+        if n >= tokens:
+            break
+        parts.append(path.read_text(encoding="utf-8", errors="replace"))
+        n += len(tokenizer(parts[-1], add_special_tokens=False, verbose=False)["input_ids"])
+    return "\n\n".join(parts)
 
 
 def read_text(path, flag: str = "--calib-file/--eval-file") -> str:

@@ -115,6 +115,26 @@ def test_evaluation_windows_are_never_trained_on(tmp_path, compressed):
     assert sharing(t.held_out[:1], evaluation).all()  # the check finds what it looks for
 
 
+def test_the_default_healing_text_is_stdlib_sources_beside_the_docs(compressed):
+    """By default healing trains on the calibration docs and as many tokens of the standard library's sources (a
+    kind of text the docs lack), and stops early on the docs' windows, as it did on the docs alone."""
+    import gac
+    from gac.data import pydoc_split, stdlib_sources, token_windows
+    from gac.heal.texts import SOURCES_SHARE
+
+    tokenizer = gac.load(compressed).tokenizer
+    t = heal_windows(tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    docs = token_windows(tokenizer, pydoc_split()[0], 32, 1 << 30, what="calibration")
+    doc_rows = {tuple(r) for r in docs.tolist()}
+    assert all(tuple(r) in doc_rows for r in t.val.tolist())
+    from_docs = sum(tuple(r) in doc_rows for r in t.train.tolist())
+    assert from_docs == docs.shape[0] - t.val.shape[0] - t.dropped
+    sources = t.train.shape[0] - from_docs
+    assert SOURCES_SHARE * docs.shape[0] - 1 <= sources < 2 * SOURCES_SHARE * docs.shape[0]  # whole files: past it
+    code = stdlib_sources(tokenizer, 32 * sources)
+    assert tokenizer.decode(t.train[0]) in code and "standard-library sources" in t.names["train"]
+
+
 def test_early_stop_keeps_the_best_tensors(compressed, original):
     """A learning rate that only makes things worse: the run stops early and the student is as it came."""
     import gac

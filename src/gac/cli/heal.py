@@ -12,8 +12,8 @@ TRAINED = ("all", "changed")  # gac.heal.distill.TRAINED, likewise
 
 HEAL_OPTIONS = (
     click.option("--heal-file", type=click.Path(dir_okay=False),
-                 help="Text to heal on [default: the calibration text]; windows sharing text with the evaluation "
-                      "text are left out."),
+                 help="Text to heal on [default: the calibration text and as many tokens of the standard "
+                      "library's sources]; windows sharing text with the evaluation text are left out."),
     click.option("--heal-tokens", type=Int(1, 10**10, example=98304),
                  help="Training tokens [default: 98304: 96 steps of 2 x 512 tokens]."),
     click.option("--heal-samples", type=Int(0, 100000, example=64),

@@ -16,6 +16,8 @@ log = logging.getLogger(__name__)
 VAL_WINDOWS = 2  # windows of the healing text set aside for early stopping (never trained on)
 MIN_TRAIN_WINDOWS = 4  # fewer left to train on is refused
 OVERLAP_TOKENS = 32  # a training window sharing a run this long with an evaluation window is dropped
+SOURCES_SHARE = 1.0  # the default healing text: the docs' calibration part and this many times its tokens of the
+# standard library's sources, which heal the texts unlike the docs further (docs/RESULTS.md, 2026-11-27)
 
 
 @dataclass
@@ -103,21 +105,27 @@ def sharing(windows: torch.Tensor, evaluation: Iterable[torch.Tensor]) -> torch.
 
 def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unlike_file: str | None,
                  seq_len: int, eval_windows: int) -> HealTexts:
-    """Windows of the healing text (the default calibration text, or `heal_file`) less any that share text with the
-    evaluation windows, its last VAL_WINDOWS set aside for early stopping; the held-out evaluation windows (the
-    default held-out docs, or `eval_file`); and the texts unlike the calibration text (gac.data.unlike_texts, or
-    `unlike_file`). A text too short for this is refused in one line."""
-    from gac.data import pydoc_split, read_text, token_windows, unlike_texts
+    """Windows of the healing text (`heal_file`, or by default the standard library's sources then the calibration
+    text, SOURCES_SHARE times its tokens of sources) less any that share text with the evaluation windows, its last
+    VAL_WINDOWS set aside for early stopping; the held-out evaluation windows (the default held-out docs, or
+    `eval_file`); and the texts unlike the calibration text (gac.data.unlike_texts, or `unlike_file`). A text too
+    short for this is refused in one line."""
+    from gac.data import pydoc_split, read_text, stdlib_sources, token_windows, unlike_texts
 
     calib, docs = pydoc_split()
-    train_text = read_text(heal_file, "--heal-file") if heal_file else calib
     held_text = read_text(eval_file, "--eval-file") if eval_file else docs
     unlike_named = ({"unlike": (unlike_file, read_text(unlike_file, "--unlike-file"))} if unlike_file
                     else unlike_texts())
     held_out = token_windows(tokenizer, held_text, seq_len, eval_windows, what="evaluation")
     unlike = {key: token_windows(tokenizer, text, seq_len, eval_windows, what=name)
               for key, (name, text) in unlike_named.items()}
-    windows = token_windows(tokenizer, train_text, seq_len, 1 << 30, what="healing")
+    if heal_file:
+        windows = token_windows(tokenizer, read_text(heal_file, "--heal-file"), seq_len, 1 << 30, what="healing")
+    else:  # the sources first, so the early-stopping windows (the last) are the docs', as with the docs alone
+        docs_windows = token_windows(tokenizer, calib, seq_len, 1 << 30, what="calibration")
+        sources = stdlib_sources(tokenizer, int(SOURCES_SHARE * docs_windows.numel()))
+        windows = torch.cat([token_windows(tokenizer, sources, seq_len, 1 << 30, what="standard-library source"),
+                             docs_windows])
     shared = sharing(windows, [held_out, *unlike.values()])
     windows = windows[~shared]
     need = VAL_WINDOWS + MIN_TRAIN_WINDOWS
@@ -125,6 +133,6 @@ def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unl
         raise GacError(f"the healing text gives {windows.shape[0]} windows of {seq_len} tokens apart from the "
                        f"evaluation text, fewer than the {need} healing needs: pass a longer --heal-file or a smaller "
                        "--seq-len")
-    names = {"train": heal_file or "calibration text (Python docs)",
+    names = {"train": heal_file or "calibration text (Python docs) + standard-library sources",
              "held_out": eval_file or "held-out Python docs", **{k: name for k, (name, _) in unlike_named.items()}}
     return HealTexts(windows[:-VAL_WINDOWS], windows[-VAL_WINDOWS:], held_out, unlike, names, int(shared.sum()))
