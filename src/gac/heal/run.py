@@ -23,7 +23,7 @@ class HealConfig:
     """Every default of `gac heal` (and of `gac compress --heal`) lives here."""
 
     original: str | None = None  # the teacher (--original); None: the original recorded in gac_plan.json
-    heal_file: str | None = None  # training text; None: the default calibration text
+    heal_file: str | None = None  # training text; None: the calibration docs and the standard library's sources
     unlike_file: str | None = None  # the text unlike the calibration text; None: gac.data.unlike_texts()
     samples: int = 0  # --heal-samples: windows sampled from the original beside the healing text (0: none; off by
     # default, since on the embedded model they cost minutes for no clear gain: docs/RESULTS.md, 2026-11-26)
