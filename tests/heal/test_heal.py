@@ -135,6 +135,23 @@ def test_the_default_healing_text_is_stdlib_sources_beside_the_docs(compressed):
     assert tokenizer.decode(t.train[0]) in code and "standard-library sources" in t.names["train"]
 
 
+def test_without_the_stdlib_sources_healing_reads_the_docs_alone(compressed, tmp_path, monkeypatch, caplog):
+    """A Python that ships its standard library as bytecode only: the default healing text is the docs, with a
+    warning, not a refusal."""
+    import sysconfig
+
+    import gac
+    from gac.data import pydoc_split, token_windows
+
+    tokenizer = gac.load(compressed).tokenizer
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    (tmp_path / "LICENSE.txt").write_text(" ".join(f"clause {i} of the licence." for i in range(400)))
+    t = heal_windows(tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    docs = token_windows(tokenizer, pydoc_split()[0], 32, 1 << 30, what="calibration")
+    assert torch.equal(torch.cat([t.train, t.val]), docs[~sharing(docs, list(t.evaluated().values()))])
+    assert "no standard-library sources" in caplog.text
+
+
 def test_early_stop_keeps_the_best_tensors(compressed, original):
     """A learning rate that only makes things worse: the run stops early and the student is as it came."""
     import gac

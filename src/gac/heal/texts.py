@@ -124,8 +124,13 @@ def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unl
     else:  # the sources first, so the early-stopping windows (the last) are the docs', as with the docs alone
         docs_windows = token_windows(tokenizer, calib, seq_len, 1 << 30, what="calibration")
         sources = stdlib_sources(tokenizer, int(SOURCES_SHARE * docs_windows.numel()))
-        windows = torch.cat([token_windows(tokenizer, sources, seq_len, 1 << 30, what="standard-library source"),
-                             docs_windows])
+        try:
+            windows = torch.cat([token_windows(tokenizer, sources, seq_len, 1 << 30, what="standard-library source"),
+                                 docs_windows])
+        except GacError:  # a distribution without its sources (bytecode only): the docs alone
+            log.warning("this Python carries no standard-library sources to heal on beside the docs: healing on the "
+                        "docs alone")
+            windows = docs_windows
     shared = sharing(windows, [held_out, *unlike.values()])
     windows = windows[~shared]
     need = VAL_WINDOWS + MIN_TRAIN_WINDOWS
