@@ -53,6 +53,17 @@ def healed(compressed, tmp_path_factory):
     return heal_dir(str(compressed), str(out), HEAL)
 
 
+@pytest.fixture(scope="module")
+def docs_file(tmp_path_factory):
+    """The calibration docs alone as a healing file: the windows the training-loop tests were tuned on, apart from
+    the default healing text's standard-library sources."""
+    from gac.data import pydoc_split
+
+    path = tmp_path_factory.mktemp("heal") / "docs.txt"
+    path.write_text(pydoc_split()[0])
+    return str(path)
+
+
 def _structure_and_params(path):
     import gac
 
@@ -152,13 +163,13 @@ def test_without_the_stdlib_sources_healing_reads_the_docs_alone(compressed, tmp
     assert "no standard-library sources" in caplog.text
 
 
-def test_early_stop_keeps_the_best_tensors(compressed, original):
+def test_early_stop_keeps_the_best_tensors(compressed, original, docs_file):
     """A learning rate that only makes things worse: the run stops early and the student is as it came."""
     import gac
     from gac.models.loading import load_model
 
     student, teacher = gac.load(compressed).model, load_model(str(original)).model
-    t = heal_windows(gac.load(compressed).tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32,
+    t = heal_windows(gac.load(compressed).tokenizer, heal_file=docs_file, eval_file=None, unlike_file=None, seq_len=32,
                      eval_windows=2)
     before = [p.detach().clone() for p in student.parameters()]
     kl = held_out_loss(student, teacher, t.val, 2)
@@ -203,7 +214,7 @@ def test_embeddings_and_head_are_not_trained(tiny):
     assert len({id(p) for p in trainable_parameters(tiny)}) == len(list(tiny.parameters())) - 1  # tied: one left out
 
 
-def test_changed_trains_the_compressions_tensors_and_the_norms_only(compressed, original):
+def test_changed_trains_the_compressions_tensors_and_the_norms_only(compressed, original, docs_file):
     """--heal-train changed: the factor pairs and every vector train; the matrices the compression
     left as they were keep the original's values through a whole run, and the held-out loss still falls."""
     import gac
@@ -218,7 +229,8 @@ def test_changed_trains_the_compressions_tensors_and_the_norms_only(compressed, 
     assert factors and same - {"model.embed_tokens.weight"}  # the tiny asvd output has both kinds
     assert all(id(names[n]) in trained for n in factors)
     assert all((id(names[n]) in trained) == (names[n].dim() == 1) for n in same - {"model.embed_tokens.weight"})
-    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    t = heal_windows(loaded.tokenizer, heal_file=docs_file, eval_file=None, unlike_file=None, seq_len=32,
+                     eval_windows=2)
     before = held_out_loss(student, teacher, t.val, 2)
     changed = dataclasses.replace(HEAL.distill, train="changed")
     result = distill(student, teacher, t.train, t.val, changed, progress=False)
@@ -229,7 +241,7 @@ def test_changed_trains_the_compressions_tensors_and_the_norms_only(compressed, 
         DistillConfig(train="factors")
 
 
-def test_ce_weight_adds_the_texts_cross_entropy(compressed, original):
+def test_ce_weight_adds_the_texts_cross_entropy(compressed, original, docs_file):
     """--ce-weight W: the loss is the KL to the original plus W x the student's cross-entropy on each window's next
     tokens, in training and in the early-stopping loss alike; a run with it still lowers that loss."""
     import torch.nn.functional as F
@@ -240,7 +252,8 @@ def test_ce_weight_adds_the_texts_cross_entropy(compressed, original):
 
     loaded, teacher = gac.load(compressed), load_model(str(original)).model
     student = loaded.model
-    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    t = heal_windows(loaded.tokenizer, heal_file=docs_file, eval_file=None, unlike_file=None, seq_len=32,
+                     eval_windows=2)
     ids = t.val[:2]
     with torch.inference_mode():
         s_out, t_out = student(ids), teacher(ids)
@@ -337,13 +350,14 @@ def test_heal_options_need_heal(tmp_path):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_healing_lowers_the_loss_in_either_precision(compressed, original, precision):
+def test_healing_lowers_the_loss_in_either_precision(compressed, original, docs_file, precision):
     """bf16 matmuls (autocast; weights, optimizer and loss in fp32) heal as fp32 does, and the run says which ran."""
     import gac
     from gac.models.loading import load_model
 
     loaded, teacher = gac.load(compressed), load_model(str(original)).model
-    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    t = heal_windows(loaded.tokenizer, heal_file=docs_file, eval_file=None, unlike_file=None, seq_len=32,
+                     eval_windows=2)
     before = held_out_loss(loaded.model, teacher, t.val, 2)
     result = distill(loaded.model, teacher, t.train, t.val,
                      DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3, precision=precision,
@@ -370,14 +384,15 @@ def test_cli_choices_are_the_configs():
     assert PRECISIONS == CONFIG_PRECISIONS and TRAINED == CONFIG_TRAINED
 
 
-def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, original):
+def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, original, docs_file):
     """An lr far too high makes the first evaluation worse: the best tensors come back at a lower lr (times
     `backoff`), which then heals."""
     import gac
     from gac.models.loading import load_model
 
     loaded, teacher = gac.load(compressed), load_model(str(original)).model
-    t = heal_windows(loaded.tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
+    t = heal_windows(loaded.tokenizer, heal_file=docs_file, eval_file=None, unlike_file=None, seq_len=32,
+                     eval_windows=2)
     before = held_out_loss(loaded.model, teacher, t.val, 2)
     result = distill(loaded.model, teacher, t.train, t.val,
                      DistillConfig(tokens=32 * 2 * 30, lr=0.5, backoff=0.006, eval_every=3, patience=2, warmup=0.0,
