@@ -160,7 +160,7 @@ def test_without_the_stdlib_sources_healing_reads_the_docs_alone(compressed, tmp
     t = heal_windows(tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32, eval_windows=2)
     docs = token_windows(tokenizer, pydoc_split()[0], 32, 1 << 30, what="calibration")
     assert torch.equal(torch.cat([t.train, t.val]), docs[~sharing(docs, list(t.evaluated().values()))])
-    assert "no standard-library sources" in caplog.text
+    assert "no standard-library sources" in caplog.text and "sources" not in t.names["train"]
 
 
 def test_early_stop_keeps_the_best_tensors(compressed, original, docs_file):

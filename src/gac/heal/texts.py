@@ -119,6 +119,7 @@ def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unl
     held_out = token_windows(tokenizer, held_text, seq_len, eval_windows, what="evaluation")
     unlike = {key: token_windows(tokenizer, text, seq_len, eval_windows, what=name)
               for key, (name, text) in unlike_named.items()}
+    train_name = heal_file or "calibration text (Python docs) + standard-library sources"
     if heal_file:
         windows = token_windows(tokenizer, read_text(heal_file, "--heal-file"), seq_len, 1 << 30, what="healing")
     else:  # the sources first, so the early-stopping windows (the last) are the docs', as with the docs alone
@@ -130,7 +131,7 @@ def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unl
         except GacError:  # a distribution without its sources (bytecode only): the docs alone
             log.warning("this Python carries no standard-library sources to heal on beside the docs: healing on the "
                         "docs alone")
-            windows = docs_windows
+            windows, train_name = docs_windows, "calibration text (Python docs)"
     shared = sharing(windows, [held_out, *unlike.values()])
     windows = windows[~shared]
     need = VAL_WINDOWS + MIN_TRAIN_WINDOWS
@@ -138,6 +139,6 @@ def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unl
         raise GacError(f"the healing text gives {windows.shape[0]} windows of {seq_len} tokens apart from the "
                        f"evaluation text, fewer than the {need} healing needs: pass a longer --heal-file or a smaller "
                        "--seq-len")
-    names = {"train": heal_file or "calibration text (Python docs) + standard-library sources",
+    names = {"train": train_name,
              "held_out": eval_file or "held-out Python docs", **{k: name for k, (name, _) in unlike_named.items()}}
     return HealTexts(windows[:-VAL_WINDOWS], windows[-VAL_WINDOWS:], held_out, unlike, names, int(shared.sum()))
