@@ -368,7 +368,8 @@ def _save(model, tokenizer, cfg: CompressConfig, report, compressor, streamed_to
 
 
 def _plan_and_files(model, cfg: CompressConfig, report, compressor) -> tuple[dict, dict]:
-    """gac_plan.json's content and the files saved beside the model (report.json, report.md, dims.png)."""
+    """gac_plan.json's content and the files saved beside the model (report.json, report.md, dims.png; heal.png
+    after --heal)."""
     from gac.evaluate.dims_plot import plot_dims
     from gac.evaluate.report import report_json, report_markdown
     from gac.heal.run import healed_summary
@@ -386,4 +387,8 @@ def _plan_and_files(model, cfg: CompressConfig, report, compressor) -> tuple[dic
     plot_dims(inspect_model(model, {cfg.alignment, 8, 16, 32}), png)
     content = report.to_dict()
     files = {"report.json": report_json(content), "report.md": report_markdown(content), "dims.png": png.getvalue()}
+    if report.heal:
+        from gac.heal.plot import PLOT_FILE, heal_png
+
+        files[PLOT_FILE] = heal_png(report.heal)
     return plan, files

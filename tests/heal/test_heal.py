@@ -108,6 +108,16 @@ def test_healed_output_keeps_dims_and_params_and_loads_everywhere(compressed, he
     assert plan["dims"] == original["dims"] and plan["variant"] == original["variant"]
     assert plan["healed"]["original"] == original["source_model"]
     assert json.loads((healed.out / "heal.json").read_text()) == json.loads(json.dumps(healed.report))
+    _assert_heal_png(healed.out / "heal.png")
+
+
+def _assert_heal_png(path):
+    """heal.png is a PNG of the plot's size (12 x 4.6 inches at 110 dpi)."""
+    import matplotlib.image
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width = matplotlib.image.imread(path).shape[:2]
+    assert (width, height) == (1320, 506)
 
 
 def test_evaluation_windows_are_never_trained_on(tmp_path, compressed):
@@ -279,6 +289,7 @@ def test_compress_with_heal(original, tmp_path):
     assert h["ppl"]["after"]["held_out"] < h["ppl"]["before"]["held_out"]
     assert json.loads((out / "gac_plan.json").read_text())["healed"]["tokens"] == h["run"]["tokens"]
     assert "Healed by distillation" in (out / "report.md").read_text()
+    _assert_heal_png(out / "heal.png")
     with pytest.raises(GacError, match="layer by layer"):
         CompressConfig(heal=HEAL, layerwise=True)
 

@@ -195,4 +195,5 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
 
         for line in describe(result.report["heal"]):
             click.echo(line)
-    click.echo(f"saved {result.report['saved_variant']} model, report.json, report.md and dims.png to {result.out}")
+    plots = "dims.png and heal.png" if result.report.get("heal") else "dims.png"
+    click.echo(f"saved {result.report['saved_variant']} model, report.json, report.md and {plots} to {result.out}")

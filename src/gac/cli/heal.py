@@ -110,4 +110,4 @@ def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr,
     result = heal_dir(model, out, cfg)
     for line in describe(result.report):
         click.echo(line)
-    click.echo(f"saved the healed model and heal.json to {result.out}")
+    click.echo(f"saved the healed model, heal.json and heal.png to {result.out}")

@@ -149,7 +149,9 @@ def healed_summary(original: str, report: dict) -> dict:
 
 
 def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
-    """Load the gac output `model`, heal it from its original and save it to `out` (atomically) with heal.json."""
+    """Load the gac output `model`, heal it from its original and save it to `out` (atomically) with heal.json and
+    heal.png."""
+    from gac.heal.plot import PLOT_FILE, heal_png
     from gac.models.io import MODELING_HASH, check_out_dir, is_gac_dir, load, plan_record, read_plan, save
     from gac.models.loading import load_model
 
@@ -172,5 +174,5 @@ def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
     new_plan = plan_record(variant=plan.get("variant"), source_model=plan.get("source_model"),
                            alignment=plan.get("alignment"), dims=plan.get("dims"), **kept, healed=summary)
     saved = save(loaded.model, loaded.tokenizer, out, plan=new_plan,
-                 extra_files={HEAL_FILE: json.dumps(report, indent=2)}, force=cfg.force)
+                 extra_files={HEAL_FILE: json.dumps(report, indent=2), PLOT_FILE: heal_png(report)}, force=cfg.force)
     return HealOutput(saved, report)
