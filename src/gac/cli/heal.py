@@ -65,12 +65,13 @@ def heal_config(*, heal_file=None, heal_tokens=None, heal_samples=None, heal_lr=
 
 def describe(report: dict) -> list[str]:
     """The healing report in a few lines: perplexity before -> after on each text, the original's beside."""
+    from gac.heal.distill import loss_name
+
     p, r, run = report["ppl"], report["ratio_to_original"], report["run"]
     names = report["texts"]
-    ce = report.get("config", {}).get("ce_weight", 0)
     lines = [f"healed on {run['tokens']:,} tokens of {names['train']} in {run['seconds']:.0f} s ({run['steps']} "
-             f"steps in {run.get('precision', 'fp32')} at peak lr {run.get('lr', 0):.2g}, KL + {ce:g} x "
-             f"cross-entropy, {run['stopped']}, kept step {run['best_step']})"]
+             f"steps in {run.get('precision', 'fp32')} at peak lr {run.get('lr', 0):.2g}, "
+             f"{loss_name(report.get('config', {}))}, {run['stopped']}, kept step {run['best_step']})"]
     for key in p["before"]:  # the held-out text, then each unlike text
         lines.append(f"perplexity on {names[key]}: {p['before'][key]:.2f} ({r['before'][key]:.3f}x) -> "
                      f"{p['after'][key]:.2f} ({r['after'][key]:.3f}x); original {p['original'][key]:.2f}")
@@ -110,4 +111,7 @@ def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr,
     result = heal_dir(model, out, cfg)
     for line in describe(result.report):
         click.echo(line)
-    click.echo(f"saved the healed model, heal.json and heal.png to {result.out}")
+    from gac.heal.plot import PLOT_FILE
+    from gac.heal.run import HEAL_FILE
+
+    click.echo(f"saved the healed model, {HEAL_FILE} and {PLOT_FILE} to {result.out}")

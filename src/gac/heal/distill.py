@@ -124,6 +124,13 @@ def trainable_parameters(model, original=None, which: str = "all") -> list[torch
     return [p for n, p in params if p.dim() < 2 or not unchanged(n, p)]
 
 
+def loss_name(config: dict) -> str:
+    """The loss a run trained on, in words, from its config (DistillConfig's fields, as heal.json records them)."""
+    hidden = config.get("hidden_weight", 0)
+    return f"KL + {config.get('ce_weight', 0):g} x cross-entropy" + (
+        f" + {hidden:g} x hidden-state error" if hidden else "")
+
+
 def distillation_loss(student_out, teacher_out, hidden_weight: float, tokens=None,
                       ce_weight: float = 0.0) -> torch.Tensor:
     """KL(teacher || student) of the next-token distributions, mean per token; plus hidden_weight x the mean over

@@ -16,10 +16,10 @@ def plot_heal(report: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from gac.heal.distill import loss_name
+
     run, ratio, names = report["run"], report["ratio_to_original"], report["texts"]
     config = report.get("config", {})
-    loss = f"KL + {config.get('ce_weight', 0):g} x cross-entropy" + (
-        f" + {config['hidden_weight']:g} x hidden-state error" if config.get("hidden_weight") else "")
     fig, (loss_ax, ppl_ax) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [3, 2]})
 
     if run["train_loss"]:
@@ -31,7 +31,7 @@ def plot_heal(report: dict, path) -> None:
     for i, step in enumerate(run["backoffs"]):
         loss_ax.axvline(step, ls=":", color="grey", label=None if i else "backoff: best tensors back, lower lr")
     loss_ax.axvline(run["best_step"], ls="--", color="#2ca02c", label=f"kept: step {run['best_step']}")
-    loss_ax.set_title(f"{loss} per token: {run['steps']} steps, {run['tokens']:,} tokens, "
+    loss_ax.set_title(f"{loss_name(config)} per token: {run['steps']} steps, {run['tokens']:,} tokens, "
                       f"{run['seconds']:.0f} s", fontsize=10)
     loss_ax.set_xlabel("step")
     loss_ax.set_ylabel("loss")
