@@ -32,7 +32,7 @@ log = logging.getLogger("pareto")
 
 
 def load(args):
-    """(model, calib [n, S] tokens, held-back calibration windows (the guard's, past calib), held-out windows or None,
+    """(model, calib [n, S] tokens, held-back calibration windows (the guard's, beside calib), held-out windows or None,
     source)."""
     import torch
 

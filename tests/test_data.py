@@ -129,7 +129,8 @@ def test_load_windows_uses_user_files(tmp_path, tokenizer):
     cfg = TextConfig(calib_file=str(tmp_path / "c.txt"), eval_file=str(tmp_path / "e.txt"), seq_len=16,
                      calib_windows=3, eval_windows=2)
     calib, held_out = load_windows(tokenizer, cfg)
-    assert torch.equal(calib, token_windows(tokenizer, calib_text, 16, 3, what="c"))
+    every = token_windows(tokenizer, calib_text, 16, 1 << 30, what="c")  # the user's text, spread as the default
+    assert torch.equal(calib, every[[0, round((every.shape[0] - 1) / 2), every.shape[0] - 1]])
     assert torch.equal(held_out, token_windows(tokenizer, eval_text, 16, 2, what="e"))
     default_calib, default_eval = load_windows(tokenizer, TextConfig(seq_len=16, calib_windows=3, eval_windows=2))
     assert not torch.equal(calib, default_calib)
@@ -145,3 +146,26 @@ def test_load_windows_missing_user_file_raises(tmp_path, tokenizer):
     with pytest.raises(GacError) as info:
         load_windows(tokenizer, TextConfig(eval_file=str(missing), seq_len=16))
     assert str(missing) in str(info.value)
+
+
+def test_calibration_windows_spread_over_the_whole_text(tokenizer):
+    """The calibrating windows are cfg.calib_windows of the text's windows spread evenly from its first to its last,
+    in order; the held-back windows are others, never a calibrating one; a text of fewer windows calibrates on all."""
+    from gac.data import HELD_BACK_WINDOWS, calibration_windows, held_back_windows
+
+    cfg = TextConfig(seq_len=64, calib_windows=5)
+    every = token_windows(tokenizer, pydoc_split()[0], 64, 1 << 30, what="calibration")
+    calib, rest = calibration_windows(tokenizer, cfg)
+    assert calib.shape == (5, 64) and rest.shape == (every.shape[0] - 5, 64)
+    assert torch.equal(calib[0], every[0]) and torch.equal(calib[-1], every[-1])
+    rows = [next(i for i, w in enumerate(every) if torch.equal(w, c)) for c in calib]
+    gaps = [b - a for a, b in zip(rows, rows[1:])]
+    assert max(gaps) - min(gaps) <= 1 and min(gaps) > every.shape[0] // 10  # even, and over the whole text
+    assert torch.equal(load_windows(tokenizer, cfg)[0], calib)
+    held_back = held_back_windows(tokenizer, cfg)
+    assert held_back.shape == (HELD_BACK_WINDOWS, 64)
+    assert not any(torch.equal(h, c) for h in held_back for c in calib)
+    few = TextConfig(seq_len=64, calib_windows=every.shape[0] + 3)
+    assert torch.equal(calibration_windows(tokenizer, few)[0], every)
+    with pytest.raises(GacError, match="no window of 64 tokens beside the"):
+        held_back_windows(tokenizer, few)

@@ -217,7 +217,7 @@ def test_guard_keeps_the_lower_loss_of_the_reaching_models(tiny_model_dir):
 
 
 def test_guard_compares_on_the_held_back_windows(tiny_model_dir, tmp_path):
-    """The guard measures both streams' models on the calibration windows past those that calibrate (what auto
+    """The guard measures both streams' models on the calibration windows besides those that calibrate (what auto
     compares compressors on), never on a calibrating window; a calibration text with none past them is refused in
     one line, unless --no-guard."""
     from gac.data import HELD_BACK_WINDOWS, held_back_windows, load_windows

@@ -190,7 +190,7 @@ def compress(cfg: CompressConfig) -> CompressResult:
 
 
 def _held_back(tokenizer, cfg: CompressConfig):
-    """The calibration windows past those that calibrate (gac.data.held_back_windows), on which --compressor auto and
+    """The calibration windows besides those that calibrate (gac.data.held_back_windows), on which --compressor auto and
     the --speedup guard compare models by one loss: auto's kept model is then the best of every closed-loop stream of
     every compressor it built, and each compressor's is the one its single run keeps. None where neither runs."""
     from gac.data import held_back_windows

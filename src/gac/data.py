@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gac.errors import GacError
 
 EVAL_EVERY = 5  # every 5th pydoc topic (sorted by name) is held out for evaluation
-# calibration windows past those that calibrate, on which --compressor auto and the --speedup guard compare models
+# calibration windows besides those that calibrate, on which --compressor auto and the --speedup guard compare models
 HELD_BACK_WINDOWS = 8
 
 
@@ -110,24 +110,42 @@ def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what:
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # [n, seq_len]
 
 
-def held_back_windows(tokenizer, cfg: TextConfig, n: int = HELD_BACK_WINDOWS):
-    """Up to `n` calibration windows [k, seq_len] past the cfg.calib_windows that calibrate: calibration text that
-    the analysis never saw, to compare models on without touching the evaluation text."""
+def spread(total: int, n: int):
+    """Indices [min(n, total)] of `n` of `total` windows spread evenly from the first to the last, in order."""
+    import torch
+
+    return torch.linspace(0, total - 1, n).round().long() if total > n else torch.arange(total)
+
+
+def calibration_windows(tokenizer, cfg: TextConfig):
+    """(calibrating windows, the rest) [n, seq_len] and [N - n, seq_len]: every window of the calibration text
+    (cfg.calib_file, or the docs' calibration part), cfg.calib_windows of them spread evenly over it. Windows spread
+    over the whole text fit it less narrowly than its first pages: a compressor calibrated on them loses less on
+    text unlike it, and healing takes the docs back (docs/RESULTS.md, 2026-11-27)."""
+    import torch
+
     text = read_text(cfg.calib_file, "--calib-file") if cfg.calib_file else pydoc_split()[0]
-    windows = token_windows(tokenizer, text, cfg.seq_len, cfg.calib_windows + n, what="calibration")
-    if len(windows) <= cfg.calib_windows:
-        raise GacError(f"the calibration text has no window of {cfg.seq_len} tokens past the {cfg.calib_windows} "
+    every = token_windows(tokenizer, text, cfg.seq_len, 1 << 30, what="calibration")  # [N, seq_len]
+    chosen = torch.zeros(every.shape[0], dtype=torch.bool)
+    chosen[spread(every.shape[0], cfg.calib_windows)] = True
+    return every[chosen], every[~chosen]
+
+
+def held_back_windows(tokenizer, cfg: TextConfig, n: int = HELD_BACK_WINDOWS):
+    """Up to `n` calibration windows [k, seq_len] apart from the cfg.calib_windows that calibrate, spread evenly over
+    the rest: calibration text that the analysis never saw, to compare models on without touching the evaluation
+    text."""
+    rest = calibration_windows(tokenizer, cfg)[1]
+    if len(rest) == 0:
+        raise GacError(f"the calibration text has no window of {cfg.seq_len} tokens beside the {cfg.calib_windows} "
                        "that calibrate, to compare models on (--compressor auto, and the --speedup guard): pass a "
                        "longer --calib-file or fewer --calib-windows (or --no-guard with --speedup)")
-    return windows[cfg.calib_windows:]
+    return rest[spread(rest.shape[0], n)]
 
 
 def load_windows(tokenizer, cfg: TextConfig):
-    """(calibration windows, evaluation windows) as LongTensors [n, seq_len]."""
-    default_calib, default_eval = pydoc_split()
-    calib = read_text(cfg.calib_file, "--calib-file") if cfg.calib_file else default_calib
-    held_out = read_text(cfg.eval_file, "--eval-file") if cfg.eval_file else default_eval
-    return (
-        token_windows(tokenizer, calib, cfg.seq_len, cfg.calib_windows, what="calibration"),
-        token_windows(tokenizer, held_out, cfg.seq_len, cfg.eval_windows, what="evaluation"),
-    )
+    """(calibration windows spread over the calibration text, evaluation windows from the start of the held-out
+    text) as LongTensors [n, seq_len]."""
+    held_out = read_text(cfg.eval_file, "--eval-file") if cfg.eval_file else pydoc_split()[1]
+    return (calibration_windows(tokenizer, cfg)[0],
+            token_windows(tokenizer, held_out, cfg.seq_len, cfg.eval_windows, what="evaluation"))

@@ -371,7 +371,7 @@ def test_healing_lowers_the_loss_in_either_precision(compressed, original, docs_
                      eval_windows=2)
     before = held_out_loss(loaded.model, teacher, t.val, 2)
     result = distill(loaded.model, teacher, t.train, t.val,
-                     DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3, precision=precision,
+                     DistillConfig(tokens=32 * 2 * 48, lr=3e-3, eval_every=6, patience=3, precision=precision,
                                    ce_weight=0.0),
                      progress=False)
     assert result.precision == {"fp32": "float32", "bf16": "bfloat16"}[precision]

@@ -102,7 +102,8 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--calib-file", type=click.Path(dir_okay=False), help="Calibration text [default: Python docs].")
 @click.option("--eval-file", type=click.Path(dir_okay=False), help="Held-out evaluation text [default: Python docs].")
 @click.option("--seq-len", type=Int(1, 131072, example=512), help="Tokens per window [default: 512].")
-@click.option("--calib-windows", type=Int(1, 100000, example=16), help="Calibration windows [default: 16].")
+@click.option("--calib-windows", type=Int(1, 100000, example=16),
+              help="Calibration windows, spread evenly over the calibration text [default: 16].")
 @click.option("--eval-windows", type=Int(1, 100000, example=24), help="Evaluation windows [default: 24].")
 @click.option("--prefill-tokens", type=Int(1, 131072, example=512),
               help="Prefill length for latency [default: 512; under --speedup its --shape].")
