@@ -142,8 +142,8 @@ def assert_unaligned_output_repairs(model_dir, tmp_path):
     from gac.models.io import load
     from gac.repair import repair_dir
 
-    raw = tmp_path / "raw"
-    compress(fast_config(model_dir, compressor="prune", ratio=0.3, out=str(raw), align=False, evaluate=False,
+    raw = tmp_path / "raw"  # at 0.25 every tiny family's own widths are irregular (at 0.3 mixtral's are 32 and 24)
+    compress(fast_config(model_dir, compressor="prune", ratio=0.25, out=str(raw), align=False, evaluate=False,
                          compressor_options={"layers": "all", "head_mode": "none"}))
     assert any(w % 8 for w in _expert_widths(load(raw).model))  # the compressor's own widths are irregular
     out = repair_dir(str(raw), str(tmp_path / "fixed"), align=8, measure_latency=False)
