@@ -180,8 +180,11 @@ def test_lowrank_compressors_take_any_proxy(name, proxy, setup):
 
 
 def test_output_fisher_matches_autograd_and_restores_the_model(setup):
-    """E_t[(dl_t/dy_tj)^2] per output channel: the hooked pass equals the per-token-loss gradient of the output."""
-    from gac.importance import output_fisher
+    """E[(dl/dy_j)^2] per output channel, l the cross-entropy against labels drawn from the model's own softmax: the
+    hooked pass equals the gradients of the output taken one drawn label at a time, with the same seeded draws."""
+    import torch.nn.functional as F
+
+    from gac.importance import FISHER_SAMPLES, FISHER_SEED, output_fisher
 
     model, names, windows, _, _ = setup
     name = names[5]
@@ -192,15 +195,41 @@ def test_output_fisher_matches_autograd_and_restores_the_model(setup):
     handle = model.get_submodule(name).register_forward_hook(lambda m, i, o: captured.setdefault("y", o))
     try:
         with torch.enable_grad():
-            out = model(ids, labels=ids, use_cache=False)
-            n = ids.shape[0] * (ids.shape[1] - 1)
-            g = torch.autograd.grad(out.loss * n, captured["y"])[0]  # [b, seq, out]
+            logits = model(ids, use_cache=False).logits[:, :-1].reshape(-1, model.config.vocab_size).float()
+            generator = torch.Generator().manual_seed(FISHER_SEED)
+            labels = torch.multinomial(logits.detach().softmax(-1), FISHER_SAMPLES, replacement=True,
+                                       generator=generator)
+            expected = 0
+            for k in range(FISHER_SAMPLES):
+                loss = F.cross_entropy(logits, labels[:, k], reduction="sum")
+                g = torch.autograd.grad(loss, captured["y"], retain_graph=True)[0]  # [b, seq, out]
+                expected = expected + g.double().square().reshape(-1, g.shape[-1]).sum(0)
     finally:
         handle.remove()
-    expected = g.double().square().reshape(-1, g.shape[-1]).sum(0) / n
+    expected = expected / (logits.shape[0] * FISHER_SAMPLES)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-12 * float(expected.max()))
     assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_output_fisher_is_the_models_own_not_the_texts(setup):
+    """At the logits z, dl/dz = p - onehot(label): with labels drawn from p, E[sum_j (dl/dz_j)^2] = 1 - sum_j p_j^2
+    per token, whatever the text says next; the text's own labels give sum_j p_j^2 - 2 p_label + 1 instead."""
+    import copy
+
+    from gac.importance import output_fisher
+
+    model, _, windows, _, _ = setup
+    model = copy.deepcopy(model)  # peaked predictions (the tiny model's are near uniform, where both agree)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4)
+    got = float(output_fisher(model, windows, ["lm_head"], batch_size=2, progress=False)["lm_head"].sum())
+    with torch.no_grad():
+        p = model(windows, use_cache=False).logits[:, :-1].double().softmax(-1)  # [n, seq - 1, V]
+    own = float((1 - p.square().sum(-1)).mean())
+    text = float((p.square().sum(-1) - 2 * p.gather(-1, windows[:, 1:, None]).squeeze(-1) + 1).mean())
+    assert abs(got - own) < 0.05 * own  # Monte-Carlo error over the windows' tokens and draws
+    assert abs(text - own) > 4 * abs(got - own)  # nearer the model's own figure than the text's, by far
 
 
 def test_output_loss_model_allocates_within_budget(setup):

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from gac.errors import GacError
@@ -28,6 +29,10 @@ GRADIENT_PROXIES = ("taylor", "fisher")
 # (each weight's output error under truncation, weighted by the output-gradient Fisher of its output channels).
 OUTPUT = "output"
 GRAD_BATCH = 2  # windows per backward batch of the gradient passes (the layer-by-layer pipeline batches them alike)
+# The output Fisher is that of the model's own predictive distribution: per predicted token, FISHER_SAMPLES labels
+# drawn from its softmax (a generator seeded FISHER_SEED, in batch order: the layer-by-layer pipeline draws alike).
+FISHER_SAMPLES = 4
+FISHER_SEED = 0
 LOWRANK_IMPORTANCE = (OUTPUT, *PROXIES)
 
 log = logging.getLogger(__name__)
@@ -237,16 +242,34 @@ def weight_scores(proxy: str, model, names: list[str], *, stats: dict | None = N
     return [scores[n].total / weight_of(model, n).numel() for n in names]
 
 
+def drawn_label_losses(logits: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
+    """FISHER_SAMPLES summed cross-entropies of the next-token predictions in logits [b, seq, V] (positions 0..seq-2)
+    against labels drawn from their own softmax. The squared gradients of these losses average to the Fisher of the
+    model's predictive distribution, i.e. the Hessian of the KL divergence from the original's predictions: what
+    healing then distils toward, and what the text's own labels (the empirical Fisher) fit to the calibration text's
+    domain (docs/RESULTS.md, 2026-11-27 13:56)."""
+    flat = logits[:, :-1].reshape(-1, logits.shape[-1]).float()  # [N, V]
+    with torch.no_grad():
+        labels = torch.multinomial(flat.softmax(-1), FISHER_SAMPLES, replacement=True, generator=generator)  # [N, K]
+    return [F.cross_entropy(flat, labels[:, k], reduction="sum") for k in range(FISHER_SAMPLES)]
+
+
+def fisher_generator(device) -> torch.Generator:
+    """The seeded generator that draws the output Fisher's labels on `device` (one per pass over the windows)."""
+    return torch.Generator(device=device).manual_seed(FISHER_SEED)
+
+
 def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH,
                   progress: bool = True) -> dict[str, torch.Tensor]:
-    """{name: [out] float64}: E_t[(dl_t/dy_tj)^2] per output channel j of each named linear, the empirical Fisher of
-    the per-token language-modelling loss l_t with respect to the linear's output y_t, over the calibration windows.
+    """{name: [out] float64}: E[(dl/dy_j)^2] per output channel j of each named linear, l the cross-entropy of a
+    next-token prediction against a label drawn from the model's own softmax (drawn_label_losses), over the
+    calibration windows' predicted tokens and FISHER_SAMPLES draws each.
 
-    Only activation gradients are computed (no weight requires grad: the embeddings' output is the leaf), so the
-    pass costs about one forward and one backward. Layer by layer, the same figures come from a reverse sweep that
-    recomputes one decoder layer from its stored input and back-propagates the gradient of its output."""
+    Only activation gradients are computed (no weight requires grad: the embeddings' output is the leaf); the
+    pass costs one forward and FISHER_SAMPLES backwards. Layer by layer, the same figures come from a reverse sweep
+    that recomputes one decoder layer from its stored input and back-propagates the gradients of its output."""
     device = next(model.parameters()).device
-    tokens = 0
+    terms, generator = 0, None
 
     def leaf(_module, _inputs, output):
         return output.detach().requires_grad_(True)
@@ -257,16 +280,17 @@ def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size:
             with (output_grad_sums(model, names) as sums, torch.inference_mode(False), torch.enable_grad(),
                   tqdm(total=len(windows), desc="output gradients", unit="window", disable=not progress) as bar):
                 for batch in windows.split(batch_size):
-                    ids = batch.to(device)  # [b, seq]
-                    n = ids.shape[0] * (ids.shape[1] - 1)  # predicted tokens: loss * n is the sum of per-token losses
-                    loss = model(ids, labels=ids, use_cache=False).loss * n
-                    loss.backward()
-                    del loss
-                    tokens += n
-                    bar.update(len(ids))
+                    logits = model(batch.to(device), use_cache=False).logits  # [b, seq, V]
+                    generator = generator or fisher_generator(logits.device)
+                    losses = drawn_label_losses(logits, generator)
+                    for k, loss in enumerate(losses):
+                        loss.backward(retain_graph=k < len(losses) - 1)
+                    del logits, losses
+                    terms += batch.shape[0] * (batch.shape[1] - 1) * FISHER_SAMPLES
+                    bar.update(len(batch))
         finally:
             handle.remove()
-    return {name: s / max(tokens, 1) for name, s in sums.items()}
+    return {name: s / max(terms, 1) for name, s in sums.items()}
 
 
 @contextmanager

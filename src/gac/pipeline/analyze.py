@@ -32,6 +32,8 @@ from gac.importance import (
     GRADIENT_PROXIES,
     OUTPUT,
     collect_gradients,
+    drawn_label_losses,
+    fisher_generator,
     frozen_parameters,
     output_grad_sums,
 )
@@ -41,6 +43,7 @@ from gac.pipeline.layers import (
     embed,
     layer_count,
     layer_module,
+    logits_from_last_hidden,
     loss_from_last_hidden,
     run_layer,
 )
@@ -155,15 +158,19 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
                 b.hidden = run_layer(layer, b, i)
             source.release_layer(i)
     output_loss = compressor.proxy == OUTPUT
-    grads, tokens = [], 0
-    for b, last in zip(grad_batches, _split([b.hidden for b in batches])):  # d loss / d (last layer's output)
+    grads, terms, generator = [], 0, None  # grads[k]: d loss / d (last layer's output) of batch k, one per loss
+    for b, last in zip(grad_batches, _split([b.hidden for b in batches])):
         h = last.detach().requires_grad_(True)
-        n = b.ids.shape[0] * (b.ids.shape[1] - 1)  # predicted tokens
         with torch.enable_grad():
-            loss = loss_from_last_hidden(model, b.ids, h)
-            (loss * n if output_loss else loss).backward()  # as importance.output_fisher / gradient_stats
-        grads.append(h.grad)
-        tokens += n
+            if output_loss:  # as importance.output_fisher: labels drawn from the model's own softmax
+                logits = logits_from_last_hidden(model, b.ids, h)
+                generator = generator or fisher_generator(logits.device)
+                losses = drawn_label_losses(logits, generator)
+            else:  # as importance.gradient_stats: the text's own labels
+                losses = [loss_from_last_hidden(model, b.ids, h)]
+            grads.append([torch.autograd.grad(loss, h, retain_graph=True)[0] for loss in losses])
+        del losses, h
+        terms += b.ids.shape[0] * (b.ids.shape[1] - 1) * len(grads[-1])
     units_by_layer = {}
     for i in tqdm(reversed(range(n_layers)), total=n_layers, desc="layers (reverse)", unit="layer",
                   disable=not progress):
@@ -178,11 +185,15 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
               torch.enable_grad()):
             for k, (b, x) in enumerate(zip(grad_batches, _split(stored))):
                 h = x.detach().clone().requires_grad_(True)
-                run_layer(layer, b, i, h).backward(grads[k])
-                grads[k] = h.grad
+                y, passed = run_layer(layer, b, i, h), []
+                for j, g in enumerate(grads[k]):
+                    h.grad = None
+                    y.backward(g, retain_graph=j < len(grads[k]) - 1)
+                    passed.append(h.grad)
+                grads[k] = passed
         for n in names:
             if output_loss:
-                stats[n].out_fisher = grad_sums[n] / max(tokens, 1)
+                stats[n].out_fisher = grad_sums[n] / max(terms, 1)
             else:
                 stats[n].extra["grads"] = grad_sums[n]
         del stored, inputs[i]

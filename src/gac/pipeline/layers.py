@@ -102,6 +102,12 @@ def run_layer(layer: nn.Module, batch: Batch, i: int, hidden: torch.Tensor | Non
     return layer(batch.hidden if hidden is None else hidden, *args, **kwargs)
 
 
+def logits_from_last_hidden(model, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's logits [b, seq, V] from the last layer's output [b, seq, D], through its final norm and head."""
+    with swapped_layers(model, [_Inject(hidden)]):
+        return model(ids.to(hidden.device), use_cache=False).logits
+
+
 def loss_from_last_hidden(model, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """The model's language-modelling loss (mean over the batch's predicted tokens) from the last layer's output
     [b, seq, D], through the model's final norm, head and loss code."""

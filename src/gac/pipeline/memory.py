@@ -144,7 +144,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     `compressor` built from `options` (its config options, as CompressConfig.compressor_options)."""
     from gac.compressors import make_compressor
     from gac.compressors.sensitivity import PROBE_TOKENS
-    from gac.importance import FOLD_ELEMENTS, GRADIENT_PROXIES, OUTPUT
+    from gac.importance import FISHER_SAMPLES, FOLD_ELEMENTS, GRADIENT_PROXIES, OUTPUT
 
     s = Shapes.of(config)
     b = BYTES[dtype]
@@ -157,6 +157,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     xtx, own = c.needs_xtx, c.own_xtx  # X^T X collected in the analysis; own: the SVD is whitened by it
     loss_model = lowrank and c.proxy == OUTPUT
     reverse = c.needs_windows  # a gradient pass (whole), the reverse sweep (layer-wise)
+    backwards = FISHER_SAMPLES if loss_model else 1  # the loss model's gradients: one per drawn label
     probe = min(PROBE_TOKENS, seq_len) if c.measures_sensitivity else 0  # whole model only: one probe pass per weight
     tokens = calib_windows * seq_len
     act = b  # hidden states in the model's dtype
@@ -182,7 +183,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     batch = 4  # calibration's batches (the reverse sweep's gradient passes run halves of them)
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
     logits = 3 * 2 * seq_len * s.vocab * 4 if reverse else 0  # float logits, grad, softmax of a gradient batch
-    flight = (3 if reverse else 1) * tokens * s.hidden * act  # hidden states and gradients; stored inputs on disk
+    flight = (2 + backwards if reverse else 1) * tokens * s.hidden * act  # hidden states, gradients; inputs on disk
     weights = s.params * b
     if layerwise:  # the larger of the two sweeps: analysis, materialization
         analysis = {
@@ -234,10 +235,10 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     rate = flops_per_s or matmul_rate()
     one, statistics = forward_flops / rate, xtx_flops / (rate * FP64_SHARE)
     if layerwise:  # forward (reverse sweep: + statistics, recompute, backward); materialization runs none
-        passes = {"calibration sweep": (1 + 1 + 3 if reverse else 1) * one + statistics}
+        passes = {"calibration sweep": (1 + 1 + 1 + 2 * backwards if reverse else 1) * one + statistics}
     else:  # the analysis's forward (a gradient pass: forward, recompute, backward), materialization's forward
         passes = {"calibration pass": one + statistics, "materialization pass": one,
-                  **({f"gradient pass ({c.proxy})": 3 * one} if reverse else {})}
+                  **({f"gradient pass ({c.proxy})": (1 + 2 * backwards) * one} if reverse else {})}
     work = {"probe passes": probe_flops / rate,
             FACTORIZING: s.layers * sum(f / (rate * share) for f, share in factorizing),
             "loss model (float64)": fp64_flops / (rate * FP64_SHARE)}
