@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from gac.errors import GacError
@@ -248,10 +247,10 @@ def drawn_label_losses(logits: torch.Tensor, generator: torch.Generator) -> list
     model's predictive distribution, i.e. the Hessian of the KL divergence from the original's predictions: what
     healing then distils toward, and what the text's own labels (the empirical Fisher) fit to the calibration text's
     domain (docs/RESULTS.md, 2026-11-27 13:56)."""
-    flat = logits[:, :-1].reshape(-1, logits.shape[-1]).float()  # [N, V]
+    log_p = logits[:, :-1].reshape(-1, logits.shape[-1]).float().log_softmax(-1)  # [N, V], one for every draw
     with torch.no_grad():
-        labels = torch.multinomial(flat.softmax(-1), FISHER_SAMPLES, replacement=True, generator=generator)  # [N, K]
-    return [F.cross_entropy(flat, labels[:, k], reduction="sum") for k in range(FISHER_SAMPLES)]
+        labels = torch.multinomial(log_p.exp(), FISHER_SAMPLES, replacement=True, generator=generator)  # [N, K]
+    return [-log_p.gather(1, labels[:, k:k + 1]).sum() for k in range(FISHER_SAMPLES)]
 
 
 def fisher_generator(device) -> torch.Generator:
