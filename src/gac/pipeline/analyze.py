@@ -166,9 +166,11 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
                 logits = logits_from_last_hidden(model, b.ids, h)
                 generator = generator or fisher_generator(logits.device)
                 losses = drawn_label_losses(logits, generator)
+                del logits  # the losses hold what the backwards need; the next batch's head must not meet this one
             else:  # as importance.gradient_stats: the text's own labels
                 losses = [loss_from_last_hidden(model, b.ids, h)]
-            grads.append([torch.autograd.grad(loss, h, retain_graph=True)[0] for loss in losses])
+            grads.append([torch.autograd.grad(loss, h, retain_graph=k < len(losses) - 1)[0]
+                          for k, loss in enumerate(losses)])
         del losses, h
         terms += b.ids.shape[0] * (b.ids.shape[1] - 1) * len(grads[-1])
     units_by_layer = {}
