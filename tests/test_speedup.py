@@ -263,14 +263,46 @@ def test_guard_keeps_the_stream_that_reaches(tiny_model_dir):
 @pytest.mark.parametrize("second, kept", [(0.95, 2), (1.05, 1)])
 def test_a_model_far_past_the_target_gets_one_looser_round(tiny_model_dir, second, kept):
     """Round 1 reaches the target 5% past it: round 2 solves at a budget loosened by that excess, and is kept if it
-    reaches the target too (else round 1 stays kept); no third round either way."""
-    r = _guarded(tiny_model_dir, {"latency": {1: 0.95, 2: 0.95, "else": second}}, guard=False, rounds=3)
-    first, looser = r["latency_objective"]["rounds"]
+    reaches the target too (no third round: it was loosened once); if it falls short, round 3 halves the bracket
+    between the two budgets (short again here: round 1 stays kept). At 1.1x, where the tiny model's halved budget
+    solves to dims of its own."""
+    speedup = 1.1
+    r = _guarded(tiny_model_dir, {"latency": {1: 0.95, 2: 0.95, "else": second}}, guard=False, rounds=3,
+                 speedup=speedup)
+    first, looser, *halved = r["latency_objective"]["rounds"]
     assert first["reached"] and looser["reached"] == (second < 1)
-    aim = BASE_MS / (1.05 * 1.01) * 0.99
-    assert looser["budget_ms"] == pytest.approx(first["budget_ms"] + (aim - 0.95 * BASE_MS / 1.05))
+    aim = BASE_MS / (speedup * 1.01) * 0.99
+    assert looser["budget_ms"] == pytest.approx(first["budget_ms"] + (aim - 0.95 * BASE_MS / speedup))
     assert looser["gac_predicted_ms"] >= first["gac_predicted_ms"]
+    if second < 1:
+        assert not halved
+    else:
+        assert [row["budget_ms"] for row in halved] == [pytest.approx((first["budget_ms"] + looser["budget_ms"]) / 2)]
+        assert not halved[0]["reached"]
     assert r["latency_objective"]["round"] == kept and r["latency_objective"]["reached"]
+
+
+def test_rounds_between_a_reaching_and_a_short_budget_halve_the_bracket(tiny_model_dir):
+    """Round 1 falls short; round 2, tightened, reaches far past the aim; from then on each round halves the bracket
+    between the loosest budget that reached and the tightest that fell short, and the last reaching one (the least
+    cut) is kept: round 3 at the midpoint reaches far past the aim again, round 4 halves the upper half and falls
+    short."""
+    factors = {1: 1.05, 2: 0.9, 3: 0.9, 4: 0.9, 5: 0.9}  # timings 3 and 5 confirm rounds 2 and 3
+    r = _guarded(tiny_model_dir, {"latency": {**factors, "else": 1.02}}, guard=False, rounds=4)
+    rows = r["latency_objective"]["rounds"]
+    assert [row["reached"] for row in rows] == [False, True, True, False]
+    b = [row["budget_ms"] for row in rows]
+    assert b[1] < b[0] and b[2] == pytest.approx((b[0] + b[1]) / 2) and b[3] == pytest.approx((b[0] + b[2]) / 2)
+    assert r["latency_objective"]["round"] == 3 and r["latency_objective"]["reached"]
+    assert r["latency_objective"]["guard"]["latency"]["rounds"] == 4
+
+
+def test_a_halved_bracket_that_solves_as_before_ends_the_stream(tiny_model_dir):
+    """At 1.05x the tiny model's halved bracket (round 1 reached far past the aim, its looser round 2 fell short)
+    solves to round 1's dims again: no third round builds and times them again, though rounds are left."""
+    r = _guarded(tiny_model_dir, {"latency": {1: 0.95, 2: 0.95, "else": 1.05}}, guard=False, rounds=4)
+    first, looser = r["latency_objective"]["rounds"]
+    assert first["reached"] and not looser["reached"] and r["latency_objective"]["round"] == 1
 
 
 class SlowCalibration(ShortThenReached):

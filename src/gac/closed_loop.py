@@ -3,8 +3,9 @@ predicted to run S times faster than the original at one phase and shape, then b
 original; the loop aims at S and a margin against the drift between timings (a second, independent timing confirms a
 round that reaches it). When a round measures short, the latency budget is tightened by the measured residual (and
 one noise floor more) and the choice solved again (a few rounds at most), and loosened once when it reaches far past
-the aim. The guard runs the parameter objective's choice through the same loop beside it and keeps the reaching model
-with the lower loss on held-back calibration windows (as --compressor auto compares compressors: gac.auto)."""
+the aim; once a stream has a budget that reached and a looser one that fell short, each further round halves that
+bracket. The guard runs the parameter objective's choice through the same loop beside it and keeps the reaching
+model with the lower loss on held-back calibration windows (as --compressor auto compares compressors: gac.auto)."""
 
 from __future__ import annotations
 
@@ -44,10 +45,18 @@ class Stream:
     loss: float | None = None  # mean next-token loss of the reaching model on the guard's held-back windows
     done: bool = False
     loosened: bool = False  # a reaching round far past the target was followed by one with a looser budget
+    reach_ms: float | None = None  # the loosest budget whose round reached the aim
+    short_ms: float | None = None  # the tightest budget whose round fell short
+    tried: list = field(default_factory=list)  # the dims of every round built, so that no choice is timed twice
 
     @property
     def reached(self) -> bool:
         return self.kept is not None and self.kept[1]["reached"]
+
+    @property
+    def bracketed(self) -> bool:
+        """A budget that reached and a looser one that fell short are known: the next round halves them."""
+        return self.reach_ms is not None and self.short_ms is not None
 
     def summary(self) -> dict:
         """report.json's latency_objective.guard entry: the kept round by its number, not its figures again."""
@@ -246,9 +255,10 @@ class ClosedLoop:
         choices, rows, built = {}, {}, {}
         for s in active:
             choice, extra = self._solve(s)
-            if choice is None:
+            if choice is None or (s.bracketed and choice.dims in s.tried):  # a halved bracket that solves as before
                 s.done = True
                 continue
+            s.tried.append(choice.dims)
             choices[s.name] = choice
             rows[s.name] = {"round": k, "budget_ms": s.budget, "baseline_predicted_ms": self.lm.predict({}),
                             "gac_predicted_ms": self.lm.constant_ms + choice.predicted_ms, "params": choice.params,
@@ -301,10 +311,23 @@ class ClosedLoop:
         aim_ms = row["target_ms"] * (1.0 - row["aa_floor_pct"] / 100.0)
         overshoot = (row["measured_speedup"] / cfg.aim - 1.0 > max(2 * row["aa_floor_pct"] / 100.0, OVERSHOOT)
                      and row["gac_measured_ms"] < aim_ms)
-        if row["reached"] and (s.loosened or not overshoot or row["round"] == cfg.rounds):
+        if row["reached"]:
+            s.reach_ms = row["budget_ms"] if s.reach_ms is None else max(s.reach_ms, row["budget_ms"])
+        else:
+            s.short_ms = row["budget_ms"] if s.short_ms is None else min(s.short_ms, row["budget_ms"])
+        if row["round"] == cfg.rounds or (row["reached"] and not overshoot):
             s.done = True
             return
-        if s.loosened:  # the looser round fell short: the reaching one before it stays kept
+        if s.bracketed:
+            # bracketed between a budget that reached (far past the aim) and a looser one that fell short: the next
+            # round halves the bracket. A step by the residual would follow one timing's noise: under timings that
+            # moved 15-20% between rounds, loops stepped from 1.15x to 1.40x and back to 1.235x (short) and kept the
+            # 1.40x model, cut deeper than needed (docs/RESULTS.md, 2026-11-27)
+            s.budget = 0.5 * (s.reach_ms + s.short_ms)
+            log.info("%s: between a budget that reached (%.2f ms) and one that fell short (%.2f ms): next at %.2f ms",
+                     s.name, s.reach_ms, s.short_ms, s.budget)
+            return
+        if s.loosened:  # the looser round reached too, still far past the aim: it stays kept
             s.done = True
             return
         s.loosened = row["reached"]
