@@ -82,7 +82,7 @@ def choose(model, calib, held_back, cfg) -> tuple:
     predicted built and measured on `held_back` windows, the lowest measured loss kept (under --speedup: of those
     whose closed loop reached the target; of none, the fastest)."""
     from gac.compressors import AUTO_CANDIDATES
-    from gac.models.lazy import map_large_allocations
+    from gac.hw.heap import map_large_allocations
 
     # Each analysis frees GiBs of factors and whitened weights before the next begins; from glibc's heap those stayed
     # resident (the embedded model: 7.66 GiB anonymous at the peak, 6.08 GiB with this; docs/RESULTS.md 2026-11-26).

@@ -142,7 +142,7 @@ def test_cli_layerwise_with_a_memory_budget(source_dir, tmp_path):
 
 FREED = """
 import sys, torch
-from gac.models.lazy import map_large_allocations
+from gac.hw.heap import map_large_allocations
 def rss():
     return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmRSS")) * 1024
 torch.ones(16 << 18)  # 16 MiB, freed at once: glibc's dynamic mmap threshold rises to it
@@ -169,7 +169,8 @@ def test_large_allocations_are_returned_when_freed():
 
 OPENED = """
 import sys, torch
-from gac.models.lazy import LazyCheckpoint, map_large_allocations
+from gac.hw.heap import map_large_allocations
+from gac.models.lazy import LazyCheckpoint
 def rss():
     return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmRSS")) * 1024
 torch.ones(16 << 18)  # 16 MiB, freed at once: glibc's dynamic mmap threshold rises to it

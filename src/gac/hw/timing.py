@@ -3,7 +3,8 @@
 Used by the hardware profile, `gac bench` and the compress report; ratios are measured side by side. On CUDA a
 callable can be captured in a CUDA graph (`graph_calls` calls per replay) so the CPU's launch cost is amortized
 and the events time the GPU; where capture fails (a host sync inside), it is timed eagerly and the host's
-enqueue time is kept beside the GPU time, so a launch-bound figure can be told apart.
+enqueue time is kept beside the GPU time, so a launch-bound figure can be told apart. On CPU, glibc's heap serves
+the activations while callables are timed, whatever gac set for memory's sake (gac.hw.heap.timing_heap).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from gac.hw.heap import timing_heap
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +151,7 @@ def time_interleaved(
     clock = _Clock(device)
     samples: dict[str, list[float]] = {name: [] for name in fns}
     host: dict[str, list[float]] = {name: [] for name in fns}
-    with torch.inference_mode():
+    with torch.inference_mode(), timing_heap():  # activations from the heap, not mapped anew each call
         for _ in range(warmup):
             for fn in fns.values():
                 fn()

@@ -8,13 +8,12 @@ Both sources answer the same two calls, so the layer-wise pipeline never knows w
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import sys
 from pathlib import Path
 
 from gac.errors import GacError
+from gac.hw.heap import map_large_allocations, return_freed_memory
 from gac.models.adapters import adapter_for
 from gac.models.verify import SAFE_INDEX
 from gac.models.verify import SAFETENSORS as SAFE_SINGLE
@@ -150,45 +149,6 @@ class LazyCheckpoint:
         for name, _ in list(self.model.get_submodule(prefix).named_parameters()):
             set_module_tensor_to_device(self.model, f"{prefix}.{name}", "meta")
         return_freed_memory()
-
-
-def return_freed_memory() -> None:
-    """Hand freed heap memory back to the OS (glibc's malloc_trim). Layer-sized tensors fall under glibc's dynamic
-    mmap threshold once a few have been freed, so without this the heap keeps each released layer's pages and the
-    resident size creeps up with depth. A no-op elsewhere."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
-LARGE_ALLOCATION = 1 << 20  # bytes: one [2, 128, 1024] float32 activation; weights and X^T X are larger
-
-
-def map_large_allocations(threshold: int = LARGE_ALLOCATION) -> bool:
-    """Serve every allocation of `threshold` bytes or more with its own mmap, unmapped when freed (glibc's
-    mallopt(M_MMAP_THRESHOLD)), for the rest of the process. glibc's default threshold is dynamic: each freed
-    mmapped block raises it (up to 32 MiB), after which layer-sized tensors are carved from the heap, whose freed
-    blocks stay resident and fragment; the layer-by-layer peak then crept up with depth (measured on width 1024:
-    1150 MiB at 16 layers, 1079 MiB at 4; with a fixed threshold 892 MiB at 16, flat over the layers).
-    Returns whether it was set (False off glibc)."""
-    libc = _glibc()
-    return libc is not None and bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
-
-
-@functools.cache
-def _glibc():
-    """glibc through ctypes, or None (another OS, or another C library such as musl)."""
-    import ctypes
-    import ctypes.util
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None  # musl has neither
 
 
 def open_source(spec: str, *, dtype: str = "float32", device: str = "cpu"):

@@ -38,7 +38,7 @@ from gac.importance import (
     output_grad_sums,
 )
 from gac.models.groups import linears_of
-from gac.models.lazy import map_large_allocations
+from gac.hw.heap import map_large_allocations
 from gac.pipeline.layers import (
     embed,
     layer_count,
