@@ -47,7 +47,7 @@ class Stream:
     loosened: bool = False  # a reaching round far past the target was followed by one with a looser budget
     reach_ms: float | None = None  # the loosest budget whose round reached the aim
     short_ms: float | None = None  # the tightest budget whose round fell short
-    tried: list = field(default_factory=list)  # the dims of every round built, so that no choice is timed twice
+    tried: list = field(default_factory=list)  # the dims of every round built: a halved bracket never times them again
 
     @property
     def reached(self) -> bool:

@@ -58,7 +58,7 @@ def timing_heap() -> Iterator[None]:
     finally:
         libc.mallopt(M_MMAP_THRESHOLD, _mapped[0])
         libc.mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM)
-        libc.malloc_trim(0)
+        return_freed_memory()
 
 
 @functools.cache
