@@ -183,7 +183,7 @@ def test_early_stop_keeps_the_best_tensors(compressed, original, docs_file, monk
     import gac
     from gac.models.loading import load_model
 
-    distill_module = importlib.import_module("gac.heal.distill")  # the module: gac.heal exports the function by its name
+    distill_module = importlib.import_module("gac.heal.distill")  # gac.heal.distill is the function
     calls = []
 
     def worse_after_the_first(*args, **kw):
