@@ -71,7 +71,7 @@ class ShortThenReached:
 
 
 # margin 0: the loop's mechanics against the target itself (test_the_loop_aims_at_the_target_and_its_margin: with one)
-FAST = {"seq": 16, "timing_rounds": 3, "profile_repeats": 3, "rounds": 2, "margin": 0.0}
+FAST = {"seq": 16, "timing_rounds": 3, "profile_repeats": 3, "rounds": 2, "halvings": 0, "margin": 0.0}
 
 
 def objective(timer=None, loss=None, speedup=1.05, **kw) -> SpeedupConfig:
@@ -295,6 +295,37 @@ def test_rounds_between_a_reaching_and_a_short_budget_halve_the_bracket(tiny_mod
     assert b[1] < b[0] and b[2] == pytest.approx((b[0] + b[1]) / 2) and b[3] == pytest.approx((b[0] + b[2]) / 2)
     assert r["latency_objective"]["round"] == 3 and r["latency_objective"]["reached"]
     assert r["latency_objective"]["guard"]["latency"]["rounds"] == 4
+
+
+def test_a_bracketed_stream_halves_past_its_rounds(tiny_model_dir):
+    """`halvings` rounds past `rounds` are for a bracketed stream only: at rounds=2 and halvings=2 the schedule above
+    runs the same four rounds (bracketed in round 2, halved in rounds 3 and 4); a stream that never reaches, so is
+    never bracketed, stops at round 2."""
+    factors = {1: 1.05, 2: 0.9, 3: 0.9, 4: 0.9, 5: 0.9}
+    r = _guarded(tiny_model_dir, {"latency": {**factors, "else": 1.02}}, guard=False, rounds=2, halvings=2)
+    rows = r["latency_objective"]["rounds"]
+    assert [row["reached"] for row in rows] == [False, True, True, False]
+    b = [row["budget_ms"] for row in rows]
+    assert b[2] == pytest.approx((b[0] + b[1]) / 2) and b[3] == pytest.approx((b[0] + b[2]) / 2)
+    r = _guarded(tiny_model_dir, {"latency": {"else": 1.05}}, guard=False, rounds=2, halvings=2)
+    assert [row["reached"] for row in r["latency_objective"]["rounds"]] == [False, False]
+
+
+def test_the_reaching_round_of_lowest_held_back_loss_is_kept(tiny_model_dir):
+    """The knapsack's rounds 2 and 3 both reach (the bracket schedule above, the guard on): round 3, the looser, is
+    kept only if its held-back loss is the lower; here round 2's is, so round 2 is kept and its model saved."""
+    losses = iter([1.0, 5.0, 2.0])  # latency round 2, the guard's round 2 (reached: done), latency round 3
+
+    def scripted(model, windows):
+        return next(losses)
+
+    factors = {1: 1.05, 2: 0.9, 3: 0.9, 4: 0.9, 5: 0.9}
+    r = _guarded(tiny_model_dir, {"latency": {**factors, "else": 1.02}}, loss=scripted, rounds=2, halvings=2)
+    lo = r["latency_objective"]
+    assert [row["reached"] for row in lo["rounds"]] == [False, True, True, False]
+    assert [row.get("held_back_loss") for row in lo["rounds"]] == [None, 1.0, 2.0, None]
+    assert lo["stream"] == "latency" and lo["round"] == 2 and lo["guard"]["latency"]["loss"] == 1.0
+    assert lo["gac_measured_ms"] == pytest.approx(0.9 * BASE_MS / 1.05)
 
 
 def test_a_halved_bracket_that_solves_as_before_ends_the_stream(tiny_model_dir):

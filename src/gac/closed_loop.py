@@ -40,9 +40,9 @@ class Stream:
     budget: float
     floor_ms: float
     rows: list = field(default_factory=list)  # one per round it was built and timed in
-    kept: tuple | None = None  # (choice, row) of the reaching round, else of the fastest measured
+    kept: tuple | None = None  # (choice, row) of the reaching round of lowest held-back loss, else the fastest
     model: object = None  # the kept round's model, built and timed by the loop
-    loss: float | None = None  # mean next-token loss of the reaching model on the guard's held-back windows
+    loss: float | None = None  # mean next-token loss of the kept reaching model on the guard's held-back windows
     done: bool = False
     loosened: bool = False  # a reaching round far past the target was followed by one with a looser budget
     reach_ms: float | None = None  # the loosest budget whose round reached the aim
@@ -121,11 +121,16 @@ class LatencyOutcome:
         return figures
 
 
+def _ranked(loss: float | None) -> float:
+    """A held-back loss to compare by: one not measured (no guard) or not finite ranks last."""
+    return loss if loss is not None and math.isfinite(loss) else math.inf
+
+
 class ClosedLoop:
     """The closed loop of `--speedup` over one analysis (`units` of `compressor` on `model`): measure the latency
     tables and fit them on the original and a reference model (fit_latency), then solve, build and time up to
-    `cfg.rounds` times, tightening each stream's budget by its measured shortfall. How it measures (the timer, the
-    latency tables, the guard's loss) is cfg.instruments.
+    `cfg.rounds` times (`cfg.halvings` more for a bracketed stream), tightening each stream's budget by its measured
+    shortfall. How it measures (the timer, the latency tables, the guard's loss) is cfg.instruments.
 
     With `windows` (held-back calibration windows: gac.data.held_back_windows, text the analysis never saw) and
     cfg.guard, the parameter objective's choice at the same budget is built and timed beside the knapsack's in every
@@ -181,7 +186,7 @@ class ClosedLoop:
         elif self.cfg.guard:
             log.info("--speedup without held-back windows: no parameter-objective guard")
         self.guarded = len(streams) > 1
-        for k in range(1, self.cfg.rounds + 1):
+        for k in range(1, self.cfg.rounds + self.cfg.halvings + 1):  # the last `halvings` only for a bracket
             active = [s for s in streams if not s.done]
             if not active or not self._round(k, active):
                 break
@@ -296,11 +301,17 @@ class ClosedLoop:
                  row["gac_predicted_ms"], row["gac_measured_ms"], row["baseline_measured_ms"], row["measured_speedup"],
                  cfg.aim, row["aa_floor_pct"],
                  f", confirming a first timing of {row['screen']['measured_speedup']:.3f}x" if "screen" in row else "")
-        if s.kept is None or row["reached"] or (not s.kept[1]["reached"] and row["measured_speedup"] >
-                                                 s.kept[1]["measured_speedup"]):
-            s.kept, s.model = (choice, row), built
-        if row["reached"] and self.guarded:
-            s.loss = cfg.instruments.held_back_loss(built, self.windows)
+        loss = cfg.instruments.held_back_loss(built, self.windows) if row["reached"] and self.guarded else None
+        if loss is not None:
+            row["held_back_loss"] = loss
+        if row["reached"]:
+            # of a stream's reaching rounds, the one with the lowest held-back loss, the loss the guard and auto keep
+            # by (unguarded: the last, the least cut of a halved bracket)
+            better = not s.reached or loss is None or _ranked(loss) < _ranked(s.loss)
+        else:  # of none that reached yet, the fastest measured
+            better = s.kept is None or (not s.reached and row["measured_speedup"] > s.kept[1]["measured_speedup"])
+        if better:
+            s.kept, s.model, s.loss = (choice, row), built, loss
         # a model far past the target gives away quality: one more round with the budget loosened by the excess (the
         # same rule as a shortfall), kept only if it reaches the target too. Both streams are loosened alike, so the
         # guard compares models brought to the target, not one cut deeper than needed
@@ -315,7 +326,8 @@ class ClosedLoop:
             s.reach_ms = row["budget_ms"] if s.reach_ms is None else max(s.reach_ms, row["budget_ms"])
         else:
             s.short_ms = row["budget_ms"] if s.short_ms is None else min(s.short_ms, row["budget_ms"])
-        if row["round"] == cfg.rounds or (row["reached"] and not overshoot):
+        # a bracketed stream may halve its bracket `halvings` rounds past the residual steps' `rounds`
+        if row["round"] >= cfg.rounds + (cfg.halvings if s.bracketed else 0) or (row["reached"] and not overshoot):
             s.done = True
             return
         if s.bracketed:
@@ -344,8 +356,7 @@ class ClosedLoop:
         kept = [s for s in streams if s.kept is not None]
         reached = [s for s in kept if s.reached]
         if reached:
-            best = min(reached, key=lambda s: (s.loss if s.loss is not None and math.isfinite(s.loss) else math.inf,
-                                               s.name != "latency"))
+            best = min(reached, key=lambda s: (_ranked(s.loss), s.name != "latency"))
         else:
             best = max(kept, key=lambda s: s.kept[1]["measured_speedup"])
             log.warning("no round reached %.4gx%s%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)", cfg.aim,

@@ -24,7 +24,11 @@ class SpeedupConfig:
     phase: str = "prefill"
     batch: int = 1
     seq: int = 512  # prefill tokens per sequence, or the decode KV-cache length
-    rounds: int = 4  # closed-loop rounds at most (solve, build, time)
+    rounds: int = 4  # closed-loop rounds at most (solve, build, time) while a stream steps by its measured residual
+    # rounds past `rounds` that a bracketed stream may still halve its bracket in: four rounds typically bracket the
+    # aim in round 2 and halve it twice, and four loops on one machine then kept 68.9-71.6M parameters, +0.38 to
+    # +0.45 nats, the end decided by one timing at the gate (docs/RESULTS.md, 2026-11-27 20:23)
+    halvings: int = 2
     timing_rounds: int = 10  # interleaved calls per model and closed-loop round
     profile_repeats: int = 11  # timed calls per swept dim of the latency tables
     param_cap: float | None = None  # keep at most this share of the compressible groups' original parameters
@@ -43,8 +47,8 @@ class SpeedupConfig:
         if not (isinstance(self.speedup, (int, float)) and math.isfinite(self.speedup) and self.speedup > 1.0):
             raise GacError(f"speedup {self.speedup} must be a number above 1, e.g. --speedup 1.2")
         Phase(self.phase, self.batch, self.seq)  # checks phase and shape
-        if self.rounds < 1 or self.timing_rounds < 1 or self.profile_repeats < 1:
-            raise GacError("closed-loop rounds, timing rounds and profile repeats must be >= 1")
+        if self.rounds < 1 or self.timing_rounds < 1 or self.profile_repeats < 1 or self.halvings < 0:
+            raise GacError("closed-loop rounds, timing rounds and profile repeats must be >= 1, halvings >= 0")
         if self.param_cap is not None and not (isinstance(self.param_cap, (int, float)) and 0 < self.param_cap <= 1):
             raise GacError(f"parameter cap {self.param_cap} is outside (0, 1]: give the share of the compressible "
                            "parameters to keep at most, e.g. --param-cap 0.9")
