@@ -282,13 +282,17 @@ def test_a_model_far_past_the_target_gets_one_looser_round(tiny_model_dir, secon
     assert r["latency_objective"]["round"] == kept and r["latency_objective"]["reached"]
 
 
+# round 1 short, round 2 (tightened) far past the aim, round 3 (the midpoint) far past it again, round 4 short: timings
+# 3 and 5 confirm rounds 2 and 3
+BRACKET = {"latency": {1: 1.05, 2: 0.9, 3: 0.9, 4: 0.9, 5: 0.9, "else": 1.02}}
+
+
 def test_rounds_between_a_reaching_and_a_short_budget_halve_the_bracket(tiny_model_dir):
     """Round 1 falls short; round 2, tightened, reaches far past the aim; from then on each round halves the bracket
     between the loosest budget that reached and the tightest that fell short, and the last reaching one (the least
     cut) is kept: round 3 at the midpoint reaches far past the aim again, round 4 halves the upper half and falls
     short."""
-    factors = {1: 1.05, 2: 0.9, 3: 0.9, 4: 0.9, 5: 0.9}  # timings 3 and 5 confirm rounds 2 and 3
-    r = _guarded(tiny_model_dir, {"latency": {**factors, "else": 1.02}}, guard=False, rounds=4)
+    r = _guarded(tiny_model_dir, BRACKET, guard=False, rounds=4)
     rows = r["latency_objective"]["rounds"]
     assert [row["reached"] for row in rows] == [False, True, True, False]
     b = [row["budget_ms"] for row in rows]
@@ -301,8 +305,7 @@ def test_a_bracketed_stream_halves_past_its_rounds(tiny_model_dir):
     """`halvings` rounds past `rounds` are for a bracketed stream only: at rounds=2 and halvings=2 the schedule above
     runs the same four rounds (bracketed in round 2, halved in rounds 3 and 4); a stream that never reaches, so is
     never bracketed, stops at round 2."""
-    factors = {1: 1.05, 2: 0.9, 3: 0.9, 4: 0.9, 5: 0.9}
-    r = _guarded(tiny_model_dir, {"latency": {**factors, "else": 1.02}}, guard=False, rounds=2, halvings=2)
+    r = _guarded(tiny_model_dir, BRACKET, guard=False, rounds=2, halvings=2)
     rows = r["latency_objective"]["rounds"]
     assert [row["reached"] for row in rows] == [False, True, True, False]
     b = [row["budget_ms"] for row in rows]
@@ -319,8 +322,7 @@ def test_the_reaching_round_of_lowest_held_back_loss_is_kept(tiny_model_dir):
     def scripted(model, windows):
         return next(losses)
 
-    factors = {1: 1.05, 2: 0.9, 3: 0.9, 4: 0.9, 5: 0.9}
-    r = _guarded(tiny_model_dir, {"latency": {**factors, "else": 1.02}}, loss=scripted, rounds=2, halvings=2)
+    r = _guarded(tiny_model_dir, BRACKET, loss=scripted, rounds=2, halvings=2)
     lo = r["latency_objective"]
     assert [row["reached"] for row in lo["rounds"]] == [False, True, True, False]
     assert [row.get("held_back_loss") for row in lo["rounds"]] == [None, 1.0, 2.0, None]
