@@ -1,4 +1,5 @@
-"""What several test files share: running the `gac` command, and what a user-facing error must look like."""
+"""What several test files share: running the `gac` command, what a user-facing error must look like, and the head
+of a fresh-process script that reads its resident size."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ FIX_WORDS = ("pass ", "use ", "run ", "put ", "choose ", "give ", "check ", "con
              "re-download", "re-save", "restore", "remove ", "fix ", "make it", "measure ", "free space",
              "see `", "leave it out", "copy ", "download ", "export ", "serve ", "install ",
              "drop ", "e.g. ")
+
+
+# the head of a script run in a fresh process to read its own resident size: glibc's heap settings are process-wide
+RSS_SCRIPT = """
+import sys, torch
+def rss():
+    return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmRSS")) * 1024
+"""
 
 
 def run_gac(*args, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -291,9 +291,10 @@ class ClosedLoop:
         return True
 
     def _settle(self, s: Stream, choice, row: dict, built, reference_ms: float) -> None:
-        """Record a stream's round: keep it (and its model) when it reached the aim, the target and its margin (its
-        held-back loss measured for the guard), or is the fastest yet; else tighten the stream's budget by the measured
-        residual for its next round."""
+        """Record a stream's round: keep it (and its model) when it reached the aim, the target and its margin, at a
+        held-back loss below the stream's kept reaching round's (measured for the guard; unguarded, every reaching
+        round), or when none reached and it is the fastest yet; then set the stream's budget for its next round (the
+        measured residual, or the bracket's midpoint) or end it."""
         cfg = self.cfg
         s.rows.append(row)
         log.info("%sround %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; aim %.4gx, "

@@ -10,12 +10,11 @@ import sys
 
 import pytest
 
-HEAP = """
-import sys, torch
+from tests.helpers import RSS_SCRIPT
+
+HEAP = RSS_SCRIPT + """
 from gac.hw.heap import map_large_allocations, timing_heap
 from gac.hw.timing import time_callable
-def rss():
-    return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmRSS")) * 1024
 def kept_after_free():  # bytes of a freed 8 MiB tensor that stay resident
     t = torch.ones(8 << 18)
     held = rss()

@@ -15,6 +15,7 @@ from gac.data import TextConfig
 from gac.models.io import load
 from gac.models.lazy import LazyCheckpoint
 from tests.conftest import save_tiny, tiny_model
+from tests.helpers import RSS_SCRIPT
 
 TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
 
@@ -140,11 +141,8 @@ def test_cli_layerwise_with_a_memory_budget(source_dir, tmp_path):
     assert (out / "model.safetensors.index.json").is_file()
 
 
-FREED = """
-import sys, torch
+FREED = RSS_SCRIPT + """
 from gac.hw.heap import map_large_allocations
-def rss():
-    return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmRSS")) * 1024
 torch.ones(16 << 18)  # 16 MiB, freed at once: glibc's dynamic mmap threshold rises to it
 if sys.argv[1] == "fixed":
     assert map_large_allocations()
@@ -167,12 +165,9 @@ def test_large_allocations_are_returned_when_freed():
     assert freed("default") < 0.25 * (8 << 20)  # the behaviour being fixed (if glibc changes it, this says so)
 
 
-OPENED = """
-import sys, torch
+OPENED = RSS_SCRIPT + """
 from gac.hw.heap import map_large_allocations
 from gac.models.lazy import LazyCheckpoint
-def rss():
-    return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmRSS")) * 1024
 torch.ones(16 << 18)  # 16 MiB, freed at once: glibc's dynamic mmap threshold rises to it
 LazyCheckpoint(sys.argv[1])
 map_large_allocations()  # as the layer-wise sweeps do

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from gac.calibrate import CALIB_BATCH, collect_stats
 from gac.errors import GacError
+from gac.hw.heap import map_large_allocations
 from gac.importance import (
     GRAD_BATCH,
     GRADIENT_PROXIES,
@@ -38,7 +39,6 @@ from gac.importance import (
     output_grad_sums,
 )
 from gac.models.groups import linears_of
-from gac.hw.heap import map_large_allocations
 from gac.pipeline.layers import (
     embed,
     layer_count,

@@ -14,8 +14,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from gac.errors import GacError
-from gac.models.adapters import adapter_for, text_config
 from gac.hw.heap import map_large_allocations, return_freed_memory
+from gac.models.adapters import adapter_for, text_config
 from gac.pipeline.analyze import CALIB_BATCH, groups_by_layer
 from gac.pipeline.layers import (
     Batch,
