@@ -29,6 +29,11 @@ class SpeedupConfig:
     # aim in round 2 and halve it twice, and four loops on one machine then kept 68.9-71.6M parameters, +0.38 to
     # +0.45 nats, the end decided by one timing at the gate (docs/RESULTS.md, 2026-11-27 20:23)
     halvings: int = 2
+    # a round's timing within this share of its gate (the screen's or the confirmation's), either side, is timed once
+    # more and the gate judged on both timings pooled: one timing decided which model a loop kept, twice missing a
+    # gate by 0.06-0.07%, and the kept models of eight loops spanned 70.0-72.5M parameters and 21.1-22.2 perplexity
+    # (docs/RESULTS.md, 2026-11-27 23:03); 0: one timing judges
+    gate_band: float = 0.01
     timing_rounds: int = 10  # interleaved calls per model and closed-loop round
     profile_repeats: int = 11  # timed calls per swept dim of the latency tables
     param_cap: float | None = None  # keep at most this share of the compressible groups' original parameters
@@ -49,6 +54,8 @@ class SpeedupConfig:
         Phase(self.phase, self.batch, self.seq)  # checks phase and shape
         if self.rounds < 1 or self.timing_rounds < 1 or self.profile_repeats < 1 or self.halvings < 0:
             raise GacError("closed-loop rounds, timing rounds and profile repeats must be >= 1, halvings >= 0")
+        if not (isinstance(self.gate_band, (int, float)) and 0 <= self.gate_band < 0.5):
+            raise GacError(f"gate band {self.gate_band} is outside [0, 0.5)")
         if self.param_cap is not None and not (isinstance(self.param_cap, (int, float)) and 0 < self.param_cap <= 1):
             raise GacError(f"parameter cap {self.param_cap} is outside (0, 1]: give the share of the compressible "
                            "parameters to keep at most, e.g. --param-cap 0.9")
