@@ -158,7 +158,7 @@ def test_a_reaching_round_must_be_confirmed(tiny_model_dir):
 
 @pytest.mark.parametrize("confirmations, reached", [((1.004, 0.99), True), ((1.004, 1.01), False)])
 def test_a_timing_near_its_gate_is_timed_again_and_judged_pooled(tiny_model_dir, confirmations, reached):
-    """A screen timing 0.3% past its gate (within the 1% band: timed once more, pooled 0.6% short, no confirmation)
+    """A screen timing 0.3% past its gate (within the 1% band: timed once more, pooled 0.3% short: no confirmation)
     in round 1; in round 2 a screen 2% past its gate (confirmed), whose confirmation lands 0.4% short of the aim:
     timed once more and judged on both timings' mean ms (0.3% past the aim: reached; 0.7% short: not)."""
     screen = 1 / (1.01 * 1.003)  # the target is the aim (1.05) and the 1% A/A floor
@@ -174,6 +174,22 @@ def test_a_timing_near_its_gate_is_timed_again_and_judged_pooled(tiny_model_dir,
     assert second["screen"]["timings"] == 1 and second["timings"] == 2 and timer.calls["latency"] == 5
     assert second["gac_measured_ms"] == pytest.approx(0.5 * sum(confirmations) * BASE_MS / 1.05)
     assert second["reached"] is reached
+
+
+def test_a_near_screen_that_passes_pooled_is_confirmed_and_timed_again_alone(tiny_model_dir):
+    """With the guard, the knapsack's screen lands 0.3% short of its gate and is timed once more alone (the guard's,
+    5% past, is not), passes on both timings pooled and is confirmed by a third; the guard's is confirmed by its
+    second."""
+    latency = {1: 1 / (1.01 * 0.997), 2: 1 / (1.01 * 1.01), 3: 0.98}
+    timer = ShortThenReached({"latency": latency, "parameter": {"else": 0.95}})
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
+                      speedup=objective(timer, guard=True, gate_band=0.01, rounds=1))
+    lo = compress(cfg).report["latency_objective"]
+    knapsack, guard = lo["rounds"][0], lo["guard"]["parameter"]["history"][0]
+    assert knapsack["screen"]["timings"] == 2 and knapsack["timings"] == 1 and knapsack["reached"]
+    assert knapsack["screen"]["gac_measured_ms"] == pytest.approx(0.5 * (latency[1] + latency[2]) * BASE_MS / 1.05)
+    assert guard["screen"]["timings"] == 1 and guard["timings"] == 1 and guard["reached"]
+    assert (timer.calls["latency"], timer.calls["parameter"]) == (3, 2)
 
 
 class DisturbedFirstTiming(ShortThenReached):

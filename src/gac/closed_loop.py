@@ -123,14 +123,21 @@ class LatencyOutcome:
         return figures
 
 
+def _figures(base: float, ms: float, floor: float, aim: float, *, retimed: int, timings: int) -> dict:
+    """A round's timed figures (the _TIMED keys): the baseline's and the model's ms, the A/A floor (a fraction, given;
+    a percentage, kept), the speedup, and the time the model must beat to count as reaching `aim` beyond the floor."""
+    return {"baseline_measured_ms": base, "gac_measured_ms": ms, "aa_floor_pct": 100.0 * floor,
+            "measured_speedup": base / ms, "target_ms": base / (aim * (1.0 + floor)), "retimed": retimed,
+            "timings": timings}
+
+
 def _pooled(first: dict, second: dict, aim: float) -> dict:
-    """Two timings' figures (ClosedLoop._timed) as one: the baseline's and the model's ms averaged, the speedup their
-    ratio, the A/A floor the two floors' mean, the target at that floor; `timings` their count."""
-    base, ms = (0.5 * (first[k] + second[k]) for k in ("baseline_measured_ms", "gac_measured_ms"))
-    floor = 0.5 * (first["aa_floor_pct"] + second["aa_floor_pct"])
-    return {"baseline_measured_ms": base, "gac_measured_ms": ms, "aa_floor_pct": floor, "measured_speedup": base / ms,
-            "target_ms": base / (aim * (1.0 + floor / 100.0)), "retimed": first["retimed"] + second["retimed"],
-            "timings": first["timings"] + second["timings"]}
+    """Two timings' figures as one: the baseline's and the model's ms averaged, the speedup their ratio, the A/A floor
+    the two floors' mean, the target at that floor; `retimed` and `timings` summed."""
+    base, ms, floor = (0.5 * (first[k] + second[k])
+                       for k in ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct"))
+    return _figures(base, ms, floor / 100.0, aim, retimed=first["retimed"] + second["retimed"],
+                    timings=first["timings"] + second["timings"])
 
 
 def _ranked(loss: float | None) -> float:
@@ -262,9 +269,7 @@ class ClosedLoop:
             if again[1] < floor:
                 base, floor, t = again
         self.baselines.append(base)
-        return {name: {"baseline_measured_ms": base, "gac_measured_ms": t[name].median_ms,
-                       "aa_floor_pct": 100.0 * floor, "measured_speedup": base / t[name].median_ms,
-                       "target_ms": base / (cfg.aim * (1.0 + floor)), "retimed": retimed, "timings": 1}
+        return {name: _figures(base, t[name].median_ms, floor, cfg.aim, retimed=retimed, timings=1)
                 for name in built}
 
     def _judged(self, built: dict, gate) -> dict:

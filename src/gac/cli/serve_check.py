@@ -19,6 +19,7 @@ def command(model_dirs, engine, tp, dtype, max_tokens, out) -> None:
     """Serve each MODEL_DIR in the engine and check it computes the model gac saved: greedy tokens of 8 prompts
     and their prompt log-probabilities against gac's own transformers forward."""
     import json
+    import os
 
     from gac.atomic import write_text
     from gac.cli.output import setup_logging
@@ -29,6 +30,11 @@ def command(model_dirs, engine, tp, dtype, max_tokens, out) -> None:
         from gac import validate
 
         validate.output_file(out, "--out")
+    # vLLM's engine core in this process, not a process of its own started (and vLLM imported again) per model:
+    # the same engine and model code (docs/SERVING.md). Set here, where the process is this command's: in-process,
+    # vLLM's CPU worker also seeds this process's random state (harmless: the transformers side is greedy) and stops
+    # torch.set_num_threads for the rest of the process, which a Python caller of agreement() may still need.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     results = agreement(model_dirs, dtype=dtype, tp=tp, max_tokens=max_tokens)
     for d, r in results.items():
         click.echo(f"{d}: {r['token_agreement']:.1%} of {r['positions']} greedy tokens agree (teacher-forced "

@@ -9,7 +9,6 @@ log-probability difference and vLLM's load time.
 
 from __future__ import annotations
 
-import os
 import time
 
 PROMPTS = 8
@@ -58,6 +57,7 @@ def teacher_forced(model, prompts, generated) -> list[list[int]]:
 
 def vllm_run(model_dir, prompts: list[list[int]], max_tokens: int, *, dtype: str, tp: int) -> dict:
     from vllm import SamplingParams, TokensPrompt
+    from vllm import envs as vllm_envs
 
     from gac.serve.vllm_engine import make_llm
 
@@ -70,10 +70,11 @@ def vllm_run(model_dir, prompts: list[list[int]], max_tokens: int, *, dtype: str
     logprobs = [[next(iter(d.values())).logprob for d in o.prompt_logprobs[1:]] for o in outs]
     llm.llm_engine.engine_core.shutdown()
     del llm
-    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+    if not vllm_envs.VLLM_ENABLE_V1_MULTIPROCESSING:
         from vllm.distributed import cleanup_dist_env_and_memory
 
-        cleanup_dist_env_and_memory()  # the engine ran in this process: its process group goes before the next
+        # the engine ran in this process: its process group, its memory and vLLM's env cache go before the next
+        cleanup_dist_env_and_memory()
     return {"tokens": tokens, "prompt_logprobs": logprobs, "load_s": load_s}
 
 
@@ -97,10 +98,6 @@ def agreement(model_dirs, *, dtype: str = "float32", tp: int = 1, max_tokens: in
     check_installed()
     for d in model_dirs:
         check_servable(d, tp)
-    # vLLM's engine core in this process, not a process of its own started (and vLLM imported again) per model:
-    # the same engine and model code, about 13 s less a model on CPU (TP ranks still start their own). Its seeding
-    # of this process's random state is harmless: transformers' side here is greedy.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     results = {}
     served = {}
     for d in model_dirs:
