@@ -55,7 +55,8 @@ class SpeedupConfig:
         if self.rounds < 1 or self.timing_rounds < 1 or self.profile_repeats < 1 or self.halvings < 0:
             raise GacError("closed-loop rounds, timing rounds and profile repeats must be >= 1, halvings >= 0")
         if not (isinstance(self.gate_band, (int, float)) and 0 <= self.gate_band < 0.5):
-            raise GacError(f"gate band {self.gate_band} is outside [0, 0.5)")
+            raise GacError(f"gate band {self.gate_band} is outside [0, 0.5): give the share of the gate within which "
+                           "a timing is timed again, e.g. 0.01 (0: one timing judges)")
         if self.param_cap is not None and not (isinstance(self.param_cap, (int, float)) and 0 < self.param_cap <= 1):
             raise GacError(f"parameter cap {self.param_cap} is outside (0, 1]: give the share of the compressible "
                            "parameters to keep at most, e.g. --param-cap 0.9")
