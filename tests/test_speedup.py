@@ -375,6 +375,37 @@ def test_a_halved_bracket_that_solves_as_before_ends_the_stream(tiny_model_dir):
     assert first["reached"] and not looser["reached"] and r["latency_objective"]["round"] == 1
 
 
+class QuietTwin(ShortThenReached):
+    """ShortThenReached whose A/A twin is 0.1% off the baseline: a floor below half of OVERSHOOT, so that OVERSHOOT
+    alone decides whether a reaching model is far past the aim."""
+
+    def __call__(self, models, cfg, aa=True):
+        from gac.hw.timing import Timing
+
+        out = super().__call__(models, cfg, aa)
+        if aa:
+            out["baseline (A/A)"] = Timing(*(4 * [BASE_MS * 1.001]), 1)
+        return out
+
+
+@pytest.mark.parametrize("past, looser", [(1.015, True), (1.006, False)])
+def test_a_model_more_than_one_scatter_past_the_aim_gets_a_looser_round(tiny_model_dir, past, looser):
+    """Round 1 reaches 1.5% past the aim (beyond OVERSHOOT, one timing's scatter) on both timings: a looser round 2
+    follows (its budget above round 1's) and, falling short, leaves round 1 kept; 0.6% past, round 1 ends the loop."""
+    from gac.closed_loop import OVERSHOOT
+
+    timer = QuietTwin({"latency": {1: 1 / past, 2: 1 / past, "else": 1.03}})
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
+                      speedup=objective(timer, guard=False, rounds=2))
+    lo = compress(cfg).report["latency_objective"]
+    rows = lo["rounds"]
+    assert rows[0]["reached"] and rows[0]["measured_speedup"] == pytest.approx(1.05 * past)
+    assert 2 * rows[0]["aa_floor_pct"] / 100 < 1.006 - 1 < OVERSHOOT < 1.015 - 1
+    assert len(rows) == (2 if looser else 1) and lo["round"] == 1
+    if looser:
+        assert rows[1]["budget_ms"] > rows[0]["budget_ms"] and not rows[1]["reached"]
+
+
 class SlowCalibration(ShortThenReached):
     """ShortThenReached at a baseline of BIG_MS (past the fake tables' sum, so that the constant is positive), whose
     calibration timing (the baseline alone, before the loop) falls into a slow stretch: 1.5x the baseline that every
