@@ -351,10 +351,10 @@ class ClosedLoop:
             better = s.kept is None or (not s.reached and row["measured_speedup"] > s.kept[1]["measured_speedup"])
         if better:
             s.kept, s.model, s.loss = (choice, row), built, loss
-        # a model far past the target gives away quality: one more round with the budget loosened by the excess,
+        # a model far past the target gives away quality: one more round, the budget loosened by its excess (below),
         # kept only if it reaches the target too. Both streams are loosened alike, so the guard compares models
         # brought to the target, not one cut deeper than needed
-        # tighten (or loosen) by the measured residual, rescaled to the median of the loop's baseline timings: the
+        # a short round tightens by the measured residual, rescaled to the median of the loop's baseline timings: the
         # shortfall from the gate plus one more A/A floor, so that the next round aims beyond the gate rather than at
         # it (aimed at the gate, a model passes a noisy timing about half the time; docs/RESULTS.md, night of
         # 2026-11-23)
