@@ -73,7 +73,7 @@ class ShortThenReached:
 
 # margin 0: the loop's mechanics against the target itself (test_the_loop_aims_at_the_target_and_its_margin: with one)
 FAST = {"seq": 16, "timing_rounds": 3, "profile_repeats": 3, "rounds": 2, "halvings": 0, "gate_band": 0.0,
-        "margin": 0.0}
+        "margin": 0.0, "line_round": False}
 
 
 def objective(timer=None, loss=None, speedup=1.05, **kw) -> SpeedupConfig:
@@ -399,6 +399,57 @@ def test_a_model_more_than_one_scatter_past_the_aim_gets_a_looser_round(tiny_mod
     assert len(rows) == (2 if looser else 1) and lo["round"] == 1
     if looser:
         assert rows[1]["budget_ms"] > rows[0]["budget_ms"] and not rows[1]["reached"]
+
+
+def test_timing_line_fits_every_round_and_holds_its_slope_near_the_tables():
+    """The line through a stream's rounds: on points of one line its slope and intercept; a slope beyond LINE_SLOPE
+    times the tables' held at that bound (one round: the tables' own), the intercept then every round's mean
+    residual."""
+    from gac.closed_loop import LINE_SLOPE, timing_line
+
+    def rows(points):
+        return [{"groups_predicted_ms": x, "gac_measured_ms": 100.0 * y, "baseline_measured_ms": 100.0}
+                for x, y in points]
+
+    assert timing_line(rows([(10.0, 0.5), (20.0, 0.6), (30.0, 0.7)]), 0.008) == pytest.approx((0.4, 0.01))
+    steep = rows([(10.0, 0.5), (20.0, 0.9)])  # 0.04 a ms, past twice the tables' 0.01
+    intercept, slope = timing_line(steep, 0.01)
+    assert slope == pytest.approx(LINE_SLOPE[1] * 0.01) and intercept == pytest.approx(0.7 - 15.0 * slope)
+    assert timing_line(rows([(10.0, 0.5), (20.0, 0.4)]), 0.01)[1] == pytest.approx(LINE_SLOPE[0] * 0.01)
+    assert timing_line(rows([(10.0, 0.5)]), 0.01) == pytest.approx((0.4, 0.01))
+
+
+@pytest.mark.parametrize("line_factor, kept", [(1.0, 3), (1.02, 2)])
+def test_the_line_round_aims_where_the_line_through_every_timing_crosses_the_aim(tiny_model_dir, line_factor, kept):
+    """Round 1 measures 5% short, round 2 (tightened) 10% past the target on both timings: after the rounds, a line
+    round solves at the budget where the line through both timings crosses half OVERSHOOT past the aim, between the
+    two budgets, to dims of more value than round 2's. It is kept when the line refitted with it reaches the aim
+    and its own timing the target (timed at the target itself); timed 2% short of the target, round 2 stays kept."""
+    from gac.closed_loop import OVERSHOOT, timing_line
+
+    speedup = 1.1
+    r = _guarded(tiny_model_dir, {"latency": {1: 1.05, 2: 0.9, 3: 0.9, "else": line_factor}}, guard=False,
+                 speedup=speedup, line_round=True)
+    lo = r["latency_objective"]
+    rows = lo["rounds"]
+    assert [row.get("line", False) for row in rows] == [False, False, True]
+    intercept, slope = timing_line(rows[:2], 1.0 / BASE_MS)
+    assert rows[2]["budget_ms"] == pytest.approx((1.0 / (speedup * (1 + OVERSHOOT / 2)) - intercept) / slope)
+    assert rows[1]["budget_ms"] < rows[2]["budget_ms"] < rows[0]["budget_ms"]
+    assert rows[2]["value"] > rows[1]["value"]
+    intercept, slope = timing_line(rows, 1.0 / BASE_MS)
+    assert rows[2]["line_speedup"] == pytest.approx(1.0 / (intercept + slope * rows[2]["groups_predicted_ms"]))
+    assert rows[2]["reached"] == (kept == 3)
+    assert lo["round"] == kept and lo["reached"]
+
+
+def test_no_line_round_where_a_stream_reached_in_one_round(tiny_model_dir):
+    """A stream that reached the aim in its first round, within OVERSHOOT, has no line to fit: no line round."""
+    timer = ShortThenReached({"latency": {"else": 1 / 1.005}}, aa=1.001)
+    cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
+                      speedup=objective(timer, guard=False, line_round=True))
+    rows = compress(cfg).report["latency_objective"]["rounds"]
+    assert len(rows) == 1 and rows[0]["reached"] and "line" not in rows[0]
 
 
 class SlowCalibration(ShortThenReached):

@@ -29,6 +29,9 @@ class SpeedupConfig:
     # aim in round 2 and halve it twice, and four loops on one machine then kept 68.9-71.6M parameters, +0.38 to
     # +0.45 nats, the end decided by one timing at the gate (docs/RESULTS.md, 2026-11-27 20:23)
     halvings: int = 2
+    # after the rounds, one more per stream at the budget where a line through all of its timings crosses the aim
+    # (gac.closed_loop.ClosedLoop._line_round)
+    line_round: bool = True
     # a round's timing within this share of its gate (the screen's or the confirmation's), either side, is timed once
     # more and the gate judged on both timings pooled: one timing decided which model a loop kept, twice missing a
     # gate by 0.06-0.07%, and the kept models of eight loops spanned 70.0-72.5M parameters and 21.1-22.2 perplexity
