@@ -73,7 +73,7 @@ class ShortThenReached:
 
 # margin 0: the loop's mechanics against the target itself (test_the_loop_aims_at_the_target_and_its_margin: with one)
 FAST = {"seq": 16, "timing_rounds": 3, "profile_repeats": 3, "rounds": 2, "halvings": 0, "gate_band": 0.0,
-        "margin": 0.0, "line_round": False}
+        "margin": 0.0, "line_rounds": 0}
 
 
 def objective(timer=None, loss=None, speedup=1.05, **kw) -> SpeedupConfig:
@@ -429,7 +429,7 @@ def test_the_line_round_aims_where_the_line_through_every_timing_crosses_the_aim
 
     speedup = 1.1
     r = _guarded(tiny_model_dir, {"latency": {1: 1.05, 2: 0.9, 3: 0.9, "else": line_factor}}, guard=False,
-                 speedup=speedup, line_round=True)
+                 speedup=speedup, line_rounds=1)
     lo = r["latency_objective"]
     rows = lo["rounds"]
     assert [row.get("line", False) for row in rows] == [False, False, True]
@@ -441,13 +441,33 @@ def test_the_line_round_aims_where_the_line_through_every_timing_crosses_the_aim
     assert rows[2]["line_speedup"] == pytest.approx(1.0 / (intercept + slope * rows[2]["groups_predicted_ms"]))
     assert rows[2]["reached"] == (kept == 3)
     assert lo["round"] == kept and lo["reached"]
+    assert ("kept a line round" in report_markdown(r)) == (kept == 3)
+
+
+def test_a_line_round_that_falls_short_moves_the_line_for_the_next(tiny_model_dir):
+    """Two line rounds at most: the first (timed 3% short of the target) moves the line, and the second solves on the
+    line refitted with it, tighter than the first; where the first reaches, no second follows."""
+    from gac.closed_loop import OVERSHOOT, timing_line
+
+    speedup = 1.1
+    r = _guarded(tiny_model_dir, {"latency": {1: 1.05, 2: 0.9, 3: 0.9, 4: 1.03, "else": 1.0}}, guard=False,
+                 speedup=speedup, line_rounds=2)
+    rows = r["latency_objective"]["rounds"]
+    assert [row.get("line", False) for row in rows] == [False, False, True, True]
+    assert not rows[2]["reached"] and rows[3]["reached"] and r["latency_objective"]["round"] == 4
+    intercept, slope = timing_line(rows[:3], 1.0 / BASE_MS)
+    assert rows[3]["budget_ms"] == pytest.approx((1.0 / (speedup * (1 + OVERSHOOT / 2)) - intercept) / slope)
+    assert rows[3]["budget_ms"] < rows[2]["budget_ms"]
+    r = _guarded(tiny_model_dir, {"latency": {1: 1.05, 2: 0.9, 3: 0.9, "else": 1.0}}, guard=False, speedup=speedup,
+                 line_rounds=2)
+    assert [row.get("line", False) for row in r["latency_objective"]["rounds"]] == [False, False, True]
 
 
 def test_no_line_round_where_a_stream_reached_in_one_round(tiny_model_dir):
     """A stream that reached the aim in its first round, within OVERSHOOT, has no line to fit: no line round."""
     timer = ShortThenReached({"latency": {"else": 1 / 1.005}}, aa=1.001)
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
-                      speedup=objective(timer, guard=False, line_round=True))
+                      speedup=objective(timer, guard=False, line_rounds=2))
     rows = compress(cfg).report["latency_objective"]["rounds"]
     assert len(rows) == 1 and rows[0]["reached"] and "line" not in rows[0]
 
@@ -599,8 +619,8 @@ def test_param_cap_bounds_every_round(tiny_model_dir):
 
 
 @pytest.mark.parametrize("bad", [{"speedup": 1.0}, {"speedup": float("nan")}, {"phase": "train"}, {"batch": 0},
-                                 {"rounds": 0}, {"param_cap": 0}, {"param_cap": 1.5}, {"margin": -0.01},
-                                 {"margin": 0.5}, {"margin": float("nan")}, {"gate_band": -0.01},
+                                 {"rounds": 0}, {"line_rounds": -1}, {"param_cap": 0}, {"param_cap": 1.5},
+                                 {"margin": -0.01}, {"margin": 0.5}, {"margin": float("nan")}, {"gate_band": -0.01},
                                  {"gate_band": float("nan")}])
 def test_bad_speedup_options(bad):
     with pytest.raises(GacError):

@@ -233,8 +233,9 @@ class ClosedLoop:
             active = [s for s in streams if not s.done]
             if not active or not self._round(k, active):
                 break
-        if self.cfg.line_round:
-            self._line_round(len(max((s.rows for s in streams), key=len)) + 1, streams)
+        for _ in range(self.cfg.line_rounds):
+            if not self._line_round(len(max((s.rows for s in streams), key=len)) + 1, streams):
+                break
         return self._outcome(streams)
 
     def _fitted_tables(self):
@@ -352,7 +353,7 @@ class ClosedLoop:
                 "gac_predicted_ms": self.lm.constant_ms + choice.predicted_ms,
                 "groups_predicted_ms": choice.predicted_ms, "params": choice.params, "value": choice.value, **extra}
 
-    def _line_round(self, k: int, streams: list[Stream]) -> None:
+    def _line_round(self, k: int, streams: list[Stream]) -> bool:
         """One more round for every stream of two rounds or more, at the budget where the line through all of its
         timings (timing_line) crosses the aim: where a stream's rounds stepped around the aim, a model that reached
         on its own timings was kept only if it happened to time fast, most often cut deeper than the aim needs
@@ -362,11 +363,13 @@ class ClosedLoop:
         moves the refitted line by a fraction of that), solved, built and timed (again near the aim, as every round),
         and kept when the line, refitted with it, puts it at or past the aim, its own timing at or past the target
         itself, and (guarded) its held-back loss below the stream's kept model's. Skipped where that budget solves
-        to dims already built, or to dims of no more value than the kept model's (cut as deep)."""
+        to dims already built, or to dims of no more value than the kept model's (cut as deep), and after a line round
+        of the stream's that reached (one that fell short moves the line: the next is solved on it). False when no
+        stream had a round to build."""
         cfg, reference_ms = self.cfg, statistics.median(self.baselines)
         choices, rows, built = {}, {}, {}
         for s in streams:
-            if len(s.rows) < 2:
+            if len(s.rows) < 2 or (s.rows[-1].get("line") and s.rows[-1]["reached"]):
                 continue
             intercept, slope = timing_line(s.rows, 1.0 / reference_ms)
             budget = (1.0 / (cfg.aim * (1.0 + OVERSHOOT / 2)) - intercept) / slope
@@ -381,7 +384,7 @@ class ClosedLoop:
             choices[s.name], rows[s.name] = choice, {**self._row(k, s, choice, extra), "line": True}
             built[s.name] = self.compressor.built(self.model, self.units, choice.dims)
         if not built:
-            return
+            return False
         for name, figures in self._judged(built, lambda f: cfg.aim).items():
             rows[name].update(figures)
         for s in streams:
@@ -401,6 +404,7 @@ class ClosedLoop:
                      row["line_speedup"], row["measured_speedup"], cfg.aim, ": kept" if keep else "")
             if keep:
                 s.kept, s.model, s.loss = (choices[s.name], row), model, loss
+        return True
 
     def _settle(self, s: Stream, choice, row: dict, built, reference_ms: float) -> None:
         """Record a stream's round: keep it (and its model) when it reached the aim, the target and its margin, at a

@@ -29,9 +29,9 @@ class SpeedupConfig:
     # aim in round 2 and halve it twice, and four loops on one machine then kept 68.9-71.6M parameters, +0.38 to
     # +0.45 nats, the end decided by one timing at the gate (docs/RESULTS.md, 2026-11-27 20:23)
     halvings: int = 2
-    # after the rounds, one more per stream at the budget where a line through all of its timings crosses the aim
-    # (gac.closed_loop.ClosedLoop._line_round)
-    line_round: bool = True
+    # after the rounds, up to this many more per stream, each at the budget where a line through all of its timings
+    # crosses the aim, until one reaches (gac.closed_loop.ClosedLoop._line_round); 0: none
+    line_rounds: int = 2
     # a round's timing within this share of its gate (the screen's or the confirmation's), either side, is timed once
     # more and the gate judged on both timings pooled: one timing decided which model a loop kept, twice missing a
     # gate by 0.06-0.07%, and the kept models of eight loops spanned 70.0-72.5M parameters and 21.1-22.2 perplexity
@@ -55,8 +55,10 @@ class SpeedupConfig:
         if not (isinstance(self.speedup, (int, float)) and math.isfinite(self.speedup) and self.speedup > 1.0):
             raise GacError(f"speedup {self.speedup} must be a number above 1, e.g. --speedup 1.2")
         Phase(self.phase, self.batch, self.seq)  # checks phase and shape
-        if self.rounds < 1 or self.timing_rounds < 1 or self.profile_repeats < 1 or self.halvings < 0:
-            raise GacError("closed-loop rounds, timing rounds and profile repeats must be >= 1, halvings >= 0")
+        if (self.rounds < 1 or self.timing_rounds < 1 or self.profile_repeats < 1 or self.halvings < 0
+                or self.line_rounds < 0):
+            raise GacError("closed-loop rounds, timing rounds and profile repeats must be >= 1, halvings and line "
+                           "rounds >= 0")
         if not (isinstance(self.gate_band, (int, float)) and 0 <= self.gate_band < 0.5):
             raise GacError(f"gate band {self.gate_band} is outside [0, 0.5): give the share of the gate within which "
                            "a timing is timed again, e.g. 0.01 (0: one timing judges)")

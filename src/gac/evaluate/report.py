@@ -174,6 +174,9 @@ def report_markdown(r: dict) -> str:
         lines.append(f"- measured speedup {lo.get('measured_speedup', float('nan')):.3f}x against {obj['speedup']}x{margin} "
                      f"({'reached' if lo.get('reached') else 'short'}; A/A floor {lo.get('aa_floor_pct', float('nan')):.1f}%, "
                      f"{len(lo.get('rounds', []))} round(s))")
+        if lo.get("line"):
+            lines.append(f"- kept a line round: the line through its stream's timings puts it at "
+                         f"{lo['line_speedup']:.3f}x")
         guard = lo.get("guard", {})
         if "parameter" in guard:
             lines.append("- guard: kept the " + guard["kept"] + " stream's model; " + "; ".join(
