@@ -65,6 +65,11 @@ class Stream:
     def reached(self) -> bool:
         return self.kept is not None and self.kept[1]["reached"]
 
+    def bettered_by(self, loss: float | None) -> bool:
+        """Whether a reaching round of this held-back loss is kept over the stream's kept round: when none reached
+        yet, when no loss is measured (unguarded: the later), or when it is the lower."""
+        return not self.reached or loss is None or _ranked(loss) < _ranked(self.loss)
+
     @property
     def bracketed(self) -> bool:
         """A budget that reached and a looser one that fell short are known: the next round halves them."""
@@ -398,7 +403,7 @@ class ClosedLoop:
             loss = cfg.instruments.held_back_loss(model, self.windows) if row["reached"] and self.guarded else None
             if loss is not None:
                 row["held_back_loss"] = loss
-            keep = row["reached"] and (not s.reached or loss is None or _ranked(loss) < _ranked(s.loss))
+            keep = row["reached"] and s.bettered_by(loss)
             log.info("%sline round %d%s: the line through %d timings puts %.2f ms at %.3fx (measured %.3fx, aim %.4gx)"
                      "%s", "" if s.name == "latency" else "guard ", k, cfg.where, len(s.rows), row["gac_predicted_ms"],
                      row["line_speedup"], row["measured_speedup"], cfg.aim, ": kept" if keep else "")
@@ -424,7 +429,7 @@ class ClosedLoop:
         if row["reached"]:
             # of a stream's reaching rounds, the one with the lowest held-back loss, the loss the guard and auto keep
             # by (unguarded: the last, the least cut of a halved bracket)
-            better = not s.reached or loss is None or _ranked(loss) < _ranked(s.loss)
+            better = s.bettered_by(loss)
         else:  # of none that reached yet, the fastest measured
             better = s.kept is None or (not s.reached and row["measured_speedup"] > s.kept[1]["measured_speedup"])
         if better:
