@@ -239,7 +239,7 @@ class ClosedLoop:
             if not active or not self._round(k, active):
                 break
         for _ in range(self.cfg.line_rounds):
-            if not self._line_round(len(max((s.rows for s in streams), key=len)) + 1, streams):
+            if not self._line_round(max(len(s.rows) for s in streams) + 1, streams):
                 break
         return self._outcome(streams)
 
