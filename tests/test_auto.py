@@ -4,6 +4,7 @@ compressor, the output loading as the kept compressor's, and its refusals in one
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -172,6 +173,53 @@ def test_auto_under_speedup_keeps_the_best_of_what_the_single_runs_keep(tiny4_di
             assert auto["dims"] == single["dims"] and auto["latency_objective"]["guard"] == guard
     assert {(a["kept"], "latency"), (a["kept"], "parameter")} <= set(streams)  # both of its streams reached
     assert a["candidates"][a["kept"]]["measured"]["loss"] == min(streams.values())
+
+
+class NoisyBySize(BySize):
+    """BySize with every figure scattered by up to 3% at random, as a shared CPU times."""
+
+    def __init__(self):
+        import random
+
+        self.rng = random.Random(0)
+
+    def __call__(self, models, cfg, aa=True):
+        from gac.hw.timing import Timing
+
+        return {name: Timing(*4 * [t.median_ms * self.rng.uniform(0.97, 1.03)], 1)
+                for name, t in super().__call__(models, cfg, aa).items()}
+
+
+@pytest.mark.parametrize("auto_first", [True, False])
+def test_auto_and_the_single_run_keep_one_model_through_the_timing_journal(tiny4_dir, tmp_path, auto_first):
+    """On a noisy clock the single run of the compressor auto keeps replays the timings auto's loop of it recorded
+    on this machine, or auto's loop replays the single run's: both keep the same dims by the same guard, whichever
+    ran first."""
+    from gac.hw.journal import TimingJournal
+    from tests.test_speedup import objective
+
+    def run(compressor):
+        cfg = objective(NoisyBySize(), rounds=4)
+        cfg = dataclasses.replace(cfg, instruments=dataclasses.replace(
+            cfg.instruments, journal=TimingJournal(path=tmp_path / "journal.json")))
+        return compress(fast_config(tiny4_dir, compressor=compressor, evaluate=False, speedup=cfg)).report
+
+    if auto_first:
+        auto = run("auto")
+        single = run(auto["compressor"])
+        replayed = single
+    else:  # every compressor's single run first: auto's loop of whichever it keeps replays that one's timings
+        singles = {}
+        for name in AUTO_CANDIDATES:
+            try:
+                singles[name] = run(name)
+            except GacError:  # palu's K and V alone cannot reach the target
+                pass
+        auto = replayed = run("auto")
+        single = singles[auto["compressor"]]
+    assert auto["dims"] == single["dims"] and auto["latency_objective"]["guard"] == single["latency_objective"]["guard"]
+    journal = replayed["latency_objective"]["journal"]
+    assert journal["measured"] == 0 < journal["replayed"]
 
 
 @pytest.mark.parametrize("kw, expected", [

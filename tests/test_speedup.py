@@ -775,3 +775,51 @@ def test_the_closed_loop_runs_on_its_instruments_alone(asvd_analysis):
     kept = outcome.model.state_dict()
     assert rebuilt.state_dict().keys() == kept.keys()
     assert all(torch.allclose(v, kept[k]) for k, v in rebuilt.state_dict().items())
+
+
+class Noisy(ShortThenReached):
+    """ShortThenReached with every figure scattered by up to 2% at random, as a shared CPU times: two loops on it
+    follow their own rounds unless the second replays the first's timings."""
+
+    def __init__(self, seed=0):
+        import random
+
+        super().__init__()
+        self.rng = random.Random(seed)
+        self.timings = 0
+
+    def __call__(self, models, cfg, aa=True):
+        from gac.hw.timing import Timing
+
+        self.timings += 1
+        out = super().__call__({k: v for k, v in models.items() if k != "reference"}, cfg, aa)
+        if "reference" in models:
+            out["reference"] = Timing(*4 * [0.9 * BASE_MS], 1)
+        return {name: Timing(*4 * [t.median_ms * self.rng.uniform(0.98, 1.02)], 1) for name, t in out.items()}
+
+
+def test_a_second_loop_replays_the_first_ones_timings_and_keeps_its_model(asvd_analysis, tmp_path):
+    """Through a journal, a loop repeats an earlier loop's timings in order, so its rounds and kept dims are the
+    first's and the timer is never called; with replay off (--retime) every timing is measured again."""
+    from gac.closed_loop import ClosedLoop
+    from gac.hw.journal import TimingJournal
+
+    model, analyzed = asvd_analysis
+    timer = Noisy()
+
+    def run(replay=True):
+        cfg = objective(timer, rounds=3, gate_band=0.01, line_rounds=1, guard=False)
+        journal = TimingJournal(replay=replay, path=tmp_path / "journal.json")
+        cfg = dataclasses.replace(cfg, instruments=dataclasses.replace(cfg.instruments, journal=journal))
+        return ClosedLoop(model, analyzed.compressor, analyzed.units, cfg, alignment=8, device="cpu",
+                          dtype="float32", progress=False).run()
+
+    first = run()
+    timed = timer.timings
+    assert timed >= 3 and first.report()["journal"]["measured"] == timed  # the fit and at least two rounds
+    second = run()
+    assert timer.timings == timed and second.rounds == first.rounds and second.dims == first.dims
+    assert second.report()["journal"] == {**first.report()["journal"], "replayed": timed, "measured": 0}
+    again = run(replay=False)
+    journal = again.report()["journal"]
+    assert journal["replayed"] == 0 and journal["measured"] == timer.timings - timed > 0

@@ -10,6 +10,7 @@ windows (as --compressor auto compares compressors: gac.auto)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -122,10 +123,11 @@ class LatencyOutcome:
 
     def report(self) -> dict:
         """report.json's latency_objective: the knapsack's rounds, the kept round's figures and stream, the constant,
-        the fit and the guard."""
-        meta = self.latency_model.meta
+        the fit, the guard and the timing journal (how many timings were replayed)."""
+        meta, journal = self.latency_model.meta, self.config.instruments.journal
         return {"rounds": self.rounds, **self.final, "constant_ms": self.latency_model.constant_ms,
-                "fit": {k: meta.get(k) for k in FIT_KEYS}, "guard": self.guard}
+                "fit": {k: meta.get(k) for k in FIT_KEYS}, "guard": self.guard,
+                "journal": journal.summary() if journal is not None else None}
 
     def variant_figures(self) -> dict:
         """{variant: predicted and measured ms at the objective's shape, and the prediction's error} for the
@@ -190,6 +192,9 @@ class ClosedLoop:
 
     def __init__(self, model, compressor, units, cfg: SpeedupConfig, *, alignment: int, device: str, dtype: str,
                  windows=None, progress: bool = True):
+        # its own view of the timing journal (gac.hw.journal): the n-th timing of the same models replays the n-th
+        # recorded on this machine, so the loop repeats an earlier run's decisions rather than a timing's scatter
+        cfg = dataclasses.replace(cfg, instruments=cfg.instruments.for_loop())
         self.model, self.compressor, self.units, self.cfg = model, compressor, units, cfg
         self.alignment, self.device, self.dtype, self.progress = alignment, device, dtype, progress
         self.windows = windows
@@ -241,6 +246,10 @@ class ClosedLoop:
         for _ in range(self.cfg.line_rounds):
             if not self._line_round(max(len(s.rows) for s in streams) + 1, streams):
                 break
+        journal = self.cfg.instruments.journal
+        if journal is not None and journal.replayed:
+            log.info("%d of %d timings%s replayed as this machine recorded them (%s): --retime times afresh",
+                     journal.replayed, journal.replayed + journal.measured, self.cfg.where, journal.path)
         return self._outcome(streams)
 
     def _fitted_tables(self):

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gac.errors import GacError
+from gac.hw.journal import TimingJournal
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,9 @@ class SpeedupConfig:
     # at the target itself measured up to 1.9% short when timed again later
     margin: float = 0.03
     # how the closed loop measures: the real timer, op sweeps and loss unless a caller (a test) injects stand-ins
-    instruments: Instruments = field(default_factory=lambda: Instruments(), compare=False, repr=False)
+    # (every timing of the loop journaled: replayed where this machine timed the same models before)
+    instruments: Instruments = field(default_factory=lambda: Instruments(journal=TimingJournal()), compare=False,
+                                     repr=False)
 
     def __post_init__(self):
         from gac.align.latency_model import Phase
@@ -157,12 +160,26 @@ class Instruments:
     latency_model(groups, phase, *, alignment, device, dtype, repeats, progress) -> a LatencyModel with a zero
         constant (None: gac.align.latency_model.measure_latency_model, from the cached op sweeps);
     loss(model, windows) -> the guard's mean next-token loss on held-back calibration windows [n, seq] (None:
-        gac.evaluate.perplexity.mean_loss, as --compressor auto measures).
+        gac.evaluate.perplexity.mean_loss, as --compressor auto measures);
+    journal: gac.hw.journal.TimingJournal, through which the timer's timings are replayed where recorded (None: every
+        timing measured, nothing recorded).
     """
 
     timer: Callable = time_at_phase
     latency_model: Callable | None = None
     loss: Callable | None = None
+    journal: TimingJournal | None = None
+
+    def for_loop(self) -> Instruments:
+        """These instruments for one closed loop: its own view of the journal, so that its n-th timing of a set of
+        models replays the n-th recorded, whatever other loops (--compressor auto's) timed before it."""
+        return self if self.journal is None else dataclasses.replace(self, journal=self.journal.session())
+
+    def time(self, models: dict, cfg, *, aa: bool = True) -> dict:
+        """{name: Timing}: the timer's, through the journal where there is one."""
+        if self.journal is None:
+            return self.timer(models, cfg, aa=aa)
+        return self.journal.time(self.timer, models, cfg, aa=aa)
 
     def tables(self, groups: list, phase, **kw):
         from gac.align.latency_model import measure_latency_model
@@ -180,7 +197,7 @@ def time_beside(model, built: dict, cfg: SpeedupConfig) -> tuple[float, float, d
     ({name: model}) timed round-robin in one run at the objective's phase and shape (cfg.instruments' timer)."""
     from gac.evaluate.bench import AA_SUFFIX
 
-    t = cfg.instruments.timer({"baseline": model, **built}, cfg, aa=True)
+    t = cfg.instruments.time({"baseline": model, **built}, cfg, aa=True)
     base = t["baseline"].median_ms
     return base, abs(t["baseline" + AA_SUFFIX].median_ms / base - 1.0), t
 
@@ -207,11 +224,11 @@ def fit_latency(model, compressor, units, lm, cfg: SpeedupConfig, *, groups=None
 
     dims = reference_dims(lm, [u.name for u in units] if groups is None else groups)
     calibration = dataclasses.replace(cfg, timing_rounds=max(cfg.timing_rounds, 5))  # a median robust to a spike
-    timer = cfg.instruments.timer
+    time = cfg.instruments.time
     if not dims:  # nothing the objective may cut: the constant alone
-        return lm.calibrated(timer({"baseline": model}, calibration, aa=False)["baseline"].median_ms)
+        return lm.calibrated(time({"baseline": model}, calibration, aa=False)["baseline"].median_ms)
     reference = compressor.built(model, units, {u.name: dims.get(u.name) for u in units})
-    t = timer({"baseline": model, "reference": reference}, calibration, aa=False)
+    t = time({"baseline": model, "reference": reference}, calibration, aa=False)
     del reference
     fitted = lm.fitted(t["baseline"].median_ms, dims, t["reference"].median_ms)
     log.info("latency tables%s fitted on a reference model: it measured %.2f ms against the original's %.2f ms, "

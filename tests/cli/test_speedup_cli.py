@@ -30,6 +30,7 @@ FAST_SPEEDUP = FAST[:TOKENS] + FAST[TOKENS + 2:]  # --speedup times at its --sha
     (["--speedup", "1.2", "--margin", "-0.01"], "outside [0, 0.5)"),
     (["--speedup", "1.2", "--margin", "0.5"], "--margin"),
     (["--speedup", "1.2", "--margin", "nan"], "--margin"),
+    (["--retime"], "give --speedup too"),
 ])
 def test_speedup_option_errors(tiny_model_dir, tmp_path, extra, expected):
     p = run_gac("compress", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o"), *FAST_SPEEDUP, *extra)
@@ -39,11 +40,15 @@ def test_speedup_option_errors(tiny_model_dir, tmp_path, extra, expected):
     assert not (tmp_path / "o").exists()
 
 
+def _speedup_run(tiny_model_dir, out, *extra):
+    return run_gac("compress", "--model", str(tiny_model_dir), "--compressor", "prune", "--prune-layers", "all",
+                   "--speedup", "1.05", "--shape", "1x64", "--param-cap", "0.95", "--margin", "0.01", "--out",
+                   str(out), *FAST_SPEEDUP, *extra)
+
+
 def test_speedup_run(tiny_model_dir, tmp_path):
     out = tmp_path / "o"
-    p = run_gac("compress", "--model", str(tiny_model_dir), "--compressor", "prune", "--prune-layers", "all",
-                "--speedup", "1.05", "--shape", "1x64", "--param-cap", "0.95", "--margin", "0.01", "--out", str(out),
-                *FAST_SPEEDUP)
+    p = _speedup_run(tiny_model_dir, out)
     if p.returncode == 2:  # a tiny model on a busy CPU may predict no speedup at all: then one line says so
         assert "best reachable speedup" in p.stderr and "Traceback" not in p.stderr, p.stderr
         return
@@ -60,3 +65,23 @@ def test_speedup_run(tiny_model_dir, tmp_path):
     assert guard["kept"] in ("latency", "parameter") and "parameter" in guard
     if guard["parameter"].get("params") is not None:  # a tiny model on a busy CPU: no ratio may be predicted fast
         assert guard["parameter"]["params"] <= 0.95 * r["compressible_params"]
+
+
+def test_a_second_run_replays_the_timings_and_keeps_the_same_model(tiny_model_dir, tmp_path, monkeypatch):
+    """The same command again on this machine replays every timing the first recorded (gac.hw.journal): the same
+    rounds and dims, report.md saying so; --retime times afresh."""
+    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path / "cache"))
+    reports = []
+    for i, extra in enumerate([(), (), ("--retime",)]):
+        p = _speedup_run(tiny_model_dir, tmp_path / f"o{i}", *extra)
+        if p.returncode == 2:  # a tiny model on a busy CPU may predict no speedup at all: then one line says so
+            assert "best reachable speedup" in p.stderr and "Traceback" not in p.stderr, p.stderr
+            return
+        assert p.returncode == 0, p.stderr
+        reports.append(json.loads((tmp_path / f"o{i}" / "report.json").read_text()))
+    first, second, fresh = (r["latency_objective"] for r in reports)
+    assert first["journal"]["replayed"] == 0 < first["journal"]["measured"]
+    assert second["journal"] == {**first["journal"], "replayed": first["journal"]["measured"], "measured": 0}
+    assert second["rounds"] == first["rounds"] and reports[1]["dims"] == reports[0]["dims"]
+    assert "timings replayed as this machine recorded them" in (tmp_path / "o1" / "report.md").read_text()
+    assert fresh["journal"]["replayed"] == 0 < fresh["journal"]["measured"] and not fresh["journal"]["replay"]

@@ -122,7 +122,7 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @heal_options
 @click.option("--dry-run", is_flag=True,
               help="Print the forecast (peak memory per device, disk, rough time) from the config alone and exit.")
-def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, no_guard, out, alignment, no_align, profile, target,
+def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, no_guard, retime, out, alignment, no_align, profile, target,
             allow_profile_mismatch, dtype, device, factorization, alpha, importance, prune_layers, head_mode,
             drop_experts, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
             quiet, layerwise, max_memory, heal, heal_file, heal_tokens, heal_samples, heal_lr, heal_train,
@@ -154,7 +154,7 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
         given = ", ".join("--" + k.replace("_", "-") for k, v in healing.items() if v is not None)
         raise GacError(f"{given} set healing: give --heal too")
     objective = latency_objective(speedup, phase, shape, param_cap, prefill_tokens=prefill_tokens, no_guard=no_guard,
-                                  margin=margin)
+                                  margin=margin, retime=retime)
     cfg = CompressConfig(
         **_given(model=model, compressor=compressor, ratio=ratio, out=out, alignment=alignment, profile=profile,
                  target=target, dtype=dtype, device=device, factorization=factorization),

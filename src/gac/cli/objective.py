@@ -24,6 +24,10 @@ SPEEDUP_OPTIONS = (
                  help="--speedup: keep the latency knapsack's own choice, without building the parameter objective's "
                       "choice at the same budget beside it and keeping, of those that reach the target, the one with "
                       "the lower loss on held-back calibration windows."),
+    click.option("--retime", is_flag=True,
+                 help="--speedup: time every model afresh, recording over the timings this machine recorded of the "
+                      "same models at the same shape (a run otherwise replays them, and repeats the earlier run's "
+                      "choices: $GAC_CACHE_DIR/timings)."),
 )
 
 
@@ -33,22 +37,25 @@ def speedup_options(f):
     return f
 
 
-def latency_objective(speedup, phase, shape, param_cap, *, prefill_tokens=None, no_guard=False, margin=None):
+def latency_objective(speedup, phase, shape, param_cap, *, prefill_tokens=None, no_guard=False, margin=None,
+                      retime=False):
     """gac.speedup.SpeedupConfig from the options, or None for the parameter objective; one-line GacError for a
     latency option without --speedup, or --prefill-tokens with it (its --shape sets the timed shape). CompressConfig
     checks the options --speedup excludes, --ratio included."""
     from gac.errors import GacError
 
     if speedup is None:
-        if phase is not None or shape is not None or param_cap is not None or no_guard or margin is not None:
-            raise GacError("--phase, --shape, --param-cap, --margin and --no-guard set the latency objective: give "
-                           "--speedup too, e.g. --speedup 1.2")
+        if any(v is not None for v in (phase, shape, param_cap, margin)) or no_guard or retime:
+            raise GacError("--phase, --shape, --param-cap, --margin, --no-guard and --retime set the latency objective: "
+                           "give --speedup too, e.g. --speedup 1.2")
         return None
     if prefill_tokens is not None:
         raise GacError("--speedup times every model at its --shape, which --prefill-tokens would contradict: give "
                        "--shape BATCHxTOKENS instead")
-    from gac.speedup import SpeedupConfig, parse_shape
+    from gac.hw.journal import TimingJournal
+    from gac.speedup import Instruments, SpeedupConfig, parse_shape
 
     batch, seq = parse_shape(shape) if shape is not None else (SpeedupConfig.batch, SpeedupConfig.seq)
     given = {k: v for k, v in (("phase", phase), ("margin", margin)) if v is not None}
-    return SpeedupConfig(speedup, batch=batch, seq=seq, param_cap=param_cap, guard=not no_guard, **given)
+    return SpeedupConfig(speedup, batch=batch, seq=seq, param_cap=param_cap, guard=not no_guard,
+                         instruments=Instruments(journal=TimingJournal(replay=not retime)), **given)

@@ -177,6 +177,10 @@ def report_markdown(r: dict) -> str:
         if lo.get("line"):
             lines.append(f"- kept a line round: the line through its stream's timings puts it at "
                          f"{lo['line_speedup']:.3f}x")
+        journal = lo.get("journal") or {}
+        if journal.get("replayed"):
+            lines.append(f"- {journal['replayed']} of {journal['replayed'] + journal['measured']} timings replayed as "
+                         f"this machine recorded them ({journal['path']}; `--retime` times afresh)")
         guard = lo.get("guard", {})
         if "parameter" in guard:
             lines.append("- guard: kept the " + guard["kept"] + " stream's model; " + "; ".join(
