@@ -97,3 +97,16 @@ def test_the_journal_sits_in_the_cache_named_for_the_device_dtype_and_torch(monk
     path = journal_path(torch.nn.Linear(4, 4).to(torch.bfloat16))
     assert path.parent == tmp_path / "timings" and path.name.startswith("cpu-") and "bfloat16" in path.name
     assert torch.__version__.split("+")[0] in path.name
+
+
+def test_a_record_this_version_cannot_read_is_timed_afresh_and_replaced(tmp_path, caplog):
+    timer, path = NoisyTimer(), tmp_path / "journal.json"
+    TimingJournal(path=path).time(timer, models(), CFG, aa=True)
+    data = json.loads(path.read_text())
+    key = next(iter(data["timings"]))
+    data["timings"][key][0]["baseline"]["unknown_field"] = 1
+    path.write_text(json.dumps(data))
+    journal = TimingJournal(path=path)
+    fresh = journal.time(timer, models(), CFG, aa=True)
+    assert timer.calls == 2 and journal.measured == 1 and "ignoring a timing" in caplog.text
+    assert TimingJournal(path=path).time(timer, models(), CFG, aa=True) == fresh and timer.calls == 2
