@@ -148,3 +148,34 @@ def test_asvd_alpha_outside_range_raises(alpha):
 @pytest.mark.parametrize("alpha", [0.0, 2.0])
 def test_asvd_alpha_bounds_accepted(alpha):
     assert make_compressor("asvd", alpha=alpha).config.alpha == alpha
+
+
+def test_asvd_default_alpha_whitens_independent_channels():
+    """Why asvd's default alpha is 1: for inputs whose channels are independent, mean|x| is proportional to each
+    channel's standard deviation, so W diag(mean|x|) is W whitened and its truncated SVD is the rank-r factorization
+    of least output error E||(W - W_r) x||^2 (the optimum SVD-LLM's full whitening reaches); ASVD's own 0.5 stays short
+    of it. (On the embedded model alpha 1 beat 0.25-2 on every text: docs/RESULTS.md, 2026-11-28 16:11.)"""
+    from types import SimpleNamespace
+
+    from gac.compressors.asvd import ASVDConfig
+    from gac.linalg import scaled_svd
+
+    g = torch.Generator().manual_seed(0)
+    n_in, n_out, rank = 48, 40, 12
+    std = torch.logspace(0, 2, n_in)  # channels from 1 to 100 in scale, independent
+    x = torch.randn(20000, n_in, generator=g, dtype=torch.float64) * std  # [tokens, in]
+    w = torch.randn(n_out, n_in, generator=g)
+    stats = SimpleNamespace(mean_abs=x.abs().mean(0).float())
+
+    def output_error(scale):
+        f = scaled_svd(w, scale)
+        w_r = (f.U[:, :rank] * f.S[:rank]) @ f.Vh[:rank] / scale  # the factorization undone at rank r
+        return float(((w.double() - w_r.double()) @ x.T).square().mean())
+
+    def asvd_error(alpha):
+        return output_error(make_compressor("asvd", alpha=alpha).input_scale(w, stats))
+
+    optimum = output_error(std.float())  # exact whitening of independent channels
+    assert ASVDConfig().alpha == 1.0
+    assert asvd_error(1.0) <= 1.01 * optimum
+    assert asvd_error(0.5) > 1.2 * optimum and asvd_error(0.0) > asvd_error(0.5)

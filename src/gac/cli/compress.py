@@ -85,7 +85,8 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
                    "(gram: several times faster on a GPU) or float32 (gram32: ~2x faster on a CPU at 8B shapes; "
                    "the exact SVD for a weight too ill-conditioned for it) [default: auto: gram on CUDA, gram32 "
                    "on CPU].")
-@click.option("--alpha", type=Real(example=0.5), help="asvd: activation scaling exponent [default: 0.5].")
+@click.option("--alpha", type=Real(example=1), help="asvd: activation scaling exponent; 1 whitens independent input "
+              "channels [default: 1; ASVD's paper: 0.5].")
 @click.option("--importance", type=click.Choice(IMPORTANCE),
               help="Importance (channels/heads to keep, per-weight score); output: gac's loss model, low-rank "
                    "compressors only [default: prune taylor; asvd, svd_llm and palu output; svd magnitude].")

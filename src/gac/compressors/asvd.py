@@ -14,14 +14,15 @@ from gac.importance import LOWRANK_IMPORTANCE, check_proxy
 
 @dataclass(frozen=True)
 class ASVDConfig:
-    alpha: float = 0.5  # ASVD's scaling exponent; 0 is plain SVD
+    alpha: float = 1.0  # the scaling exponent: 1 whitens independent input channels (ASVD uses 0.5; 1 is better
+    # on every text here, docs/RESULTS.md 2026-11-28 16:11); 0 is plain SVD
     # "output": gac's loss model (compressors/loss_model.py, docs/RESULTS.md: ppl 25 at 0.15); a proxy name scales the
     # scaled spectral energy instead (fisher: ppl 56); None: measured sensitivity
     importance: str | None = "output"
 
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 2.0:
-            raise GacError(f"asvd alpha {self.alpha} is outside [0, 2]: use e.g. --alpha 0.5")
+            raise GacError(f"asvd alpha {self.alpha} is outside [0, 2]: use e.g. --alpha 1")
         if self.importance is not None:
             check_proxy(self.importance, LOWRANK_IMPORTANCE)
 
