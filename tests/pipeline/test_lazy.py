@@ -111,7 +111,8 @@ def test_layerwise_perplexity_equals_whole_model(source_dir, tmp_path):
     for variant in whole:
         assert lazy[variant]["ppl"] == pytest.approx(whole[variant]["ppl"], rel=1e-5)
         assert lazy[variant]["prefill_ms"] > 0 and lazy[variant]["decode_ms_per_token"] > 0  # timed per layer
-    assert whole["gac"]["ppl"] != pytest.approx(whole["baseline"]["ppl"], rel=1e-3)  # the variants differ
+    # the variants differ by more than the tolerance the equality above holds to, so it is not vacuous
+    assert whole["gac"]["ppl"] != pytest.approx(whole["baseline"]["ppl"], rel=1e-5)
 
 
 def test_cli_layerwise_with_a_memory_budget(source_dir, tmp_path):
