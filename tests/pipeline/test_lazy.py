@@ -103,7 +103,7 @@ def test_layerwise_output_loads_offloaded(source_dir, tmp_path):
 def test_layerwise_perplexity_equals_whole_model(source_dir, tmp_path):
     from gac.evaluate.latency import LatencyConfig
 
-    base = dict(model=str(source_dir), compressor="asvd", ratio=0.2, text=TEXT, progress=False,
+    base = dict(model=str(source_dir), compressor="asvd", ratio=0.4, text=TEXT, progress=False,
                 latency=LatencyConfig(warmup=0, prefill_rounds=1, decode_rounds=1, prefill_tokens=8))
     whole = compress(CompressConfig(**base)).report["variants"]
     lazy = compress(CompressConfig(**base, layerwise=True)).report["variants"]
@@ -111,8 +111,7 @@ def test_layerwise_perplexity_equals_whole_model(source_dir, tmp_path):
     for variant in whole:
         assert lazy[variant]["ppl"] == pytest.approx(whole[variant]["ppl"], rel=1e-5)
         assert lazy[variant]["prefill_ms"] > 0 and lazy[variant]["decode_ms_per_token"] > 0  # timed per layer
-    # the variants differ by more than the tolerance the equality above holds to, so it is not vacuous
-    assert whole["gac"]["ppl"] != pytest.approx(whole["baseline"]["ppl"], rel=1e-5)
+    assert whole["gac"]["ppl"] != pytest.approx(whole["baseline"]["ppl"], rel=1e-3)  # the variants differ
 
 
 def test_cli_layerwise_with_a_memory_budget(source_dir, tmp_path):
