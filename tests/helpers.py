@@ -3,6 +3,7 @@ of a fresh-process script that reads its resident size."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 
@@ -21,10 +22,32 @@ def rss():
 """
 
 
-def run_gac(*args, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_gac(*args, timeout: float = 600, env: dict | None = None, preexec_fn=None) -> subprocess.CompletedProcess:
     """`python -m gac ARGS` in a fresh process, output captured, never raising on a non-zero exit."""
     return subprocess.run([sys.executable, "-m", "gac", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=timeout, check=False)
+                          env=env, timeout=timeout, check=False, preexec_fn=preexec_fn)
+
+
+def limit_file_size(nbytes: int) -> None:
+    """From now on, in this process, a write that takes a file past `nbytes` fails in the kernel (EFBIG, "File too
+    large") as a write to a full disk does (ENOSPC): a real failed write through every library, not a stand-in.
+    (Python ignores SIGXFSZ, so the write fails instead of the process being killed.) POSIX only."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """limit_file_size(nbytes) inside the with block, the limit before it after."""
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    limit_file_size(nbytes)
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
 
 
 def assert_one_error_line(p: subprocess.CompletedProcess, expected: str = "") -> str:

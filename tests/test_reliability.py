@@ -203,6 +203,21 @@ def test_write_failure_leaves_nothing_and_is_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_write_failing_while_the_model_is_saved_is_one_line_and_leaves_nothing(tmp_path, tiny_model_dir):
+    """A real process whose writes fail past 100 kB (as on a full disk) while safetensors writes the model: one
+    `cannot write` line naming the operating system's reason and the fix, exit 2, no output, no temporary."""
+    from functools import partial
+
+    from tests.helpers import assert_one_error_line, limit_file_size, run_gac
+
+    out = tmp_path / "runs" / "m"
+    p = run_gac("compress", "--model", tiny_model_dir, "--out", out, "--ratio", "0.2", "--whole-model", "--seq-len",
+                "32", "--calib-windows", "2", "--no-eval", "--quiet", preexec_fn=partial(limit_file_size, 100_000),
+                env={**os.environ, "GAC_CACHE_DIR": str(tmp_path / "cache")})
+    assert_one_error_line(p, f"cannot write {out} (File too large): free space or choose another --out")
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
 def test_sigterm_to_a_running_compress_is_one_line_and_leaves_nothing(tmp_path, tiny_model_dir):
     """A real process: SIGTERM while calibrating -> exit 143, one `interrupted` line, no output, no temp."""
     out = tmp_path / "runs" / "m"

@@ -95,8 +95,17 @@ def new_file_mode() -> int:
     return 0o666 & ~_umask()
 
 
-def _oserror(path, e: OSError, flag: str) -> GacError:
-    reason = e.strerror or str(e)
+def io_failure(e: BaseException) -> str | None:
+    """Why a write failed, where `e` is a failed write: an OSError's reason, or the operating system's words for the
+    error number a library's own error carries (safetensors' SafetensorError ends `... (os error 28)` for a full
+    disk, as Rust prints an I/O error); None for anything else."""
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    code = re.search(r"\(os error (\d+)\)|\bOs \{ code: (\d+)", str(e))
+    return os.strerror(int(code.group(1) or code.group(2))) if code else None
+
+
+def _oserror(path, reason: str, flag: str) -> GacError:
     return GacError(f"cannot write {path} ({reason}): free space or choose another {flag}")
 
 
@@ -109,16 +118,15 @@ def atomic_dir(out, *, force: bool = False, flag: str = "--out"):
         remove_stale_partials(out.parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=f".{_writer()}.partial", dir=out.parent))
     except OSError as e:
-        raise _oserror(out, e, flag) from None
+        raise _oserror(out, io_failure(e), flag) from None
     try:
         yield tmp
         usual_modes(tmp)
         _swap_in(tmp, out, force)
-    except OSError as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _oserror(out, e, flag) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if (reason := io_failure(e)) is not None:
+            raise _oserror(out, reason, flag) from None
         raise
 
 
@@ -216,17 +224,16 @@ def write_file(path, write, *, flag: str = "--out") -> Path:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix or ".tmp", dir=path.parent)
         os.close(fd)
     except OSError as e:
-        raise _oserror(path, e, flag) from None
+        raise _oserror(path, io_failure(e), flag) from None
     try:
         os.chmod(tmp, new_file_mode())  # mkstemp creates 0600; give the usual permissions of a new file
         write(Path(tmp))
         with critical():
             os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        raise _oserror(path, e, flag) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if (reason := io_failure(e)) is not None:
+            raise _oserror(path, reason, flag) from None
         raise
     return path
 

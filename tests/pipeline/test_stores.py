@@ -63,6 +63,21 @@ def test_a_full_temporary_directory_is_one_line_naming_tmpdir(monkeypatch):
         store[0] = [torch.ones(2)]
 
 
+def test_a_real_failed_write_in_either_store_is_one_line_naming_tmpdir():
+    """Both stores write safetensors, whose error on a real failed write (past a file-size limit here, a full disk
+    in use) carries the errno: one line with the operating system's reason, not an unexpected error."""
+    from gac.errors import GacError
+    from tests.helpers import file_size_limit
+
+    big = torch.zeros(1 << 16)  # 256 KiB
+    with FactorCache() as cache, ActivationStore(spill=True) as store, file_size_limit(100_000):
+        with pytest.raises(GacError, match=r"factor cache .*\(File too large\): point TMPDIR") as e:
+            cache[0] = {"a": big}
+        assert "\n" not in str(e.value)
+        with pytest.raises(GacError, match=r"calibration activations .*\(File too large\): point TMPDIR"):
+            store[0] = [big]
+
+
 def test_shard_writer_names_index_and_ties(tmp_path):
     emb = torch.randn(10, 4)
     w = ShardWriter(tmp_path)

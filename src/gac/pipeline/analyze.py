@@ -254,15 +254,20 @@ class _LayerFiles:
 class ActivationStore(_LayerFiles):
     """Each layer's stored input for the reverse sweep: [tensor per batch], in memory or spilled to disk."""
 
-    prefix, suffix, what = "gac-activations-", ".pt", "the stored calibration activations"
+    prefix, suffix, what = "gac-activations-", ".safetensors", "the stored calibration activations"
 
     @staticmethod
-    def _save(tensors: list, path: Path) -> None:
-        torch.save([t.detach().to("cpu").contiguous() for t in tensors], path)
+    def _save(tensors: list, path: Path) -> None:  # safetensors, not torch.save: its I/O errors carry the errno
+        from safetensors.torch import save_file
+
+        save_file({str(j): t.detach().to("cpu").contiguous() for j, t in enumerate(tensors)}, path)
 
     @staticmethod
     def _load(path: Path, device: torch.device) -> list:
-        return [t.to(device) for t in torch.load(path, mmap=True, weights_only=True)]  # on the CPU: no copy
+        from safetensors import safe_open
+
+        with safe_open(path, "pt", device=str(device)) as f:
+            return [f.get_tensor(str(j)) for j in range(len(f.keys()))]
 
 
 class FactorCache(_LayerFiles):
@@ -288,10 +293,14 @@ class FactorCache(_LayerFiles):
 @contextlib.contextmanager
 def _disk_errors(path: Path, what: str):
     """A full or unwritable temporary directory as one line naming TMPDIR (the layer-wise temporaries go there)."""
+    from gac.atomic import io_failure
+
     try:
         yield
-    except OSError as e:
-        raise GacError(f"could not write {what} to {path.parent} ({e.strerror or e}): point TMPDIR at a directory "
+    except Exception as e:
+        if (reason := io_failure(e)) is None:
+            raise
+        raise GacError(f"could not write {what} to {path.parent} ({reason}): point TMPDIR at a directory "
                        "with room for it (`gac compress --dry-run` forecasts the disk needed)") from e
 
 
