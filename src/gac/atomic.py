@@ -101,8 +101,8 @@ def io_failure(e: BaseException) -> str | None:
     disk, as Rust prints an I/O error); None for anything else."""
     if isinstance(e, OSError):
         return e.strerror or str(e)
-    code = re.search(r"\(os error (\d+)\)|\bOs \{ code: (\d+)", str(e))
-    return os.strerror(int(code.group(1) or code.group(2))) if code else None
+    code = re.search(r"\(os error (\d+)\)", str(e))
+    return os.strerror(int(code.group(1))) if code else None
 
 
 def _oserror(path, reason: str, flag: str) -> GacError:
