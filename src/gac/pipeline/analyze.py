@@ -209,9 +209,24 @@ class _LayerFiles:
     """Tensors per layer index, kept until read: in memory, or (spill) one file per layer in a temporary directory
     (TMPDIR), read back memory-mapped (onto `device`: the CPU's pages, or a copy on the GPU), so that memory does not
     grow with depth. An empty item takes no file. A layer's file goes with del, the directory with close(), the end
-    of a with block, or when the store is dropped."""
+    of a with block, or when the store is dropped. The files are safetensors ({key: tensor}), not torch.save's: a
+    failed write's error carries the operating system's reason (gac.atomic.io_failure)."""
 
-    prefix = suffix = what = ""
+    prefix = what = ""
+    suffix = ".safetensors"
+
+    @staticmethod
+    def _save(tensors: dict, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
+
+    @staticmethod
+    def _load(path: Path, device: torch.device) -> dict:
+        from safetensors import safe_open
+
+        with safe_open(path, "pt", device=str(device)) as f:  # memory-mapped on the CPU
+            return {k: f.get_tensor(k) for k in f.keys()}
 
     def __init__(self, spill: bool = True, device="cpu"):
         self.spill, self.device = spill, torch.device(device)
@@ -254,40 +269,23 @@ class _LayerFiles:
 class ActivationStore(_LayerFiles):
     """Each layer's stored input for the reverse sweep: [tensor per batch], in memory or spilled to disk."""
 
-    prefix, suffix, what = "gac-activations-", ".safetensors", "the stored calibration activations"
+    prefix, what = "gac-activations-", "the stored calibration activations"
 
     @staticmethod
-    def _save(tensors: list, path: Path) -> None:  # safetensors, not torch.save: its I/O errors carry the errno
-        from safetensors.torch import save_file
-
-        save_file({str(j): t.detach().to("cpu").contiguous() for j, t in enumerate(tensors)}, path)
+    def _save(tensors: list, path: Path) -> None:
+        _LayerFiles._save({str(j): t for j, t in enumerate(tensors)}, path)
 
     @staticmethod
     def _load(path: Path, device: torch.device) -> list:
-        from safetensors import safe_open
-
-        with safe_open(path, "pt", device=str(device)) as f:
-            return [f.get_tensor(str(j)) for j in range(len(f.keys()))]
+        stored = _LayerFiles._load(path, device)
+        return [stored[str(j)] for j in range(len(stored))]
 
 
 class FactorCache(_LayerFiles):
     """What `cut` needs of each analyzed layer (Compressor.cut_state, {key: tensor}), one safetensors file per layer,
     read back at materialization instead of factorizing again; a layer with nothing to keep (prune) has no file."""
 
-    prefix, suffix, what = "gac-factors-", ".safetensors", "the factor cache"
-
-    @staticmethod
-    def _save(tensors: dict, path: Path) -> None:
-        from safetensors.torch import save_file
-
-        save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
-
-    @staticmethod
-    def _load(path: Path, device: torch.device) -> dict:
-        from safetensors import safe_open
-
-        with safe_open(path, "pt", device=str(device)) as f:  # memory-mapped on the CPU
-            return {k: f.get_tensor(k) for k in f.keys()}
+    prefix, what = "gac-factors-", "the factor cache"
 
 
 @contextlib.contextmanager
