@@ -101,8 +101,23 @@ def tiny():
 SLOW_MARKERS = ("integration", "vllm")
 
 
+# Directories whose files share session fixtures (vLLM's served models, llama.cpp's exports): one worker runs each
+SHARED_FIXTURE_DIRS = ("serve", "export")
+MAX_WORKERS = 4  # past this, the two directories above bound the wall time and more workers only add memory
+
+
 def pytest_collection_modifyitems(config, items):
-    """Every test on the embedded model or in vLLM is also `slow`, so `pytest -m "not slow"` is the quick loop."""
+    """Every test on the embedded model or in vLLM is also `slow`, so `pytest -m "not slow"` is the quick loop.
+    Under pytest-xdist each file runs whole on one worker (its module fixtures built once), the directories above
+    each on one worker."""
     for item in items:
         if any(item.get_closest_marker(m) for m in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
+        path = item.path.relative_to(config.rootpath / "tests")
+        shared = path.parts[0] in SHARED_FIXTURE_DIRS and len(path.parts) > 1
+        item.add_marker(pytest.mark.xdist_group(path.parts[0] if shared else str(path)))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker a core, at most MAX_WORKERS (each may hold the embedded model or start vLLM)."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
