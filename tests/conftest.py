@@ -101,23 +101,42 @@ def tiny():
 SLOW_MARKERS = ("integration", "vllm")
 
 
-# Directories whose files share session fixtures (vLLM's served models, llama.cpp's exports): one worker runs each
+# Directories whose files share session fixtures (vLLM's served models, llama.cpp's exports): under pytest-xdist
+# each runs on one worker, started first and in this order (the longest units); every other file runs whole on one
+# worker (its module fixtures built once)
 SHARED_FIXTURE_DIRS = ("serve", "export")
 MAX_WORKERS = 4  # past this, the two directories above bound the wall time and more workers only add memory
 
 
+def work_unit(nodeid: str) -> str:
+    """The unit pytest-xdist gives one worker: a directory above, else the test's file."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return "/".join(parts[:2]) if parts[0] == "tests" and parts[1] in SHARED_FIXTURE_DIRS else path
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test on the embedded model or in vLLM is also `slow`, so `pytest -m "not slow"` is the quick loop.
-    Under pytest-xdist each file runs whole on one worker (its module fixtures built once), the directories above
-    each on one worker."""
+    The directories above come first (a stable sort), so that workers start on them."""
     for item in items:
         if any(item.get_closest_marker(m) for m in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
-        path = item.path.relative_to(config.rootpath / "tests")
-        shared = path.parts[0] in SHARED_FIXTURE_DIRS and len(path.parts) > 1
-        item.add_marker(pytest.mark.xdist_group(path.parts[0] if shared else str(path)))
+    first = [f"tests/{d}" for d in SHARED_FIXTURE_DIRS]
+    items.sort(key=lambda item: first.index(unit) if (unit := work_unit(item.nodeid)) in first else len(first))
 
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker a core, at most MAX_WORKERS (each may hold the embedded model or start vLLM)."""
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole work units to each worker (pytest-xdist's --dist loadgroup does not group under pytest 9.2, its
+    issue #1386; its scope scheduler with our units does)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnits(config, log)

@@ -1,6 +1,9 @@
-"""The suite's own markers: the quick loop (`-m "not slow"`) leaves out every embedded-model and vLLM test."""
+"""The suite's own markers and units of work: the quick loop (`-m "not slow"`) leaves out every embedded-model and
+vLLM test; under pytest-xdist a file runs whole on one worker, the serving and export directories each on one."""
 
 import pytest
+
+from tests.conftest import work_unit
 
 
 @pytest.mark.integration
@@ -15,3 +18,15 @@ def test_a_vllm_test_is_slow(request):
 
 def test_a_plain_test_is_not(request):
     assert request.node.get_closest_marker("slow") is None
+
+
+def test_work_units_keep_shared_fixtures_on_one_worker(request):
+    assert work_unit("tests/serve/test_vllm.py::test_x[asvd]") == "tests/serve"
+    assert work_unit("tests/serve/test_layout.py::test_y") == "tests/serve"
+    assert work_unit("tests/export/test_engine.py::test_y") == "tests/export"
+    assert work_unit("tests/heal/test_heal.py::test_z[a::b]") == "tests/heal/test_heal.py"
+    assert work_unit("tests/test_markers.py::test_a_plain_test_is_not") == "tests/test_markers.py"
+    assert work_unit(request.node.nodeid) == "tests/test_markers.py"
+    units = [work_unit(item.nodeid) for item in request.session.items]
+    shared = [u for u in units if u in ("tests/serve", "tests/export")]
+    assert units[:len(shared)] == sorted(shared, key=("tests/serve", "tests/export").index)  # first, longest first
