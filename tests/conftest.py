@@ -104,15 +104,15 @@ SLOW_MARKERS = ("integration", "vllm")
 # Directories whose files share session fixtures (vLLM's served models, llama.cpp's exports): under pytest-xdist
 # each runs on one worker, started first and in this order (the longest units); every other file runs whole on one
 # worker (its module fixtures built once)
-SHARED_FIXTURE_DIRS = ("serve", "export")
+SHARED_UNITS = ("tests/serve", "tests/export")
 MAX_WORKERS = 4  # past this, the two directories above bound the wall time and more workers only add memory
 
 
 def work_unit(nodeid: str) -> str:
     """The unit pytest-xdist gives one worker: a directory above, else the test's file."""
     path = nodeid.split("::", 1)[0]
-    parts = path.split("/")
-    return "/".join(parts[:2]) if parts[0] == "tests" and parts[1] in SHARED_FIXTURE_DIRS else path
+    directory = "/".join(path.split("/")[:2])
+    return directory if directory in SHARED_UNITS else path
 
 
 def pytest_collection_modifyitems(config, items):
@@ -121,8 +121,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(m) for m in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)
-    first = [f"tests/{d}" for d in SHARED_FIXTURE_DIRS]
-    items.sort(key=lambda item: first.index(unit) if (unit := work_unit(item.nodeid)) in first else len(first))
+    order = {unit: i for i, unit in enumerate(SHARED_UNITS)}
+    items.sort(key=lambda item: order.get(work_unit(item.nodeid), len(order)))
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -3,7 +3,7 @@ vLLM test; under pytest-xdist a file runs whole on one worker, the serving and e
 
 import pytest
 
-from tests.conftest import work_unit
+from tests.conftest import SHARED_UNITS, work_unit
 
 
 @pytest.mark.integration
@@ -28,5 +28,6 @@ def test_work_units_keep_shared_fixtures_on_one_worker(request):
     assert work_unit("tests/test_markers.py::test_a_plain_test_is_not") == "tests/test_markers.py"
     assert work_unit(request.node.nodeid) == "tests/test_markers.py"
     units = [work_unit(item.nodeid) for item in request.session.items]
-    shared = [u for u in units if u in ("tests/serve", "tests/export")]
-    assert units[:len(shared)] == sorted(shared, key=("tests/serve", "tests/export").index)  # first, longest first
+    shared = [u for u in units if u in SHARED_UNITS]
+    assert SHARED_UNITS == ("tests/serve", "tests/export")  # the longest unit first
+    assert units[:len(shared)] == sorted(shared, key=SHARED_UNITS.index)  # collected first, in that order
