@@ -81,7 +81,7 @@ def main() -> None:
         for name, v in nll.items():
             excess = v - base
             parts = [float(excess[m].sum()) / v.numel() for m in (copy, ~copy, upper, ~upper)]
-            held = f"{worst_share(excess):.0%}" if name != "original" else ""
+            held = f"{worst_share(excess):.0%}" if excess.sum() > 0 else ""  # no loss to share out
             print(f"| {label} | {name} | {math.exp(v.mean()):.2f} | " + " | ".join(f"{p:.3f}" for p in parts)
                   + f" | {held} |")
             for i in excess.flatten().topk(args.top).indices.tolist() if name != "original" else []:
