@@ -77,3 +77,21 @@ def test_serving_benchmarks_parse_their_options(script):
     path = Path(__file__).resolve().parents[2] / "benchmarks" / script
     p = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "--out" in p.stdout, p.stderr
+
+
+def test_a_failing_tensor_parallel_rank_stops_the_others_and_comes_back_in_one_line(vllm, tmp_path):
+    """gac.serve.vllm_runs' ranks, started for real: a model a rank cannot build stops the run, and its error reaches
+    the caller as one GacError naming the model and the size."""
+    import json
+
+    from gac.serve.vllm_runs import _launch
+
+    job = tmp_path / "job.json"
+    missing = str(tmp_path / "missing")
+    job.write_text(json.dumps({"prompts": {missing: [[1, 2, 3]]}, "max_tokens": 2, "dtype": "float32", "tp": 2,
+                               "ports": [0]}))
+    with pytest.raises(GacError) as e:
+        _launch(job, [tmp_path / "rank0.json", tmp_path / "rank1.json"])
+    assert str(e.value).startswith(f"vLLM failed on {missing} at tensor parallel size 2: GacError: {missing} is "
+                                   "not a model directory (no config.json)")
+    assert "\n" not in str(e.value)

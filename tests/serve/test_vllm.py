@@ -56,12 +56,14 @@ def test_refusals_are_one_line_before_vllm_starts(vllm, serve_dirs, tmp_path):
 
 START_VLLM = """
 import json, sys
-from vllm import LLM
+from vllm import LLM, SamplingParams
 if __name__ == "__main__":
     for model, kwargs in json.loads(sys.argv[1]):
         try:
-            LLM(model=model, dtype="float32", max_model_len=128, enforce_eager=True, **kwargs)
-            print("LOADED", model)
+            llm = LLM(model=model, dtype="float32", max_model_len=128, enforce_eager=True, **kwargs)
+            out = llm.generate(["The"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+            print("LOADED", model, "generated", len(out[0].outputs[0].token_ids))
+            del llm
         except Exception as e:
             print("REFUSED", model, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
 """
@@ -71,13 +73,18 @@ def start_vllm(tmp_path, cases) -> str:
     """Start vllm.LLM directly (as a user does, no gac wrapper) on each (model, kwargs); its report lines."""
     script = tmp_path / "start.py"
     script.write_text(START_VLLM)
-    p = subprocess.run([sys.executable, str(script), json.dumps(cases)], capture_output=True, text=True,
-                       timeout=900, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    from gac.serve.vllm_engine import cpu_bind
+
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpu_bind(2)}  # a rank a core
+    p = subprocess.run([sys.executable, str(script), json.dumps(cases)], capture_output=True, text=True, timeout=900,
+                       env=env)
     return p.stdout + p.stderr
 
 
-def test_vllm_refuses_what_it_cannot_serve_right(vllm, serve_dirs, tmp_path):
-    """Started directly: a size the ranks cannot split and an output saved under the family's own class are
+def test_vllm_started_directly_serves_at_tp2_and_refuses_what_it_cannot_serve_right(vllm, serve_dirs, tmp_path):
+    """Started directly, at vLLM's defaults (its engine core and tensor-parallel workers in processes it starts,
+    where gac's plugin must load too; serve-check runs its engines in processes of its own): a factorized model
+    loads at TP=2 and generates; a size the ranks cannot split and an output saved under the family's own class are
     refused by the plugin's config check before an engine starts; vLLM's Transformers backend refuses to build a
     factorized model; nothing loads wrong."""
     old = tmp_path / "old-asvd"
@@ -86,10 +93,11 @@ def test_vllm_refuses_what_it_cannot_serve_right(vllm, serve_dirs, tmp_path):
     (old / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
     resized, asvd = str(serve_dirs["resized"]), str(serve_dirs["asvd"])
     tp2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
-    out = start_vllm(tmp_path, [[resized, tp2], [str(old), {}],
+    out = start_vllm(tmp_path, [[asvd, tp2], [resized, tp2], [str(old), {}],
                                 [asvd, {"model_impl": "transformers", "trust_remote_code": True}]])
+    assert f"LOADED {asvd} generated 4" in out
     assert (f"REFUSED {resized} GacError layer 0 keeps MLP width 157, not divisible by tensor parallel size 2"
             in out)
     assert f"REFUSED {old} GacError {old} is a gac output saved under LlamaForCausalLM" in out
     assert f"REFUSED {asvd}" in out and "vLLM's Transformers backend cannot build" in out
-    assert "LOADED" not in out
+    assert out.count("LOADED") == 1

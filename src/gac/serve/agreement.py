@@ -9,8 +9,6 @@ log-probability difference and vLLM's load time.
 
 from __future__ import annotations
 
-import time
-
 PROMPTS = 8
 PROMPT_TOKENS = 24
 MAX_TOKENS = 32
@@ -55,29 +53,6 @@ def teacher_forced(model, prompts, generated) -> list[list[int]]:
                 for ids, gen in zip(prompts, generated)]
 
 
-def vllm_run(model_dir, prompts: list[list[int]], max_tokens: int, *, dtype: str, tp: int) -> dict:
-    from vllm import SamplingParams, TokensPrompt
-    from vllm import envs as vllm_envs
-
-    from gac.serve.vllm_engine import make_llm
-
-    start = time.perf_counter()
-    llm = make_llm(model_dir, dtype=dtype, tp=tp, max_model_len=256)
-    load_s = time.perf_counter() - start
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=0)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
-    tokens = [list(o.outputs[0].token_ids) for o in outs]
-    logprobs = [[next(iter(d.values())).logprob for d in o.prompt_logprobs[1:]] for o in outs]
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    if not vllm_envs.VLLM_ENABLE_V1_MULTIPROCESSING:
-        from vllm.distributed import cleanup_dist_env_and_memory
-
-        # the engine ran in this process: its process group, its memory and vLLM's env cache go before the next
-        cleanup_dist_env_and_memory()
-    return {"tokens": tokens, "prompt_logprobs": logprobs, "load_s": load_s}
-
-
 def compare(hf: dict, vl: dict, forced: list[list[int]]) -> dict:
     pairs = [(a, b) for x, y in zip(hf["tokens"], vl["tokens"]) for a, b in zip(x, y)]
     forced_pairs = [(a, b) for x, y in zip(forced, vl["tokens"]) for a, b in zip(x, y)]
@@ -89,21 +64,20 @@ def compare(hf: dict, vl: dict, forced: list[list[int]]) -> dict:
 
 
 def agreement(model_dirs, *, dtype: str = "float32", tp: int = 1, max_tokens: int = MAX_TOKENS) -> dict:
-    """{model dir: compare(...)}: vLLM first for every model (each engine shut down before the next), then
-    transformers."""
+    """{model dir: compare(...)}: vLLM first for every model (each engine shut down before the next: see
+    gac.serve.vllm_runs), then transformers."""
     from transformers import AutoTokenizer
 
     from gac.serve.vllm_engine import check_installed, check_servable
+    from gac.serve.vllm_runs import vllm_runs
 
     check_installed()
     for d in model_dirs:
         check_servable(d, tp)
+    prompts = {str(d): prompt_ids(AutoTokenizer.from_pretrained(d)) for d in model_dirs}
+    served = vllm_runs(prompts, max_tokens, dtype=dtype, tp=tp)
     results = {}
-    served = {}
-    for d in model_dirs:
-        prompts = prompt_ids(AutoTokenizer.from_pretrained(d))
-        served[d] = (prompts, vllm_run(d, prompts, max_tokens, dtype=dtype, tp=tp))
-    for d, (prompts, vl) in served.items():
-        hf = hf_run(d, prompts, max_tokens)
-        results[str(d)] = compare(hf, vl, teacher_forced(hf["model"], prompts, vl["tokens"]))
+    for d, vl in served.items():
+        hf = hf_run(d, prompts[d], max_tokens)
+        results[d] = compare(hf, vl, teacher_forced(hf["model"], prompts[d], vl["tokens"]))
     return results

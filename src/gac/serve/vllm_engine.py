@@ -56,9 +56,12 @@ def cpu_bind(tp: int) -> str:
 
 
 def make_llm(model_dir, *, dtype: str = "float32", tp: int = 1, max_model_len: int = 1024,
-             enforce_eager: bool = True, kv_cache_gib: float = 2, seed: int = 0, **engine_args):
+             enforce_eager: bool = True, kv_cache_gib: float = 2, seed: int = 0, executor: str = "mp",
+             **engine_args):
     """vllm.LLM on `model_dir` (checked first). On CPU: `kv_cache_gib` of KV cache, and cores split over ranks;
-    `engine_args` go to vLLM as they are (e.g. enable_prefix_caching=False)."""
+    `executor`: vLLM's distributed executor where tp > 1 ("mp": vLLM starts the ranks; "external_launcher": this
+    process is one rank of `tp` started by the caller, as gac.serve.vllm_runs does); `engine_args` go to vLLM as
+    they are (e.g. enable_prefix_caching=False)."""
     check_installed()
     check_servable(model_dir, tp)
     import torch
@@ -69,6 +72,6 @@ def make_llm(model_dir, *, dtype: str = "float32", tp: int = 1, max_model_len: i
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(tp))
     from vllm import LLM
 
-    extra = {"tensor_parallel_size": tp, "distributed_executor_backend": "mp"} if tp > 1 else {}
+    extra = {"tensor_parallel_size": tp, "distributed_executor_backend": executor} if tp > 1 else {}
     return LLM(model=str(model_dir), dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
                seed=seed, **extra, **engine_args)
