@@ -4,6 +4,8 @@ per-layer MLP widths and head counts (KV heads too), a repaired (zero-padded) mo
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -13,6 +15,8 @@ from tests.helpers import run_gac
 SERVE_TINY = dict(hidden_size=128, intermediate_size=320, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=320, max_position_embeddings=512, tie_word_embeddings=True)
 FAST = ["--seq-len", "32", "--calib-windows", "4", "--no-eval", "--quiet"]
+LOGPROB_TOL = 1e-3  # float32: vLLM and transformers differ only by summation order (measured: about 1e-6)
+TP2_LLAMA = ("asvd", "palu", "prune")  # of serve_dirs, served at TP=2 beside every family
 
 
 @pytest.fixture(scope="session")
@@ -129,3 +133,17 @@ def family_dirs(tmp_path_factory):
          plan=plan_record(variant="unaligned", source_model="phi3", alignment=None, dims={}))
     dirs["phi3-fused"] = root / "phi3-fused"
     return dirs
+
+
+def serve_check(dirs, out, *args):
+    """`gac serve-check DIRS --out OUT ARGS`: its results, {dir: figures}."""
+    p = run_gac("serve-check", *map(str, dirs), "--out", str(out), *args, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="session")
+def served_tp2(vllm, serve_dirs, family_dirs, tmp_path_factory):
+    """serve-check at TP=2 on the factorized and pruned Llamas and every family, in one launch of its two ranks."""
+    dirs = [serve_dirs[n] for n in TP2_LLAMA] + list(family_dirs.values())
+    return serve_check(dirs, tmp_path_factory.mktemp("served") / "tp2.json", "--tp", "2")

@@ -13,15 +13,9 @@ import sys
 import pytest
 
 from tests.helpers import run_gac
+from tests.serve.conftest import LOGPROB_TOL, TP2_LLAMA, serve_check
 
 pytestmark = pytest.mark.vllm
-LOGPROB_TOL = 1e-3  # float32: vLLM and transformers differ only by summation order (measured: about 1e-6)
-
-
-def serve_check(dirs, out, *args):
-    p = run_gac("serve-check", *map(str, dirs), "--out", str(out), *args, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +31,10 @@ def test_vllm_serves_the_saved_model(served, serve_dirs, name):
     assert r["prompt_logprob_max_abs_diff"] <= LOGPROB_TOL
 
 
-def test_tensor_parallel_2_serves_factorized_and_pruned_models(vllm, serve_dirs, tmp_path):
-    dirs = [serve_dirs[n] for n in ("asvd", "palu", "prune")]
-    result = serve_check(dirs, tmp_path / "tp2.json", "--tp", "2")
-    for d in dirs:
-        r = result[str(d)]
-        assert r["token_agreement"] >= 0.95 and r["prompt_logprob_max_abs_diff"] <= LOGPROB_TOL, d
+def test_tensor_parallel_2_serves_factorized_and_pruned_models(served_tp2, serve_dirs):
+    for name in TP2_LLAMA:
+        r = served_tp2[str(serve_dirs[name])]
+        assert r["token_agreement"] >= 0.95 and r["prompt_logprob_max_abs_diff"] <= LOGPROB_TOL, name
 
 
 def test_refusals_are_one_line_before_vllm_starts(vllm, serve_dirs, tmp_path):
@@ -81,10 +73,10 @@ def start_vllm(tmp_path, cases) -> str:
     return p.stdout + p.stderr
 
 
-def test_vllm_started_directly_serves_at_tp2_and_refuses_what_it_cannot_serve_right(vllm, serve_dirs, tmp_path):
-    """Started directly, at vLLM's defaults (its engine core and tensor-parallel workers in processes it starts,
-    where gac's plugin must load too; serve-check runs its engines in processes of its own): a factorized model
-    loads at TP=2 and generates; a size the ranks cannot split and an output saved under the family's own class are
+def test_vllm_started_directly_serves_and_refuses_what_it_cannot_serve_right(vllm, serve_dirs, tmp_path):
+    """Started directly, at vLLM's defaults (its engine core in a process vLLM spawns, where gac's plugin must load
+    too, as in the workers it spawns at TP > 1; serve-check runs its engines in processes of its own): a factorized
+    model loads and generates; a size the ranks cannot split and an output saved under the family's own class are
     refused by the plugin's config check before an engine starts; vLLM's Transformers backend refuses to build a
     factorized model; nothing loads wrong."""
     old = tmp_path / "old-asvd"
@@ -93,7 +85,7 @@ def test_vllm_started_directly_serves_at_tp2_and_refuses_what_it_cannot_serve_ri
     (old / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
     resized, asvd = str(serve_dirs["resized"]), str(serve_dirs["asvd"])
     tp2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
-    out = start_vllm(tmp_path, [[asvd, tp2], [resized, tp2], [str(old), {}],
+    out = start_vllm(tmp_path, [[asvd, {}], [resized, tp2], [str(old), {}],
                                 [asvd, {"model_impl": "transformers", "trust_remote_code": True}]])
     assert f"LOADED {asvd} generated 4" in out
     assert (f"REFUSED {resized} GacError layer 0 keeps MLP width 157, not divisible by tensor parallel size 2"

@@ -11,7 +11,7 @@ import json
 import pytest
 from transformers import AutoConfig
 
-from tests.serve.test_vllm import LOGPROB_TOL, serve_check
+from tests.serve.conftest import LOGPROB_TOL
 
 pytestmark = pytest.mark.vllm
 
@@ -31,13 +31,11 @@ def test_the_fixtures_hold_the_structures_served(family_dirs):
         assert downs and all(s[2] < 96 and s[2] % 8 == 0 for s in downs.values())  # cut, aligned, one a layer
 
 
-def test_vllm_serves_each_family_as_saved_at_tensor_parallel_2(vllm, family_dirs, tmp_path):
-    """One vLLM start per family, at TP=2 (the sharding included; TP=1 builds the same layers unsharded, which
+def test_vllm_serves_each_family_as_saved_at_tensor_parallel_2(served_tp2, family_dirs):
+    """One vLLM engine per family, at TP=2 (the sharding included; TP=1 builds the same layers unsharded, which
     tests/serve/test_vllm.py serves for Llama)."""
-    dirs = list(family_dirs.values())
-    result = serve_check(dirs, tmp_path / "tp2.json", "--tp", "2")
-    for d in dirs:
-        r = result[str(d)]
+    for d in family_dirs.values():
+        r = served_tp2[str(d)]
         assert r["positions"] == 8 * 32
         assert r["token_agreement"] >= 0.95 and r["teacher_forced_agreement"] >= 0.95, d
         assert r["prompt_logprob_max_abs_diff"] <= LOGPROB_TOL, d
