@@ -2,9 +2,9 @@
 
 At tensor parallel size 1 every engine runs in this process. At size N > 1, N rank processes start once and build each
 model's engine in themselves, model after model (vLLM's `external_launcher` executor: torchrun's way of offline tensor
-parallelism; rank 0 writes what the ranks computed). vLLM's default `mp` executor would start N fresh workers per model,
-each importing vLLM again: alone on the 2-core CPU the tests' 7 tiny models at TP=2 took 305 s that way and 98 s this
-way (docs/RESULTS.md, 2026-11-29 13:44). The engine, the model code and the sharding are vLLM's own either way.
+parallelism; rank 0 writes what the ranks computed), where vLLM's default `mp` executor would start N fresh workers per
+model, each importing vLLM again (the time it saves: docs/SERVING.md). The engine, the model code and the sharding are
+vLLM's own either way.
 
 `python -m gac.serve.vllm_runs JOB RANK_OUT` is a rank's entry point (started by `vllm_runs`, not by users).
 """
