@@ -65,11 +65,8 @@ def start_vllm(tmp_path, cases) -> str:
     """Start vllm.LLM directly (as a user does, no gac wrapper) on each (model, kwargs); its report lines."""
     script = tmp_path / "start.py"
     script.write_text(START_VLLM)
-    from gac.serve.vllm_engine import cpu_bind
-
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpu_bind(2)}  # a rank a core
-    p = subprocess.run([sys.executable, str(script), json.dumps(cases)], capture_output=True, text=True, timeout=900,
-                       env=env)
+    p = subprocess.run([sys.executable, str(script), json.dumps(cases)], capture_output=True, text=True,
+                       timeout=900, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     return p.stdout + p.stderr
 
 
