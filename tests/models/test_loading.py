@@ -170,3 +170,34 @@ def test_gac_dir_without_tokenizer_is_still_detected(tmp_path, tiny_model_dir):
     loaded = load_model(str(d))
     assert loaded.model.config.model_type == "gac_llama"  # gac's config class of the llama family
     assert loaded.tokenizer is None
+
+
+def test_a_gguf_config_is_read_once_while_the_file_is_unchanged(tmp_path, monkeypatch):
+    """The memory forecast and the loader both read a GGUF's config; its metadata (the whole vocabulary) takes
+    seconds to parse, so a process parses it once, again only once the file changed, and each caller gets its own
+    copy to change."""
+    import os
+
+    import transformers
+
+    from gac.models.loading import read_config_checked
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF")
+    reads = []
+
+    def from_pretrained(where, gguf_file=None, **kwargs):
+        reads.append((where, gguf_file))
+        return tiny_model().config
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", from_pretrained)
+    first = read_config_checked(str(tmp_path), "m.gguf", path.name)
+    second = read_config_checked(str(tmp_path), "m.gguf", path.name)
+    assert reads == [(str(tmp_path), "m.gguf")]
+    assert first is not second and first.to_dict() == second.to_dict()
+    first.num_hidden_layers += 1
+    assert read_config_checked(str(tmp_path), "m.gguf", path.name).num_hidden_layers == second.num_hidden_layers
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten in place
+    read_config_checked(str(tmp_path), "m.gguf", path.name)
+    assert len(reads) == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.util
 import logging
 from pathlib import Path
@@ -29,6 +31,16 @@ def embedded_gguf(alias: str) -> Path:
     return files[0]
 
 
+@functools.lru_cache(maxsize=4)
+def _gguf_config(where: str, gguf_file: str, stamp: tuple):
+    """The config in a GGUF file's metadata, read once a process while the file is unchanged (stamp: its size and
+    mtime): the metadata holds the whole vocabulary, and reading it takes seconds (6 s for the embedded model on a
+    2-core CPU), so the memory forecast and the loader share one read."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(where, gguf_file=gguf_file)
+
+
 def read_config_checked(where: str, source: str, gguf_file: str | None = None):
     """A model's transformers config, checked as loading checks it (a known family, values that cannot run refused):
     the one reader of a config for the loader and the memory forecast."""
@@ -39,9 +51,12 @@ def read_config_checked(where: str, source: str, gguf_file: str | None = None):
 
     from huggingface_hub.errors import StrictDataclassError  # transformers' own checks of a config's values
 
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        config = AutoConfig.from_pretrained(where, **kwargs)
+        if gguf_file:
+            stat = (Path(where) / gguf_file).stat()
+            config = copy.deepcopy(_gguf_config(where, gguf_file, (stat.st_size, stat.st_mtime_ns)))
+        else:
+            config = AutoConfig.from_pretrained(where)
     except (OSError, ValueError, RecursionError, StrictDataclassError) as e:
         why = str(e.__cause__ if isinstance(e, StrictDataclassError) and e.__cause__ else e).strip().splitlines()[0]
         raise GacError(f"could not read the model config of {source!r} ({why}): pass a valid model directory or "
