@@ -13,7 +13,7 @@ import gac.auto
 from gac.api import CompressConfig, compress
 from gac.compressors import AUTO_BUILT, AUTO_CANDIDATES
 from gac.errors import GacError
-from tests.helpers import assert_names_a_fix, assert_one_error_line, run_gac
+from tests.helpers import assert_names_a_fix, assert_one_error_line, gac_cli
 from tests.test_api import fast_config
 
 
@@ -236,7 +236,7 @@ def test_auto_refusals_are_one_line(kw, expected):
 @pytest.mark.parametrize("flags, expected", [(["--importance", "taylor"], "apply to only some compressors"),
                                              (["--layerwise"], "cannot run layer by layer")])
 def test_auto_refusals_on_the_command_line(tmp_path, flags, expected):
-    p = run_gac("compress", "--compressor", "auto", "--out", tmp_path / "o", *flags, timeout=120)
+    p = gac_cli("compress", "--compressor", "auto", "--out", tmp_path / "o", *flags)
     assert_one_error_line(p, expected)
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import run_gac
+from tests.helpers import gac_cli, run_gac
 
 FAST = ["--seq-len", "32", "--calib-windows", "4", "--eval-windows", "2", "--prefill-tokens", "16", "--quiet"]
 
@@ -52,7 +52,7 @@ def _error_cases(tiny_model_dir, tmp_path):
                                   "infeasible budget"])
 def test_user_errors_are_one_line(tiny_model_dir, tmp_path, case):
     args, expected = _error_cases(tiny_model_dir, tmp_path)[case]
-    p = run_gac(*args)
+    p = gac_cli(*args)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
@@ -65,7 +65,7 @@ def test_unsupported_architecture(tmp_path):
 
     d = tmp_path / "gpt2"
     transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100).save_pretrained(d)
-    p = run_gac("compress", "--model", str(d), "--out", str(tmp_path / "o"), *FAST)
+    p = gac_cli("compress", "--model", str(d), "--out", str(tmp_path / "o"), *FAST)
     assert p.returncode == 2 and "unsupported architecture" in p.stderr and "Traceback" not in p.stderr
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from gac.evaluate.report import kept_round
 from tests.cli.test_compress_cli import FAST, run_gac
+from tests.helpers import gac_cli
 
 TOKENS = FAST.index("--prefill-tokens")
 FAST_SPEEDUP = FAST[:TOKENS] + FAST[TOKENS + 2:]  # --speedup times at its --shape: no --prefill-tokens
@@ -33,7 +34,7 @@ FAST_SPEEDUP = FAST[:TOKENS] + FAST[TOKENS + 2:]  # --speedup times at its --sha
     (["--retime"], "give --speedup too"),
 ])
 def test_speedup_option_errors(tiny_model_dir, tmp_path, extra, expected):
-    p = run_gac("compress", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o"), *FAST_SPEEDUP, *extra)
+    p = gac_cli("compress", "--model", str(tiny_model_dir), "--out", str(tmp_path / "o"), *FAST_SPEEDUP, *extra)
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in p.stderr, p.stderr

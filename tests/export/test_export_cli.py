@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.helpers import assert_one_error_line, run_gac
+from tests.helpers import assert_one_error_line, gac_cli, run_gac
 
 
 def test_export_f16_smoke(tiny_model_dir, tmp_path):
@@ -68,7 +68,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(tiny_model_dir, lowrank_dir, 
         "format": ([str(tiny_model_dir), "--out", str(outs / "f.gguf"), "--format", "onnx"], "--format"),
     }
     for case, (args, expected) in cases.items():
-        p = run_gac("export", *args)
+        p = gac_cli("export", *args)
         assert_one_error_line(p, expected)
         assert list(outs.iterdir()) == [], case  # nothing half-written
     assert a_file.read_text() == "x"
@@ -77,9 +77,9 @@ def test_bad_inputs_are_one_line_and_write_nothing(tiny_model_dir, lowrank_dir, 
 def test_existing_output_needs_force(tiny_model_dir, tmp_path):
     out = tmp_path / "m.gguf"
     out.write_bytes(b"old")
-    assert_one_error_line(run_gac("export", str(tiny_model_dir), "--out", str(out)), "already exists")
+    assert_one_error_line(gac_cli("export", str(tiny_model_dir), "--out", str(out)), "already exists")
     assert out.read_bytes() == b"old"
-    assert run_gac("export", str(tiny_model_dir), "--out", str(out), "--force", "--quiet").returncode == 0
+    assert gac_cli("export", str(tiny_model_dir), "--out", str(out), "--force", "--quiet").returncode == 0
     assert out.read_bytes()[:4] == b"GGUF"
 
 
@@ -111,7 +111,7 @@ def test_export_hf_writes_the_families_own_class_or_keeps_the_gac_structure(tiny
     torch.testing.assert_close(a, b)
     outs = tmp_path / "outs"
     outs.mkdir()
-    assert_one_error_line(run_gac("export", str(tiny_model_dir), "--format", "hf", "--out", str(outs / "x"), "--type",
+    assert_one_error_line(gac_cli("export", str(tiny_model_dir), "--format", "hf", "--out", str(outs / "x"), "--type",
                             "q8_0"), "--type and --report are for --format gguf")
-    assert_one_error_line(run_gac("export", str(tiny_model_dir), "--format", "hf", "--out", str(plain)), "already exists")
+    assert_one_error_line(gac_cli("export", str(tiny_model_dir), "--format", "hf", "--out", str(plain)), "already exists")
     assert list(outs.iterdir()) == []

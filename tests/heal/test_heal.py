@@ -16,7 +16,7 @@ from gac.errors import GacError
 from gac.heal.distill import DistillConfig, distill, held_out_loss, trainable_parameters
 from gac.heal.run import HealConfig, heal_dir
 from gac.heal.texts import heal_windows, sharing
-from tests.helpers import assert_one_error_line, run_gac
+from tests.helpers import assert_one_error_line, gac_cli, run_gac
 
 TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
 HEAL = HealConfig(text=TEXT, distill=DistillConfig(tokens=32 * 2 * 24, lr=3e-3, eval_every=6, patience=3),
@@ -365,12 +365,12 @@ def _text(tmp_path, content):
 def test_cli_refuses_bad_input(case, compressed, original, tmp_path):
     args, expected = BAD_INPUT[case]
     out = tmp_path / "out"
-    assert_one_error_line(run_gac("heal", *args(compressed, original, tmp_path), "--out", out), expected)
+    assert_one_error_line(gac_cli("heal", *args(compressed, original, tmp_path), "--out", out), expected)
     assert not out.exists()
 
 
 def test_heal_options_need_heal(tmp_path):
-    assert_one_error_line(run_gac("compress", "--out", tmp_path / "out", "--heal-tokens", 100), "give --heal")
+    assert_one_error_line(gac_cli("compress", "--out", tmp_path / "out", "--heal-tokens", 100), "give --heal")
     assert not (tmp_path / "out").exists()
 
 

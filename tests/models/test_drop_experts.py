@@ -10,7 +10,7 @@ import torch
 
 from gac.api import compress
 from tests.conftest import save_tiny, tiny_tokenizer
-from tests.helpers import assert_one_error_line, run_gac
+from tests.helpers import assert_one_error_line, gac_cli
 from tests.models.test_moe_family import FAMILIES, tiny_moe
 from tests.test_api import fast_config
 
@@ -169,10 +169,10 @@ def test_drop_experts_refusals_are_one_line(tiny_model_dir, tmp_path):
     moe_dir = tmp_path / "qwen3-moe"
     tiny_moe("qwen3_moe").save_pretrained(moe_dir)
     tiny_tokenizer().save_pretrained(moe_dir)
-    p = run_gac("compress", "--model", moe_dir, "--compressor", "asvd", "--drop-experts", "0.25", "--no-eval",
+    p = gac_cli("compress", "--model", moe_dir, "--compressor", "asvd", "--drop-experts", "0.25", "--no-eval",
                 "--out", tmp_path / "b")
     assert_one_error_line(p, "--drop-experts does not apply to --compressor asvd")
-    p = run_gac("compress", "--model", moe_dir, "--compressor", "prune", "--drop-experts", "1", "--no-eval",
+    p = gac_cli("compress", "--model", moe_dir, "--compressor", "prune", "--drop-experts", "1", "--no-eval",
                 "--out", tmp_path / "e")
     assert_one_error_line(p, "--drop-experts")
     cases = [(moe_dir, {"layers": "all", "drop_experts": 0.75}, "fewer than the 2 each token is routed to"),  # 1 left

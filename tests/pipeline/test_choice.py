@@ -13,7 +13,7 @@ from gac.errors import GacError
 from gac.pipeline import choice as choice_module
 from gac.pipeline.choice import Available, available_memory, choose_pipeline, plan_memory
 from gac.pipeline.memory import GIB, forecast
-from tests.helpers import run_gac
+from tests.helpers import gac_cli
 from tests.pipeline.test_memory import DOCS, RATE, llama  # the forecast's test model and rate
 
 
@@ -77,11 +77,11 @@ def test_plan_follows_the_forecast_against_the_budget(tmp_path):
 
 def test_dry_run_chooses_layer_by_layer_for_an_8b_model_by_itself():
     """No pipeline flag: the whole-model forecast (about 139 GiB in bfloat16) against a 24 GiB budget."""
-    p = run_gac("compress", "--model", str(DOCS / "llama-3-8b"), "--dry-run", "--max-memory", "cpu=24GiB")
+    p = gac_cli("compress", "--model", str(DOCS / "llama-3-8b"), "--dry-run", "--max-memory", "cpu=24GiB")
     assert p.returncode == 0, p.stderr
     line = next(x for x in p.stdout.splitlines() if x.startswith("pipeline:"))  # the printout, not the log
     assert line.startswith("pipeline: layerwise (the whole-model pipeline would need about")
     assert "24.0 GiB (--max-memory cpu)" in line
-    forced = run_gac("compress", "--model", str(DOCS / "llama-3-8b"), "--dry-run", "--whole-model")
+    forced = gac_cli("compress", "--model", str(DOCS / "llama-3-8b"), "--dry-run", "--whole-model")
     assert forced.returncode == 0, forced.stderr
     assert "pipeline: whole (--whole-model asks for it)" in forced.stdout

@@ -12,7 +12,7 @@ from gac.errors import GacError
 from gac.importance import FISHER_SAMPLES
 from gac.pipeline.memory import (FP64_SHARE, GRAM32_SHARE, SVD_SHARE, Shapes, factorization_cost, forecast,
                                  loss_model_flops)
-from tests.helpers import run_gac
+from tests.helpers import gac_cli
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configs"
 RATE = 1e11  # FLOP/s: fixed so the tests do not time this machine
@@ -48,7 +48,7 @@ def test_bfloat16_halves_the_weights():
 
 @pytest.mark.parametrize("name", ["llama-3-8b", "llama-3-70b", "qwen3-30b-a3b"])
 def test_dry_run_prints_the_forecast(name):
-    p = run_gac("compress", "--model", str(DOCS / name), "--dtype", "bfloat16", "--layerwise", "--dry-run")
+    p = gac_cli("compress", "--model", str(DOCS / name), "--dtype", "bfloat16", "--layerwise", "--dry-run")
     assert p.returncode == 0, p.stderr
     for key in ("peak memory (cpu)", "disk needed", "rough time", "pipeline: layerwise"):
         assert key in p.stdout
@@ -63,7 +63,7 @@ def test_dry_run_prints_the_forecast(name):
     ([], "missing --out"),
 ])
 def test_bad_memory_options_are_one_line(args, match):
-    p = run_gac("compress", "--model", str(DOCS / "llama-3-8b"), *args)
+    p = gac_cli("compress", "--model", str(DOCS / "llama-3-8b"), *args)
     assert p.returncode == 2
     assert match in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
