@@ -12,19 +12,24 @@ PROGRESS_INTERVAL_S = 30  # with stderr not a terminal: at most one progress lin
 def quiet_progress_when_redirected(quiet: bool = False) -> None:
     """Progress bars on a terminal redraw in place; in a log file (CI, `> run.log 2>&1`) each redraw is a new
     line. Off a terminal, gac's own bars (tqdm) update at most every PROGRESS_INTERVAL_S (TQDM_MININTERVAL; a
-    value the user set wins) and the bars of transformers and huggingface_hub are off."""
+    value the user set wins) and the bars of transformers and huggingface_hub are off. Under --quiet the bars
+    other libraries draw with plain tqdm (transformers' GGUF de-quantization) are off too: gac's own say whether
+    they show."""
+    import tqdm.std
+
+    tqdm.std.tqdm._gac_quiet = quiet  # read by each new bar, so the last set-up in a process decides
     on_terminal = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
     if on_terminal and not quiet:
         return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     interval = float(os.environ.get("TQDM_MININTERVAL") or PROGRESS_INTERVAL_S)
-    import tqdm.std
-
     if not getattr(tqdm.std.tqdm, "_gac_throttled", False):  # every bar class derives from tqdm.std.tqdm
         init = tqdm.std.tqdm.__init__
 
         def throttled_init(self, *args, **kwargs):
             kwargs.setdefault("mininterval", interval)
+            if tqdm.std.tqdm._gac_quiet:
+                kwargs.setdefault("disable", True)
             init(self, *args, **kwargs)
 
         tqdm.std.tqdm.__init__ = throttled_init
