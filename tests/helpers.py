@@ -28,17 +28,17 @@ def run_gac(*args, timeout: float = 600, env: dict | None = None, preexec_fn=Non
                           env=env, timeout=timeout, check=False, preexec_fn=preexec_fn)
 
 
-def gac_cli(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+def gac_cli(*args) -> subprocess.CompletedProcess:
     """`gac ARGS` run in this process (click's CliRunner: the same command object, error handling and exit codes),
-    output captured as run_gac's; `env` adds to the environment for the call. For refusals and dry runs, which a
-    fresh process would spend most of its 5 s on importing torch and transformers for; run_gac where the process is
-    the point (signals, imports, a real run end to end)."""
+    output captured as run_gac's. For refusals and dry runs, which a fresh process would spend most of its 5 s on
+    importing torch and transformers for; run_gac where the process is the point (signals, imports, a real run end
+    to end)."""
     from click.testing import CliRunner
 
     from gac.cli import main
 
     args = [str(a) for a in args]
-    r = CliRunner().invoke(main, args, prog_name="gac", env=env)
+    r = CliRunner().invoke(main, args, prog_name="gac")
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         raise r.exception  # gac's own handler turns every exception into an exit: this is the test's fault
     return subprocess.CompletedProcess(["gac", *args], r.exit_code, r.stdout, r.stderr)

@@ -34,7 +34,7 @@ def embedded_gguf(alias: str) -> Path:
 @functools.lru_cache(maxsize=4)
 def _gguf_config(where: str, gguf_file: str, stamp: tuple):
     """The config in a GGUF file's metadata, read once a process while the file is unchanged (stamp: its size and
-    mtime): the metadata holds the whole vocabulary, and reading it takes seconds (6 s for the embedded model on a
+    mtime): the metadata holds the whole vocabulary, and reading it takes seconds (9 s for the embedded model on a
     2-core CPU), so the memory forecast and the loader share one read."""
     from transformers import AutoConfig
 
