@@ -212,6 +212,23 @@ def test_output_fisher_matches_autograd_and_restores_the_model(setup):
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_the_fisher_labels_do_not_depend_on_the_device(device):
+    """The same logits draw the same labels on any device (a CPU generator draws them), so the output Fisher, and
+    the dims chosen from it, are the same on a CPU and a GPU; a GPU's own generator draws other numbers."""
+    from gac.importance import drawn_label_losses, fisher_generator
+
+    assert fisher_generator().device.type == "cpu"
+    logits = torch.randn(2, 9, 50, generator=torch.Generator().manual_seed(1)) * 3
+    on_cpu = drawn_label_losses(logits, fisher_generator())
+    on_device = drawn_label_losses(logits.to(device), fisher_generator())
+    assert all(t.device.type == device for t in on_device)
+    torch.testing.assert_close(torch.stack(on_device).cpu(), torch.stack(on_cpu), rtol=1e-5, atol=1e-5)
+    reseeded = drawn_label_losses(logits, torch.Generator().manual_seed(1))
+    assert not torch.allclose(torch.stack(reseeded), torch.stack(on_cpu))  # the losses do depend on the labels
+
+
 def test_output_fisher_is_the_models_own_not_the_texts(setup):
     """At the logits z, dl/dz = p - onehot(label): with labels drawn from p, E[sum_j (dl/dz_j)^2] = 1 - sum_j p_j^2
     per token, whatever the text says next; the text's own labels give sum_j p_j^2 - 2 p_label + 1 instead."""

@@ -246,16 +246,20 @@ def drawn_label_losses(logits: torch.Tensor, generator: torch.Generator) -> list
     against labels drawn from their own softmax. The squared gradients of these losses average to the Fisher of the
     model's predictive distribution, i.e. the Hessian of the KL divergence from the original's predictions: what
     healing then distils toward, and what the text's own labels (the empirical Fisher) fit to the calibration text's
-    domain (docs/RESULTS.md, 2026-11-27 13:56)."""
+    domain (docs/RESULTS.md, 2026-11-27 13:56). The labels are drawn on the CPU (`generator` is fisher_generator's),
+    whatever the logits' device: a GPU's generator draws other numbers from the same seed, so the same command
+    would choose other dims on a CPU and on a GPU."""
     log_p = logits[:, :-1].reshape(-1, logits.shape[-1]).float().log_softmax(-1)  # [N, V], one for every draw
     with torch.no_grad():
-        labels = torch.multinomial(log_p.exp(), FISHER_SAMPLES, replacement=True, generator=generator)  # [N, K]
+        probs = log_p.exp().cpu()
+        labels = torch.multinomial(probs, FISHER_SAMPLES, replacement=True, generator=generator)  # [N, K]
+        labels = labels.to(log_p.device)
     return [-log_p.gather(1, labels[:, k:k + 1]).sum() for k in range(FISHER_SAMPLES)]
 
 
-def fisher_generator(device) -> torch.Generator:
-    """The seeded generator that draws the output Fisher's labels on `device` (one per pass over the windows)."""
-    return torch.Generator(device=device).manual_seed(FISHER_SEED)
+def fisher_generator() -> torch.Generator:
+    """The seeded CPU generator that draws the output Fisher's labels (one per pass over the windows)."""
+    return torch.Generator().manual_seed(FISHER_SEED)
 
 
 def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH,
@@ -280,7 +284,7 @@ def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size:
                   tqdm(total=len(windows), desc="output gradients", unit="window", disable=not progress) as bar):
                 for batch in windows.split(batch_size):
                     logits = model(batch.to(device), use_cache=False).logits  # [b, seq, V]
-                    generator = generator or fisher_generator(logits.device)
+                    generator = generator or fisher_generator()
                     losses = drawn_label_losses(logits, generator)
                     for k, loss in enumerate(losses):
                         loss.backward(retain_graph=k < len(losses) - 1)

@@ -164,7 +164,7 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
         with torch.enable_grad():
             if output_loss:  # as importance.output_fisher: labels drawn from the model's own softmax
                 logits = logits_from_last_hidden(model, b.ids, h)
-                generator = generator or fisher_generator(logits.device)
+                generator = generator or fisher_generator()
                 losses = drawn_label_losses(logits, generator)
                 del logits  # the losses hold what the backwards need; the next batch's head must not meet this one
             else:  # as importance.gradient_stats: the text's own labels
