@@ -4,7 +4,8 @@
 #   2. the layer-wise Llama-3-8B-shaped run on CUDA at the default allocation: wall and peak GPU memory;
 #   3. torch.compile (default, max-autotune-no-cudagraphs) against eager for baseline, unaligned and gac;
 #   4. the CUDA-only tests;
-#   5. benchmarks/pareto.py on a random SmolLM2-shaped model, prefill 1x1024 then decode 1x512 (prune, asvd).
+#   5. benchmarks/pareto.py on a random SmolLM2-shaped model, prefill 1x1024 then decode 1x512 (prune, asvd);
+#   6. `gac compress` then `gac heal` on the device, a random SmolLM2-shaped model: wall, peak memory, held-out loss.
 # Each step runs under `timeout` with what is left of the budget; results land in WORK as they finish, and OUT gets
 # the log, the main JSON files and one archive of everything at the end (the device tool returns 8 files at most).
 #   BUDGET=520 bash benchmarks/gpu_owed.sh OUT            (no install, no network: src/ goes on PYTHONPATH)
@@ -62,7 +63,7 @@ step compile 400 "$py" benchmarks/gpu_owed.py compile --out "$work" --budget-s $
   "${small[@]}" ${COMPILE:-}
 if [ $tiny = 0 ]; then
   step gpu-tests 90 "$py" -m pytest -q -p no:cacheprovider -m gpu -o addopts="" tests/pipeline/test_device.py tests/hw \
-    tests/cli/test_profile_cli.py
+    tests/test_importance.py tests/cli/test_profile_cli.py
   pareto=(--model random-smollm2 --device cuda --dtype bfloat16 --timing-rounds 20 --calib-windows 8)
 else
   pareto=(--model random-tiny --timing-rounds 3 --calib-windows 2)
@@ -74,7 +75,25 @@ for phase_shape in prefill:1x1024 decode:1x512; do
     --compressors prune asvd --targets 1.05 1.1 1.2 --ratios 0.15 0.3 --out "$work/pareto-$phase"
   cp "$work/pareto-$phase/pareto.md" "$out/pareto-$phase.md" 2>/dev/null
 done
+if [ $tiny = 1 ]; then heal_shape=""; heal_extra=(--seq-len 32 --heal-tokens 2048 --eval-windows 4)
+else heal_shape="hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+  num_key_value_heads=3, head_dim=64, vocab_size=49152"; heal_extra=(); fi
+"$py" -c "import sys; from transformers import AutoConfig
+c = AutoConfig.from_pretrained(sys.argv[1]); c.update(dict($heal_shape)); c.save_pretrained(sys.argv[2])" \
+  "$config" "$work/heal-config"
+step heal-model 60 "$py" benchmarks/big_model.py --config "$work/heal-config" --dtype bfloat16 "${model_args[@]}" \
+  --out "$work/heal-original"
+step heal-compress 120 "$py" benchmarks/gpu_owed.py peak --out "$work" --name heal_compress.json -- compress \
+  --model "$work/heal-original" --compressor asvd --ratio 0.15 --dtype bfloat16 "${dev[@]}" "${compress_extra[@]}" \
+  --out "$work/heal-asvd" --force
+step heal 200 "$py" benchmarks/gpu_owed.py peak --out "$work" --name heal.json -- heal "$work/heal-asvd" \
+  --out "$work/heal-healed" "${dev[@]}" "${heal_extra[@]}" --force
+cp "$work/heal-asvd/report.md" "$work/heal-asvd-report.md" 2>/dev/null
+cp "$work/heal-healed/heal.json" "$work/heal-report.json" 2>/dev/null
+rm -rf "$work"/heal-*/*.safetensors
 step env-after 20 "$py" benchmarks/gpu_evidence.py env --out "$work" --phase after
+rm -f "$out"/*  # the device tool returns 8 files at most: the archive, the log and the main tables
 tar czf "$out/results.tgz" --exclude='*.safetensors' -C "$(dirname "$work")" "$(basename "$work")"
-cp "$log" "$out"/
+cp "$log" "$work/heal-report.json" "$out"/ 2>/dev/null
+for p in prefill decode; do cp "$work/pareto-$p/pareto.md" "$out/pareto-$p.md" 2>/dev/null; done
 ls -la "$out"
