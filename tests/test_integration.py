@@ -6,17 +6,22 @@ import pytest
 import torch
 
 from gac.api import CompressConfig, compress
-from gac.data import TextConfig
+from gac.data import TextConfig, load_windows
 from gac.evaluate.latency import LatencyConfig
+from gac.evaluate.perplexity import perplexity
+from gac.models.loading import embedded_copy, load_model
 
 pytestmark = pytest.mark.integration
+
+
+TEXT = TextConfig(seq_len=128, calib_windows=4, eval_windows=2)
 
 
 @pytest.fixture(scope="module")
 def asvd_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smollm2") / "asvd"
     cfg = CompressConfig(model="smollm2-135m", compressor="asvd", ratio=0.15, out=str(out), progress=False,
-                         text=TextConfig(seq_len=128, calib_windows=4, eval_windows=2),
+                         text=TEXT,
                          latency=LatencyConfig(prefill_tokens=64, decode_context=16, warmup=1, prefill_rounds=3,
                                                decode_rounds=4))
     return compress(cfg)
@@ -49,3 +54,12 @@ def test_saved_model_round_trip(asvd_run):
         got = loaded.model(ids).logits
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert loaded.tokenizer is not None
+
+
+def test_the_embedded_models_copy_loads_what_its_gguf_holds(asvd_run):
+    """The run read the GGUF and kept a transformers copy; the copy loads in seconds and measures the baseline's
+    perplexity to the bit on the run's own windows (the same tensors, the same tokenizer)."""
+    assert embedded_copy("smollm2-135m", torch.float32).is_dir()
+    loaded = load_model("smollm2-135m")
+    held_out = load_windows(loaded.tokenizer, TEXT)[1]
+    assert perplexity(loaded.model, held_out, progress=False) == asvd_run.report["variants"]["baseline"]["ppl"]

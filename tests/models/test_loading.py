@@ -201,3 +201,45 @@ def test_a_gguf_config_is_read_once_while_the_file_is_unchanged(tmp_path, monkey
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten in place
     read_config_checked(str(tmp_path), "m.gguf", path.name)
     assert len(reads) == 2
+
+
+def test_the_embedded_models_copy_is_read_replaced_when_broken_and_optional(tmp_path, monkeypatch, caplog):
+    """The embedded alias reads its GGUF once and then the copy that read kept (tests/test_integration.py checks the
+    copy against the GGUF on the real model); a copy that does not load is replaced, and a cache that cannot be
+    written costs only the time. The GGUF read is stood in for by a tiny model (a real one takes 40 s)."""
+    import gac.models.loading as loading
+    from gac.models.io import LoadedModel
+    from tests.conftest import tiny_tokenizer
+
+    reads = []
+    real_load_hf = loading._load_hf
+
+    def load_hf(where, torch_dt, *, source, gguf_file=None, **kw):
+        reads.append("gguf" if gguf_file else "copy")
+        if gguf_file:
+            return LoadedModel(tiny_model(seed=5), tiny_tokenizer(), source)
+        return real_load_hf(where, torch_dt, source=source, **kw)
+
+    monkeypatch.setattr(loading, "_load_hf", load_hf)
+    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path / "cache"))
+    first = load_model("smollm2-135m")
+    copy_dir = loading.embedded_copy("smollm2-135m", torch.float32)
+    assert copy_dir.parent == tmp_path / "cache" / "models" and (copy_dir / "model.safetensors").is_file()
+    second = load_model("smollm2-135m")
+    assert reads == ["gguf", "copy"] and second.source == "smollm2-135m"
+    expected = first.model.state_dict()
+    assert all(torch.equal(t, expected[k]) for k, t in second.model.state_dict().items())
+
+    (copy_dir / "model.safetensors").write_bytes(b"torn")  # a damaged copy: read the GGUF again, keep a new copy
+    with caplog.at_level("WARNING", logger="gac.models.loading"):
+        load_model("smollm2-135m")
+    assert reads[2:] == ["copy", "gguf"] and "did not load" in caplog.text
+    load_model("smollm2-135m")
+    assert reads[4:] == ["copy"]
+
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path / "a-file"))  # nowhere to write: a warning, the model loaded
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gac.models.loading"):
+        assert load_model("smollm2-135m").source == "smollm2-135m"
+    assert reads[5:] == ["gguf"] and "could not keep a copy" in caplog.text

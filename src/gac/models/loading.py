@@ -104,7 +104,9 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
     torch_dt = torch_dtype(dtype)
     path = Path(spec).expanduser()
     check_placeable(spec, placement)
-    if (gguf := gguf_of(spec)) is not None:
+    if spec in EMBEDDED:
+        loaded = _load_embedded(spec, torch_dt)
+    elif (gguf := gguf_of(spec)) is not None:
         loaded = _load_hf(str(gguf.parent), torch_dt, gguf_file=gguf.name, source=spec)
     elif path.is_dir():
         if not (path / "config.json").is_file():
@@ -133,6 +135,48 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
     if not placement.dispatched:
         loaded.model.to(device)
     loaded.model.eval()
+    return loaded
+
+
+def embedded_copy(alias: str, torch_dt) -> Path:
+    """Where the embedded model's transformers copy lives: $GAC_CACHE_DIR/models (else ~/.cache/gac/models), named
+    for the GGUF's size and mtime, the dtype and transformers' version, so that a changed file or library is read
+    afresh."""
+    import transformers
+
+    from gac.hw.profile import cache_root
+
+    stat = embedded_gguf(alias).stat()
+    dtype = str(torch_dt).removeprefix("torch.")
+    name = f"{alias}-{stat.st_size}-{stat.st_mtime_ns}-{dtype}-transformers{transformers.__version__}"
+    return cache_root() / "models" / name
+
+
+def _load_embedded(alias: str, torch_dt) -> LoadedModel:
+    """The embedded model: from its GGUF the first time, then from the transformers directory (safetensors, config,
+    tokenizer) that first load wrote (embedded_copy). Reading the GGUF takes about 40 s on a 2-core CPU, since
+    transformers parses its metadata, the whole vocabulary, four times; the copy loads in seconds, the same tensors
+    to the bit (docs/RESULTS.md, 2026-11-29 19:28). A copy that does not load is replaced; one that cannot be
+    written costs only the time."""
+    from gac.atomic import atomic_dir
+
+    copy_dir = embedded_copy(alias, torch_dt)
+    if copy_dir.is_dir():
+        try:
+            return _load_hf(str(copy_dir), torch_dt, source=alias)
+        except MemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever a damaged copy makes transformers or safetensors raise
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            log.warning("the copy of %s in %s did not load (%s): reading its GGUF again", alias, copy_dir, why)
+    gguf = embedded_gguf(alias)
+    loaded = _load_hf(str(gguf.parent), torch_dt, gguf_file=gguf.name, source=alias)
+    try:
+        with atomic_dir(copy_dir, force=True, flag="GAC_CACHE_DIR") as tmp:
+            loaded.model.save_pretrained(tmp)
+            loaded.tokenizer.save_pretrained(tmp)
+    except (GacError, OSError) as e:
+        log.warning("could not keep a copy of %s in %s (%s): the next run reads its GGUF again", alias, copy_dir, e)
     return loaded
 
 

@@ -284,8 +284,10 @@ def config_of(spec: str):
     """The transformers config of a model spec (alias, directory, .gguf) without reading its weights."""
     from pathlib import Path
 
-    from gac.models.loading import gguf_of, read_config_checked
+    from gac.models.loading import EMBEDDED, embedded_copy, gguf_of, read_config_checked
 
+    if spec in EMBEDDED and (copy_dir := embedded_copy(spec, "float32")).is_dir():  # written by its first load
+        return read_config_checked(str(copy_dir), spec)
     if (gguf := gguf_of(spec)) is not None:
         return read_config_checked(str(gguf.parent), spec, gguf.name)
     path = Path(spec).expanduser()
