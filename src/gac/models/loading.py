@@ -175,6 +175,7 @@ def _load_embedded(alias: str, torch_dt) -> LoadedModel:
         with atomic_dir(copy_dir, force=True, flag="GAC_CACHE_DIR") as tmp:
             loaded.model.save_pretrained(tmp)
             loaded.tokenizer.save_pretrained(tmp)
+        log.info("kept a transformers copy of %s in %s: later runs load it in seconds", alias, copy_dir)
     except (GacError, OSError) as e:
         log.warning("could not keep a copy of %s in %s (%s): the next run reads its GGUF again", alias, copy_dir, e)
     return loaded
