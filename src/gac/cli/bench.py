@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from gac.cli.options import Int
-from gac.errors import GacError
+from gac.errors import GacError, first_line
 
 
 def parse_points(text: str) -> tuple[tuple[int, int], ...]:
@@ -62,7 +62,7 @@ def _load(spec: str, *, dtype: str, device: str, placement):
     except GacError:
         raise
     except Exception as e:  # noqa: BLE001 - any other load failure is still a one-line user error
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise GacError(f"could not load model {spec!r}: {first}") from e
 
 

@@ -7,7 +7,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gac.errors import GacError
+from gac.errors import GacError, first_line
 from gac.models.placement import SHARD_SIZE, Placement
 
 PLAN_FILE = "gac_plan.json"
@@ -191,7 +191,7 @@ def load(path, *, dtype: str = "float32", device: str = "cpu", device_map: str |
                                           ignore_mismatched_sizes=True,  # mismatches are reported below
                                           **placement_kwargs(placement))
     except (AttributeError, KeyError, ValueError, TypeError, RuntimeError) as e:  # structure names no such module
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        first = first_line(e, 200)
         raise GacError(f"{path}: gac_structure does not fit the {family_of(config.model_type)} model ({first}): the "
                        "output is damaged or edited; restore it or re-run `gac compress`") from None
     verify.check_loading_info(info, str(path), gac_output=True)  # the structure must place every tensor, both ways

@@ -8,8 +8,8 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from gac.errors import GacError
-from gac.hw.device import check_device, torch_dtype
+from gac.errors import GacError, first_line
+from gac.hw.device import check_device, dtype_name, torch_dtype
 from gac.models.io import LoadedModel, is_gac_dir, load, placement_kwargs
 from gac.models.placement import Placement
 from gac.models.verify import check_gac_files
@@ -84,7 +84,7 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu",
     except (KeyboardInterrupt, MemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - whatever transformers, torch or tokenizers raise on a bad checkpoint
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        first = first_line(e, 300)
         raise GacError(f"could not load model {spec!r} ({type(e).__name__}: {first}): check that its config, "
                        "weights and tokenizer belong together, or re-download it") from e
 
@@ -138,17 +138,16 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
     return loaded
 
 
-def embedded_copy(alias: str, torch_dt) -> Path:
+def embedded_copy(alias: str, dtype) -> Path:
     """Where the embedded model's transformers copy lives: $GAC_CACHE_DIR/models (else ~/.cache/gac/models), named
-    for the GGUF's size and mtime, the dtype and transformers' version, so that a changed file or library is read
-    afresh."""
+    for the GGUF's size and mtime, the dtype (a torch dtype or its name) and transformers' version, so that a
+    changed file or library is read afresh."""
     import transformers
 
     from gac.hw.profile import cache_root
 
     stat = embedded_gguf(alias).stat()
-    dtype = str(torch_dt).removeprefix("torch.")
-    name = f"{alias}-{stat.st_size}-{stat.st_mtime_ns}-{dtype}-transformers{transformers.__version__}"
+    name = f"{alias}-{stat.st_size}-{stat.st_mtime_ns}-{dtype_name(dtype)}-transformers{transformers.__version__}"
     return cache_root() / "models" / name
 
 
@@ -167,8 +166,8 @@ def _load_embedded(alias: str, torch_dt) -> LoadedModel:
         except MemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever a damaged copy makes transformers or safetensors raise
-            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            log.warning("the copy of %s in %s did not load (%s): reading its GGUF again", alias, copy_dir, why)
+            log.warning("the copy of %s in %s did not load (%s): reading its GGUF again", alias, copy_dir,
+                        first_line(e, 200))
     gguf = embedded_gguf(alias)
     loaded = _load_hf(str(gguf.parent), torch_dt, gguf_file=gguf.name, source=alias)
     try:

@@ -22,7 +22,7 @@ import json
 import logging
 from pathlib import Path
 
-from gac.errors import GacError
+from gac.errors import GacError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def _check_safetensors(path: Path) -> None:
             keys = list(f.keys())
             dtypes = {k: f.get_slice(k).get_dtype() for k in keys if k.endswith(".weight")}
     except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, ...: a damaged file either way
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise GacError(f"{path} is not a readable safetensors file ({first}): it is truncated or damaged; "
                        "re-download or re-save the model") from None
     if not keys:
