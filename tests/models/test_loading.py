@@ -243,3 +243,19 @@ def test_the_embedded_models_copy_is_read_replaced_when_broken_and_optional(tmp_
     with caplog.at_level("WARNING", logger="gac.models.loading"):
         assert load_model("smollm2-135m").source == "smollm2-135m"
     assert reads[5:] == ["gguf"] and "could not keep a copy" in caplog.text
+
+
+def test_the_embedded_model_without_gguf_is_one_line(monkeypatch):
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def version(name):
+        if name == "gguf":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with pytest.raises(GacError, match=r"needs the gguf package: run `pip install gguf`") as err:
+        load_model("smollm2-135m")
+    _assert_one_line_with_fix(err.value)

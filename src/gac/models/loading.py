@@ -140,15 +140,18 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
 
 def embedded_copy(alias: str, dtype) -> Path:
     """Where the embedded model's transformers copy lives: $GAC_CACHE_DIR/models (else ~/.cache/gac/models), named
-    for the GGUF's size and mtime, the dtype (a torch dtype or its name) and transformers' version, so that a
-    changed file or library is read afresh."""
-    import transformers
+    for the GGUF's size and mtime, the dtype (a torch dtype or its name) and the versions of the two libraries that
+    read it (transformers, gguf's de-quantization), so that a changed file or library is read afresh."""
+    from importlib.metadata import PackageNotFoundError, version
 
     from gac.hw.profile import cache_root
 
     stat = embedded_gguf(alias).stat()
-    name = f"{alias}-{stat.st_size}-{stat.st_mtime_ns}-{dtype_name(dtype)}-transformers{transformers.__version__}"
-    return cache_root() / "models" / name
+    try:
+        readers = f"transformers{version('transformers')}-gguf{version('gguf')}"
+    except PackageNotFoundError as e:
+        raise GacError(f"reading the embedded model needs the {e.name} package: run `pip install {e.name}`") from None
+    return cache_root() / "models" / f"{alias}-{stat.st_size}-{stat.st_mtime_ns}-{dtype_name(dtype)}-{readers}"
 
 
 def _load_embedded(alias: str, torch_dt) -> LoadedModel:
