@@ -206,7 +206,7 @@ def test_a_gguf_config_is_read_once_while_the_file_is_unchanged(tmp_path, monkey
 def test_the_embedded_models_copy_is_read_replaced_when_broken_and_optional(tmp_path, monkeypatch, caplog):
     """The embedded alias reads its GGUF once and then the copy that read kept (tests/test_integration.py checks the
     copy against the GGUF on the real model); a copy that does not load is replaced, and a cache that cannot be
-    written costs only the time. The GGUF read is stood in for by a tiny model (a real one takes 40 s)."""
+    written costs only the time. The GGUF read is stood in for by a tiny model (a real one takes 50 s)."""
     import gac.models.loading as loading
     from gac.models.io import LoadedModel
     from tests.conftest import tiny_tokenizer

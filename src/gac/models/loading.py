@@ -156,7 +156,7 @@ def embedded_copy(alias: str, dtype) -> Path:
 
 def _load_embedded(alias: str, torch_dt) -> LoadedModel:
     """The embedded model: from its GGUF the first time, then from the transformers directory (safetensors, config,
-    tokenizer) that first load wrote (embedded_copy). Reading the GGUF takes about 40 s on a 2-core CPU, since
+    tokenizer) that first load wrote (embedded_copy). Reading the GGUF takes about 50 s on a 2-core CPU, since
     transformers parses its metadata, the whole vocabulary, four times; the copy loads in seconds, the same tensors
     to the bit (docs/RESULTS.md, 2026-11-29 19:28). A copy that does not load is replaced; one that cannot be
     written costs only the time."""
