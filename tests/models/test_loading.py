@@ -245,6 +245,21 @@ def test_the_embedded_models_copy_is_read_replaced_when_broken_and_optional(tmp_
     assert reads[5:] == ["gguf"] and "could not keep a copy" in caplog.text
 
 
+def test_the_forecast_reads_a_kept_copy_of_any_dtype(tmp_path, monkeypatch):
+    """The memory forecast's config comes from whichever dtype's copy an earlier load kept, not the GGUF's metadata
+    (seconds to parse); with no copy kept it reads the GGUF."""
+    import gac.models.loading as loading
+    from gac.pipeline.memory import config_of
+
+    monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path / "cache"))
+    assert loading.kept_copy("smollm2-135m") is None
+    copy_dir = loading.embedded_copy("smollm2-135m", torch.bfloat16)
+    tiny_model(seed=5).config.save_pretrained(copy_dir)  # a bf16 run's copy (its config is what the forecast reads)
+    assert loading.kept_copy("smollm2-135m") == copy_dir
+    config, tiny = config_of("smollm2-135m"), tiny_model(seed=5).config
+    assert (config.hidden_size, config.num_hidden_layers) == (tiny.hidden_size, tiny.num_hidden_layers)
+
+
 def test_the_embedded_model_without_gguf_is_one_line(monkeypatch):
     import importlib.metadata
 

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from gac.errors import GacError, first_line
-from gac.hw.device import check_device, dtype_name, torch_dtype
+from gac.hw.device import DTYPES, check_device, dtype_name, torch_dtype
 from gac.models.io import LoadedModel, is_gac_dir, load, placement_kwargs
 from gac.models.placement import Placement
 from gac.models.verify import check_gac_files
@@ -139,14 +139,26 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
 
 
 def embedded_copy(alias: str, dtype) -> Path:
-    """Where the embedded model's transformers copy lives: $GAC_CACHE_DIR/models (else ~/.cache/gac/models), named
-    for the GGUF's size and mtime, the dtype (a torch dtype or its name) and the versions of the two libraries that
-    read it (transformers, gguf's de-quantization), so that a changed file or library is read afresh."""
+    """Where the embedded model's transformers copy in `dtype` (a torch dtype or its name) lives."""
+    return _copy_dir(alias, embedded_gguf(alias), dtype)
+
+
+def kept_copy(alias: str) -> Path | None:
+    """A transformers copy of the embedded model that an earlier load kept, in any dtype (their configs are the same),
+    or None: what the memory forecast reads instead of the GGUF's metadata."""
+    gguf = embedded_gguf(alias)
+    return next((d for d in (_copy_dir(alias, gguf, name) for name in DTYPES) if d.is_dir()), None)
+
+
+def _copy_dir(alias: str, gguf: Path, dtype) -> Path:
+    """$GAC_CACHE_DIR/models (else ~/.cache/gac/models), a folder named for the GGUF's size and mtime, the dtype and
+    the versions of the two libraries that read it (transformers, gguf's de-quantization), so that a changed file or
+    library is read afresh."""
     from importlib.metadata import PackageNotFoundError, version
 
     from gac.hw.profile import cache_root
 
-    stat = embedded_gguf(alias).stat()
+    stat = gguf.stat()
     try:
         readers = f"transformers{version('transformers')}-gguf{version('gguf')}"
     except PackageNotFoundError as e:
@@ -162,7 +174,8 @@ def _load_embedded(alias: str, torch_dt) -> LoadedModel:
     written costs only the time."""
     from gac.atomic import atomic_dir
 
-    copy_dir = embedded_copy(alias, torch_dt)
+    gguf = embedded_gguf(alias)
+    copy_dir = _copy_dir(alias, gguf, torch_dt)
     if copy_dir.is_dir():
         try:
             return _load_hf(str(copy_dir), torch_dt, source=alias)
@@ -171,7 +184,6 @@ def _load_embedded(alias: str, torch_dt) -> LoadedModel:
         except Exception as e:  # noqa: BLE001 - whatever a damaged copy makes transformers or safetensors raise
             log.warning("the copy of %s in %s did not load (%s): reading its GGUF again", alias, copy_dir,
                         first_line(e, 200))
-    gguf = embedded_gguf(alias)
     loaded = _load_hf(str(gguf.parent), torch_dt, gguf_file=gguf.name, source=alias)
     try:
         with atomic_dir(copy_dir, force=True, flag="GAC_CACHE_DIR") as tmp:

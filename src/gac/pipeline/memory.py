@@ -284,9 +284,9 @@ def config_of(spec: str):
     """The transformers config of a model spec (alias, directory, .gguf) without reading its weights."""
     from pathlib import Path
 
-    from gac.models.loading import EMBEDDED, embedded_copy, gguf_of, read_config_checked
+    from gac.models.loading import EMBEDDED, gguf_of, kept_copy, read_config_checked
 
-    if spec in EMBEDDED and (copy_dir := embedded_copy(spec, "float32")).is_dir():  # written by its first load
+    if spec in EMBEDDED and (copy_dir := kept_copy(spec)) is not None:  # written by its first load
         return read_config_checked(str(copy_dir), spec)
     if (gguf := gguf_of(spec)) is not None:
         return read_config_checked(str(gguf.parent), spec, gguf.name)
