@@ -393,6 +393,26 @@ def test_healing_lowers_the_loss_in_either_precision(compressed, original, docs_
     assert result.best_step > 0 and held_out_loss(loaded.model, teacher, t.val, 2) < 0.97 * before
 
 
+def test_healing_in_fp32_on_a_cpu_without_bf16_says_so(compressed, original, docs_file, monkeypatch, caplog):
+    """Where auto resolves to fp32 on a CPU (no AVX512-BF16, no AMX), the user is told why healing is slow; a
+    precision they chose themselves is not remarked on."""
+    import gac
+    from gac.models.loading import load_model
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    loaded, teacher = gac.load(compressed), load_model(str(original)).model
+    t = heal_windows(loaded.tokenizer, heal_file=docs_file, eval_file=None, unlike_file=None, seq_len=32,
+                     eval_windows=2)
+    for precision, said in (("auto", True), ("fp32", False)):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="gac.heal.distill"):
+            result = distill(loaded.model, teacher, t.train, t.val,
+                             DistillConfig(tokens=32 * 2 * 2, precision=precision), progress=False)
+        assert result.precision == "float32"
+        assert ("no native bf16" in caplog.text) == said
+
+
 def test_auto_precision_is_bf16_only_where_native():
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     assert DistillConfig().compute_dtype("cpu") == (torch.bfloat16 if native else torch.float32)

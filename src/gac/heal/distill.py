@@ -4,6 +4,7 @@ in place; its modules and dims never change."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from tqdm.auto import tqdm
 
 from gac.errors import GacError
 
+log = logging.getLogger(__name__)
 DEFAULT_TOKENS = 98304  # the --heal-tokens budget: 96 steps of 2 x 512 tokens, sized to 15 minutes on the 2-core CPU
 PRECISIONS = ("auto", "bf16", "fp32")
 TRAINED = ("all", "changed")  # --heal-train: which of the decoder's tensors healing trains
@@ -205,6 +207,9 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
         p.requires_grad_(id(p) in trained)
     steps = cfg.steps(train.shape[1])
     dtype = cfg.compute_dtype(device)
+    if cfg.precision == "auto" and dtype == torch.float32 and device.type == "cpu":
+        log.info("healing in float32: this CPU has no native bf16 (AVX512-BF16 or AMX), which takes a step 1.8x "
+                 "faster (docs/RESULTS.md); --heal-tokens sets the budget")
     best = held_out_loss(student.eval(), teacher, val, cfg.batch, dtype, cfg.ce_weight)
     # fused: one kernel for all tensors, a sixth of foreach's time a step on the 2-core CPU (90M parameters)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, fused=True)
