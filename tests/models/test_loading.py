@@ -246,8 +246,8 @@ def test_the_embedded_models_copy_is_read_replaced_when_broken_and_optional(tmp_
 
 
 def test_the_forecast_reads_a_kept_copy_of_any_dtype(tmp_path, monkeypatch):
-    """The memory forecast's config comes from whichever dtype's copy an earlier load kept, not the GGUF's metadata
-    (seconds to parse); with no copy kept it reads the GGUF."""
+    """The memory forecast's config comes from whichever dtype's copy an earlier load kept (here only a bf16 run's),
+    not the GGUF's metadata (seconds to parse)."""
     import gac.models.loading as loading
     from gac.pipeline.memory import config_of
 

@@ -16,7 +16,9 @@ from tqdm.auto import tqdm
 from gac.errors import GacError
 
 log = logging.getLogger(__name__)
-DEFAULT_TOKENS = 98304  # the --heal-tokens budget: 96 steps of 2 x 512 tokens, sized to 15 minutes on the 2-core CPU
+# the --heal-tokens budget: 96 steps of 2 x 512 tokens, sized to 15 minutes on a 2-core CPU with native bf16 (23-25
+# minutes where it runs fp32: docs/RESULTS.md)
+DEFAULT_TOKENS = 98304
 PRECISIONS = ("auto", "bf16", "fp32")
 TRAINED = ("all", "changed")  # --heal-train: which of the decoder's tensors healing trains
 IGNORED = -100  # the label of a position with no next token in its window
@@ -208,7 +210,7 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
     steps = cfg.steps(train.shape[1])
     dtype = cfg.compute_dtype(device)
     if cfg.precision == "auto" and dtype == torch.float32 and device.type == "cpu":
-        log.info("healing in float32: this CPU has no native bf16 (AVX512-BF16 or AMX), which takes a step 1.8x "
+        log.info("healing in float32: this CPU has no native bf16 (AVX512-BF16 or AMX), with which a step runs 1.8x "
                  "faster (docs/RESULTS.md); --heal-tokens sets the budget")
     best = held_out_loss(student.eval(), teacher, val, cfg.batch, dtype, cfg.ce_weight)
     # fused: one kernel for all tensors, a sixth of foreach's time a step on the 2-core CPU (90M parameters)
