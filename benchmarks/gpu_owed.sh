@@ -5,7 +5,8 @@
 #   3. torch.compile (default, max-autotune-no-cudagraphs) against eager for baseline, unaligned and gac;
 #   4. the CUDA-only tests;
 #   5. benchmarks/pareto.py on a random SmolLM2-shaped model, prefill 1x1024 then decode 1x512 (prune, asvd);
-#   6. `gac compress` then `gac heal` on the device, a random SmolLM2-shaped model: wall, peak memory, held-out loss.
+#   6. `gac compress` then `gac heal` on the device, a random SmolLM2-shaped model: wall, peak memory, held-out loss;
+#   and first, int8 and fp8 GEMM sweeps (gac profile's quantized ops): the dims each kernel refuses, and cliffs.
 # Each step runs under `timeout` with what is left of the budget; results land in WORK as they finish, and OUT gets
 # the log, the main JSON files and one archive of everything at the end (the device tool returns 8 files at most).
 #   BUDGET=520 bash benchmarks/gpu_owed.sh OUT            (no install, no network: src/ goes on PYTHONPATH)
@@ -49,6 +50,12 @@ fi
   echo "no pydoc_data here: calibrating on .gpu/calib.txt" | tee -a "$log"; compress_extra+=(--calib-file .gpu/calib.txt); }
 
 step env 30 "$py" benchmarks/gpu_evidence.py env --out "$work" --phase before
+# int8 and fp8 GEMMs (torch._int_mm, torch._scaled_mm) around N and K = 4096 at Llama-3-8B's hidden size, prefill
+# and decode M: which dims each kernel refuses (profile entries' "refused"), which fall off a cliff
+qdims=4064:4129; [ $tiny = 1 ] && qdims=248:265
+step quantized-gemm 150 "$py" -m gac profile --device "$([ $tiny = 1 ] && echo cpu || echo cuda)" --dtype bfloat16 \
+  --ops int8_n,int8_k,fp8_n,fp8_k --dims "$qdims" --hidden "$([ $tiny = 1 ] && echo 256 || echo 4096)" --m 1024 \
+  --no-plot --force --out "$work/quantized_gemm.json"
 step decode-bytes 60 "$py" benchmarks/gpu_owed.py decode-bytes --out "$work" "${small[@]}"
 step write-8b 120 "$py" benchmarks/big_model.py --config "$config" --dtype bfloat16 "${model_args[@]}" \
   --out "$work/llama-3-8b"

@@ -77,6 +77,10 @@ def serve(model_dir: str, dtype: str, kv_gib: float, eager: bool, conn) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    from gac.serve.vllm_engine import check_servable
+
+    for model in args.models:  # every engine's limit stated before any starts (a W4A16 model on a CPU without AVX-512)
+        check_servable(model)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     labels = [Path(m).name for m in args.models]
@@ -136,7 +140,9 @@ def summarize(args, tasks, times, names) -> dict:
     import vllm
 
     aa = next((n for n in names if n.endswith("(A/A)")), None)
-    return {"models": dict(zip(names, [*args.models, args.models[0]])), "dtype": args.dtype,
+    paths = dict(zip(names, [*args.models, args.models[0]]))
+    return {"models": paths, "dtype": args.dtype,
+            "weights_bytes": {n: sum(f.stat().st_size for f in Path(p).glob("*.safetensors")) for n, p in paths.items()},
             "rounds": args.rounds, "context": args.context, "decode_tokens": args.decode_tokens,
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
             "versions": {"vllm": vllm.__version__, "torch": torch.__version__},
@@ -155,11 +161,12 @@ def markdown(result: dict) -> str:
     mode = "eager" if result["enforce_eager"] else "compiled"
     lines = [f"vLLM {result['versions']['vllm']} ({result['dtype']}, {mode}, {result['rounds']} interleaved rounds, "
              f"{result['date']}): tokens/s, median (ratio to {names[0]})", "",
-             "| model | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+             "| model | " + " | ".join(keys) + " | weights MiB |", "|---|" + "---:|" * (len(keys) + 1)]
     for n in names:
         cells = [f"{result['results'][n][k]['tokens_per_s']:.1f} ({result['results'][n][k]['vs_first']:.3f})"
                  for k in keys]
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        size = result.get("weights_bytes", {}).get(n)
+        lines.append(f"| {n} | " + " | ".join(cells) + (f" | {size / 2**20:.1f} |" if size else " | - |"))
     if result["aa_floor_pct"] is not None:
         lines += ["", f"A/A floor: {result['aa_floor_pct']:.1f}% (the first model's twin, same rounds)."]
     return "\n".join(lines) + "\n"

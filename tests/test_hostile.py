@@ -397,6 +397,17 @@ CASES = {
     "repair gac output tampered rank": ["repair", "gac:tampered-rank", "--out", "{out}", "--no-latency"],
     "repair gac output with edited modeling code": ["repair", "gac:edited-code", "--out", "{out}", "--no-latency"],
     "repair malicious pickle": ["repair", "model:evil-pickle", "--out", "{out}", "--no-latency"],
+    # ---- quantize
+    "quantize unknown scheme": ["quantize", "{gac}", "--scheme", "int3", "--out", "{out}"],
+    "quantize missing scheme": ["quantize", "{gac}", "--out", "{out}"],
+    "quantize group 0": ["quantize", "{gac}", "--scheme", "w4a16", "--group", "0", "--out", "{out}"],
+    "quantize group 7": ["quantize", "{gac}", "--scheme", "w4a16", "--group", "7", "--out", "{out}"],
+    "quantize w8a8 with a group": ["quantize", "{gac}", "--scheme", "w8a8", "--group", "32", "--out", "{out}"],
+    "quantize serve-tp 0": ["quantize", "{gac}", "--scheme", "w8a8", "--serve-tp", "0", "--out", "{out}"],
+    "quantize not a model directory": ["quantize", "{tmp}", "--scheme", "w8a8", "--out", "{out}"],
+    "quantize model is /dev/zero": ["quantize", "/dev/zero", "--scheme", "w8a8", "--out", "{out}"],
+    "quantize out under /proc": ["quantize", "{gac}", "--scheme", "w8a8", "--out", "/proc/gac-q"],
+    "quantize truncated safetensors": ["quantize", "model:truncated", "--scheme", "w8a8", "--out", "{out}"],
 }
 
 
@@ -448,11 +459,23 @@ def test_hostile_input_is_one_clean_line(case, tmp_path, tiny_model_dir, gac_dir
     assert _snapshot(tiny_model_dir) == model_before
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
+def test_cuda_asked_for_without_cuda_is_one_line_before_any_work(tiny_model_dir, tmp_path):
+    """The memory planner asks the device for its free memory: CUDA is checked first, not asserted inside torch."""
+    for extra in ([], ["--dry-run"]):
+        result = CliRunner().invoke(main, ["compress", "--model", str(tiny_model_dir), "--device", "cuda", "--out",
+                                           str(tmp_path / "out"), *extra], prog_name="gac")
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.strip() == (f"error: device 'cuda' asked for but CUDA is not available here (torch "
+                                         f"{torch.__version__}): use --device cpu")
+    assert not (tmp_path / "out").exists()
+
+
 def test_table_covers_every_verb_with_enough_cases():
     verbs = [args[0] for args in CASES.values()]
     assert len(verbs) >= 60
-    assert {v: verbs.count(v) >= 8 for v in ("compress", "select", "profile", "bench", "inspect", "repair")} == \
-        dict.fromkeys(("compress", "select", "profile", "bench", "inspect", "repair"), True)
+    verbs_covered = ("compress", "select", "profile", "bench", "inspect", "repair", "quantize")
+    assert {v: verbs.count(v) >= 8 for v in verbs_covered} == dict.fromkeys(verbs_covered, True)
 
 
 # ------------------------------------------------- loading without gac, file modes, what a killed run leaves

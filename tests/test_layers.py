@@ -86,8 +86,9 @@ ALLOWED = {
                      "gac.closed_loop"},
     "gac.auto": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate", "gac.speedup",
                  "gac.closed_loop", "gac.analysis"},
+    "gac.quantize": {"gac.hw", "gac.models", "gac.serve"},
     "gac.api": {"gac.hw", "gac.models", "gac.align", "gac.compressors", "gac.evaluate", "gac.pipeline", "gac.speedup",
-                "gac.closed_loop", "gac.heal", "gac.analysis", "gac.auto"},
+                "gac.closed_loop", "gac.heal", "gac.analysis", "gac.auto", "gac.quantize"},
     **{leaf: set() for leaf in LEAVES},
 }
 

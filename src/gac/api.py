@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,8 @@ class CompressConfig:
     # by the memory forecast against the memory available (gac.pipeline.choice); a model directory is read lazily
     max_memory: str | None = None  # "cpu=8GiB,0=20GiB": the memory the forecast must fit (else what is free now)
     heal: object | None = None  # gac.heal.HealConfig (--heal): distill the saved variant from the original
+    quantize: object | None = None  # gac.quantize.schemes.QuantizeConfig (--quantize): the saved variant quantized
+    # after healing, a compressed-tensors checkpoint (gac.quantize)
 
     def __post_init__(self):
         if self.speedup is not None and self.ratio is not None:
@@ -62,6 +65,9 @@ class CompressConfig:
             object.__setattr__(self, "ratio", DEFAULT_RATIO)
         if self.speedup is None and not (isinstance(self.ratio, (int, float)) and 0.0 < self.ratio < 1.0):
             raise GacError(f"ratio {self.ratio} is outside (0, 1): pass the share of parameters to remove, e.g. --ratio 0.15")
+        if self.quantize is not None and (self.layerwise or self.max_memory):
+            raise GacError("--quantize quantizes the whole model in memory, so it cannot run layer by layer: drop "
+                           "--layerwise/--max-memory, or quantize the output later with `gac quantize`")
         if self.heal is not None and (self.layerwise or self.max_memory):
             raise GacError("--heal trains the whole model in memory, so it cannot run layer by layer: drop "
                            "--layerwise/--max-memory, or heal the output later with `gac heal`")
@@ -178,6 +184,7 @@ def compress(cfg: CompressConfig) -> CompressResult:
         selected = analyze_and_select(model, calib, cfg, compressor, source=source, held_back=held_back)
     with _streamed_output(cfg) as streamed_to:
         models, measured = _materialize(model, source, selected, cfg, held_out, streamed_to)
+        qplan = _quantize_plan(models[cfg.saved_variant], cfg)  # a kernel's refusal before evaluation and saving
         variants, latency_method = _evaluate(models, selected.names, held_out, cfg, measured=measured)
         report = _report(cfg, model_name, selected, variants, choice, latency_method)
         report.auto = auto
@@ -185,8 +192,38 @@ def compress(cfg: CompressConfig) -> CompressResult:
             report.experts_kept = _experts_kept(models[cfg.saved_variant])
         if cfg.heal is not None:
             report.heal = _heal(models, heal_texts, cfg)
-        out = _save(models[cfg.saved_variant], tokenizer, cfg, report, compressor, streamed_to)
+        quantizer = None
+        if qplan is not None:
+            report.quantization, quantizer = _quantize(models[cfg.saved_variant], tokenizer, qplan, cfg)
+        out = _save(models[cfg.saved_variant], tokenizer, cfg, report, compressor, streamed_to, quantizer)
     return CompressResult(report.to_dict(), out, models)
+
+
+def _quantize_plan(model, cfg: CompressConfig):
+    """--quantize's plan for the saved variant (gac.quantize.plan), checked against the kernel's rules now; None
+    without --quantize."""
+    if cfg.quantize is None:
+        return None
+    from gac.models.structure import structure_of
+    from gac.quantize.plan import check_covers, plan
+
+    model.config.gac_structure = structure_of(model)
+    qplan = plan(model.config, dataclasses.replace(cfg.quantize, calib_file=cfg.text.calib_file,
+                                                   seq_len=cfg.text.seq_len, calib_windows=cfg.text.calib_windows))
+    check_covers(qplan, model)
+    return qplan
+
+
+def _quantize(model, tokenizer, qplan, cfg: CompressConfig) -> tuple[dict, object]:
+    """--quantize: the saved variant quantized in place (after healing); (its quantize.json, the compressor that
+    writes the checkpoint's quantization_config)."""
+    import time
+
+    from gac.quantize.run import quantize_model, quantize_report
+
+    start = time.perf_counter()
+    quantizer = quantize_model(model, tokenizer, qplan, progress=cfg.progress)
+    return quantize_report(cfg.model, qplan, time.perf_counter() - start), quantizer
 
 
 def _held_back(tokenizer, cfg: CompressConfig):
@@ -353,16 +390,18 @@ def _experts_kept(model) -> dict:
     return {g.name: g.num_experts for g in groups_of(model, "experts")}
 
 
-def _save(model, tokenizer, cfg: CompressConfig, report, compressor, streamed_to) -> Path | None:
+def _save(model, tokenizer, cfg: CompressConfig, report, compressor, streamed_to, quantizer=None) -> Path | None:
     """Write the saved variant with its plan, report.json, report.md and dims.png to cfg.out (None: no output):
-    atomically, or beside the weights already streamed to `streamed_to`, the atomic directory that becomes cfg.out."""
+    atomically, or beside the weights already streamed to `streamed_to`, the atomic directory that becomes cfg.out.
+    quantizer: --quantize's compressed-tensors compressor, which writes the checkpoint's quantization_config."""
     from gac.models.io import save, write_beside_weights
 
     if cfg.out is None:
         return None
     plan, files = _plan_and_files(model, cfg, report, compressor)
     if streamed_to is None:
-        return save(model, tokenizer, cfg.out, plan=plan, extra_files=files, force=cfg.force)
+        return save(model, tokenizer, cfg.out, plan=plan, extra_files=files, force=cfg.force,
+                    finish=quantizer.update_config if quantizer is not None else None)
     write_beside_weights(model, tokenizer, streamed_to, plan=plan, extra_files=files)
     return Path(cfg.out).resolve()
 
@@ -375,6 +414,8 @@ def _plan_and_files(model, cfg: CompressConfig, report, compressor) -> tuple[dic
     from gac.heal.run import healed_summary
     from gac.models.dims import inspect_model
     from gac.models.io import plan_record
+    from gac.models.io import QUANTIZE_FILE
+    from gac.quantize.run import quantized_summary
 
     plan = plan_record(
         variant=report.saved_variant, source_model=report.model, alignment=cfg.alignment,
@@ -382,11 +423,14 @@ def _plan_and_files(model, cfg: CompressConfig, report, compressor) -> tuple[dic
         compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)}, ratio=report.ratio,
         compressible_params=report.compressible_params, budget_params=report.budget_params, target=cfg.target,
         **({"healed": healed_summary(report.model, report.heal)} if report.heal else {}),
+        **({"quantization": quantized_summary(report.quantization)} if report.quantization else {}),
     )
     png = io.BytesIO()
     plot_dims(inspect_model(model, {cfg.alignment, 8, 16, 32}), png)
     content = report.to_dict()
     files = {"report.json": report_json(content), "report.md": report_markdown(content), "dims.png": png.getvalue()}
+    if report.quantization:
+        files[QUANTIZE_FILE] = json.dumps(report.quantization, indent=2) + "\n"
     if report.heal:
         from gac.heal.plot import PLOT_FILE, heal_png
 

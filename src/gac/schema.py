@@ -16,7 +16,8 @@ from gac.errors import GacError
 log = logging.getLogger(__name__)
 
 PROFILE_VERSION = 1
-OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank", "sdpa_heads", "experts")  # gac.hw.profile.ALL_OPS, torch-free
+OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank", "sdpa_heads", "experts",  # gac.hw.profile.ALL_OPS, torch-free
+       "int8_n", "int8_k", "fp8_n", "fp8_k")
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
 REGENERATE = "re-measure it with `gac profile --out FILE`"
@@ -62,12 +63,16 @@ def check_profile(profile, path) -> dict:
             bad(f"{where}: \"dims\" has duplicates")
         if not isinstance(ms, list) or len(ms) != len(dims):
             bad(f"{where} is malformed: \"ms\" must be a list as long as \"dims\" ({len(dims)})")
+        refused = e.get("refused") or {}  # a quantized kernel's refused shapes: no latency
         for d, t in zip(dims, ms):
+            if t is None and str(d) in refused:
+                continue
             if not _positive_ms(t):
                 bad(f"{where}: latency at dim {d} is {t!r}; latencies must be finite positive numbers")
         for key in ("p10_ms", "p90_ms"):
             if key in e and not (isinstance(e[key], list) and len(e[key]) == len(dims)
-                                 and all(_positive_ms(t) for t in e[key])):
+                                 and all(_positive_ms(t) or (t is None and str(d) in refused)
+                                         for d, t in zip(dims, e[key]))):
                 bad(f"{where}: \"{key}\" must be finite positive numbers, one per dim")
     if profile.get("dtype") not in DTYPES:
         bad(f"\"dtype\" is {profile.get('dtype')!r}, not one of {', '.join(DTYPES)}")

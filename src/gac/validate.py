@@ -251,3 +251,23 @@ def not_a_gac_output(spec: str, flag: str = "--model") -> None:
     if p.is_dir() and ((p / "gac_plan.json").exists() or (p / "modeling_gac.py").exists()):
         raise GacError(f"{spec} is a gac output (already compressed): pass the original model to {flag} "
                        "(its source_model is in gac_plan.json); to fix its dims use `gac repair`")
+
+
+def quantization_of(path) -> dict | None:
+    """The quantization_config of a model directory's config.json (gac quantize writes one), or None."""
+    config = Path(path).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        found = json.loads(config.read_text(encoding="utf-8")).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def not_quantized(spec: str, verb: str) -> None:
+    """A quantized directory is an end product: refused as the input of a verb that rewrites weights."""
+    q = quantization_of(spec)
+    if q is not None:
+        raise GacError(f"{spec} is already quantized ({q.get('quant_method', 'quantization_config')} in its "
+                       f"config.json): pass the unquantized model it was made from to {verb}")

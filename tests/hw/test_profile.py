@@ -349,3 +349,31 @@ def test_the_experts_op_runs_widths_as_saved_models_do():
     from gac.models.modeling_gac import GROUPED_MM_ROW as SAVED
 
     assert GROUPED_MM_ROW == SAVED
+
+
+def test_quantized_gemm_sweeps_time_int8_and_fp8_and_record_what_a_kernel_refuses(monkeypatch, tmp_path):
+    """int8 (torch._int_mm) and fp8 (torch._scaled_mm) GEMMs swept like the float ones; a shape the kernel refuses
+    (as CUDA's _int_mm refuses K or N not a multiple of 8: emulated here) has no time and its reason, and the
+    profile stays valid and plots."""
+    from gac.schema import check_profile
+
+    real = torch._int_mm
+
+    def int_mm(x, w):
+        if x.shape[1] % 8 or w.shape[1] % 8:
+            raise RuntimeError("mat2 dims must be multiples of 8\nsecond line")
+        assert x.dtype == torch.int8 and w.dtype == torch.int8
+        return real(x, w)
+
+    monkeypatch.setattr(torch, "_int_mm", int_mm)
+    spec = dataclasses.replace(TINY, ops=hp.QUANTIZED_OPS, m_values=(4,))
+    p = hp.run_profile(spec, device="cpu", dtype="float32", progress=False)
+    by_op = {e["op"]: e for e in p["ops"]}
+    assert set(by_op) == set(hp.QUANTIZED_OPS)
+    for op in ("int8_n", "int8_k"):
+        e = by_op[op]
+        assert e["refused"] == {"9": "mat2 dims must be multiples of 8"} and e["ms"][1] is None
+        assert e["ms"][0] > 0 and e["ms"][2] > 0
+    assert all(t > 0 for t in by_op["fp8_n"]["ms"]) and "refused" not in by_op["fp8_n"]
+    check_profile(p, "test")
+    assert len(plot_profile(p, tmp_path, prefix="q")) == len(hp.QUANTIZED_OPS)

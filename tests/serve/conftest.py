@@ -70,7 +70,45 @@ def serve_dirs(tmp_path_factory):
     save(resized(serve_tiny_model()), tiny_tokenizer(), root / "resized",
          plan=plan_record(variant="unaligned", source_model=str(original), alignment=None, dims={}))
     dirs["resized"] = root / "resized"
+    dirs.update(quantized_dirs(root, original))
     return dirs
+
+
+def int4_kernel(w4a16_dir) -> bool:
+    """Whether vLLM's CPU build here has its int4 GEMM for the W4A16 checkpoint `w4a16_dir` (only its AVX-512
+    libraries do)."""
+    from gac.errors import GacError
+    from gac.serve.vllm_engine import check_quantized_kernels
+
+    try:
+        check_quantized_kernels(w4a16_dir)
+    except GacError:
+        return False
+    return True
+
+
+def quantized_dirs(root, original) -> dict:
+    """Quantized checkpoints served beside the others (the same engine starts): every structure gac writes (factor
+    pairs, PaLU groups, a pruned width; tests.quantize.conftest.structures) at W8A8 by GPTQ and at W4A16 by round to
+    nearest, and the original at W8A8, a plain Hugging Face checkpoint served by vLLM's own class. The W4A16 one is
+    served only where vLLM's CPU build has its int4 GEMM; elsewhere it is refused before vLLM starts."""
+    from gac.quantize.run import quantize_dir
+    from gac.quantize.schemes import QuantizeConfig
+    from tests.quantize.conftest import FAST, save_gac, structures
+
+    source = save_gac(structures(), root / "structures")
+    runs = {"structures-w8a8": (source, QuantizeConfig("w8a8", method="gptq", **FAST)),
+            "structures-w4a16": (source, QuantizeConfig("w4a16", method="rtn", **FAST)),
+            "original-w8a8": (original, QuantizeConfig("w8a8", method="rtn", **FAST))}
+    dirs = {name: quantize_dir(src, root / name, cfg, progress=False).out for name, (src, cfg) in runs.items()}
+    if not int4_kernel(dirs["structures-w4a16"]):
+        dirs["structures-w4a16-refused"] = dirs.pop("structures-w4a16")  # kept out of the served set
+    return dirs
+
+
+def served_set(dirs: dict) -> list:
+    """The directories serve-check serves: all but those vLLM cannot run here (they are refused apart)."""
+    return [d for name, d in dirs.items() if not name.endswith("-refused")]
 
 
 # Serve-sized tiny models (head_dim 32) of the families beyond Llama's layout that the plugin serves
@@ -145,5 +183,5 @@ def serve_check(dirs, out, *args):
 @pytest.fixture(scope="session")
 def served_tp2(vllm, serve_dirs, family_dirs, tmp_path_factory):
     """serve-check at TP=2 on the factorized and pruned Llamas and every family, in one launch of its two ranks."""
-    dirs = [serve_dirs[n] for n in TP2_LLAMA] + list(family_dirs.values())
+    dirs = [serve_dirs[n] for n in TP2_LLAMA] + [serve_dirs["structures-w8a8"]] + list(family_dirs.values())
     return serve_check(dirs, tmp_path_factory.mktemp("served") / "tp2.json", "--tp", "2")

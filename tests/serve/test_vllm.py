@@ -13,14 +13,15 @@ import sys
 import pytest
 
 from tests.helpers import run_gac
-from tests.serve.conftest import LOGPROB_TOL, TP2_LLAMA, serve_check
+from tests.helpers import assert_one_error_line
+from tests.serve.conftest import LOGPROB_TOL, TP2_LLAMA, serve_check, served_set
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def served(vllm, serve_dirs, tmp_path_factory):
-    return serve_check(serve_dirs.values(), tmp_path_factory.mktemp("served") / "tp1.json")
+    return serve_check(served_set(serve_dirs), tmp_path_factory.mktemp("served") / "tp1.json")
 
 
 @pytest.mark.parametrize("name", ["original", "asvd", "palu", "prune", "asvd-unaligned", "repaired", "resized"])
@@ -37,6 +38,38 @@ def test_tensor_parallel_2_serves_factorized_and_pruned_models(served_tp2, serve
         assert r["token_agreement"] >= 0.95 and r["prompt_logprob_max_abs_diff"] <= LOGPROB_TOL, name
 
 
+QUANTIZED = {"structures-w8a8": "CPUInt8ScaledMMLinearKernel", "original-w8a8": "CPUInt8ScaledMMLinearKernel",
+             "structures-w4a16": "CPUWNA16LinearKernel"}
+
+
+@pytest.mark.parametrize("name", list(QUANTIZED))
+def test_vllm_runs_every_quantized_linear_with_its_quantized_kernel(served, serve_dirs, name):
+    """Every linear of a quantized checkpoint, the factor pairs and PaLU's up-projections included, runs on vLLM's
+    quantized kernel (as quantize.json plans), and vLLM computes what transformers computes from the checkpoint
+    (int8 activations rounded per token on both sides; random tiny weights leave near-ties, hence teacher-forced).
+    Where vLLM's CPU build has no int4 GEMM, the W4A16 checkpoint is refused before vLLM starts instead."""
+    from gac.serve.agreement import kernel_counts
+
+    if f"{name}-refused" in serve_dirs:
+        p = run_gac("serve-check", serve_dirs[f"{name}-refused"], timeout=300)
+        assert_one_error_line(p, "holds int4 (W4A16) weights, and vLLM's CPU build has its int4 GEMM")
+        return
+    r = served[str(serve_dirs[name])]
+    assert kernel_counts(r["kernels"]) == r["kernels_planned"] == {QUANTIZED[name]: len(r["kernels"])}
+    if name.startswith("structures"):  # pairs and groups run on the quantized kernel too
+        assert {"model.layers.0.self_attn.qkv_proj.q_proj.a", "model.layers.3.self_attn.qkv_proj.k_proj.b.1",
+                "model.layers.2.mlp.down_proj.b"} <= set(r["kernels"])
+    assert r["teacher_forced_agreement"] >= 0.9 and r["token_agreement"] >= 0.8, r["token_agreement"]
+
+
+def test_tensor_parallel_2_shards_quantized_factor_pairs(served_tp2, serve_dirs):
+    from gac.serve.agreement import kernel_counts
+
+    r = served_tp2[str(serve_dirs["structures-w8a8"])]
+    assert kernel_counts(r["kernels"]) == r["kernels_planned"]
+    assert r["teacher_forced_agreement"] >= 0.9 and r["token_agreement"] >= 0.8, r["token_agreement"]
+
+
 def test_refusals_are_one_line_before_vllm_starts(vllm, serve_dirs, tmp_path):
     p = run_gac("serve-check", str(serve_dirs["resized"]), "--tp", "2", timeout=120)
     assert p.returncode == 2
@@ -44,6 +77,11 @@ def test_refusals_are_one_line_before_vllm_starts(vllm, serve_dirs, tmp_path):
                                 "compress with --target vllm:tp2, or serve with a tensor parallel size that divides it")
     p = run_gac("serve-check", str(tmp_path), timeout=120)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no config.json" in p.stderr
+
+
+def test_a_head_size_vllms_cpu_attention_does_not_run_is_one_line_before_vllm_starts(vllm, tiny_model_dir):
+    p = run_gac("serve-check", tiny_model_dir, timeout=300)
+    assert_one_error_line(p, "has head_dim 16, which vLLM's CPU attention does not run (it runs 32, 64")
 
 
 START_VLLM = """

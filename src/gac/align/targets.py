@@ -9,11 +9,15 @@ each rank's shard, and that the group split evenly (`DimGroup.shard_row_lengths`
 --target NAME` offers the knapsack only candidates that meet it, under the same parameter budget, and the report
 says which dims were constrained and why. A GPU's tile sizes or an engine's head sizes are further rows of the
 same table: the groups answer the widths, the row states the rules.
+
+Targets combine: `--target vllm:w4a16,vllm:tp2` asks of each kind, on each side, the least common multiple of the
+rows' multiples, for each rank of the one tensor-parallel degree among them (`combine`).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 from gac.errors import GacError
@@ -118,11 +122,18 @@ _TP = ("vLLM at tensor parallel size {n} splits every layer's query and KV heads
        "(low-rank pairs: a replicated or row-parallel, b column-parallel or replicated; ranks never split): each "
        "must divide by {n}, and each rank's row length (MLP width / {n}, kept heads x head_dim / {n}, a rank) must "
        "stay a multiple of 8 for the GPU's aligned kernels")
-_MARLIN = ("vLLM's Marlin kernels (GPTQ and AWQ 4- and 8-bit weights) take a weight only when its input width K is a "
-           "multiple of 128 and its output width N a multiple of 64 (min_thread_k, min_thread_n in vLLM's "
-           "marlin_utils): K is the MLP width for the down projection, kept heads x head_dim for the o projection, "
-           "a rank for a low-rank pair's second half; N the MLP width for gate and up, the kept query and KV widths "
-           "for q, k and v, a rank for a pair's first half")
+_MARLIN = ("vLLM's Marlin kernels (GPTQ and AWQ 4- and 8-bit weights) run in tiles of 128 input by 64 output "
+           "channels (min_thread_k, min_thread_n in vLLM's marlin_utils), and zero-pad a weight whose input width K "
+           "or output width N is not a multiple, so its misaligned part is wasted work: K is the MLP width for the "
+           "down projection, kept heads x head_dim for the o projection, a rank for a low-rank pair's second half; N "
+           "the MLP width for gate and up, the kept query and KV widths for q, k and v, a rank for a pair's first "
+           "half")
+_W4A16 = ("vLLM's CPU int4 kernel (CPUWNA16, W4A16 checkpoints: compressed-tensors, GPTQ, AWQ) takes a linear only "
+          "when its input width K and its output width N (per tensor-parallel rank, fused shards summed) are "
+          "multiples of 32, and its group (32) divides K, and no other kernel takes it: K is the MLP width for the "
+          "down projection, kept heads x head_dim for the o projection, a rank for a low-rank pair's second half; N "
+          "the MLP width for gate and up, the kept query and KV widths for q, k and v, a rank for a pair's first "
+          "half")
 
 
 def _every(multiple: int) -> dict:
@@ -137,6 +148,7 @@ def _tp(n: int) -> Target:
 TARGETS = {
     **{f"vllm:tp{n}": _tp(n) for n in (2, 4, 8)},
     "vllm:marlin": Target("vllm:marlin", _every(128), _MARLIN, out_multiples=_every(64)),
+    "vllm:w4a16": Target("vllm:w4a16", _every(32), _W4A16, out_multiples=_every(32)),
     "llama.cpp:q8_0": Target("llama.cpp:q8_0", _every(32), _Q32.format(t="q8_0")),
     "llama.cpp:q4_0": Target("llama.cpp:q4_0", _every(32), _Q32.format(t="q4_0")),
     "llama.cpp:q4_k_m": Target("llama.cpp:q4_k_m", _every(256), _K256.format(t="q4_k_m")),
@@ -144,8 +156,28 @@ TARGETS = {
 
 
 def get_target(name: str | None) -> Target | None:
+    """The target `name` names: one row of TARGETS, or several joined by commas (combine)."""
     if name is None:
         return None
-    if name not in TARGETS:
-        raise GacError(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}")
-    return TARGETS[name]
+    parts = [p.strip() for p in name.split(",")]
+    for part in parts:
+        if part not in TARGETS:
+            raise GacError(f"unknown target {part!r}: choose one of {', '.join(TARGETS)}, or several joined by "
+                           "commas, e.g. vllm:w4a16,vllm:tp2")
+    return combine([TARGETS[p] for p in parts]) if len(parts) > 1 else TARGETS[parts[0]]
+
+
+def combine(targets: list[Target]) -> Target:
+    """One target that every one of `targets` accepts: per kind and side the least common multiple of their
+    multiples, and the one tensor-parallel degree among them (two degrees describe no one engine)."""
+    degrees = sorted({t.tp for t in targets if t.tp > 1})
+    if len(degrees) > 1:
+        raise GacError(f"targets {', '.join(t.name for t in targets)} ask for tensor parallel sizes "
+                       f"{' and '.join(map(str, degrees))}: give one vllm:tpN")
+
+    def lcm(side: str) -> dict:
+        kinds = {k for t in targets for k in getattr(t, side)}
+        return {k: math.lcm(*(getattr(t, side)[k] for t in targets if k in getattr(t, side))) for k in sorted(kinds)}
+
+    return Target(",".join(t.name for t in targets), lcm("multiples"), "; ".join(t.why for t in targets),
+                  tp=degrees[0] if degrees else 1, out_multiples=lcm("out_multiples"))

@@ -103,3 +103,5 @@ from gac.cli.serve_check import command as serve_check_cmd  # noqa: E402
 main.add_command(serve_check_cmd)
 from gac.cli.heal import command as heal_cmd  # noqa: E402
 main.add_command(heal_cmd)
+from gac.cli.quantize import command as quantize_cmd  # noqa: E402
+main.add_command(quantize_cmd)

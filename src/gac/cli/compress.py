@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gac.cli.heal import heal_config, heal_options
+from gac.cli.quantize import SCHEMES, quantize_config, quantize_options
 from gac.cli.objective import latency_objective, speedup_options
 from gac.align.targets import TARGETS
 from gac.cli.options import Int, Real
@@ -49,6 +50,7 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
             validate.read_text(path, "text file", flag)
     if model is not None:
         validate.local_model_typo(model)
+        validate.not_quantized(model, "compress")
         validate.not_a_gac_output(model)
         validate.enough_space(out, validate.weights_size(model) // 2)  # the output is at least half the source
     if profile is not None and profile != "auto":
@@ -121,13 +123,18 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--heal", is_flag=True,
               help="Heal the saved model by distillation from the original before saving it (see `gac heal`).")
 @heal_options
+@click.option("--quantize", "quantize_scheme", type=click.Choice(SCHEMES),
+              help="Quantize the saved model (after --heal) to a compressed-tensors checkpoint for vLLM's quantized "
+                   "kernels, as `gac quantize --scheme` does; the quantize options below apply.")
+@quantize_options
 @click.option("--dry-run", is_flag=True,
               help="Print the forecast (peak memory per device, disk, rough time) from the config alone and exit.")
 def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, no_guard, retime, out, alignment, no_align, profile, target,
             allow_profile_mismatch, dtype, device, factorization, alpha, importance, prune_layers, head_mode,
             drop_experts, group_size, calib_file, eval_file, seq_len, calib_windows, eval_windows, prefill_tokens, no_eval, force,
             quiet, layerwise, max_memory, heal, heal_file, heal_tokens, heal_samples, heal_lr, heal_train,
-            hidden_weight, ce_weight, heal_precision, unlike_file, dry_run):
+            hidden_weight, ce_weight, heal_precision, unlike_file, quantize_scheme, group, method, skip_unfit,
+            serve_device, serve_tp, dry_run):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
     from gac.cli.output import print_report, setup_logging
     from gac.errors import GacError
@@ -154,6 +161,11 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
     if not heal and any(v is not None for v in healing.values()):
         given = ", ".join("--" + k.replace("_", "-") for k, v in healing.items() if v is not None)
         raise GacError(f"{given} set healing: give --heal too")
+    quantizing = dict(group=group, method=method, serve_device=serve_device, serve_tp=serve_tp)
+    if quantize_scheme is None and (skip_unfit or any(v is not None for v in quantizing.values())):
+        given = ", ".join("--" + k.replace("_", "-") for k, v in {**quantizing, "skip_unfit": skip_unfit or None}.items()
+                          if v is not None)
+        raise GacError(f"{given} set quantization: give --quantize too")
     objective = latency_objective(speedup, phase, shape, param_cap, prefill_tokens=prefill_tokens, no_guard=no_guard,
                                   margin=margin, retime=retime)
     cfg = CompressConfig(
@@ -171,6 +183,8 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
         layerwise=layerwise,
         max_memory=max_memory,
         heal=heal_config(**{**healing, "heal_file": heal_file or calib_file}) if heal else None,
+        quantize=quantize_config(quantize_scheme, skip_unfit=skip_unfit, dtype=dtype or "float32", **quantizing)
+        if quantize_scheme else None,
     )
     if dry_run:
         from gac.pipeline.choice import plan_memory
@@ -197,5 +211,12 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
 
         for line in describe(result.report["heal"]):
             click.echo(line)
+    if result.report.get("quantization"):
+        from gac.cli.quantize import describe as describe_quantization
+
+        for line in describe_quantization(result.report["quantization"]):
+            click.echo(line)
     plots = "dims.png and heal.png" if result.report.get("heal") else "dims.png"
-    click.echo(f"saved {result.report['saved_variant']} model, report.json, report.md and {plots} to {result.out}")
+    q = result.report.get("quantization")
+    what = f"{result.report['saved_variant']} model ({q['label']} quantized)" if q else f"{result.report['saved_variant']} model"
+    click.echo(f"saved {what}, report.json, report.md and {plots} to {result.out}")

@@ -138,10 +138,14 @@ def _print_summary(result: dict, *, reused: bool, seconds: float) -> None:
     click.echo(f"{len(result['ops'])} sweeps, {points} points on {result['device_name']} "
                f"({result['device']}, {result['dtype']}, {result['threads']} threads): {how}")
     for entry in result["ops"]:
-        table = dict(zip(entry["dims"], entry["ms"]))
+        table = {d: t for d, t in zip(entry["dims"], entry["ms"]) if t is not None}
+        refused = f"; {len(entry['refused'])} dims refused by the kernel" if entry.get("refused") else ""
+        if not table:
+            click.echo(f"  {entry_label(entry):<36} every dim refused{refused}")
+            continue
         cliffs = find_cliffs(table)
         aligned = [d for d in cliffs if d % 8 == 0]
         shown = ", ".join(str(d) for d in aligned[:8]) + (" ..." if len(aligned) > 8 else "")
-        span = f"{min(entry['ms']):.4g}-{max(entry['ms']):.4g} ms"
+        span = f"{min(table.values()):.4g}-{max(table.values()):.4g} ms"
         click.echo(f"  {entry_label(entry):<36} {span:<20} {len(cliffs):3d} cliffs, at multiples of 8: "
-                   f"{shown or 'none'}")
+                   f"{shown or 'none'}{refused}")

@@ -22,6 +22,7 @@ def command(model_dirs, engine, tp, dtype, max_tokens, out) -> None:
     import os
 
     from gac.atomic import write_text
+    from gac.errors import GacError
     from gac.cli.output import setup_logging
     from gac.serve.agreement import agreement
 
@@ -36,9 +37,16 @@ def command(model_dirs, engine, tp, dtype, max_tokens, out) -> None:
     # torch.set_num_threads for the rest of the process, which a Python caller of agreement() may still need.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     results = agreement(model_dirs, dtype=dtype, tp=tp, max_tokens=max_tokens)
+    from gac.serve.agreement import kernel_counts
+
     for d, r in results.items():
         click.echo(f"{d}: {r['token_agreement']:.1%} of {r['positions']} greedy tokens agree (teacher-forced "
-                   f"{r['teacher_forced_agreement']:.1%}); prompt log-probs max |diff| "
-                   f"{r['prompt_logprob_max_abs_diff']:.1e}; vLLM loaded it in {r['vllm_load_s']:.0f} s")
+                   f"{r['teacher_forced_agreement']:.1%}, greedy prefix {r['greedy_prefix']:.1%}); prompt log-probs "
+                   f"max |diff| {r['prompt_logprob_max_abs_diff']:.1e}; vLLM loaded it in {r['vllm_load_s']:.0f} s")
+        counts = kernel_counts(r["kernels"])
+        click.echo("  linears: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])))
+        if r["kernels_planned"] is not None and counts != r["kernels_planned"]:
+            raise GacError(f"vLLM ran {d}'s linears as {counts}, not as its quantize.json plans "
+                           f"({r['kernels_planned']}): re-run `gac quantize` with this vLLM version")
     if out:
         write_text(out, json.dumps(results, indent=2), flag="--out")

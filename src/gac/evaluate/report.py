@@ -39,6 +39,7 @@ class Report:
     target: dict | None = None  # which dims the deployment target constrained, and why
     profile_excluded: dict | None = None  # {group: {dim: why}}: the aligned dims a hardware profile ruled out
     heal: dict | None = None  # --heal: the saved variant's healing (gac.heal.run.heal_model's report)
+    quantization: dict | None = None  # --quantize: the saved variant's quantization (quantize.json's content)
     pipeline_choice: dict | None = None  # why this pipeline: its reason, the whole-model forecast, the memory available
     latency_method: dict | None = None  # how the latencies were obtained (whole models, or layer by layer)
     auto: dict | None = None  # --compressor auto: every compressor's predicted and measured figures, which was kept
@@ -162,6 +163,11 @@ def report_markdown(r: dict) -> str:
                           f"{h['ppl']['original'][k]:.2f})" for k in h["ppl"]["before"])
         lines.append(f"Healed by distillation from the original after the figures above ({h['run']['tokens']:,} "
                      f"tokens, {h['run']['seconds']:.0f} s): perplexity {texts}.")
+    if r.get("quantization"):
+        q = r["quantization"]
+        lines.append(f"Quantized after the figures above ({q['label']}, vLLM's {q['rule']['device']} kernel "
+                     f"{q['rule']['kernel']}): {q['quantized']} linears quantized, {q['unquantized']} left "
+                     "unquantized (quantize.json lists every linear).")
     if obj:
         lines += ["", f"Latency objective at {obj['phase']} {obj['shape']} (interleaved with the baseline and an A/A twin):"]
         for name in ("baseline", "gac"):

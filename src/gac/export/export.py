@@ -113,6 +113,7 @@ def export_hf(cfg: ExportConfig) -> Path:
     from gac.models.loading import load_model
 
     out = validate.output_dir(cfg.out, force=cfg.force)
+    validate.not_quantized(cfg.model, "export")
     source = check_model_dir(cfg.model)
     loaded = load_model(cfg.model, dtype="float32", device="cpu")
     if source.is_dir() and is_gac_dir(source):
@@ -130,6 +131,9 @@ def export(cfg: ExportConfig) -> ExportResult:
     from gac.export.quantize import llama_cpp_module, quantize, tensor_types, type_report
     from gac.models.loading import load_model
 
+    from gac import validate
+
+    validate.not_quantized(cfg.model, "export")
     out = check_output(cfg.out, cfg.force)
     if cfg.report:
         check_output_report(cfg.report, cfg.force)

@@ -155,6 +155,9 @@ def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
     from gac.models.io import MODELING_HASH, check_out_dir, is_gac_dir, load, plan_record, read_plan, save
     from gac.models.loading import load_model
 
+    from gac import validate
+
+    validate.not_quantized(model, "heal")  # healing trains float weights: heal first, then quantize
     check_out_dir(out, cfg.force)
     path = Path(model).expanduser()
     if not path.is_dir() or not is_gac_dir(path):

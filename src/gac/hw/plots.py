@@ -22,10 +22,14 @@ DIM_LABELS = {
 
 
 def _draw_entry(ax, entry: Mapping, alignment: int) -> None:
-    dims, ms = entry["dims"], entry["ms"]
+    timed = [i for i, t in enumerate(entry["ms"]) if t is not None]  # a quantized kernel's refused dims: no time
+    dims, ms = [entry["dims"][i] for i in timed], [entry["ms"][i] for i in timed]
     ax.plot(dims, ms, color="0.6", lw=0.8, zorder=1)
     if "p10_ms" in entry and "p90_ms" in entry:
-        ax.fill_between(dims, entry["p10_ms"], entry["p90_ms"], color="0.85", step=None, zorder=0, label="p10-p90")
+        ax.fill_between(dims, [entry["p10_ms"][i] for i in timed], [entry["p90_ms"][i] for i in timed], color="0.85",
+                        step=None, zorder=0, label="p10-p90")
+    for d in (entry.get("refused") or {}):
+        ax.axvline(int(d), color="black", lw=0.5, ls=":", zorder=0)
     groups = {
         "other": [(d, t) for d, t in zip(dims, ms) if d % alignment],
         f"multiple of {alignment}": [(d, t) for d, t in zip(dims, ms) if d % alignment == 0 and d % 64],

@@ -33,7 +33,10 @@ PROFILE_VERSION = 1
 OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank")  # a default sweep
 # sdpa_heads: swept over query heads, sized by the latency model's head groups; experts: an MoE layer's experts
 # forward (gac.hw.experts) swept over the expert width, sized by the experts kind's groups
-ALL_OPS = (*OPS, "sdpa_heads", "experts")
+# quantized GEMMs, X [M, K] @ W [N, K]^T as the engines' int8 and fp8 kernels run them (torch._int_mm,
+# torch._scaled_mm with per-tensor scales): a shape the kernel refuses is recorded as refused, with its reason
+QUANTIZED_OPS = ("int8_n", "int8_k", "fp8_n", "fp8_k")
+ALL_OPS = (*OPS, "sdpa_heads", "experts", *QUANTIZED_OPS)
 SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")  # tried in this order
 MAX_HEAD_DIM = 1024  # above any model's attention head (usually 64-256); catches GEMM ranges given as head dims
 CUDA_CHUNK = 32  # dims timed round-robin together on CUDA, each with input sets over twice the L2
@@ -146,7 +149,17 @@ class SweepSpec:
 # ---- sweeps ------------------------------------------------------------------------------------------------
 
 
+def _gemm(op: str) -> str:
+    """The float GEMM a quantized op sweeps the same way (int8_n: gemm_n's shapes), or `op` itself."""
+    return f"gemm_{op[-1]}" if op in QUANTIZED_OPS else op
+
+
+def _input_dtype(op: str, dtype: torch.dtype) -> torch.dtype:
+    return {"int8": torch.int8, "fp8": torch.float8_e4m3fn}.get(op.partition("_")[0], dtype)
+
+
 def _entry_shape(op: str, m: int, sizes: FixedSizes) -> dict[str, int]:
+    op = _gemm(op)
     if op == "gemm_n":
         return {"k": sizes.hidden}
     if op == "gemm_k":
@@ -163,6 +176,7 @@ def _entry_shape(op: str, m: int, sizes: FixedSizes) -> dict[str, int]:
 
 
 def _tensor_shapes(op: str, m: int, dim: int, shape: Mapping[str, int]) -> list[tuple[int, ...]]:
+    op = _gemm(op)
     if op == "gemm_n":
         return [(m, shape["k"]), (dim, shape["k"])]  # X [M, K], W [N=dim, K]
     if op == "gemm_k":
@@ -193,6 +207,11 @@ def _attention(q, k, v, causal: bool):
 
 def _kernel(op: str, m: int, dim: int, shape: Mapping[str, int], *, device, dtype) -> Callable:
     """The op at one swept dim, called on an input set of _tensor_shapes."""
+    if op.startswith("int8_"):
+        return lambda x, w: torch._int_mm(x, w.t())  # int32 [M, N]
+    if op.startswith("fp8_"):
+        one = torch.ones((), device=device)
+        return lambda x, w: torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     if op in ("gemm_n", "gemm_k"):
         return F.linear  # Y [M, N] = X [M, K] @ W[N, K]^T
     if op == "lowrank":
@@ -297,8 +316,8 @@ def _build_point(op: str, m: int, dim: int, shape, *, device, dtype, buffers: in
     """`copies` input sets (default: _copies), the first random, the rest its clones (the values do not matter to
     the time, only that each copy has its own memory)."""
     shapes = _tensor_shapes(op, m, dim, shape)
-    copies = _copies(shapes, device, dtype, buffers) if copies is None else copies
-    first = tuple(torch.randn(s, generator=gen, device=device, dtype=dtype) for s in shapes)
+    copies = _copies(shapes, device, _input_dtype(op, dtype), buffers) if copies is None else copies
+    first = tuple(_random(s, gen, device, dtype, _input_dtype(op, dtype)) for s in shapes)
     inputs = [first, *(tuple(t.clone() for t in first) for _ in range(copies - 1))]
     kernel = _kernel(op, m, dim, shape, device=device, dtype=dtype)
     backend = _backend(op, kernel, inputs[0], device)
@@ -311,6 +330,24 @@ def _build_point(op: str, m: int, dim: int, shape, *, device, dtype, buffers: in
     return _Point(call, backend, copies)
 
 
+def _random(shape, gen, device, dtype, input_dtype) -> torch.Tensor:
+    if input_dtype == torch.int8:
+        return torch.randint(-128, 128, shape, generator=gen, device=device, dtype=torch.int8)
+    x = torch.randn(shape, generator=gen, device=device, dtype=dtype if input_dtype == dtype else torch.float32)
+    return x.to(input_dtype)
+
+
+def _refusal(op: str, point: _Point) -> str | None:
+    """Why a quantized kernel refuses this shape (its first error line), or None; float ops take every shape."""
+    if op not in QUANTIZED_OPS:
+        return None
+    try:
+        point.fn()
+    except RuntimeError as e:
+        return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    return None
+
+
 def _entries(spec: SweepSpec) -> list[tuple[str, int, tuple[int, ...]]]:
     return [(op, m, spec.head_dims if op == "sdpa" else spec.dims) for op in spec.ops for m in spec.m_values]
 
@@ -319,6 +356,7 @@ def _chunk_size(op, m, dims, shape, spec, *, device, dtype) -> int:
     """Dims timed round-robin together: spec.chunk (CUDA_CHUNK at most on CUDA), fewer where the largest dim's input
     sets (its CUDA copies included; on CPU a chunk this large gets one copy per dim) would pass CHUNK_BYTES."""
     shapes = _tensor_shapes(op, m, max(dims), shape)
+    dtype = _input_dtype(op, dtype)
     copies = _copies(shapes, device, dtype, spec.buffers)
     size = min(spec.chunk, CUDA_CHUNK) if device.type == "cuda" else spec.chunk
     return max(1, min(size, CHUNK_BYTES // (copies * _set_bytes(shapes, dtype))))
@@ -327,14 +365,20 @@ def _chunk_size(op, m, dims, shape, spec, *, device, dtype) -> int:
 def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
     shape = _entry_shape(op, m, spec.sizes)
     ms, p10, p90, backends, methods, n_copies = [], [], [], [], set(), set()
+    refused: dict[str, str] = {}  # {dim: why} of the shapes a quantized kernel refused
     chunk_size = _chunk_size(op, m, dims, shape, spec, device=device, dtype=dtype)  # bounded memory
     for start in range(0, len(dims), chunk_size):
         chunk = dims[start : start + chunk_size]
         copies = None  # CUDA: per dim (_copies)
         if device.type == "cpu":
-            copies = cpu_chunk_copies(sum(_set_bytes(_tensor_shapes(op, m, d, shape), dtype) for d in chunk))
+            copies = cpu_chunk_copies(sum(_set_bytes(_tensor_shapes(op, m, d, shape), _input_dtype(op, dtype))
+                                          for d in chunk))
         points = {d: _build_point(op, m, d, shape, device=device, dtype=dtype, buffers=spec.buffers, gen=gen,
                                   copies=copies) for d in chunk}
+        for d in list(points):
+            if (why := _refusal(op, points[d])) is not None:
+                refused[str(d)] = why
+                del points[d]
         by_backend: dict[str | None, dict[str, Callable]] = {}
         for d, p in points.items():
             by_backend.setdefault(p.backend, {})[str(d)] = p.fn
@@ -348,6 +392,9 @@ def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
                                                 graph_calls=graph_calls))
         n_copies.update(p.copies for p in points.values())
         for d in chunk:
+            if str(d) in refused:  # no time: the kernel does not run this shape
+                ms.append(None), p10.append(None), p90.append(None), backends.append(None)
+                continue
             t = timings[str(d)]
             methods.add(t.method)
             ms.append(round(t.median_ms, 6))
@@ -358,7 +405,9 @@ def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
         bar.update(len(chunk))
     entry = {"op": op, "shape": shape, "m": m, "backend": max(set(backends), key=backends.count),
              "dims": list(dims), "ms": ms, "p10_ms": p10, "p90_ms": p90, "timing": "+".join(sorted(methods)),
-             "copies": max(n_copies)}  # input sets rotated per dim (the most of any chunk)
+             "copies": max(n_copies, default=0)}  # input sets rotated per dim (the most of any chunk)
+    if refused:
+        entry["refused"] = refused
     if len(set(backends)) > 1:
         entry["backends"] = backends  # per dim, when the SDPA backend changes along the sweep
     return entry
@@ -370,6 +419,8 @@ def _estimate_s(spec: SweepSpec, *, device, dtype, gen) -> float:
     for op, m, dims in _entries(spec):
         point = _build_point(op, m, dims[len(dims) // 2], _entry_shape(op, m, spec.sizes),
                              device=device, dtype=dtype, buffers=1, gen=gen)
+        if _refusal(op, point) is not None:
+            continue  # a shape the kernel refuses takes no time
         per_call = time_callable(point.fn, device=device, warmup=1, repeats=2).median_ms
         total += per_call / 1e3 * len(dims) * (spec.warmup + spec.repeats)
     return total

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from gac.models.placement import SHARD_SIZE, Placement
 PLAN_FILE = "gac_plan.json"
 MODELING_FILE = "modeling_gac.py"
 MODELING_HASH = "modeling_sha256"  # gac_plan.json: sha256 of the modeling_gac.py gac wrote
+QUANTIZE_FILE = "quantize.json"  # beside a quantized model: what gac quantize quantized, and what not and why
 PLAN_VERSION = 1
 
 
@@ -56,19 +58,23 @@ def check_out_dir(out_dir, force: bool) -> Path:
 
 
 def save(model, tokenizer, out_dir, *, plan: dict, extra_files: dict | None = None, force: bool = False,
-         max_shard_size: str | int = SHARD_SIZE) -> Path:
+         max_shard_size: str | int = SHARD_SIZE, finish: Callable[[Path], None] | None = None) -> Path:
     """Write the model to `out_dir` atomically: built in a sibling temp dir, then renamed into place. Weights are
     safetensors shards of at most `max_shard_size` with transformers' index (one file when they fit in one).
 
     The structure modeling_gac.py rebuilds on load is read off the live model (gac.models.structure).
     plan: plan_record(...), written as gac_plan.json.
     extra_files: {file name: str or bytes} written beside the model (report.json, report.md, plots).
+    finish: called with the directory once all is written, before it takes its place (a quantized model's
+    compressed-tensors config is written into config.json there).
     """
     from gac.atomic import atomic_dir
 
     out = check_out_dir(out_dir, force).resolve()
     with atomic_dir(out, force=force) as tmp:  # signal-safe: no hidden .partial or .old leftovers
         _write(model, tokenizer, tmp, plan, extra_files or {}, max_shard_size)
+        if finish is not None:
+            finish(tmp)
     return out
 
 

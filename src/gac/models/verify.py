@@ -46,7 +46,7 @@ def _shards(d: Path, index_name: str, what: str) -> list[Path]:
     return shards
 
 
-def _check_safetensors(path: Path) -> None:
+def _check_safetensors(path: Path, quantized: bool = False) -> None:
     from safetensors import safe_open
 
     try:
@@ -60,7 +60,7 @@ def _check_safetensors(path: Path) -> None:
     if not keys:
         raise GacError(f"{path} holds no tensors: re-download or re-save the model")
     odd = {k: t for k, t in dtypes.items() if t not in FLOAT_DTYPES}
-    if odd:
+    if odd and not quantized:  # a compressed-tensors checkpoint holds int8 weights (W8A8)
         name, dtype = sorted(odd.items())[0]
         raise GacError(f"{path}: weight {name} is stored as {dtype}, not floating point (integer or quantized "
                        "weights are not supported): pass the float16/bfloat16/float32 checkpoint")
@@ -100,8 +100,13 @@ def _check_pickle(path: Path) -> None:
 
 def check_weight_files(d) -> str:
     """Check the weights in directory `d` before loading; returns "safetensors" or "pickle"."""
+    from functools import partial
+
+    from gac.validate import quantization_of
+
     d = Path(d)
-    formats = (("safetensors", SAFE_INDEX, SAFETENSORS, "safetensors", _check_safetensors),
+    quantized = (quantization_of(d) or {}).get("quant_method") == COMPRESSED_TENSORS
+    formats = (("safetensors", SAFE_INDEX, SAFETENSORS, "safetensors", partial(_check_safetensors, quantized=quantized)),
                ("pickle", PICKLE_INDEX, PICKLE, "checkpoint", _check_pickle))
     for kind, index, single, label, check in formats:  # safetensors first, as transformers prefers them
         if (d / index).is_file():
@@ -113,6 +118,9 @@ def check_weight_files(d) -> str:
             return kind
     raise GacError(f"{d} has a config.json but no weights ({SAFETENSORS} or {PICKLE}): copy the weight files "
                    "beside config.json")
+
+
+COMPRESSED_TENSORS = "compressed-tensors"
 
 
 def check_config(config, source: str) -> None:
@@ -139,8 +147,12 @@ def check_config(config, source: str) -> None:
     if act is not None and (not isinstance(act, str) or act not in ACT2FN):
         bad(f"names an unknown activation hidden_act = {act!r}")
     quant = getattr(config, "quantization_config", None)
-    if quant:  # gpt-oss's published checkpoints are MXFP4: their expert tensors are blocks and scales, not weights
-        method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    method = (quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)) if quant \
+        else None
+    # gac's own quantized outputs (compressed-tensors) load, decompressed by transformers, for evaluation and
+    # serving; the verbs that rewrite weights refuse them (gac.quantize.run.check_not_quantized). Other quantized
+    # checkpoints (gpt-oss's MXFP4: blocks and scales, not weights) are refused here.
+    if quant and method != COMPRESSED_TENSORS:
         raise GacError(f"{source} is a quantized checkpoint ({method}), and gac compresses floating-point weights: "
                        "pass its float16/bfloat16/float32 checkpoint (an MXFP4 one, e.g. gpt-oss's: load it with "
                        "transformers' Mxfp4Config(dequantize=True) and save_pretrained)")

@@ -74,6 +74,9 @@ def available_memory(device: str = "cpu", max_memory: str | dict | None = None) 
     if key != "cpu":
         import torch
 
+        from gac.hw.device import check_device
+
+        check_device(device)  # CUDA there at all, before the driver is asked
         return Available(int(torch.cuda.mem_get_info(key)[0]), f"cuda:{key} free memory")
     figures = [f for f in (_meminfo_available(), _psutil_available(), _cgroup_room()) if f is not None]
     return min(figures, key=lambda a: a.bytes) if figures else None

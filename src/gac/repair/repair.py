@@ -234,7 +234,10 @@ def repair_dir(src: str, out: str, *, align: int | None = None, strategy: str | 
     from gac.models.io import check_out_dir, is_gac_dir, plan_record, read_plan, save
     from gac.models.loading import load_model
 
+    from gac import validate
+
     alignment = resolve_alignment(align, strategy)  # fail fast, before the model is loaded
+    validate.not_quantized(src, "repair")
     check_out_dir(out, force)
     profile_data = None
     if profile is not None:

@@ -2,9 +2,11 @@
 vLLM against gac's own transformers forward on the same token ids (8 prompts from the embedded Python docs).
 `gac serve-check DIR [DIR...] [--tp 2]` prints it.
 
-Reported per model: the share of generated positions whose tokens agree, the same with transformers fed vLLM's
-own tokens (teacher-forced: a divergence at a near-tie does not count its whole tail), the largest prompt
-log-probability difference and vLLM's load time.
+Reported per model: the share of generated positions whose tokens agree, the mean share of each prompt's tokens
+before the first disagreement (the greedy prefix), the same with transformers fed vLLM's own tokens (teacher-forced:
+a divergence at a near-tie does not count its whole tail), the largest prompt log-probability difference, vLLM's
+load time, and the kernel vLLM runs each linear with (a quantized checkpoint: its quantized kernel on every linear
+the checkpoint quantized).
 """
 
 from __future__ import annotations
@@ -57,10 +59,14 @@ def compare(hf: dict, vl: dict, forced: list[list[int]]) -> dict:
     pairs = [(a, b) for x, y in zip(hf["tokens"], vl["tokens"]) for a, b in zip(x, y)]
     forced_pairs = [(a, b) for x, y in zip(forced, vl["tokens"]) for a, b in zip(x, y)]
     diffs = [abs(a - b) for x, y in zip(hf["prompt_logprobs"], vl["prompt_logprobs"]) for a, b in zip(x, y)]
+    prefixes = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) / max(len(x), 1)
+                for x, y in zip(hf["tokens"], vl["tokens"])]
     return {"positions": len(pairs), "token_agreement": sum(a == b for a, b in pairs) / len(pairs),
+            "greedy_prefix": sum(prefixes) / len(prefixes),
             "teacher_forced_agreement": sum(a == b for a, b in forced_pairs) / len(forced_pairs),
             "prompt_logprob_max_abs_diff": max(diffs), "prompt_logprob_mean_abs_diff": sum(diffs) / len(diffs),
-            "vllm_load_s": vl["load_s"], "vllm_tokens": vl["tokens"], "hf_tokens": hf["tokens"]}
+            "vllm_load_s": vl["load_s"], "kernels": vl["kernels"], "vllm_tokens": vl["tokens"],
+            "hf_tokens": hf["tokens"]}
 
 
 def agreement(model_dirs, *, dtype: str = "float32", tp: int = 1, max_tokens: int = MAX_TOKENS) -> dict:
@@ -80,4 +86,30 @@ def agreement(model_dirs, *, dtype: str = "float32", tp: int = 1, max_tokens: in
     for d, vl in served.items():
         hf = hf_run(d, prompts[d], max_tokens)
         results[d] = compare(hf, vl, teacher_forced(hf["model"], prompts[d], vl["tokens"]))
+        results[d]["kernels_planned"] = planned_kernels(d)
     return results
+
+
+def kernel_counts(kernels: dict[str, str]) -> dict[str, int]:
+    """{kernel: linears it runs} of linear_kernels' answer."""
+    from collections import Counter
+
+    return dict(Counter(kernels.values()))
+
+
+def planned_kernels(model_dir) -> dict[str, int] | None:
+    """{kernel: linears} that a quantized checkpoint's quantize.json plans vLLM to run (None: not quantized by gac):
+    the rule's kernel on every linear it quantized, vLLM's unquantized method on those it left."""
+    import json
+    from pathlib import Path
+
+    from gac.models.io import QUANTIZE_FILE
+
+    path = Path(model_dir) / QUANTIZE_FILE
+    if not path.is_file():
+        return None
+    report = json.loads(path.read_text())
+    planned = {report["rule"]["kernel"]: report["quantized"]}
+    if report["unquantized"]:
+        planned["UnquantizedLinearMethod"] = report["unquantized"]
+    return planned

@@ -36,12 +36,59 @@ def check_servable(model_dir, tp: int = 1) -> None:
     if not (path / "config.json").is_file():
         raise GacError(f"{model_dir} is not a model directory (no config.json): pass a gac output or a Hugging "
                        "Face directory (`gac export MODEL --format hf --out DIR` writes one)")
+    check_quantized_kernels(path)
     config = AutoConfig.from_pretrained(path)
     if is_gac_dir(path):
         adapter_for(config).vllm_names()
     elif getattr(config, "model_type", None) not in FAMILIES:
         return  # an original model of a family gac does not read: vLLM's own checks apply
+    check_attention(config, model_dir)
     check_tensor_parallel(layer_layouts(config), tp)
+
+
+def check_attention(config, model_dir) -> None:
+    """vLLM's CPU attention runs only some head sizes, and refuses the others inside its first forward: say so
+    before the engine starts."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from gac.models.adapters import adapter_for
+
+    head_dim = adapter_for(config).geometry(config).head_dim
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in sizes:
+        raise GacError(f"{model_dir} has head_dim {head_dim}, which vLLM's CPU attention does not run (it runs "
+                       f"{', '.join(map(str, sizes))}): serve it on a GPU, or serve-check a model of one of those "
+                       "head sizes")
+
+
+def int4_weights(quantization: dict | None) -> bool:
+    """Whether a compressed-tensors quantization_config holds 4-bit weights with unquantized activations (W4A16)."""
+    groups = (quantization or {}).get("config_groups") or {}
+    return any((g.get("weights") or {}).get("num_bits") == 4 and not g.get("input_activations")
+               for g in groups.values() if isinstance(g, dict))
+
+
+def check_quantized_kernels(model_dir) -> None:
+    """vLLM's CPU build picks its int4 kernel (CPUWNA16LinearKernel) for a W4A16 checkpoint on any x86 CPU, but
+    its GEMM (cpu_gemm_wna16) is built only into the AVX-512 libraries, so without AVX-512 the engine loads and then
+    fails at its first forward: say so before it starts."""
+    import torch
+
+    from gac.validate import quantization_of
+
+    if torch.cuda.is_available() or not int4_weights(quantization_of(model_dir)):
+        return
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()
+    if not hasattr(torch.ops._C, "cpu_gemm_wna16"):
+        raise GacError(f"{model_dir} holds int4 (W4A16) weights, and vLLM's CPU build has its int4 GEMM "
+                       "(cpu_gemm_wna16) only for CPUs with AVX-512, which this one lacks: serve the w8a8 "
+                       "checkpoint here (`gac quantize MODEL --scheme w8a8`), or this one on an AVX-512 CPU or a GPU")
 
 
 def cpu_bind(tp: int) -> str:

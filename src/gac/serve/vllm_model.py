@@ -1,7 +1,7 @@
 """gac's model classes for vLLM: each family's own vLLM model, every decoder layer built at its saved sizes.
 
 Registered by gac's vLLM plugin (gac.serve.vllm_plugin) under the architecture names gac writes into config.json
-(e.g. GacLlamaForCausalLM, GacGemma3ForCausalLM), so `vllm serve DIR` and `LLM(model=DIR)` load a gac output with
+(e.g. GacLlamaForCausalLM, GacGemma3ForCausalLM), so vLLM's OpenAI server and `LLM(model=DIR)` load a gac output with
 vLLM's own layers, attention, KV cache, fused MoE and tensor parallelism.
 
 How a layer gets its own sizes: every vLLM model builds its decoder layers through `make_layers(n, layer_fn,
@@ -132,8 +132,9 @@ def factorize(block: nn.Module, prefix: str, fused: str, parts: tuple[Projection
         setattr(block, fused, LowRankColumn(parts[0], bias, quant_config, f"{prefix}.{fused}", fused=dense))
         moved[parts[0].path] = f"{prefix}.{fused}"
     elif not all(p.dense for p in parts):
-        setattr(block, fused, Concat({p.name: column(p, bias, quant_config, f"{prefix}.{fused}.{p.name}")
-                                      for p in parts}))
+        # each part's linears named as the checkpoint names them (p.path), which the quantization config's
+        # ignore list speaks, though the module sits under the fused linear's name here
+        setattr(block, fused, Concat({p.name: column(p, bias, quant_config, p.path) for p in parts}))
         moved.update({p.path: f"{prefix}.{fused}.{p.name}" for p in parts})
     for p in rows:
         if not p.dense:

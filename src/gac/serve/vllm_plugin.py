@@ -28,6 +28,7 @@ class ConfigCheck:
     def verify_and_update_config(vllm_config) -> None:
         from gac.errors import GacError
         from gac.serve.layout import check_tensor_parallel, layer_layouts
+        from gac.serve.vllm_engine import check_quantized_kernels
 
         config = vllm_config.model_config.hf_config
         if getattr(config, "gac_structure", None) is None:
@@ -39,6 +40,7 @@ class ConfigCheck:
                            f"at the original shapes: serve it with --hf-overrides '{{\"architectures\": "
                            f"[\"{gac_arch}\"]}}', or re-save it with `gac export DIR --format hf --out NEW`")
         check_tensor_parallel(layer_layouts(config), vllm_config.parallel_config.tensor_parallel_size)
+        check_quantized_kernels(vllm_config.model_config.model)
 
     @staticmethod
     def verify_and_update_model_config(model_config) -> None:

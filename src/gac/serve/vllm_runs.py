@@ -41,6 +41,7 @@ def vllm_run(model_dir, prompts: list[list[int]], max_tokens: int, *, dtype: str
     outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     logprobs = [[next(iter(d.values())).logprob for d in o.prompt_logprobs[1:]] for o in outs]
+    kernels = llm.apply_model(linear_kernels)[0]
     llm.llm_engine.engine_core.shutdown()
     del llm
     if not vllm_envs.VLLM_ENABLE_V1_MULTIPROCESSING:
@@ -48,7 +49,21 @@ def vllm_run(model_dir, prompts: list[list[int]], max_tokens: int, *, dtype: str
 
         # the engine ran in this process: its process group, its memory and vLLM's env cache go before the next
         cleanup_dist_env_and_memory()
-    return {"tokens": tokens, "prompt_logprobs": logprobs, "load_s": load_s}
+    return {"tokens": tokens, "prompt_logprobs": logprobs, "load_s": load_s, "kernels": kernels}
+
+
+def linear_kernels(model) -> dict[str, str]:
+    """{vLLM module name: what computes it} for every linear of a model vLLM built: the quantized kernel of a
+    quantized linear (e.g. CPUWNA16LinearKernel), else its linear method (UnquantizedLinearMethod). Run inside
+    the engine (LLM.apply_model)."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LinearBase):
+            kernel = getattr(getattr(module, "scheme", None), "kernel", None)
+            out[name] = type(kernel if kernel is not None else module.quant_method).__name__
+    return out
 
 
 def vllm_runs(prompts: dict[str, list[list[int]]], max_tokens: int, *, dtype: str, tp: int) -> dict:

@@ -1,0 +1,167 @@
+"""`gac quantize MODEL --scheme S --out DIR`: a gac output (or a Hugging Face model, the baseline to serve beside it)
+written as a compressed-tensors checkpoint that vLLM serves with its quantized kernels and transformers loads.
+
+load -> plan (every linear vLLM builds checked against the kernel's rule, before any work) -> scales by
+llm-compressor (round to nearest, or GPTQ on calibration text) -> compressed-tensors packs the weights -> save
+atomically, with gac's structure and plan where the source had them, and quantize.json (what was quantized, what
+was not and why).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gac.errors import GacError
+from gac.models.io import QUANTIZE_FILE
+from gac.quantize.plan import QuantPlan, check_covers, plan
+from gac.quantize.schemes import QuantizeConfig, scheme_args
+
+log = logging.getLogger(__name__)
+
+INSTALL = "pip install 'gac[quantize]' (or `bash scripts/setup.sh`)"
+
+
+@dataclass
+class QuantizeResult:
+    report: dict  # quantize.json's content
+    out: Path
+
+
+def check_installed() -> None:
+    import importlib.util
+
+    for module, package in (("compressed_tensors", "compressed-tensors"), ("llmcompressor", "llmcompressor")):
+        if importlib.util.find_spec(module) is None:
+            raise GacError(f"quantizing needs {package}, which is not installed here: {INSTALL}")
+
+
+def quantize_dir(model, out, cfg: QuantizeConfig, *, force: bool = False,
+                 progress: bool = True) -> QuantizeResult:
+    """Quantize `model` (a gac output, a Hugging Face directory, a .gguf or the embedded alias) into `out`."""
+    model, out = str(model), str(out)
+    from gac import validate
+    from gac.models.io import check_out_dir
+
+    check_installed()
+    validate.not_quantized(model, "quantize")
+    validate.output_dir(out, "--out", force=force)
+    check_out_dir(out, force)
+    config = _config(model)
+    qplan = plan(config, cfg) if config is not None else None  # a refusal before the model is even read
+    from gac.models.loading import load_model
+
+    loaded = load_model(model, dtype=cfg.dtype)
+    qplan = qplan or plan(loaded.model.config, cfg)
+    check_covers(qplan, loaded.model)
+    start = time.perf_counter()
+    compressor = quantize_model(loaded.model, loaded.tokenizer, qplan, progress=progress)
+    report = quantize_report(model, qplan, time.perf_counter() - start)
+    written = _save(loaded, model, out, report, compressor, force)
+    return QuantizeResult(report, written)
+
+
+def _config(spec: str):
+    """The model's config read without its weights where it is a directory (None otherwise: read on load)."""
+    path = Path(spec)
+    if not (path / "config.json").is_file():
+        return None
+    from gac.models.io import is_gac_dir, read_config
+
+    if is_gac_dir(path):
+        return read_config(path)
+    from gac.models.loading import read_config_checked
+
+    return read_config_checked(str(path), spec)
+
+
+def quantize_model(model, tokenizer, qplan: QuantPlan, *, progress: bool = True):
+    """Quantize `model` in place by the plan (llm-compressor finds the scales; compressed-tensors packs the weights);
+    returns the compressed-tensors ModelCompressor, whose update_config writes the checkpoint's quantization_config."""
+    import os
+
+    # llm-compressor logs INFO lines and, on import, "No accelerator available!" on any CPU: errors only, unless the
+    # user set its level (its own variable, read when it is first imported)
+    os.environ.setdefault("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.offload.dispatch import remove_dispatch
+    from llmcompressor import oneshot
+
+    cfg = qplan.cfg
+    groups = {"group_0": scheme_args(cfg)}
+    # llm-compressor traces each decoder layer with torch.fx, whose notice on every run says nothing to a user
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    if cfg.method == "gptq":
+        from llmcompressor.modifiers.gptq import GPTQModifier
+
+        windows = _calibration(tokenizer, cfg)
+        log.info("GPTQ on %d windows of %d tokens", *windows.shape)
+        oneshot(model=model, recipe=GPTQModifier(config_groups=groups, ignore=qplan.ignore),
+                dataset=_dataset(windows), num_calibration_samples=len(windows), max_seq_length=windows.shape[1],
+                shuffle_calibration_samples=False)
+    else:
+        from llmcompressor.modifiers.quantization import QuantizationModifier
+
+        oneshot(model=model, recipe=QuantizationModifier(config_groups=groups, ignore=qplan.ignore))
+    remove_dispatch(model)  # llm-compressor's offloading hooks: the model is saved and used as a plain one
+    vars(model).pop("save_pretrained", None)  # and its save wrapper: gac writes the checkpoint (update_config)
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    return compressor
+
+
+def _calibration(tokenizer, cfg: QuantizeConfig):
+    from gac.data import TextConfig, calibration_windows
+
+    text = TextConfig(calib_file=cfg.calib_file, seq_len=cfg.seq_len, calib_windows=cfg.calib_windows)
+    return calibration_windows(tokenizer, text)[0]  # [n, seq_len]
+
+
+def _dataset(windows):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"input_ids": windows.tolist(), "attention_mask": [[1] * windows.shape[1]] * len(windows)})
+
+
+def quantize_report(model: str, qplan: QuantPlan, seconds: float) -> dict:
+    """quantize.json: the run's scheme, options and versions, and its plan (every linear, quantized or why not)."""
+    from gac.models.io import versions
+
+    import compressed_tensors
+    import llmcompressor
+
+    cfg = qplan.cfg
+    return {"model": str(model), "scheme": cfg.scheme, "label": cfg.label, "config": asdict(cfg), "seconds": seconds,
+            "versions": {**versions(), "compressed_tensors": compressed_tensors.__version__,
+                         "llmcompressor": llmcompressor.__version__},
+            **qplan.report()}
+
+
+def quantized_summary(report: dict) -> dict:
+    """gac_plan.json's "quantization": what the checkpoint is (quantize.json beside it has the rest)."""
+    return {k: report[k] for k in ("scheme", "label", "quantized", "unquantized")}
+
+
+def _save(loaded, model: str, out: str, report: dict, compressor, force: bool) -> Path:
+    """A gac output stays one (its structure, plan and modeling code; the plan records the quantization); any other
+    model is written as a plain Hugging Face directory. Both atomically, quantization_config in config.json."""
+    from gac.models.io import is_gac_dir, read_plan, save
+
+    files = {QUANTIZE_FILE: json.dumps(report, indent=2) + "\n"}
+    if Path(model).is_dir() and is_gac_dir(model):
+        return save(loaded.model, loaded.tokenizer, out,
+                    plan={**read_plan(model), "quantization": quantized_summary(report)},
+                    extra_files=files, force=force, finish=compressor.update_config)
+    from gac.atomic import atomic_dir
+
+    target = Path(out).resolve()
+    with atomic_dir(target, force=force) as tmp:
+        loaded.model.save_pretrained(tmp)
+        if loaded.tokenizer is not None:
+            loaded.tokenizer.save_pretrained(tmp)
+        compressor.update_config(tmp)
+        (Path(tmp) / QUANTIZE_FILE).write_text(files[QUANTIZE_FILE])
+    return target
