@@ -260,7 +260,7 @@ def quantization_of(path) -> dict | None:
         return None
     try:
         found = json.loads(config.read_text(encoding="utf-8")).get("quantization_config")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # the config reader reports a bad config
         return None
     return found if isinstance(found, dict) else None
 

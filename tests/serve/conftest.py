@@ -90,19 +90,23 @@ def int4_kernel(w4a16_dir) -> bool:
 def quantized_dirs(root, original) -> dict:
     """Quantized checkpoints served beside the others (the same engine starts): every structure gac writes (factor
     pairs, PaLU groups, a pruned width; tests.quantize.conftest.structures) at W8A8 by GPTQ and at W4A16 by round to
-    nearest, and the original at W8A8, a plain Hugging Face checkpoint served by vLLM's own class. The W4A16 one is
-    served only where vLLM's CPU build has its int4 GEMM; elsewhere it is refused before vLLM starts."""
+    nearest (and, with a pruned width the int4 kernel refuses, under --skip-unfit), and the original at W8A8, a plain
+    Hugging Face checkpoint served by vLLM's own class. The W4A16 ones are served only where vLLM's CPU build has its
+    int4 GEMM; elsewhere they are refused before vLLM starts."""
     from gac.quantize.run import quantize_dir
     from gac.quantize.schemes import QuantizeConfig
-    from tests.quantize.conftest import FAST, save_gac, structures
+    from tests.quantize.conftest import FAST, UNFIT_WIDTH, save_gac, structures
 
     source = save_gac(structures(), root / "structures")
+    unfit = save_gac(structures(UNFIT_WIDTH), root / "unfit")
     runs = {"structures-w8a8": (source, QuantizeConfig("w8a8", method="gptq", **FAST)),
             "structures-w4a16": (source, QuantizeConfig("w4a16", method="rtn", **FAST)),
+            "unfit-w4a16-skip": (unfit, QuantizeConfig("w4a16", method="rtn", skip_unfit=True, **FAST)),
             "original-w8a8": (original, QuantizeConfig("w8a8", method="rtn", **FAST))}
     dirs = {name: quantize_dir(src, root / name, cfg, progress=False).out for name, (src, cfg) in runs.items()}
     if not int4_kernel(dirs["structures-w4a16"]):
-        dirs["structures-w4a16-refused"] = dirs.pop("structures-w4a16")  # kept out of the served set
+        for name in ("structures-w4a16", "unfit-w4a16-skip"):
+            dirs[f"{name}-refused"] = dirs.pop(name)  # kept out of the served set
     return dirs
 
 

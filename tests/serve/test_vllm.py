@@ -39,7 +39,7 @@ def test_tensor_parallel_2_serves_factorized_and_pruned_models(served_tp2, serve
 
 
 QUANTIZED = {"structures-w8a8": "CPUInt8ScaledMMLinearKernel", "original-w8a8": "CPUInt8ScaledMMLinearKernel",
-             "structures-w4a16": "CPUWNA16LinearKernel"}
+             "structures-w4a16": "CPUWNA16LinearKernel", "unfit-w4a16-skip": "CPUWNA16LinearKernel"}
 
 
 @pytest.mark.parametrize("name", list(QUANTIZED))
@@ -55,7 +55,10 @@ def test_vllm_runs_every_quantized_linear_with_its_quantized_kernel(served, serv
         assert_one_error_line(p, "holds int4 (W4A16) weights, and vLLM's CPU build has its int4 GEMM")
         return
     r = served[str(serve_dirs[name])]
-    assert kernel_counts(r["kernels"]) == r["kernels_planned"] == {QUANTIZED[name]: len(r["kernels"])}
+    unfit = 2 if name == "unfit-w4a16-skip" else 0  # --skip-unfit: the pruned layer's gate_up and down, unquantized
+    assert kernel_counts(r["kernels"]) == r["kernels_planned"]
+    assert r["kernels_planned"] == {QUANTIZED[name]: len(r["kernels"]) - unfit,
+                                    **({"UnquantizedLinearMethod": unfit} if unfit else {})}
     if name.startswith("structures"):  # pairs and groups run on the quantized kernel too
         assert {"model.layers.0.self_attn.qkv_proj.q_proj.a", "model.layers.3.self_attn.qkv_proj.k_proj.b.1",
                 "model.layers.2.mlp.down_proj.b"} <= set(r["kernels"])
