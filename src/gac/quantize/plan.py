@@ -11,11 +11,12 @@ from gac.quantize.kernels import EngineLinear, KernelRule, Unfit, engine_linears
 from gac.quantize.schemes import QuantizeConfig
 
 HEAD = "lm_head"  # the output head: kept in the model's dtype, as every compressed-tensors recipe does
-# transformers 5 holds an MoE layer's experts as fused 3D parameters; llm-compressor unfuses them into one linear an
-# expert to quantize them, a layout neither transformers nor gac's saved structure reads back
-MOE_REFUSED = ("quantizing a mixture of experts is not supported yet: llm-compressor unfuses the experts into one "
-               "linear each, which transformers' fused experts and gac's saved structure do not read back; serve "
-               "this model unquantized (gac serve-check), or quantize a dense model")
+# Neither way out holds: llm-compressor quantizes experts only unfused, one linear each at the config's one width (a
+# pruned expert width breaks it), and experts left unquantized beside quantized attention are a checkpoint vLLM
+# serves but transformers' compressed-tensors loader cannot read (it takes every expert as quantized)
+MOE_REFUSED = ("quantizing a mixture of experts is not supported yet: llm-compressor quantizes experts only at the "
+               "config's one width, and with the experts left unquantized transformers cannot load the checkpoint; "
+               "serve this model unquantized (gac serve-check), or quantize a dense model")
 
 
 @dataclass
