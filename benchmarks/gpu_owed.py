@@ -1,4 +1,4 @@
-"""The GPU items owed by the CPU sessions (docs/RESULTS.md), each a step writing JSON into --out as soon as it ends:
+"""The GPU items owed by the CPU sessions (docs/results/), each a step writing JSON into --out as soon as it ends:
 
     python benchmarks/gpu_owed.py peak --out DIR -- compress --model M --device cuda ...   a gac command in-process:
         wall, peak RSS, peak CUDA memory (allocated and reserved by torch's allocator)
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 log = logging.getLogger("gpu_owed")
 
 # Llama-3-8B's projections (out, in) and the ranks keeping 85% of each weight's parameters: the compressor's own
-# (unaligned) and gac's aligned choice under the same budget (docs/RESULTS.md, GPU evidence, uniform-dims rows).
+# (unaligned) and gac's aligned choice under the same budget (docs/results/gpu-alignment.md, the uniform rows).
 PROJECTIONS = {"q/o": (4096, 4096, 1740, 1736), "k/v": (1024, 4096, 696, 696), "gate/up": (14336, 4096, 2707, 2704),
                "down": (4096, 14336, 2707, 2712)}
 PER_LAYER = {"q/o": 2, "k/v": 2, "gate/up": 2, "down": 1}

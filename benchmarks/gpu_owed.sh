@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU items the CPU sessions owe (docs/RESULTS.md), in one run on the GPU machine, within BUDGET seconds:
+# The GPU items the CPU sessions owe (figures: docs/results/), in one run on the GPU machine, within BUDGET seconds:
 #   1. decode at batch 1 against the bytes read (a dense weight against its low-rank pair);
 #   2. the layer-wise Llama-3-8B-shaped run on CUDA at the default allocation: wall and peak GPU memory;
 #   3. torch.compile (default, max-autotune-no-cudagraphs) against eager for baseline, unaligned and gac;

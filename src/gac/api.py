@@ -132,8 +132,8 @@ class CompressConfig:
     @property
     def factorization_method(self) -> str:
         """The factorization `auto` resolves to: the float64 Gram path on CUDA (cuSOLVER's SVD is slow); on a CPU the
-        float32 one where the weight's conditioning allows it (about 2x faster than LAPACK's SVD at 8B shapes),
-        else the exact SVD (gac.linalg.scaled_svd)."""
+        float32 one where the weight's conditioning allows it (faster than LAPACK's SVD at 8B shapes), else the
+        exact SVD (gac.linalg.scaled_svd)."""
         if self.factorization != "auto":
             return self.factorization
         return "gram" if str(self.device).startswith("cuda") else "gram32"

@@ -84,8 +84,8 @@ def choose(model, calib, held_back, cfg) -> tuple:
     from gac.compressors import AUTO_CANDIDATES
     from gac.hw.heap import map_large_allocations
 
-    # Each analysis frees GiBs of factors and whitened weights before the next begins; from glibc's heap those stayed
-    # resident (the embedded model: 7.66 GiB anonymous at the peak, 6.08 GiB with this; docs/RESULTS.md 2026-11-26).
+    # Each analysis frees GiBs of factors and whitened weights before the next begins; from glibc's heap those would
+    # stay resident and add up across the candidates.
     map_large_allocations()
     candidates = [_candidate(name, model, cfg) for name in AUTO_CANDIDATES]
     common = _compressible(model, [c for c in candidates if not c.skipped])

@@ -25,12 +25,9 @@ log = logging.getLogger(__name__)
 FIT_KEYS = ("saving_scale", "fit_scale", "reference_ms", "reference_predicted_saving_ms", "table_scale")
 _TIMED = ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct", "measured_speedup", "target_ms", "retimed",
           "timings")
-# a reaching model this much past the aim gets one looser round, aimed half that far past the aim: one scatter of a
-# timing (a model's measured speedup moves by 1.0% between rounds, 1 s.d.). At 2%, two of eight --compressor auto
-# loops kept round 2 at 1.3% and 1.8% past the aim, 3.5M parameters below the aim's size and 1.8 perplexity worse
-# than the loops that got a looser round (docs/RESULTS.md, 2026-11-28 01:48). A noisy timing's A/A floor does not
-# widen it: under floors of 2.2-4.8% a loop kept round 1 at 3.2% past the aim and 68.2M parameters (4M below the
-# aim's size) because two floors were counted as the timing's scatter (docs/RESULTS.md, 2026-11-28 04:17)
+# a reaching model this much past the aim gets one looser round, aimed half that far past the aim: about one scatter
+# of a timing, so that a loop does not keep a model cut deeper than the aim needs. A noisy timing's A/A floor does not
+# widen it: counted as the scatter, two floors let a disturbed loop keep a far deeper cut
 OVERSHOOT = 0.01
 # a timing whose A/A twin differs from the original by more than this was disturbed (the machine's load changed under
 # it): it is timed again, up to NOISY_RETIMES more times, and the quietest timing judges the round
@@ -186,9 +183,9 @@ class ClosedLoop:
     cfg.guard, the parameter objective's choice at the same budget is built and timed beside the knapsack's in every
     round, under its own closed loop; of the two streams' models that reach the target, the one with the lower loss
     on those windows is kept: the latency objective is then never worse than the parameter objective at the measured
-    target on calibration text, whatever the latency model's errors between the two choices (docs/RESULTS.md,
-    2026-11-24). --compressor auto compares compressors by the same loss on the same windows, so its kept model is
-    the best of every stream of every compressor it built."""
+    target on calibration text, whatever the latency model's errors between the two choices. --compressor auto
+    compares compressors by the same loss on the same windows, so its kept model is the best of every stream of every
+    compressor it built."""
 
     def __init__(self, model, compressor, units, cfg: SpeedupConfig, *, alignment: int, device: str, dtype: str,
                  windows=None, progress: bool = True):
@@ -206,9 +203,7 @@ class ClosedLoop:
         self.guarded = False  # two streams: each reaching model's held-back loss is measured
         # the baseline timed beside the models in every round: from round 1 on, their median is the reference that
         # the constant is calibrated on and residuals are rescaled to. The calibration timing alone, before the loop,
-        # can fall into a slow stretch of a shared machine (1136 ms against 850-990 ms beside the models minutes
-        # later, docs/RESULTS.md 2026-11-24), which inflated the constant by 290 ms and every step of the loop by a
-        # quarter
+        # can fall into a slow stretch of a shared machine and skew the constant and every step of the loop with it
         self.baselines: list[float] = []
 
     def predict(self) -> tuple:
@@ -369,17 +364,15 @@ class ClosedLoop:
 
     def _line_round(self, k: int, streams: list[Stream]) -> bool:
         """One more round for every stream of two rounds or more, at the budget where the line through all of its
-        timings (timing_line) crosses the aim: where a stream's rounds stepped around the aim, a model that reached
-        on its own timings was kept only if it happened to time fast, most often cut deeper than the aim needs
-        (32 loops of prune at 1.2x on one machine kept 70.7M parameters on average, 1.2M s.d., where a line through
-        all their timings crosses the aim at 72.1M; a line through each loop's own timings crossed it at 71.9M, 0.8M
-        s.d.: docs/RESULTS.md, 2026-11-28 10:21). The round is aimed half OVERSHOOT past the aim (one more timing
-        moves the refitted line by a fraction of that), solved, built and timed (again near the aim, as every round),
-        and kept when the line, refitted with it, puts it at or past the aim, its own timing at or past the target
-        itself, and (guarded) its held-back loss below the stream's kept model's. Skipped where that budget solves
-        to dims already built, or to dims of no more value than the kept model's (cut as deep), and after a line round
-        of the stream's that reached (one that fell short moves the line: the next is solved on it). False when no
-        stream had a round to build."""
+        timings (timing_line) crosses the aim: where a stream's rounds stepped around the aim, a model that reached on
+        its own timings was kept only if it happened to time fast, most often cut deeper than the aim needs; a line
+        through all of a stream's timings says more steadily where the aim lies. The round is aimed half OVERSHOOT past
+        the aim (one more timing moves the refitted line by a fraction of that), solved, built and timed (again near the
+        aim, as every round), and kept when the line, refitted with it, puts it at or past the aim, its own timing at or
+        past the target itself, and (guarded) its held-back loss below the stream's kept model's. Skipped where that
+        budget solves to dims already built, or to dims of no more value than the kept model's (cut as deep), and after
+        a line round of the stream's that reached (one that fell short moves the line: the next is solved on it). False
+        when no stream had a round to build."""
         cfg, reference_ms = self.cfg, statistics.median(self.baselines)
         choices, rows, built = {}, {}, {}
         for s in streams:
@@ -448,8 +441,7 @@ class ClosedLoop:
         # brought to the target, not one cut deeper than needed
         # a short round tightens by the measured residual, rescaled to the median of the loop's baseline timings: the
         # shortfall from the gate plus one more A/A floor, so that the next round aims beyond the gate rather than at
-        # it (aimed at the gate, a model passes a noisy timing about half the time; docs/RESULTS.md, night of
-        # 2026-11-23)
+        # it (aimed at the gate, a model passes a noisy timing about half the time)
         aim_ms = row["target_ms"] * (1.0 - row["aa_floor_pct"] / 100.0)
         # more than OVERSHOOT past the aim, whatever this timing's floor, a round is loosened to half OVERSHOOT past
         # it (kept only if that reaches beyond its own timing's floor)
@@ -465,9 +457,8 @@ class ClosedLoop:
             return
         if s.bracketed:
             # bracketed between a budget that reached (far past the aim) and a looser one that fell short: the next
-            # round halves the bracket. A step by the residual would follow one timing's noise: under timings that
-            # moved 15-20% between rounds, loops stepped from 1.15x to 1.40x and back to 1.235x (short) and kept the
-            # 1.40x model, cut deeper than needed (docs/RESULTS.md, 2026-11-27)
+            # round halves the bracket. A step by the residual would follow one timing's noise, back and forth past
+            # the aim, and could keep a model cut deeper than needed
             s.budget = 0.5 * (s.reach_ms + s.short_ms)
             log.info("%s: between a budget that reached (%.2f ms) and one that fell short (%.2f ms): next at %.2f ms",
                      s.name, s.reach_ms, s.short_ms, s.budget)

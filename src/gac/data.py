@@ -121,7 +121,7 @@ def calibration_windows(tokenizer, cfg: TextConfig):
     """(calibrating windows, the rest) [n, seq_len] and [N - n, seq_len]: every window of the calibration text
     (cfg.calib_file, or the docs' calibration part), cfg.calib_windows of them spread evenly over it. Windows spread
     over the whole text fit it less narrowly than its first pages: a compressor calibrated on them loses less on
-    text unlike it, and healing takes the docs back (docs/RESULTS.md, 2026-11-27)."""
+    text unlike it, and healing takes the docs back."""
     import torch
 
     text = read_text(cfg.calib_file, "--calib-file") if cfg.calib_file else pydoc_split()[0]

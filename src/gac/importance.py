@@ -246,7 +246,7 @@ def drawn_label_losses(logits: torch.Tensor, generator: torch.Generator) -> list
     against labels drawn from their own softmax. The squared gradients of these losses average to the Fisher of the
     model's predictive distribution, i.e. the Hessian of the KL divergence from the original's predictions: what
     healing then distils toward, and what the text's own labels (the empirical Fisher) fit to the calibration text's
-    domain (docs/RESULTS.md, 2026-11-27 13:56). The labels are drawn on the CPU (`generator` is fisher_generator's),
+    domain. The labels are drawn on the CPU (`generator` is fisher_generator's),
     whatever the logits' device: a GPU's generator draws other numbers from the same seed, so the same command
     would choose other dims on a CPU and on a GPU."""
     log_p = logits[:, :-1].reshape(-1, logits.shape[-1]).float().log_softmax(-1)  # [N, V], one for every draw

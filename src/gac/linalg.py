@@ -97,8 +97,8 @@ FACTORIZATIONS = ("svd", "gram", "gram32")
 
 # gram32 takes a weight's spectrum from a float32 eigendecomposition where that leaves the smallest eigenvalue the
 # loss curve reads (at the unit's largest rank, the break-even one) within 1% of its value: eps32 * (s_1 / s_k)^2
-# <= 1e-2, i.e. s_1 / s_k up to ~400. Measured: the embedded model's asvd weights reach 1.3e-3, an 8B-shaped random
-# one far less (docs/RESULTS.md); beyond it the exact SVD runs (after the Gram path's cost: rare, so not avoided).
+# <= 1e-2, i.e. s_1 / s_k up to ~400. Real weights stay well inside it; beyond it the exact SVD runs (after the Gram
+# path's cost: rare, so not avoided).
 GRAM32_TOLERANCE = 1e-2
 
 
@@ -110,8 +110,8 @@ def gram_svd(a: torch.Tensor, dtype: torch.dtype = torch.float64) -> tuple[torch
     at every rank r: the factors cut from it are exactly what the loss model evaluates (its P and Q hold for any
     orthonormal V), and eigh's rounding only moves V_r's span from the optimal one (relative error
     ~ eps * (s_1 / s_r)^2 in the r-th eigenvalue). eigh of the [k, k] Gram matrix (k = min(m, n)) is much faster
-    than cuSOLVER's SVD on a GPU, and in float32 about 2x faster than LAPACK's SVD on a CPU at Llama-3-8B's shapes
-    (docs/RESULTS.md). Returned in a's dtype."""
+    than cuSOLVER's SVD on a GPU, and in float32 faster than LAPACK's SVD on a CPU at Llama-3-8B's shapes. Returned
+    in a's dtype."""
     x = a.to(dtype)
     tall = x.shape[0] >= x.shape[1]
     y = x if tall else x.T  # [max(m, n), k]
@@ -164,7 +164,7 @@ def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: 
 
 def tall_svd(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Thin SVD (U, S, Vh) of a [m, n], taken on the tall one of a and a^T: on a CPU LAPACK's SVD of a wide matrix
-    costs 2.6x what its transpose's does (docs/RESULTS.md; Llama's k, v and down projections are wide)."""
+    costs several times what its transpose's does (Llama's k, v and down projections are wide)."""
     if a.shape[0] >= a.shape[1]:
         return torch.linalg.svd(a, full_matrices=False)
     V, S, Uh = torch.linalg.svd(a.T, full_matrices=False)  # a^T = V S U^T

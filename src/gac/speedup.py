@@ -26,26 +26,23 @@ class SpeedupConfig:
     batch: int = 1
     seq: int = 512  # prefill tokens per sequence, or the decode KV-cache length
     rounds: int = 4  # closed-loop rounds at most (solve, build, time) while a stream steps by its measured residual
-    # rounds past `rounds` that a bracketed stream may still halve its bracket in: four rounds typically bracket the
-    # aim in round 2 and halve it twice, and four loops on one machine then kept 68.9-71.6M parameters, +0.38 to
-    # +0.45 nats, the end decided by one timing at the gate (docs/RESULTS.md, 2026-11-27 20:23)
+    # rounds past `rounds` that a bracketed stream may still halve its bracket in: within `rounds` alone the end of a
+    # bracketed loop hangs on one timing at the gate
     halvings: int = 2
     # after the rounds, up to this many more per stream, each at the budget where a line through all of its timings
     # crosses the aim, until one reaches (gac.closed_loop.ClosedLoop._line_round); 0: none
     line_rounds: int = 2
     # a round's timing within this share of its gate (the screen's or the confirmation's), either side, is timed once
-    # more and the gate judged on both timings pooled: one timing decided which model a loop kept, twice missing a
-    # gate by 0.06-0.07%, and the kept models of eight loops spanned 70.0-72.5M parameters and 21.1-22.2 perplexity
-    # (docs/RESULTS.md, 2026-11-27 23:03); 0: one timing judges
+    # more and the gate judged on both timings pooled, so that one timing's scatter does not decide which model a
+    # loop keeps; 0: one timing judges
     gate_band: float = 0.01
     timing_rounds: int = 10  # interleaved calls per model and closed-loop round
     profile_repeats: int = 11  # timed calls per swept dim of the latency tables
     param_cap: float | None = None  # keep at most this share of the compressible groups' original parameters
     guard: bool = True  # build the parameter objective's choice beside the knapsack's; keep the better reaching one
     whole_heads: bool = False  # the knapsack keeps attention head groups whole (the guard's choice may prune them)
-    # the loop aims at speedup * (1 + margin): a fixed model's measured speedup moves by 2-3% between runs on a
-    # shared machine, more than the A/A floor of any one run shows (docs/RESULTS.md, 2026-11-25), and a model kept
-    # at the target itself measured up to 1.9% short when timed again later
+    # the loop aims at speedup * (1 + margin): a fixed model's measured speedup drifts between runs by more than the
+    # A/A floor of any one run shows, so a model kept at the target itself can measure short when timed again
     margin: float = 0.03
     # how the closed loop measures: the real timer, op sweeps and loss unless a caller (a test) injects stand-ins
     # (every timing of the loop journaled: replayed where this machine timed the same models before)
@@ -95,13 +92,11 @@ class SpeedupConfig:
         return None if self.param_cap is None else math.floor(self.param_cap * compressible)
 
 
-# Compressors whose attention heads the latency knapsack keeps whole under --speedup unless a head mode is given
-# (docs/RESULTS.md, 2026-11-23): per millisecond, heads are cheap to remove (a KV group's projections and its share
-# of SDPA), so the knapsack spends its budget on them, and taylor's head importance understates what a head costs in
-# perplexity: at equal measured speed prune lost 4-132% against the parameter objective with heads, and was no worse
-# without them. The analysis keeps the compressor's own head mode, so the guard's parameter objective prunes heads
-# as `--ratio` does and the kept model is compared against that (2026-11-24: prune's --ratio with heads was 16.6%
-# better at 1.3x than the guard's twin without). `--head-mode group` lets the knapsack prune heads too.
+# Compressors whose attention heads the latency knapsack keeps whole under --speedup unless a head mode is given:
+# per millisecond, heads are cheap to remove (a KV group's projections and its share of SDPA), so the knapsack would
+# spend its budget on them, and taylor's head importance understates what a head costs in perplexity. The analysis
+# keeps the compressor's own head mode, so the guard's parameter objective prunes heads as `--ratio` does and the kept
+# model is compared against that. `--head-mode group` lets the knapsack prune heads too.
 WHOLE_HEADS = ("prune",)
 
 

@@ -2,10 +2,9 @@
 
 LAPACK's SVD and eigendecomposition spend about half their time in memory-bound matrix-vector steps that gain little
 from a second core, and their multi-threaded steps synchronize often: on a machine whose cores are shared, two
-threads waiting on each other lose most of their time slices (two 2048 x 2048 SVDs on this 2-core machine with
-other work running: 251 s with two threads each, one after the other, 20 s side by side on one thread each,
-docs/RESULTS.md). One weight per worker thread, each kernel single-threaded, keeps every core busy either way;
-on more cores each worker gets its share of the intra-op threads."""
+threads waiting on each other lose most of their time slices. One weight per worker thread, each kernel
+single-threaded, keeps every core busy either way; on more cores each worker gets its share of the intra-op
+threads."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ def workers(items: int | None = None, device: str | torch.device = "cpu") -> int
     """How many weights map_side_by_side works on at once: WORKERS, fewer with fewer intra-op threads or items; one
     on a GPU, which spreads each kernel over all its cores already. There, host threads side by side also race CUDA's
     lazily loaded linear-algebra library: the second thread's first `eigh` fails with "lazy wrapper should be called
-    at most once" (torch 2.11, an H100, 2026-11-26)."""
+    at most once"."""
     if torch.device(device).type != "cpu":
         return 1
     n = min(WORKERS, torch.get_num_threads())
@@ -48,8 +47,8 @@ def map_side_by_side(fn: Callable, items: Iterable, *, cost: Callable | None = N
     called after each item (a progress bar's update). device: where fn's kernels run (see workers()).
 
     cost(item): its work, relative to the others'. The costliest start first (longest processing time first), so
-    the last to start is a small one and the workers finish together: an 8B-shaped layer's SVDs in order q, k, v, o,
-    gate, up, down left one worker alone on down's for its last 40 s (docs/RESULTS.md, 2026-11-26)."""
+    the last to start is a small one and the workers finish together (in the layer's own order the largest SVD, down's,
+    would start last and leave one worker alone with it)."""
     items = list(items)
     n = workers(len(items), device)
     if n == 1:

@@ -154,7 +154,7 @@ def test_asvd_default_alpha_whitens_independent_channels():
     """Why asvd's default alpha is 1: for inputs whose channels are independent, mean|x| is proportional to each
     channel's standard deviation, so W diag(mean|x|) is W whitened and its truncated SVD is the rank-r factorization
     of least output error E||(W - W_r) x||^2 (the optimum SVD-LLM's full whitening reaches); ASVD's own 0.5 stays short
-    of it. (On the embedded model alpha 1 beat 0.25-2 on every text: docs/RESULTS.md, 2026-11-28 16:11.)"""
+    of it. (The sweep on the embedded model: docs/results/allocation.md.)"""
     from types import SimpleNamespace
 
     from gac.compressors.asvd import ASVDConfig

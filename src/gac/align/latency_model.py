@@ -109,8 +109,8 @@ class LatencyModel:
         """The model calibrated on two whole-model timings taken side by side: the original (`baseline_ms`) and a
         reference model with the groups at `reference` dims ({group: dim}). The tables are scaled so that the
         reference's predicted saving is the measured one, then the constant set as `calibrated` sets it. Isolated
-        kernel sweeps need not time an op as the model runs it (caches, threads, another day's machine speed): on
-        one 2-core Xeon they under-predicted every saving by a fifth (docs/RESULTS.md, 2026-11-25). A scale outside
+        kernel sweeps need not time an op as the model runs it (caches, threads, another day's machine speed), and
+        may under-predict every saving alike. A scale outside
         [MIN_FIT, MAX_FIT] (a timing spike, a reference that saves nothing) is not trusted: the tables stay. Where
         the fitted groups add up to more than the original, `calibrated` scales them down again (meta
         table_scale), as it does unfitted tables."""

@@ -14,10 +14,10 @@ from gac.importance import LOWRANK_IMPORTANCE, check_proxy
 
 @dataclass(frozen=True)
 class ASVDConfig:
-    alpha: float = 1.0  # the scaling exponent: 1 whitens independent input channels (ASVD uses 0.5; 1 is better
-    # on every text here, docs/RESULTS.md 2026-11-28 16:11); 0 is plain SVD
-    # "output": gac's loss model (compressors/loss_model.py, docs/RESULTS.md: ppl 25 at 0.15); a proxy name scales the
-    # scaled spectral energy instead (fisher: ppl 56); None: measured sensitivity
+    alpha: float = 1.0  # the scaling exponent: 1 whitens independent input channels (ASVD uses 0.5, which
+    # measured worse); 0 is plain SVD
+    # "output": gac's loss model (compressors/loss_model.py), the best allocation measured; a proxy name scales the
+    # scaled spectral energy instead; None: measured sensitivity
     importance: str | None = "output"
 
     def __post_init__(self):

@@ -30,8 +30,8 @@ def truncation_factors(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, scale
     scale: None, [in] (W S = W diag(scale)) or [in, in] lower-triangular (W S = W @ scale).
     gram: C = E[x x^T] (or a multiple of it: Q scales alike), as the inputs' rows or their [in, in] sum.
     out_fisher: f [out] (None: every output channel counts 1, i.e. the plain output error)."""
-    # float64 throughout: a whitening transform is ill-conditioned and its Q ~ I comes from cancellation (the
-    # figures in docs/RESULTS.md were measured this way; float32 would do for a diagonal transform on an accelerator).
+    # float64 throughout: a whitening transform is ill-conditioned and its Q ~ I comes from cancellation (float32
+    # would do for a diagonal transform on an accelerator).
     dtype = torch.float64
     if scale is None:
         A = Vh.to(dtype)

@@ -14,8 +14,8 @@ from gac.linalg import whiten
 
 @dataclass(frozen=True)
 class SVDLLMConfig:
-    # "output": gac's loss model (compressors/loss_model.py, docs/RESULTS.md: ppl 16.8 at 0.15); a proxy name scales the
-    # whitened spectral energy instead (fisher: ppl 18.5); None: measured sensitivity
+    # "output": gac's loss model (compressors/loss_model.py), the best allocation measured; a proxy name scales the
+    # whitened spectral energy instead; None: measured sensitivity
     importance: str | None = "output"
 
     def __post_init__(self):

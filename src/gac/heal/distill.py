@@ -16,8 +16,8 @@ from tqdm.auto import tqdm
 from gac.errors import GacError
 
 log = logging.getLogger(__name__)
-# the --heal-tokens budget: 96 steps of 2 x 512 tokens, sized to 15 minutes on a 2-core CPU with native bf16 (23-25
-# minutes where it runs fp32: docs/RESULTS.md)
+# the --heal-tokens budget: 96 steps of 2 x 512 tokens, sized to a quarter of an hour on a small CPU with native bf16
+# (longer where it runs fp32)
 DEFAULT_TOKENS = 98304
 PRECISIONS = ("auto", "bf16", "fp32")
 TRAINED = ("all", "changed")  # --heal-train: which of the decoder's tensors healing trains
@@ -34,15 +34,15 @@ class DistillConfig:
     batch: int = 2  # windows per step
     hidden_weight: float = 0.0  # weight of the hidden-state matching term (--hidden-weight); 0: logits only
     ce_weight: float = 0.5  # --ce-weight: weight of the cross-entropy on the healing text's own next tokens beside
-    # the KL (the student's target: the original's distribution and the text's token, 1 : ce_weight); at 96 steps 0.5
-    # healed asvd at 0.15 further on every text than the KL alone at 128 (docs/RESULTS.md); 0: the KL alone
+    # the KL (the student's target: the original's distribution and the text's token, 1 : ce_weight): it heals
+    # further on every text than the KL alone at a larger budget; 0: the KL alone
     eval_every: int = 16  # steps between held-out evaluations
     patience: int = 2  # evaluations without improvement before stopping early
     backoff: float = 0.25  # at an evaluation without improvement: the best tensors back, the lr times this
     warmup: float = 0.1  # share of the steps the learning rate warms up over
     seed: int = 0
-    train: str = "all"  # --heal-train: "all" (every decoder tensor) or "changed" (trainable_parameters); "all" healed
-    # asvd and svd_llm further on the docs, "changed" takes faster steps (figures: docs/RESULTS.md)
+    train: str = "all"  # --heal-train: "all" (every decoder tensor) or "changed" (trainable_parameters); "all" heals
+    # further on the docs, "changed" takes faster steps
     precision: str = "auto"  # --heal-precision: matmuls in bf16 (weights, optimizer and loss in fp32) or fp32;
     # auto: bf16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else fp32
 
@@ -211,9 +211,9 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
     dtype = cfg.compute_dtype(device)
     if cfg.precision == "auto" and dtype == torch.float32 and device.type == "cpu":
         log.info("healing in float32: this CPU has no native bf16 (AVX512-BF16 or AMX), with which a step runs 1.8x "
-                 "faster (docs/RESULTS.md); --heal-tokens sets the budget")
+                 "faster (docs/results/healing.md); --heal-tokens sets the budget")
     best = held_out_loss(student.eval(), teacher, val, cfg.batch, dtype, cfg.ce_weight)
-    # fused: one kernel for all tensors, a sixth of foreach's time a step on the 2-core CPU (90M parameters)
+    # fused: one kernel for all tensors, a fraction of foreach's time a step
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, steps, cfg.warmup))
     gen = torch.Generator().manual_seed(cfg.seed)

@@ -26,7 +26,7 @@ class HealConfig:
     heal_file: str | None = None  # training text; None: the calibration docs and the standard library's sources
     unlike_file: str | None = None  # the text unlike the calibration text; None: gac.data.unlike_texts()
     samples: int = 0  # --heal-samples: windows sampled from the original beside the healing text (0: none; off by
-    # default, since on the embedded model they cost minutes for no clear gain: docs/RESULTS.md, 2026-11-26)
+    # default, since sampling costs minutes for no clear gain)
     text: TextConfig = TextConfig()  # seq_len, eval_file and eval_windows (the calibration fields are unused)
     distill: DistillConfig = field(default_factory=DistillConfig)
     device: str = "cpu"

@@ -17,7 +17,7 @@ VAL_WINDOWS = 2  # windows of the healing text set aside for early stopping (nev
 MIN_TRAIN_WINDOWS = 4  # fewer left to train on is refused
 OVERLAP_TOKENS = 32  # a training window sharing a run this long with an evaluation window is dropped
 SOURCES_SHARE = 1.0  # the default healing text: the docs' calibration part and this many times its tokens of the
-# standard library's sources, which heal the texts unlike the docs further (docs/RESULTS.md, 2026-11-27)
+# standard library's sources, which heal the texts unlike the docs further
 
 
 @dataclass

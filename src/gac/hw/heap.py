@@ -30,8 +30,8 @@ def map_large_allocations(threshold: int = LARGE_ALLOCATION) -> bool:
     mallopt(M_MMAP_THRESHOLD)), for the rest of the process (timing_heap lifts it while models are timed). glibc's
     default threshold is dynamic: each freed mmapped block raises it (up to 32 MiB), after which layer-sized tensors
     are carved from the heap, whose freed blocks stay resident and fragment; the layer-by-layer peak then crept up
-    with depth (measured on width 1024: 1150 MiB at 16 layers, 1079 MiB at 4; with a fixed threshold 892 MiB at 16,
-    flat over the layers). Returns whether it was set (False off glibc)."""
+    with depth (with a fixed threshold it stays flat over the layers). Returns whether it was set (False off
+    glibc)."""
     libc = _glibc()
     if libc is None or not libc.mallopt(M_MMAP_THRESHOLD, threshold):
         return False
@@ -44,9 +44,7 @@ def timing_heap() -> Iterator[None]:
     """While models are timed, allocations below glibc's largest dynamic threshold come from the heap and stay there
     when freed, as in a process that never called map_large_allocations; after, the threshold it set is back and the
     freed heap goes to the OS. With every activation of a megabyte or more mapped and unmapped anew, each forward
-    pass pays its page faults: the embedded model's prefill 1x512 timed 690-830 ms inside --compressor auto's prune
-    loop and in a prune run under the same threshold, against 520-565 ms without it or with this, and the speedups
-    measured there moved with it (docs/RESULTS.md, 2026-11-27 20:23)."""
+    pass pays its page faults, and a model timed under that threshold measures a slower machine than a user runs."""
     libc = _glibc() if _mapped else None
     if libc is None:
         yield

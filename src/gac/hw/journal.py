@@ -1,12 +1,12 @@
-"""Whole-model timings recorded once per machine and replayed: `--speedup`'s closed loop decides which model to keep
-by timings that scatter 1-2% between runs on a shared CPU, so two runs of the same command (or `--compressor auto`
-and the single run of the compressor it keeps) followed different rounds to different models (36 runs of one
-command on one machine kept 67.2-73.1M parameters: docs/RESULTS.md, 2026-11-28). Keyed by the timed models' shapes (what their latency depends on), the phase, shape,
-timing rounds and threads, the n-th timing of the same models in a loop replays the n-th one recorded; a timing
-not recorded is measured and appended. So a run repeats the decisions of the first run on this machine: the same
-command keeps the same model, and a loop that meets a model an earlier run timed reads its figures. `--retime` (or
-TimingJournal(replay=False)) measures every timing afresh and records it over the earlier ones, as `gac profile
---force` re-sweeps. The file is $GAC_CACHE_DIR/timings/<device>-<dtype>-torch<version>.json, beside the sweeps."""
+"""Whole-model timings recorded once per machine and replayed: `--speedup`'s closed loop decides which model to keep by
+timings that scatter between runs on a shared CPU, so two runs of the same command (or `--compressor auto` and the
+single run of the compressor it keeps) followed different rounds to different models. Keyed by the timed models' shapes
+(what their latency depends on), the phase, shape, timing rounds and threads, the n-th timing of the same models in a
+loop replays the n-th one recorded; a timing not recorded is measured and appended. So a run repeats the decisions of
+the first run on this machine: the same command keeps the same model, and a loop that meets a model an earlier run timed
+reads its figures. `--retime` (or TimingJournal(replay=False)) measures every timing afresh and records it over the
+earlier ones, as `gac profile --force` re-sweeps. The file is
+$GAC_CACHE_DIR/timings/<device>-<dtype>-torch<version>.json, beside the sweeps."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ MAX_HEAD_DIM = 1024  # above any model's attention head (usually 64-256); catche
 CUDA_CHUNK = 32  # dims timed round-robin together on CUDA, each with input sets over twice the L2
 # How a sweep lays out its operands, recorded in the profile; the caches measure again a sweep made another way.
 # 2: on CPU too, a chunk's input sets together exceed twice the last-level cache (1: one set per dim on CPU, which
-# read decode GEMVs 1.44-1.55x faster than from memory on a 480 MiB-L3 Xeon, docs/RESULTS.md 2026-11-25)
+# timed decode GEMVs from cache, faster than the model runs them from memory)
 SWEEP_METHOD = 2
 CPU_ROTATION_CAP = 2 << 30  # bytes of input sets per chunk at most on CPU, whatever cache size the host reports
 # Bytes of input sets (copies included) a chunk holds at most, one dim at least: an MoE layer's experts are up to GiBs
@@ -136,7 +136,7 @@ class SweepSpec:
 
     @classmethod
     def quick(cls, m: int = 1024) -> SweepSpec:
-        """About 10 s on an idle 2-core CPU: dims 96..128 at M=m and M=1, K=N=1024, head dims 64..128 step 8."""
+        """Seconds on a small CPU: dims 96..128 at M=m and M=1, K=N=1024, head dims 64..128 step 8."""
         return cls(dims=tuple(range(96, 129)), head_dims=tuple(range(64, 129, 8)), m_values=(m, 1), repeats=15)
 
     def to_json(self) -> dict:

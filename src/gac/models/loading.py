@@ -34,8 +34,8 @@ def embedded_gguf(alias: str) -> Path:
 @functools.lru_cache(maxsize=4)
 def _gguf_config(where: str, gguf_file: str, stamp: tuple):
     """The config in a GGUF file's metadata, read once a process while the file is unchanged (stamp: its size and
-    mtime): the metadata holds the whole vocabulary, and reading it takes seconds (9 s for the embedded model on a
-    2-core CPU), so the memory forecast and the loader share one read."""
+    mtime): the metadata holds the whole vocabulary, and reading it takes seconds, so the memory forecast and the
+    loader share one read."""
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(where, gguf_file=gguf_file)
@@ -168,10 +168,9 @@ def _copy_dir(alias: str, gguf: Path, dtype) -> Path:
 
 def _load_embedded(alias: str, torch_dt) -> LoadedModel:
     """The embedded model: from its GGUF the first time, then from the transformers directory (safetensors, config,
-    tokenizer) that first load wrote (embedded_copy). Reading the GGUF takes about 50 s on a 2-core CPU, since
-    transformers parses its metadata, the whole vocabulary, four times; the copy loads in seconds, the same tensors
-    to the bit (docs/RESULTS.md, 2026-11-29 19:28). A copy that does not load is replaced; one that cannot be
-    written costs only the time."""
+    tokenizer) that first load wrote (embedded_copy). Reading the GGUF is slow, since transformers parses its
+    metadata, the whole vocabulary, several times; the copy loads in seconds, the same tensors to the bit. A copy
+    that does not load is replaced; one that cannot be written costs only the time."""
     from gac.atomic import atomic_dir
 
     gguf = embedded_gguf(alias)

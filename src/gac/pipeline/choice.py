@@ -123,7 +123,7 @@ def plan_memory(cfg) -> PipelineChoice:
     """The pipeline of a CompressConfig: forced by --layerwise / --whole-model (cfg.layerwise True / False) or
     --speedup (the whole model, timed on the device), else choose_pipeline from the whole-model forecast and the
     memory available (available_memory). A layer-wise forecast beyond --max-memory is refused before any work;
-    beyond the memory detected it is a warning (the forecast is above measured peaks by up to a quarter)."""
+    beyond the memory detected it is a warning (the forecast errs above measured peaks)."""
     forced = {True: "layerwise", False: "whole"}.get(cfg.layerwise)
     from gac.compressors import AUTO
 

@@ -23,7 +23,7 @@ the factorizations (factorization_cost: LAPACK's SVD, or the Gram path's product
 the loss model's and the statistics' float64 products (loss_model_flops, X^T X once rows outnumber an input's
 columns) at FP64_SHARE of it. `--compressor auto`: each kind of pass once, every candidate's own work, and the
 built candidates' factorizations once more (_auto_forecast). Rough by design: within a few tens of per cent
-(docs/RESULTS.md compares it with measured peaks and times)."""
+(docs/results/layerwise-8b.md compares it with measured peaks and times)."""
 
 from __future__ import annotations
 
@@ -38,11 +38,10 @@ from gac.threads import workers
 
 log = logging.getLogger(__name__)
 GIB = 2**30
-RUNTIME_BYTES = int(0.6 * GIB)  # python + torch + transformers + tokenizer, measured on this CPU
-# rates relative to the measured float32 matmul rate, fitted on this 2-core CPU to an 8B-shaped layer of the current
-# code (2026-11-26, alone on the machine, matmul rate 190 GFLOP/s): its 7 SVDs (1.04e13 "12 m n k" FLOPs) in 80.5 s
-# side by side; by the float32 Gram path, 7.28e12 FLOPs in 43.5 s; the loss model's 1.83e12 float64 FLOPs in 24.1 s
-# (docs/RESULTS.md)
+RUNTIME_BYTES = int(0.6 * GIB)  # python + torch + transformers + tokenizer, as measured on a CPU
+# rates relative to the measured float32 matmul rate, fitted on an 8B-shaped layer timed alone: LAPACK's SVDs side by
+# side, the float32 Gram path, and the loss model's float64 products each run below the matmul rate
+# (the fit: docs/results/layerwise-8b.md)
 SVD_SHARE = 0.68
 GRAM32_SHARE = 0.88
 FP64_SHARE = 0.40
@@ -249,7 +248,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
 def factorization_cost(o: int, i: int, method: str) -> tuple[int, float]:
     """(FLOPs, their rate as a share of the float32 matmul rate) of factorizing one [o, i] weight, k = min(o, i):
     LAPACK's SVD, ~12 o i k; the Gram path (gac.linalg.gram_svd), the Gram matrix and a V (2 max(o, i) k^2 each) and
-    eigh (~11 k^3, measured on this CPU), in float32 (gram32, presumed to hold for every weight) or float64 (gram)."""
+    eigh (~11 k^3, as measured), in float32 (gram32, presumed to hold for every weight) or float64 (gram)."""
     k = min(o, i)
     if method == "svd":
         return 12 * o * i * k, SVD_SHARE
@@ -336,7 +335,7 @@ def _auto_forecast(forecasts: list[Forecast]) -> Forecast:
     if heaviest.pipeline != "whole":
         return timed
     # the whole model: auto holds a second built candidate beside the first, its built model and the copy its
-    # held-back pass measures, and its factors (measured: docs/RESULTS.md 2026-11-26, 6.08 GiB anonymous)
+    # held-back pass measures, and its factors
     extra = max(f.parts[BUILT_COPY] + f.parts[FACTORS] for f in forecasts if f is not heaviest)
     parts = {**heaviest.parts, "a second built candidate (auto)": extra}
     return replace(timed, peak_bytes=heaviest.peak_bytes + extra, parts=parts)
