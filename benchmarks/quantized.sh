@@ -20,9 +20,10 @@ compress() { [ -d "$B/$1" ] || timed $GAC compress "${@:2}" --out "$B/$1" --quie
 if step models; then
   [ -d "$B/smollm2" ] || timed $GAC export smollm2-135m --format hf --out "$B/smollm2" --quiet
   compress asvd --compressor asvd --ratio 0.15                            # the main job: ranks % 8
-  compress asvd-w4a16t --compressor asvd --ratio 0.15 --target vllm:w4a16
-  compress prune-w4a16t --compressor prune --ratio 0.15 --target vllm:w4a16
-  compress prune --compressor prune --ratio 0.15                          # widths % 8, not all % 32
+  # the quality step measures the others' perplexities
+  compress asvd-w4a16t --compressor asvd --ratio 0.15 --target vllm:w4a16 --no-eval
+  compress prune-w4a16t --compressor prune --ratio 0.15 --target vllm:w4a16 --no-eval
+  compress prune --compressor prune --ratio 0.15 --no-eval                # widths % 8, not all % 32
 fi
 if step heal; then
   for m in asvd-w4a16t prune-w4a16t; do
