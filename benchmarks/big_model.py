@@ -27,8 +27,8 @@ def write_random_model(config_dir: str, out: Path, *, dtype: str = "bfloat16", l
     from tqdm.auto import tqdm
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from gac.checkpoint.sharded import ShardWriter
     from gac.models.adapters import adapter_for
-    from gac.models.sharded import ShardWriter
     from tests.conftest import tiny_tokenizer
 
     config = AutoConfig.from_pretrained(config_dir)

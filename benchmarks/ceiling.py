@@ -71,10 +71,11 @@ def main() -> None:
 
 
 def run(args) -> None:
+    from gac.checkpoint.loading import load_model
     from gac.compressors import make_compressor
     from gac.models.groups import linears_of
-    from gac.models.loading import load_model
-    from gac.speedup import SpeedupConfig, parse_shape, time_beside
+    from gac.objectives.latency.config import SpeedupConfig, parse_shape
+    from gac.objectives.latency.steps import time_beside
 
     batch, seq = parse_shape(args.shape)
     model = load_model(args.model, dtype=args.dtype, device=args.device).model

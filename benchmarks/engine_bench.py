@@ -44,14 +44,16 @@ def build(args) -> Path:
     """Variants (one calibration, one analysis), f16 GGUFs, quantized GGUFs with their type reports."""
     import dataclasses
 
-    from gac.align.select import select_within_budget
     from gac.align.targets import get_target
-    from gac.api import CompressConfig, analyze_and_select, materialize_variants
-    from gac.data import TextConfig, load_windows
+    from gac.api import CompressConfig
+    from gac.calibration.texts import TextConfig, load_windows
+    from gac.checkpoint.gac_dir import LoadedModel
+    from gac.checkpoint.loading import load_model
     from gac.export.export import write_f16
     from gac.export.quantize import quantize, tensor_types, type_report
-    from gac.models.io import LoadedModel
-    from gac.models.loading import load_model
+    from gac.objectives import select_dims
+    from gac.objectives.parameter import select_within_budget
+    from gac.pipelines.whole_model import analyze, materialize_variants
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -60,7 +62,7 @@ def build(args) -> Path:
     calib, held_out = load_windows(loaded.tokenizer, text)
     t0 = time.time()
     cfg = CompressConfig(compressor="prune", ratio=args.ratio, target=TARGETS[-1], progress=False, text=text)
-    sel = analyze_and_select(loaded.model, calib, cfg)
+    sel = select_dims(loaded.model, analyze(loaded.model, calib, cfg), cfg)
     dims = {"unaligned": sel.dims["unaligned"], f"gac {TARGETS[-1]}": sel.dims["gac"]}  # cfg's target
     for t in TARGETS[:-1]:
         chosen = select_within_budget(sel.units, sel.dims["unaligned"], sel.budget, alignment=8, window=1,

@@ -1,6 +1,6 @@
-"""Seconds per weight of the factorizations (gac.linalg.scaled_svd: "svd", "gram" in float64, "gram32" in float32) at
-Llama-3-8B's shapes, on this machine's CPU, with an ASVD-style per-channel scale; and how far each Gram spectrum is
-from the SVD's.
+"""Seconds per weight of the factorizations (gac.compressors.linalg.scaled_svd: "svd", "gram" in float64, "gram32" in
+float32) at Llama-3-8B's shapes, on this machine's CPU, with an ASVD-style per-channel scale; and how far each Gram
+spectrum is from the SVD's.
 
     python benchmarks/factorization_speed.py [--shapes 4096x4096 4096x14336] [--repeats 1]
 """
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from gac.linalg import FACTORIZATIONS, scaled_svd
+from gac.compressors.linalg import FACTORIZATIONS, scaled_svd
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("model", help="the model the GGUF was exported from (a gac output or HF directory)")
     p.add_argument("gguf")
     p.add_argument("--out", help="also write the figures here (JSON)")
-    p.add_argument("--windows", type=int, default=2, help="held-out windows (gac.data) [default: 2]")
+    p.add_argument("--windows", type=int, default=2, help="held-out windows (gac.calibration.texts) [default: 2]")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per window [default: 128]")
     p.add_argument("--greedy", type=int, default=32, help="greedy tokens per prompt [default: 32]")
     p.add_argument("--threads", type=int, default=2)
@@ -43,9 +43,9 @@ def main(argv=None) -> dict:
     import numpy as np
     import torch
 
-    from gac.data import TextConfig, load_windows
+    from gac.calibration.texts import TextConfig, load_windows
+    from gac.checkpoint.loading import load_model
     from gac.export.engine import EngineConfig, logits, open_gguf
-    from gac.models.loading import load_model
 
     loaded = load_model(args.model, dtype="float32", device="cpu")
     model, tok = loaded.model.eval(), loaded.tokenizer

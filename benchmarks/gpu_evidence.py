@@ -5,7 +5,7 @@ Runs from the checkout with no install and no network (the GPU machine has torch
 gguf nor the embedded model: every model here is built from a config with random weights; latency depends only on
 shapes). Each step writes its results into --out as soon as it ends, so a run cut off at its limit still returns
 what it finished. benchmarks/gpu_evidence.sh runs the steps, each under its own `timeout`; `--tiny` runs the same
-steps at toy sizes on a CPU in well under 3 minutes (tests/test_gpu_evidence.py does).
+steps at toy sizes on a CPU in well under 3 minutes (tests/benchmarks/test_gpu_evidence.py does).
 
     python benchmarks/gpu_evidence.py env --out DIR --phase before
     python benchmarks/gpu_evidence.py sweeps --out DIR [--tiny]
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout without installing
 
-from gac.atomic import write_text
+from gac.io.atomic import write_text
 
 log = logging.getLogger("gpu_evidence")
 
@@ -267,7 +267,7 @@ def uniform_allocation(ratio: float):
 def _offload_factors(units) -> None:
     """Move every unit's SVD to host memory: at 8B shapes they hold ~39 GB in fp32 and the two compressed copies
     still have to fit on the GPU. Cutting factors from host tensors is cheap (slicing and scaling)."""
-    from gac.linalg import ScaledSVD
+    from gac.compressors.linalg import ScaledSVD
 
     for u in units:
         s = getattr(u, "svd", None)
@@ -322,13 +322,15 @@ def layer_params(model) -> int:
 
 
 def compress_variants(model, preset: str, compressor_name: str, args, stages: Stages, dims_path: Path) -> tuple:
-    """(variants, info): gac's own pipeline (analyze_and_select + materialize_variants) on random-token
+    """(variants, info): gac's own pipeline (analyze, select_dims, materialize_variants) on random-token
     calibration, the dims saved to `dims_path` right after selection; or, with --reuse-dims and a saved entry,
     shape-only variants from those dims."""
     import torch
 
-    from gac.api import CompressConfig, analyze_and_select, materialize_variants
+    from gac.api import CompressConfig
     from gac.compressors import make_compressor
+    from gac.objectives import select_dims
+    from gac.pipelines.whole_model import analyze, materialize_variants
 
     saved = json.loads(dims_path.read_text()) if dims_path.exists() else {}
     cfg = CompressConfig(model=f"random-{preset}", compressor=compressor_name, ratio=args.ratio,
@@ -346,7 +348,7 @@ def compress_variants(model, preset: str, compressor_name: str, args, stages: St
         compressor.allocate = uniform_allocation(args.ratio)
     g = torch.Generator().manual_seed(args.seed + 1)
     calib = torch.randint(0, model.config.vocab_size, (args.calib_windows, args.seq_len), generator=g)  # [n, S]
-    selected = analyze_and_select(model, calib, cfg, compressor)
+    selected = select_dims(model, analyze(model, calib, cfg, compressor), cfg)
     stages.done(f"{compressor_name}: calibrate + analyze + select")
     entry = {"compressor": compressor_name, "options": cfg.compressor_options, "allocation": args.allocation, "factorization": cfg.factorization_method,
              "calibration": f"{args.calib_windows} x {args.seq_len} random tokens",

@@ -37,7 +37,7 @@ TINY_PROJECTIONS = {"q/o": (256, 256, 107, 104), "k/v": (64, 256, 43, 40), "gate
 
 
 def _dump(out: Path, name: str, record) -> None:
-    from gac.atomic import write_text
+    from gac.io.atomic import write_text
 
     write_text(out / name, json.dumps(record, indent=1, default=str))
 

@@ -69,8 +69,8 @@ left=$(( deadline - $(date +%s) - 80 ))
 step compile 400 "$py" benchmarks/gpu_owed.py compile --out "$work" --budget-s $(( left > 30 ? left - 30 : 1 )) \
   "${small[@]}" ${COMPILE:-}
 if [ $tiny = 0 ]; then
-  step gpu-tests 90 "$py" -m pytest -q -p no:cacheprovider -m gpu -o addopts="" tests/pipeline/test_device.py tests/hw \
-    tests/test_importance.py tests/cli/test_profile_cli.py
+  step gpu-tests 90 "$py" -m pytest -q -p no:cacheprovider -m gpu -o addopts="" tests/pipelines/test_device.py tests/hw \
+    tests/calibration/test_importance.py tests/cli/test_profile_cli.py
   pareto=(--model random-smollm2 --device cuda --dtype bfloat16 --timing-rounds 20 --calib-windows 8)
 else
   pareto=(--model random-tiny --timing-rounds 3 --calib-windows 2)

@@ -17,11 +17,11 @@ import time
 
 
 def main() -> None:
+    from gac.checkpoint.gac_dir import load, read_plan
+    from gac.checkpoint.loading import load_model
     from gac.heal.distill import DistillConfig, distill
     from gac.heal.run import original_of
     from gac.heal.texts import heal_windows
-    from gac.models.io import load, read_plan
-    from gac.models.loading import load_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="a gac output directory")

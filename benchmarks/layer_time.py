@@ -53,8 +53,8 @@ def _timed_block(cm, key: str):
 def instrument() -> None:
     import gac.api as api
     import gac.compressors.base as base
-    import gac.pipeline.analyze as analyze
-    import gac.pipeline.materialize as materialize
+    import gac.pipelines.layerwise.analyze as analyze
+    import gac.pipelines.layerwise.materialize as materialize
 
     analyze.collect_stats = _timed_block(analyze.collect_stats, "statistics forward")
     analyze._gradient_hooks = _timed_block(analyze._gradient_hooks, "gradient pass")
@@ -81,9 +81,9 @@ def main() -> None:
     import torch
 
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
+    from gac.calibration.texts import TextConfig
     from gac.models.adapters import adapter_for
-    from gac.pipeline.memory import config_of
+    from gac.pipelines.memory import config_of
 
     config = config_of(args.model)
     layers = adapter_for(config).layer_count(config)

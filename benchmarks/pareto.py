@@ -36,7 +36,7 @@ def load(args):
     source)."""
     import torch
 
-    from gac.data import HELD_BACK_WINDOWS, TextConfig, held_back_windows, load_windows
+    from gac.calibration.texts import HELD_BACK_WINDOWS, TextConfig, held_back_windows, load_windows
     from gac.hw.device import torch_dtype
 
     if args.model.startswith("random-"):
@@ -49,7 +49,7 @@ def load(args):
         tokens = torch.randint(0, model.config.vocab_size, (args.calib_windows + HELD_BACK_WINDOWS, args.seq_len),
                                generator=g)
         return model, tokens[:args.calib_windows], tokens[args.calib_windows:], None, args.model
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     text = TextConfig(seq_len=args.seq_len, calib_windows=args.calib_windows, eval_windows=args.eval_windows)
@@ -71,8 +71,8 @@ def config(model, name: str, args, speedup=None):
 def analyses(model, calib, held_back, name: str, args, speedup) -> tuple:
     """(analysis, config of the latency objective, config of the parameter objective): gac compress's analysis (one
     calibration, spectra and loss model), shared by both: --speedup changes no compressor option (prune's heads are
-    held whole in the knapsack alone, gac.speedup.WHOLE_HEADS)."""
-    from gac.api import analyze
+    held whole in the knapsack alone, gac.objectives.latency.config.WHOLE_HEADS)."""
+    from gac.pipelines.whole_model import analyze
 
     latency, parameters = config(model, name, args, speedup), config(model, name, args)
     return analyze(model, calib, latency, held_back=held_back), latency, parameters
@@ -93,7 +93,7 @@ def time_together(model, built: dict, cfg, rounds: int) -> dict:
     """{label: figures}: the baseline, an A/A twin of it and every built model timed round-robin in one run, so every
     speedup is measured against the same baseline calls (the drift between separate timings on a shared machine, 1-3%
     here, is as large as the differences the objectives are compared by)."""
-    from gac.speedup import time_beside
+    from gac.objectives.latency.steps import time_beside
 
     base, floor, t = time_beside(model, built, dataclasses.replace(cfg, timing_rounds=rounds))
     return {label: {"baseline_ms": base, "measured_ms": t[label].median_ms,
@@ -102,9 +102,10 @@ def time_together(model, built: dict, cfg, rounds: int) -> dict:
 
 
 def run_compressor(name, model, calib, held_back, held_out, args) -> dict:
-    from gac.align.latency_model import Phase, measure_latency_model
-    from gac.api import select_dims
-    from gac.speedup import SpeedupConfig, fit_latency, parse_shape
+    from gac.objectives import select_dims
+    from gac.objectives.latency.config import SpeedupConfig, parse_shape
+    from gac.objectives.latency.model import Phase, measure_latency_model
+    from gac.objectives.latency.steps import fit_latency
 
     batch, seq = parse_shape(args.shape)
     cfg = SpeedupConfig(args.targets[0], phase=args.phase, batch=batch, seq=seq, rounds=args.rounds,
@@ -419,7 +420,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    from gac.speedup import SpeedupConfig
+    from gac.objectives.latency.config import SpeedupConfig
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")

@@ -23,7 +23,7 @@ def cached_model(alias: str, cache: Path) -> Path:
     """The embedded GGUF model saved once as a Hugging Face directory, so every run loads it in seconds."""
     if (cache / "config.json").is_file():
         return cache
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     loaded = load_model(alias)
     loaded.model.save_pretrained(cache)
@@ -33,7 +33,7 @@ def cached_model(alias: str, cache: Path) -> Path:
 
 def run_one(model_dir: Path, compressor: str, proxy: str, args) -> dict:
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
+    from gac.calibration.texts import TextConfig
     from gac.evaluate.latency import LatencyConfig
 
     cfg = CompressConfig(model=str(model_dir), compressor=compressor, ratio=args.ratio,
@@ -62,8 +62,8 @@ def table(results: dict, args) -> str:
         "`prune`: default layers (all but the first and last), head mode `group`. `asvd`: alpha 0.5, the proxy is "
         "the per-weight score (`fisher` is asvd's default).",
         "",
-        "Element importance by proxy (`gac.importance`): magnitude w^2; activation mean|x_in|^2 (calibration "
-        "input norm); taylor |dL/dw * w| and fisher (dL/dw)^2, each summed over calibration batches of a "
+        "Element importance by proxy (`gac.calibration.importance`): magnitude w^2; activation mean|x_in|^2 "
+        "(calibration input norm); taylor |dL/dw * w| and fisher (dL/dw)^2, each summed over calibration batches of a "
         "language-modelling loss. Summed per channel/head they choose what `prune` keeps (an MLP channel: its gate "
         "and up rows and its down column; a KV group: its k and v rows with its query heads' q rows and o columns); "
         "summed per unit and divided by its parameters they are the score s_i that the allocation and the GAC "

@@ -32,9 +32,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     from transformers import AutoTokenizer
 
+    from gac.checkpoint.loading import load_model
     from gac.errors import GacError
     from gac.heal.texts import heal_windows
-    from gac.models.loading import load_model
     from gac.quantize.run import quantize_dir
     from gac.quantize.schemes import QuantizeConfig
 
@@ -54,7 +54,7 @@ def main(argv=None) -> None:
 
     import torch
 
-    from gac.models.io import versions
+    from gac.checkpoint.gac_dir import versions
 
     def write() -> dict:  # after every row, so an interrupted run keeps what it measured
         result = {"texts": names, "dtype": args.dtype, "eval_windows": args.eval_windows, "rows": rows,

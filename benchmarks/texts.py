@@ -15,10 +15,10 @@ from pathlib import Path
 
 
 def main() -> None:
+    from gac.checkpoint.gac_dir import load, read_plan
+    from gac.checkpoint.loading import load_model
     from gac.heal.run import original_of
     from gac.heal.texts import heal_windows
-    from gac.models.io import load, read_plan
-    from gac.models.loading import load_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="+", type=Path, help="gac output directories")

@@ -27,12 +27,14 @@ def main(argv=None) -> None:
     p.add_argument("--windows", type=int, default=6, help="calibration windows the real loss is measured on")
     args = p.parse_args(argv)
 
-    from gac.align.latency_model import Phase, measure_latency_model
-    from gac.api import CompressConfig, analyze, select_dims
-    from gac.data import TextConfig, load_windows
+    from gac.api import CompressConfig
+    from gac.calibration.texts import TextConfig, load_windows
+    from gac.checkpoint.loading import load_model
     from gac.evaluate.perplexity import perplexity
-    from gac.models.loading import load_model
-    from gac.speedup import SpeedupConfig, parse_shape
+    from gac.objectives import select_dims
+    from gac.objectives.latency.config import SpeedupConfig, parse_shape
+    from gac.objectives.latency.model import Phase, measure_latency_model
+    from gac.pipelines.whole_model import analyze
 
     result = json.loads(Path(args.run).read_text())
     run = next(c for c in result["compressors"] if c["compressor"] == args.compressor)

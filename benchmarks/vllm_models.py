@@ -31,8 +31,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)  # first: --help answers before the heavy imports
     from transformers import AutoTokenizer
 
-    from gac.api import CompressConfig, _save, compress
+    from gac.api import CompressConfig, compress
+    from gac.checkpoint.gac_dir import save
     from gac.compressors import make_compressor
+    from gac.evaluate.report import Report
     from gac.export.export import ExportConfig, export_hf
     from gac.repair.repair import repair_dir
 
@@ -47,9 +49,13 @@ def main(argv=None) -> None:
         cfg = CompressConfig(model=args.model, compressor=name, ratio=args.ratio, out=str(out / f"{name}-gac"),
                              target=args.target, evaluate=False, force=args.force, progress=False)
         result = compress(cfg)
-        report = {**result.report, "saved_variant": "unaligned"}
+        from gac.pipelines.outputs import plan_and_files
+
+        fields = {k: v for k, v in result.report.items() if k != "profile_excluded_dims"}
+        report = Report(**{**fields, "saved_variant": "unaligned"})
         unaligned = dataclasses.replace(cfg, align=False, out=str(out / f"{name}-unaligned"))
-        _save(result.models["unaligned"], tokenizer, unaligned, report, make_compressor(name))
+        plan, files = plan_and_files(result.models["unaligned"], unaligned, report, make_compressor(name))
+        save(result.models["unaligned"], tokenizer, unaligned.out, plan=plan, extra_files=files, force=args.force)
         print(f"{name}: gac and unaligned in {time.perf_counter() - start:.0f} s", flush=True)
     if "asvd" in args.compressors:
         repair_dir(str(out / "asvd-unaligned"), str(out / "asvd-repaired"), force=args.force, measure_latency=False)

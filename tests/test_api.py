@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from gac.api import NOT_EVALUATED, CompressConfig, compress
-from gac.data import TextConfig
+from gac.api import CompressConfig, compress
+from gac.calibration.texts import TextConfig
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
+from gac.pipelines.evaluation import NOT_EVALUATED
 
 FAST_TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
 FAST_LATENCY = LatencyConfig(prefill_tokens=16, decode_context=8, warmup=1, prefill_rounds=2, decode_rounds=3)
@@ -45,7 +46,7 @@ def test_compress_report_contract(tiny_model_dir, tmp_path, compressor):
 
 
 def test_no_align_saves_the_compressor_dims(tiny_model_dir, tmp_path):
-    from gac.models.io import read_plan
+    from gac.checkpoint.gac_dir import read_plan
 
     out = tmp_path / "raw"
     result = compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.3, out=str(out), align=False,
@@ -76,14 +77,32 @@ def test_the_config_owns_the_choice_of_objective():
     """Neither objective given: the parameter objective at DEFAULT_RATIO (the CLI's default, which passes no ratio);
     a speedup alone has no ratio; both are one line, for an API caller as for the CLI."""
     from gac.api import DEFAULT_RATIO
-    from gac.speedup import SpeedupConfig
+    from gac.objectives.latency.config import SpeedupConfig
 
     assert CompressConfig().ratio == DEFAULT_RATIO == 0.15 and CompressConfig(ratio=0.3).ratio == 0.3
     latency = CompressConfig(speedup=SpeedupConfig(1.2))
     assert latency.ratio is None and latency.analysis_ratio == DEFAULT_RATIO  # the analysis probes at the default
-    with pytest.raises(GacError, match="--speedup and --ratio exclude each other") as e:
+    with pytest.raises(GacError, match="speedup and ratio exclude each other") as e:
         CompressConfig(ratio=0.15, speedup=SpeedupConfig(1.2))
     assert "\n" not in str(e.value)
+
+
+def test_config_errors_name_the_fields_and_the_cli_its_flags():
+    """CompressConfig's refusals name its own fields; the CLI words the same error with the flags that set them."""
+    from gac.cli.options import in_flags
+    from gac.errors import ConfigError
+    from gac.objectives.latency.config import SpeedupConfig
+
+    with pytest.raises(ConfigError) as e:
+        CompressConfig(speedup=SpeedupConfig(1.2), align=False)
+    assert str(e.value) == ("speedup and align=False exclude each other (align=False is for the compressor's own "
+                            "dims under a ratio): give one of them")
+    assert in_flags(e.value) == ("--speedup and --no-align exclude each other (--no-align is for the compressor's "
+                                 "own dims under a ratio): give one of them")
+    with pytest.raises(ConfigError) as e:
+        CompressConfig(compressor="auto", layerwise=True)
+    assert "compressor=auto analyzes" in str(e.value) and "drop layerwise/max_memory" in str(e.value)
+    assert "--compressor auto analyzes" in in_flags(e.value) and "drop --layerwise/--max-memory" in in_flags(e.value)
 
 
 def test_existing_output_refused_before_work(tiny_model_dir, tmp_path):
@@ -151,15 +170,16 @@ def test_auto_profile_sweeps_are_cached(tiny_model_dir, tmp_path, monkeypatch):
 def test_static_rule_when_profile_candidates_cannot_fit(tiny_model_dir, caplog):
     """Profile candidates that cannot fit the budget at any window (here: only each weight's largest dim) fall back
     to the static rule with a warning, instead of failing an otherwise feasible compression."""
-    from gac.align.select import select_within_budget
-    from gac.api import analyze_and_select
-    from gac.data import load_windows
-    from gac.models.loading import load_model
+    from gac.calibration.texts import load_windows
+    from gac.checkpoint.loading import load_model
+    from gac.objectives import select_dims
+    from gac.objectives.parameter import select_within_budget
+    from gac.pipelines.whole_model import analyze
 
     cfg = fast_config(tiny_model_dir, compressor="svd", ratio=0.3, evaluate=False)
     loaded = load_model(cfg.model)
     calib, _ = load_windows(loaded.tokenizer, cfg.text)
-    selected = analyze_and_select(loaded.model, calib, cfg)
+    selected = select_dims(loaded.model, analyze(loaded.model, calib, cfg), cfg)
 
     def too_big(u, dim, window=1):  # a "profile" that only ever offers the largest useful dim
         return [u.max_dim]
@@ -172,16 +192,16 @@ def test_static_rule_when_profile_candidates_cannot_fit(tiny_model_dir, caplog):
 
 
 def test_infeasible_ratio_fails_from_the_shapes_before_calibration(tiny_model_dir, monkeypatch):
-    import gac.calibrate
+    import gac.calibration.stats
 
     def never(*a, **k):
         raise AssertionError("calibration ran")
 
-    monkeypatch.setattr(gac.calibrate, "calibrate", never)
-    with pytest.raises(GacError, match=r"use --ratio 0\.\d+ or lower") as info:
+    monkeypatch.setattr(gac.calibration.stats, "calibrate", never)
+    with pytest.raises(GacError, match=r"use ratio=0\.\d+ or lower") as info:
         compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.99, evaluate=False))
     assert "\n" not in str(info.value)
-    largest = float(str(info.value).split("--ratio ")[1].split()[0])
+    largest = float(str(info.value).split("ratio=")[1].split()[0])
     with pytest.raises(AssertionError, match="calibration ran"):  # the ratio it names passes the check
         compress(fast_config(tiny_model_dir, compressor="svd", ratio=largest, evaluate=False))
 

@@ -486,7 +486,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 @pytest.fixture(scope="module")
 def new_gac_dir(tmp_path_factory):
     """The legacy output saved again by this gac (model type gac_llama, modeling_gac.py's hash in the plan)."""
-    from gac.models.io import load, read_plan, save
+    from gac.checkpoint.gac_dir import load, read_plan, save
 
     loaded = load(LEGACY)
     return save(loaded.model, loaded.tokenizer, tmp_path_factory.mktemp("new") / "gac", plan=read_plan(LEGACY))
@@ -544,7 +544,7 @@ def test_what_a_killed_run_left_is_named_and_removed_by_the_next_run(tmp_path, n
     parent = tmp_path / "outs"
     killed = textwrap.dedent(f"""
         import os, signal
-        from gac.atomic import atomic_dir
+        from gac.io.atomic import atomic_dir
         with atomic_dir({str(parent / "model")!r}) as tmp:
             (tmp / "model.safetensors").write_bytes(b"x" * 100_000)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -553,7 +553,7 @@ def test_what_a_killed_run_left_is_named_and_removed_by_the_next_run(tmp_path, n
     p = subprocess.run([sys.executable, "-c", killed], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == -signal.SIGKILL
     (left,) = parent.glob(".model.*.partial")
-    from gac.atomic import _writer
+    from gac.io.atomic import _writer
 
     running = parent / f".other.abcd1234.{_writer()}.partial"  # this test's own process: a live writer
     running.mkdir()

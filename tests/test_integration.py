@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from gac.api import CompressConfig, compress
-from gac.data import TextConfig, load_windows
+from gac.calibration.texts import TextConfig, load_windows
+from gac.checkpoint.loading import embedded_copy, load_model
 from gac.evaluate.latency import LatencyConfig
 from gac.evaluate.perplexity import perplexity
-from gac.models.loading import embedded_copy, load_model
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ def _umask() -> int:
 
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-32"])
 def test_text_in_utf8_or_with_a_bom_is_accepted(tmp_path, encoding):
-    from gac.validate import read_text
+    from gac.io.validate import read_text
 
     text = "Größe: naïve café, 東京 ✓\n" * 10
     p = tmp_path / "t.txt"
@@ -36,7 +36,7 @@ def test_text_in_utf8_or_with_a_bom_is_accepted(tmp_path, encoding):
 
 
 def test_latin1_is_refused_with_the_conversion_command(tmp_path):
-    from gac.validate import read_text
+    from gac.io.validate import read_text
 
     p = tmp_path / "t.txt"
     p.write_bytes("Größe".encode("latin-1"))
@@ -45,7 +45,7 @@ def test_latin1_is_refused_with_the_conversion_command(tmp_path):
 
 
 def test_text_over_the_limit_is_refused_without_reading_it_all(tmp_path):
-    from gac.validate import read_text
+    from gac.io.validate import read_text
 
     p = tmp_path / "big.txt"
     p.write_text("a" * 2000)
@@ -58,7 +58,7 @@ def test_pickle_checkpoint_of_plain_tensors_loads_weights_only(tmp_path, tiny_mo
 
     from safetensors.torch import load_file
 
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     d = tmp_path / "bin"
     shutil.copytree(tiny_model_dir, d)
@@ -72,7 +72,7 @@ def test_pickle_checkpoint_of_plain_tensors_loads_weights_only(tmp_path, tiny_mo
 
 
 def test_profile_mismatch_is_a_warning_naming_both_when_allowed(caplog):
-    from gac.schema import check_profile_matches
+    from gac.hw.profile_schema import check_profile_matches
 
     profile = {"dtype": "bfloat16", "device": "cuda"}
     with pytest.raises(GacError, match="--allow-profile-mismatch"):
@@ -97,7 +97,7 @@ def test_a_measured_profile_passes_the_schema(tmp_path):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signal_during_a_directory_write_leaves_nothing(tmp_path, signum):
-    from gac.atomic import atomic_dir, terminate_as_interrupt
+    from gac.io.atomic import atomic_dir, terminate_as_interrupt
 
     out = tmp_path / "out"
     # Python's own SIGINT handler, as in a terminal: a job started in the background (`cmd &`, some CI runners)
@@ -116,7 +116,7 @@ def test_signal_during_a_directory_write_leaves_nothing(tmp_path, signum):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_signal_during_a_force_swap_is_held_until_the_swap_is_done(tmp_path, monkeypatch, signum):
-    from gac import atomic
+    from gac.io import atomic
 
     out = tmp_path / "out"
     out.mkdir()
@@ -139,7 +139,7 @@ def test_signal_during_a_force_swap_is_held_until_the_swap_is_done(tmp_path, mon
 
 
 def test_output_directories_have_the_usual_permissions(tmp_path):
-    from gac.atomic import atomic_dir, write_text
+    from gac.io.atomic import atomic_dir, write_text
 
     with atomic_dir(tmp_path / "out") as d:
         (d / "f").write_text("x")
@@ -164,7 +164,7 @@ def _dead_pid() -> int:
 def test_stale_partials_of_dead_writers_are_named_and_removed(tmp_path, caplog):
     """The next atomic_dir into a parent removes what killed runs of this host left there, and names (only) what
     it cannot judge: a live writer's, another host's, an earlier gac's without a writer in its name."""
-    from gac.atomic import _writer, atomic_dir
+    from gac.io.atomic import _writer, atomic_dir
 
     host = _writer().rpartition("-")[0]
     dead = tmp_path / f".a.abcd1234.{host}-{_dead_pid()}.partial"
@@ -174,7 +174,7 @@ def test_stale_partials_of_dead_writers_are_named_and_removed(tmp_path, caplog):
     for d in (dead, live, other, old):
         d.mkdir()
         (d / "model.safetensors").write_bytes(b"x" * 1000)
-    with caplog.at_level(logging.INFO, logger="gac.atomic"), atomic_dir(tmp_path / "out") as t:
+    with caplog.at_level(logging.INFO, logger="gac.io.atomic"), atomic_dir(tmp_path / "out") as t:
         (t / "f").write_text("x")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, old.name, "out"])
     assert f"removed {dead}, left by a killed run" in caplog.text
@@ -184,7 +184,7 @@ def test_stale_partials_of_dead_writers_are_named_and_removed(tmp_path, caplog):
 
 
 def test_a_temporary_directory_names_its_writer(tmp_path):
-    from gac.atomic import _writer, _writer_of, atomic_dir
+    from gac.io.atomic import _writer, _writer_of, atomic_dir
 
     with atomic_dir(tmp_path / "my.model") as t:
         assert t.name.startswith(".my.model.") and t.name.endswith(f".{_writer()}.partial")
@@ -192,7 +192,7 @@ def test_a_temporary_directory_names_its_writer(tmp_path):
 
 
 def test_write_failure_leaves_nothing_and_is_one_line(tmp_path):
-    from gac.atomic import write_file
+    from gac.io.atomic import write_file
 
     def fail(p):
         p.write_text("partial")
@@ -268,7 +268,7 @@ def test_quiet_turns_off_the_bars_other_libraries_draw():
 def test_a_full_disk_is_refused_before_the_work(tmp_path, tiny_model_dir, monkeypatch):
     import shutil as sh
 
-    from gac import validate
+    from gac.io import validate
 
     monkeypatch.setattr(validate.shutil, "disk_usage", lambda p: sh._ntuple_diskusage(10**9, 10**9, 1000))
     with pytest.raises(GacError, match="not enough space .* free space or choose another --out"):

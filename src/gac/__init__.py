@@ -12,8 +12,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "select": "gac.align.plan",
     "compress": "gac.api",
-    "load": "gac.models.io",
-    "save": "gac.models.io",
+    "load": "gac.checkpoint.gac_dir",
+    "save": "gac.checkpoint.gac_dir",
     "profile": "gac.hw.profile",
     "bench": "gac.evaluate.bench",
     "repair_dir": "gac.repair",
@@ -31,7 +31,7 @@ def __getattr__(name):
 
 
 def _register_with_transformers():
-    from gac.models.auto_classes import register_when_transformers_loads
+    from gac.checkpoint.auto_classes import register_when_transformers_loads
 
     register_when_transformers_loads()
 

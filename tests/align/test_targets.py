@@ -66,7 +66,7 @@ def test_unknown_target_and_target_with_profile_are_one_line():
 
 def test_compress_with_a_target_meets_it_under_the_same_budget(tiny_model_dir, tmp_path):
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
+    from gac.calibration.texts import TextConfig
 
     out = tmp_path / "t"
     result = compress(CompressConfig(model=str(tiny_model_dir), compressor="prune", ratio=0.25, out=str(out),

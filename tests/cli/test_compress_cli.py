@@ -78,15 +78,15 @@ def test_help_does_not_import_torch():
 
 
 def test_importance_choices_are_the_library_s():
+    from gac.calibration.importance import LOWRANK_IMPORTANCE, PROXIES
     from gac.cli.compress import IMPORTANCE
-    from gac.importance import LOWRANK_IMPORTANCE, PROXIES
 
     assert set(IMPORTANCE) == set(LOWRANK_IMPORTANCE) | set(PROXIES)
 
 
 def test_factorization_choices_are_the_library_s():
     from gac.cli.compress import FACTORIZATIONS as SPELLED
-    from gac.linalg import FACTORIZATIONS
+    from gac.compressors.linalg import FACTORIZATIONS
 
     assert SPELLED == FACTORIZATIONS
 

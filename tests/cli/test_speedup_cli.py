@@ -69,8 +69,8 @@ def test_speedup_run(tiny_model_dir, tmp_path):
 
 
 def test_a_second_run_replays_the_timings_and_keeps_the_same_model(tiny_model_dir, tmp_path, monkeypatch):
-    """The same command again on this machine replays every timing the first recorded (gac.hw.journal): the same
-    rounds and dims, report.md saying so; --retime times afresh."""
+    """The same command again on this machine replays every timing the first recorded (gac.objectives.latency.journal):
+    the same rounds and dims, report.md saying so; --retime times afresh."""
     monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path / "cache"))
     reports = []
     for i, extra in enumerate([(), (), ("--retime",)]):

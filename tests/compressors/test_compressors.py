@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from gac.calibrate import calibrate
+from gac.calibration.stats import calibrate
 from gac.compressors import REGISTRY, make_compressor
 from gac.compressors.allocation import DENSE
 from gac.errors import GacError
@@ -129,7 +129,7 @@ def test_unknown_compressor_raises():
 
 def test_a_compressor_says_whether_it_factorizes_and_what_one_layer_caches():
     """What the memory forecast and export read off the compressor instead of switching on its class."""
-    from gac.pipeline.memory import Shapes
+    from gac.pipelines.memory import Shapes
 
     factorizes = {n: make_compressor(n).factorizes for n in REGISTRY}
     assert factorizes == {"svd": True, "asvd": True, "svd_llm": True, "prune": False, "palu": True}
@@ -158,7 +158,7 @@ def test_asvd_default_alpha_whitens_independent_channels():
     from types import SimpleNamespace
 
     from gac.compressors.asvd import ASVDConfig
-    from gac.linalg import factorize_from_svd, scaled_svd
+    from gac.compressors.linalg import factorize_from_svd, scaled_svd
 
     g = torch.Generator().manual_seed(0)
     n_in, n_out, rank = 48, 40, 12

@@ -14,7 +14,8 @@ from gac.compressors.loss_model import (
     slope_at,
     truncation_factors,
 )
-from gac.linalg import FACTORIZATIONS, Gram, factorize_from_svd, scaled_svd, whiten
+from gac.calibration.gram import Gram
+from gac.compressors.linalg import FACTORIZATIONS, factorize_from_svd, scaled_svd, whiten
 
 
 def _data(seed, out=12, inp=10, tokens=200):

@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 
-from gac.calibrate import calibrate
+from gac.calibration.stats import calibrate
 from gac.compressors import make_compressor
+from gac.compressors.linalg import factorize_from_svd, scaled_svd, whiten
 from gac.errors import GacError
-from gac.linalg import factorize_from_svd, scaled_svd, whiten
 from gac.models.dims import params_and_alignment
 from gac.models.groups import linears_of
 from gac.models.modeling_gac import GroupedLowRankLinear

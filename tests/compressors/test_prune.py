@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from gac.calibrate import calibrate
+from gac.calibration.stats import calibrate
 from gac.compressors import make_compressor
 from gac.compressors.prune import AttentionUnit, MLPUnit, allocate_steps, parse_layers
 from gac.errors import GacError
@@ -164,7 +164,7 @@ def test_round_trip_gac_load_and_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
     import gac
-    from gac.models.io import save
+    from gac.checkpoint.gac_dir import save
 
     model, names, windows, comp, units = _setup(head_mode="uniform")
     dims = comp.allocate(units, math.floor(0.7 * sum(u.numel for u in units)))
@@ -199,8 +199,8 @@ def test_round_trip_gac_load_and_transformers(tmp_path):
 
 def test_compress_end_to_end_gac_over_pruned_dims(tiny_model_dir, tmp_path):
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
-    from gac.models.io import read_plan
+    from gac.calibration.texts import TextConfig
+    from gac.checkpoint.gac_dir import read_plan
 
     out = tmp_path / "pruned"
     cfg = CompressConfig(model=str(tiny_model_dir), compressor="prune", ratio=0.3, out=str(out), evaluate=False,
@@ -284,7 +284,7 @@ def test_cli_options_checked_before_any_work(args, expected, tmp_path):
 def test_profile_candidates_drive_pruned_widths(tiny_model_dir, tmp_path):
     """A synthetic gemm_n profile (N = MLP width, K = hidden) where every multiple of 16 is a cliff."""
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
+    from gac.calibration.texts import TextConfig
     from gac.hw.profile import save_profile
 
     dims = list(range(1, 161))

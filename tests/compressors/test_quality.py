@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gac.compressors.base import LowRankUnit
+from gac.compressors.linalg import ScaledSVD
 from gac.compressors.prune import MLPUnit
-from gac.linalg import ScaledSVD
 from gac.models.groups import RankGroup, WidthGroup
 
 

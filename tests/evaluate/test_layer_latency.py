@@ -39,7 +39,7 @@ def test_figures_are_the_outside_plus_the_layers_scaled_to_depth():
 def test_a_layer_is_timed_beside_a_pass_through(tiny):
     """On a real model: each variant's layer alone in its model, side by side with the pass-through, which
     returns its input (the model without any layer)."""
-    from gac.pipeline.materialize import one_layer_model
+    from gac.pipelines.layerwise.materialize import one_layer_model
 
     timer = LayerLatency(FAST, depth=2)
     layer = tiny.model.layers[1]

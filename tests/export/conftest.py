@@ -18,14 +18,16 @@ def llama_cpp():
 def pruned_variants(model, calib, *, ratio: float, targets: tuple[str, ...], layers="all") -> dict:
     """{"unaligned": model, "gac:<target>": model, ...}: prune's own widths, and GAC's under each deployment
     target, the same budget and the same analysis (calibrated once)."""
-    from gac.align.select import select_within_budget
     from gac.align.targets import get_target
-    from gac.api import CompressConfig, analyze_and_select
-    from gac.data import TextConfig
+    from gac.api import CompressConfig
+    from gac.calibration.texts import TextConfig
+    from gac.objectives import select_dims
+    from gac.objectives.parameter import select_within_budget
+    from gac.pipelines.whole_model import analyze
 
     cfg = CompressConfig(compressor="prune", ratio=ratio, target=targets[0], progress=False,
                          compressor_options={"layers": layers}, text=TextConfig(seq_len=calib.shape[1]))
-    sel = analyze_and_select(model, calib, cfg)
+    sel = select_dims(model, analyze(model, calib, cfg), cfg)
     dims = {"unaligned": sel.dims["unaligned"]}
     for t in targets:
         chosen = select_within_budget(sel.units, sel.dims["unaligned"], sel.budget, alignment=8, window=1,

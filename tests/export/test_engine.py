@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from gac.checkpoint.gac_dir import LoadedModel
 from gac.export.export import write_f16
 from gac.export.quantize import quantize, tensor_types, type_report
-from gac.models.io import LoadedModel
 
 from .conftest import pruned_variants
 
@@ -59,7 +59,7 @@ def test_tiny_deci_gguf_runs_in_llama_cpp_with_gacs_logits(llama_cpp, tiny, tiny
     from .test_gguf_writer import _deci_model
 
     model = _deci_model(tiny)
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     tokenizer = load_model(str(tiny_model_dir)).tokenizer
     report, geo, path = _export(model, tokenizer, str(tiny_model_dir), tmp_path / "deci.gguf")
@@ -75,8 +75,8 @@ def test_tiny_deci_gguf_runs_in_llama_cpp_with_gacs_logits(llama_cpp, tiny, tiny
 @pytest.fixture(scope="module")
 def smollm(llama_cpp, tmp_path_factory):
     """The embedded model, its pruned variants (ratio 0.15, one analysis), f16 exports of each."""
-    from gac.data import TextConfig, load_windows
-    from gac.models.loading import load_model
+    from gac.calibration.texts import TextConfig, load_windows
+    from gac.checkpoint.loading import load_model
 
     loaded = load_model("smollm2-135m")
     calib, held_out = load_windows(loaded.tokenizer, TextConfig(seq_len=128, calib_windows=2, eval_windows=1))
@@ -137,8 +137,8 @@ def test_embedded_quantized_fallbacks_by_cause(smollm, type_):
 def test_hidden_multiple_of_256_gac_has_no_fallback_at_q4_k_m(llama_cpp, tiny_model_dir, tmp_path):
     import transformers
 
-    from gac.data import TextConfig, load_windows
-    from gac.models.loading import load_model
+    from gac.calibration.texts import TextConfig, load_windows
+    from gac.checkpoint.loading import load_model
 
     tokenizer = load_model(str(tiny_model_dir)).tokenizer
     torch.manual_seed(0)

@@ -24,7 +24,7 @@ def test_export_f16_smoke(tiny_model_dir, tmp_path):
 def test_export_quantized_lists_pruned_width_fallbacks(llama_cpp, tiny_model_dir, tmp_path):
     """A gac output pruned to widths that are not multiples of 32: its down projections fall back, listed."""
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
+    from gac.calibration.texts import TextConfig
 
     src = tmp_path / "pruned"
     compress(CompressConfig(model=str(tiny_model_dir), compressor="prune", ratio=0.2, out=str(src), align=False,
@@ -42,7 +42,7 @@ def test_export_quantized_lists_pruned_width_fallbacks(llama_cpp, tiny_model_dir
 @pytest.fixture(scope="module")
 def lowrank_dir(tiny_model_dir, tmp_path_factory):
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
+    from gac.calibration.texts import TextConfig
 
     out = tmp_path_factory.mktemp("lowrank") / "svd"
     compress(CompressConfig(model=str(tiny_model_dir), compressor="svd", ratio=0.3, out=str(out), evaluate=False,
@@ -89,7 +89,7 @@ def test_export_hf_writes_the_families_own_class_or_keeps_the_gac_structure(tiny
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     plain, kept = tmp_path / "plain", tmp_path / "kept"
     p = run_gac("export", str(tiny_model_dir), "--format", "hf", "--out", str(plain), "--quiet")

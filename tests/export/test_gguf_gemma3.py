@@ -175,7 +175,7 @@ def gemma3_text_dir(tmp_path_factory):
 def test_gac_prune_output_exports_and_runs_in_llama_cpp(llama_cpp, gemma3_text_dir, tmp_path):
     """The CLI end to end: gac compress (prune, every layer, MLP channels) -> gac export -> llama.cpp, whose
     logits match gac.load's; per-layer widths are refused in one line until --pad-mlp."""
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
 
     out = tmp_path / "pruned"
     p = run_gac("compress", "--model", gemma3_text_dir, "--compressor", "prune", "--ratio", "0.3", "--out", out,
@@ -203,9 +203,9 @@ def test_multimodal_gemma3s_language_model_runs_in_llama_cpp(llama_cpp, tmp_path
     import gguf
 
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
+    from gac.calibration.texts import TextConfig
+    from gac.checkpoint.gac_dir import load
     from gac.export.export import write_f16
-    from gac.models.io import load
     from tests.models.test_gemma3_family import tiny_gemma3_multimodal
 
     src, out = tmp_path / "mm", tmp_path / "mm-pruned"

@@ -105,7 +105,7 @@ def test_low_rank_model_is_refused(tiny, tiny_model_dir, tmp_path):
 
 
 def test_family_llama_cpp_cannot_run_is_refused(tiny_phi_dir, tmp_path):
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     model = load_model(str(tiny_phi_dir)).model
     with pytest.raises(GacError, match="GGUF export supports"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gac.api import CompressConfig, compress
-from gac.data import TextConfig
+from gac.calibration.texts import TextConfig
 from gac.errors import GacError
 from gac.heal.distill import DistillConfig, distill, held_out_loss, trainable_parameters
 from gac.heal.run import HealConfig, heal_dir
@@ -57,7 +57,7 @@ def healed(compressed, tmp_path_factory):
 def docs_file(tmp_path_factory):
     """The calibration docs alone as a healing file: the windows the training-loop tests were tuned on, apart from
     the default healing text's standard-library sources."""
-    from gac.data import pydoc_split
+    from gac.calibration.texts import pydoc_split
 
     path = tmp_path_factory.mktemp("heal") / "docs.txt"
     path.write_text(pydoc_split()[0])
@@ -122,7 +122,7 @@ def _assert_heal_png(path):
 
 def test_evaluation_windows_are_never_trained_on(tmp_path, compressed):
     import gac
-    from gac.data import pydoc_split
+    from gac.calibration.texts import pydoc_split
 
     tokenizer = gac.load(compressed).tokenizer
     calib, docs = pydoc_split()
@@ -140,7 +140,7 @@ def test_the_default_healing_text_is_stdlib_sources_beside_the_docs(compressed):
     """By default healing trains on the calibration docs and as many tokens of the standard library's sources (a
     kind of text the docs lack), and stops early on the docs' windows, as it did on the docs alone."""
     import gac
-    from gac.data import pydoc_split, stdlib_sources, token_windows
+    from gac.calibration.texts import pydoc_split, stdlib_sources, token_windows
     from gac.heal.texts import SOURCES_SHARE
 
     tokenizer = gac.load(compressed).tokenizer
@@ -162,7 +162,7 @@ def test_without_the_stdlib_sources_healing_reads_the_docs_alone(compressed, tmp
     import sysconfig
 
     import gac
-    from gac.data import pydoc_split, token_windows
+    from gac.calibration.texts import pydoc_split, token_windows
 
     tokenizer = gac.load(compressed).tokenizer
     monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
@@ -181,7 +181,7 @@ def test_early_stop_keeps_the_best_tensors(compressed, original, docs_file, monk
     import importlib
 
     import gac
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     distill_module = importlib.import_module("gac.heal.distill")  # gac.heal.distill is the function
     calls = []
@@ -210,8 +210,8 @@ def test_the_originals_perplexities_are_measured_once_per_model_and_windows(comp
     """The original's perplexities never change for its tensors and the windows: a second heal reads them back from
     the cache; other tensors or other windows are measured."""
     import gac
+    from gac.checkpoint.loading import load_model
     from gac.heal.texts import HealTexts
-    from gac.models.loading import load_model
 
     teacher = load_model(str(original)).model
     t = heal_windows(gac.load(compressed).tokenizer, heal_file=None, eval_file=None, unlike_file=None, seq_len=32,
@@ -242,7 +242,7 @@ def test_changed_trains_the_compressions_tensors_and_the_norms_only(compressed, 
     """--heal-train changed: the factor pairs and every vector train; the matrices the compression
     left as they were keep the original's values through a whole run, and the held-out loss still falls."""
     import gac
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     loaded, teacher = gac.load(compressed), load_model(str(original)).model
     student, kept = loaded.model, dict(teacher.named_parameters())
@@ -271,8 +271,8 @@ def test_ce_weight_adds_the_texts_cross_entropy(compressed, original, docs_file)
     import torch.nn.functional as F
 
     import gac
+    from gac.checkpoint.loading import load_model
     from gac.heal.distill import distillation_loss
-    from gac.models.loading import load_model
 
     loaded, teacher = gac.load(compressed), load_model(str(original)).model
     student = loaded.model
@@ -378,7 +378,7 @@ def test_heal_options_need_heal(tmp_path):
 def test_healing_lowers_the_loss_in_either_precision(compressed, original, docs_file, precision):
     """bf16 matmuls (autocast; weights, optimizer and loss in fp32) heal as fp32 does, and the run says which ran."""
     import gac
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     loaded, teacher = gac.load(compressed), load_model(str(original)).model
     t = heal_windows(loaded.tokenizer, heal_file=docs_file, eval_file=None, unlike_file=None, seq_len=32,
@@ -397,7 +397,7 @@ def test_healing_in_fp32_on_a_cpu_without_bf16_says_so(compressed, original, doc
     """Where auto resolves to fp32 on a CPU (no AVX512-BF16, no AMX), the user is told why healing is slow; a
     precision they chose themselves is not remarked on."""
     import gac
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
@@ -433,7 +433,7 @@ def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, or
     """An lr far too high makes the first evaluation worse: the best tensors come back at a lower lr (times
     `backoff`), which then heals."""
     import gac
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     loaded, teacher = gac.load(compressed), load_model(str(original)).model
     t = heal_windows(loaded.tokenizer, heal_file=docs_file, eval_file=None, unlike_file=None, seq_len=32,
@@ -448,8 +448,8 @@ def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, or
 
 def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_text(compressed, original):
     import gac
+    from gac.checkpoint.loading import load_model
     from gac.heal.samples import sample_windows
-    from gac.models.loading import load_model
 
     teacher = load_model(str(original)).model
     drawn = sample_windows(teacher, 5, 64, seed=0, progress=False)  # 64: two OVERLAP_TOKENS runs a window
@@ -484,7 +484,7 @@ def test_unlike_texts_are_those_the_distribution_carries(monkeypatch, tmp_path):
     """The licence is required (refused in one line without it); IDLE's release notes are taken where installed."""
     import sysconfig
 
-    from gac import data
+    from gac.calibration import texts as data
 
     assert "Python Software Foundation" in data.unlike_texts()["licence"][1]
     monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})

@@ -355,7 +355,7 @@ def test_quantized_gemm_sweeps_time_int8_and_fp8_and_record_what_a_kernel_refuse
     """int8 (torch._int_mm) and fp8 (torch._scaled_mm) GEMMs swept like the float ones; a shape the kernel refuses
     (as CUDA's _int_mm refuses K or N not a multiple of 8: emulated here) has no time and its reason, and the
     profile stays valid and plots."""
-    from gac.schema import check_profile
+    from gac.hw.profile_schema import check_profile
 
     real = torch._int_mm
 

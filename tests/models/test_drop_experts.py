@@ -53,7 +53,7 @@ def _routers(model) -> dict:
 
 
 def test_the_constructed_expert_is_never_routed():
-    from gac.calibrate import calibrate
+    from gac.calibration.stats import calibrate
     from gac.models.groups import groups_of
 
     for model_type in FAMILIES:
@@ -69,7 +69,7 @@ def test_the_constructed_expert_is_never_routed():
 def test_drop_experts_within_budget_aligned_and_round_trips(moe_dir, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from gac.models.io import load, read_config
+    from gac.checkpoint.gac_dir import load, read_config
 
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
     original = AutoModelForCausalLM.from_pretrained(moe_dir).eval()
@@ -121,7 +121,7 @@ def test_dropping_alone_may_meet_the_budget_with_widths_whole(moe_dir, tmp_path)
 
 
 def test_drop_experts_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_path):
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
 
     runs = {}
     for layerwise in (False, True):
@@ -188,9 +188,10 @@ def test_drop_experts_refusals_are_one_line(tiny_model_dir, tmp_path):
 
 def test_drop_experts_under_speedup_is_one_line(moe_dir):
     from gac.api import CompressConfig
+    from gac.cli.options import in_flags
     from gac.errors import GacError
-    from gac.speedup import SpeedupConfig
+    from gac.objectives.latency.config import SpeedupConfig
 
-    with pytest.raises(GacError, match="--drop-experts") as e:
+    with pytest.raises(GacError, match="drop_experts removes parameters") as e:
         CompressConfig(model=str(moe_dir), compressor="prune", compressor_options=DROP, speedup=SpeedupConfig(1.2))
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and in_flags(e.value).startswith("--drop-experts removes parameters")

@@ -5,10 +5,10 @@ same logits."""
 import pytest
 import torch
 
-from gac.calibrate import calibrate
+from gac.calibration.stats import calibrate
+from gac.checkpoint.gac_dir import load, save
 from gac.compressors import make_compressor
 from gac.models.adapters import adapter_for
-from gac.models.io import load, save
 from gac.models.modeling_gac import LowRankLinear
 from tests.conftest import tiny_model, tiny_tokenizer
 

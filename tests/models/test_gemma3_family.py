@@ -36,7 +36,7 @@ def tiny_gemma3_dir(request, tmp_path_factory):
 def test_gemma3_compresses_aligned_and_round_trips(tiny_gemma3_dir, tmp_path, monkeypatch, compressor, options):
     from transformers import AutoModelForCausalLM
 
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
 
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
     out = tmp_path / "out"

@@ -61,7 +61,7 @@ def _reloaded(out):
     """The saved output as gac.load, transformers after `import gac`, and trust_remote_code build it."""
     from transformers import AutoModelForCausalLM
 
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
 
     return (load(out).model, AutoModelForCausalLM.from_pretrained(out).eval(),
             AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval())
@@ -98,7 +98,7 @@ def test_gpt_oss_layerwise_equals_the_whole_model_pipeline(gpt_oss_dir, tmp_path
     """Layer by layer, evaluated as a user runs it: the unaligned variant's layers run their experts eagerly (a
     layer copied on its own holds its own config), and each timed layer runs with its own kind of attention mask
     (sliding-window or full)."""
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
 
     runs = {}
     for layerwise in (False, True):
@@ -146,8 +146,8 @@ def test_gpt_oss_experts_cut_keeps_each_channels_gate_up_and_bias_together():
 def test_gpt_oss_importance_scores_each_channel_from_its_own_entries():
     """The experts unit's channel score is its gate and up columns of gate_up and its row of down (magnitude:
     squared weights), not the rows of a transposed weight or the halves of an interleaved one."""
+    from gac.calibration.importance import measure
     from gac.compressors.prune import ExpertsUnit
-    from gac.importance import measure
     from gac.models.groups import groups_of
 
     model = tiny_gpt_oss(seed=2)
@@ -163,8 +163,8 @@ def test_gpt_oss_importance_scores_each_channel_from_its_own_entries():
 def test_gpt_oss_heads_are_cut_with_their_sinks_and_round_trip(tmp_path, monkeypatch, mode):
     """Removing heads removes their sinks (one per query head): the same function as zeroing the removed heads' o
     columns; the saved structure rebuilds the sinks' shape and every loader gives the same logits."""
+    from gac.checkpoint.gac_dir import save
     from gac.models.groups import groups_of
-    from gac.models.io import save
     from gac.models.structure import structure_of
     from gac.models.surgery import KeepHeads, apply, channels_of
 

@@ -69,7 +69,7 @@ def _expert_widths(model) -> list[int]:
 def test_moe_prune_aligned_within_budget_and_round_trips(moe_dir, tmp_path, monkeypatch, ratio):
     from transformers import AutoModelForCausalLM
 
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
 
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
     out = tmp_path / "out"
@@ -103,7 +103,7 @@ def test_moe_saved_output_keeps_the_per_expert_checkpoint_layout(moe_dir, tmp_pa
 
 
 def test_moe_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_path):
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
 
     runs = {}
     for layerwise in (False, True):
@@ -119,8 +119,8 @@ def test_moe_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_path):
 
 
 def test_moe_attention_is_factorized_and_experts_left_whole(moe_dir, tmp_path):
+    from gac.checkpoint.gac_dir import load
     from gac.models.groups import groups_of
-    from gac.models.io import load
 
     out = tmp_path / "out"
     r = compress(fast_config(moe_dir, compressor="asvd", ratio=0.15, out=str(out), evaluate=False,
@@ -139,7 +139,7 @@ def test_unaligned_moe_output_repairs_to_the_same_function(moe_dir, tmp_path):
 def assert_unaligned_output_repairs(model_dir, tmp_path):
     """prune without alignment leaves irregular expert widths; repair pads them to multiples of 8 with the same
     logits (argmax identical, relative error under 1e-5)."""
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
     from gac.repair import repair_dir
 
     raw = tmp_path / "raw"  # at 0.25 every tiny family's own widths are irregular (at 0.3 mixtral's are 32 and 24)
@@ -183,8 +183,8 @@ def test_experts_kind_cuts_each_expert_its_own_channels():
 
 
 def test_magnitude_importance_weights_experts_by_their_routed_share():
-    from gac.calibrate import LinearStats
-    from gac.importance import ChannelScores, routed_share
+    from gac.calibration.importance import ChannelScores, routed_share
+    from gac.calibration.stats import LinearStats
 
     scores = ChannelScores(torch.ones(4, 6), torch.ones(4, 5))  # [E, out], [E, in]
     stats = {"w": LinearStats(torch.zeros(5), extra={"routed": torch.tensor([6, 2, 0, 0])})}
@@ -194,7 +194,7 @@ def test_magnitude_importance_weights_experts_by_their_routed_share():
 
 
 def test_calibration_counts_the_tokens_routed_to_each_expert():
-    from gac.calibrate import calibrate
+    from gac.calibration.stats import calibrate
     from gac.models.groups import groups_of
 
     model = tiny_moe("qwen3_moe")
@@ -233,7 +233,7 @@ def test_moe_expert_widths_meet_a_deployment_target(moe_dir, tmp_path):
 
 
 def test_fused_expert_gradients_fold_block_by_block_as_whole(monkeypatch):
-    import gac.importance as importance
+    import gac.calibration.importance as importance
 
     g, w = torch.randn(5, 6, 7), torch.randn(5, 6, 7)  # [E, out, in]
     whole = importance.channel_sums(g, w)
@@ -263,8 +263,8 @@ def test_moe_latency_model_times_each_expert_width_from_the_experts_sweep(monkey
     """measure_latency_model (what --speedup builds) sweeps the experts op once for the model's layers, at M = the
     phase's tokens, and every candidate width of each layer reads its own measured time."""
     import gac.hw.profile as hp
-    from gac.align.latency_model import FULL, Phase, measure_latency_model
     from gac.models.groups import groups_of
+    from gac.objectives.latency.model import FULL, Phase, measure_latency_model
 
     groups = groups_of(tiny_moe("qwen3_moe"), "experts")  # two MoE layers of width 40, one geometry
     swept = []
@@ -318,8 +318,8 @@ def test_moe_speedup_predicts_the_experts_from_the_experts_sweep(moe_dir, tmp_pa
     width (a tiny layer's are launch overhead, too flat to reach any target) and the closed loop is timed by a
     stand-in: the knapsack reaches the target by cutting expert widths, aligned."""
     import gac.hw.profile as hp
-    from gac.speedup import Instruments, SpeedupConfig
-    from tests.test_speedup import FAST, ShortThenReached
+    from gac.objectives.latency.config import Instruments, SpeedupConfig
+    from tests.objectives.test_latency import FAST, ShortThenReached
 
     swept = []
     run_profile = hp.run_profile
@@ -356,7 +356,7 @@ def test_olmoe_prunes_its_experts_aligned_and_round_trips(olmoe_dir, tmp_path, m
     """OLMoE: Qwen3-MoE's experts (a layout line); its q norm spans all heads, so the experts alone are pruned."""
     from transformers import AutoModelForCausalLM
 
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
 
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
     out = tmp_path / "out"

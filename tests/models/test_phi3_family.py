@@ -29,7 +29,7 @@ def phi3_dir(tmp_path_factory):
 def _round_trips(result, out):
     from transformers import AutoModelForCausalLM
 
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
 
     ids = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

@@ -18,7 +18,7 @@ from tests.test_api import fast_config
 def test_phi_compresses_and_round_trips(tiny_phi_dir, tmp_path, monkeypatch, compressor, options):
     from transformers import AutoModelForCausalLM
 
-    from gac.models.io import load
+    from gac.checkpoint.gac_dir import load
 
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
     out = tmp_path / "out"
@@ -43,8 +43,8 @@ def test_phi_compresses_and_round_trips(tiny_phi_dir, tmp_path, monkeypatch, com
 
 
 def test_phi_pruned_unaligned_output_repairs_to_the_same_function(tiny_phi_dir, tmp_path):
+    from gac.checkpoint.gac_dir import load
     from gac.models.groups import groups_of
-    from gac.models.io import load
     from gac.repair import repair_dir
 
     raw = tmp_path / "raw"

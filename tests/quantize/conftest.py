@@ -35,7 +35,7 @@ def structures(width: int = FIT_WIDTH):
 
 
 def save_gac(model, d):
-    from gac.models.io import plan_record, save
+    from gac.checkpoint.gac_dir import plan_record, save
 
     return save(model, tiny_tokenizer(), d, plan=plan_record(variant="gac", source_model="tiny", alignment=32,
                                                              dims={}))

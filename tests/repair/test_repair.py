@@ -11,12 +11,12 @@ import pytest
 import torch
 import transformers
 
+from gac.checkpoint import gac_dir
 from gac.compressors import make_compressor
 from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
-from gac.models.dims import inspect_model
-from gac.models import io
 from gac.models.adapters import adapter_for
+from gac.models.dims import inspect_model
 from gac.models.groups import linears_of
 from gac.models.modeling_gac import LowRankLinear
 from gac.repair import repair, repair_dir
@@ -138,8 +138,8 @@ def test_structure_of_a_model_pruned_in_memory(tmp_path):
     result = repair(model, align=8)
     assert result.structure["attention"] == {"model.layers.1.self_attn": {"num_heads": 2, "num_kv_heads": 1}}
     assert result.structure["linear"]["model.layers.1.self_attn.o_proj"] == [TINY["hidden_size"], 32]
-    out = io.save(model, tiny_tokenizer(), tmp_path / "m", plan={"gac_plan": 1})
-    _assert_same_outputs(_logits(io.load(out).model, ids), before)
+    out = gac_dir.save(model, tiny_tokenizer(), tmp_path / "m", plan={"gac_plan": 1})
+    _assert_same_outputs(_logits(gac_dir.load(out).model, ids), before)
 
 
 def test_width_padded_back_to_the_config_leaves_no_stale_entry(tmp_path):
@@ -159,8 +159,8 @@ def test_width_padded_back_to_the_config_leaves_no_stale_entry(tmp_path):
     before = _logits(model, ids)
     result = repair(model, align=32)
     assert result.structure == {"custom": {"kept": 1}}  # 160 is the config's own width again; unknown keys kept
-    out = io.save(model, tiny_tokenizer(), tmp_path / "m", plan={"gac_plan": 1})
-    _assert_same_outputs(_logits(io.load(out).model, ids), before)
+    out = gac_dir.save(model, tiny_tokenizer(), tmp_path / "m", plan={"gac_plan": 1})
+    _assert_same_outputs(_logits(gac_dir.load(out).model, ids), before)
 
 
 def test_aligned_model_is_left_alone():
@@ -205,9 +205,9 @@ def repaired_dir(tmp_path_factory):
     """(source gac dir, repaired dir, ids, source logits)."""
     model, structure = irregular_model(seed=5)
     root = tmp_path_factory.mktemp("repair")
-    src = io.save(model, tiny_tokenizer(), root / "src", plan={"gac_plan": 1, "variant": "x"})
+    src = gac_dir.save(model, tiny_tokenizer(), root / "src", plan={"gac_plan": 1, "variant": "x"})
     ids = _ids(seed=2, shape=(1, 20))
-    expected = _logits(io.load(src).model, ids)
+    expected = _logits(gac_dir.load(src).model, ids)
     lat = LatencyConfig(prefill_tokens=16, warmup=1, prefill_rounds=2)
     out = repair_dir(str(src), str(root / "out"), align=8, measure_latency=True, latency=lat)
     return src, out, ids, expected
@@ -221,9 +221,9 @@ def test_repair_dir_writes_plan_and_report(repaired_dir):
     assert report["logits_check"]["max_rel_error"] <= 1e-5 and report["logits_check"]["argmax_identical"]
     lat = report["latency"]
     assert lat["prefill_tokens"] == 16 and lat["prefill_ms_before"] > 0 and lat["prefill_ms_after"] > 0
-    plan = io.read_plan(out.out)
+    plan = gac_dir.read_plan(out.out)
     assert plan["variant"] == "repaired" and plan["alignment"] == 8 and plan["source_model"] == str(src)
-    assert plan["source_plan"] == io.read_plan(src) and plan["source_plan"]["variant"] == "x"
+    assert plan["source_plan"] == gac_dir.read_plan(src) and plan["source_plan"]["variant"] == "x"
     assert plan["overhead"] == out.result.overhead and all(v % 8 == 0 for v in plan["dims"].values())
 
 
@@ -266,7 +266,7 @@ def test_repair_dir_loads_with_plain_transformers(repaired_dir, tmp_path):
 def test_repair_dir_plain_hf_dir(tiny_model_dir, tmp_path):
     out = repair_dir(str(tiny_model_dir), str(tmp_path / "o"), strategy="minimal", measure_latency=False)
     assert out.result.changed == [] and out.result.overhead["params_added"] == 0  # width 160 is aligned
-    assert "latency" not in out.report and io.read_plan(out.out)["strategy"] == "minimal"
+    assert "latency" not in out.report and gac_dir.read_plan(out.out)["strategy"] == "minimal"
     with pytest.raises(GacError, match="already exists"):
         repair_dir(str(tiny_model_dir), str(tmp_path / "o"), align=8)
 
@@ -275,7 +275,7 @@ def test_repair_pads_palu_group_ranks_exactly():
     """Per-group ranks inside a grouped K/V factorization (palu) are padded; the function is unchanged."""
     import copy
 
-    from gac.calibrate import calibrate
+    from gac.calibration.stats import calibrate
     from gac.models.modeling_gac import GroupedLowRankLinear
     from gac.repair.repair import repair
     from tests.conftest import tiny_model

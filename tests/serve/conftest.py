@@ -50,7 +50,7 @@ def resized(model):
 @pytest.fixture(scope="session")
 def serve_dirs(tmp_path_factory):
     """{name: directory}: the original (plain HF) and gac outputs of each structure kind."""
-    from gac.models.io import plan_record, save
+    from gac.checkpoint.gac_dir import plan_record, save
 
     root = tmp_path_factory.mktemp("serve")
     original = root / "original"
@@ -156,8 +156,8 @@ def family_dirs(tmp_path_factory):
     """{name: gac output}: Gemma 3 (asvd), Qwen3-MoE (prune, a quarter of its experts dropped) and Mixtral (prune:
     one expert width a layer), and Phi-3 with its fused projections factorized whole and a pruned MLP."""
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
-    from gac.models.io import plan_record, save
+    from gac.calibration.texts import TextConfig
+    from gac.checkpoint.gac_dir import plan_record, save
 
     root = tmp_path_factory.mktemp("families")
     dirs = {}

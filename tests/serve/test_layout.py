@@ -63,7 +63,7 @@ def test_a_vllm_tp2_target_gives_a_model_two_ranks_split(serve_dirs, tmp_path):
     """prune under --target vllm:tp2, same budget: every width splits into two shards of a multiple of 8, every
     head count splits, so the saved model passes the plan's check at TP=2 (the unaligned prune need not)."""
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
+    from gac.calibration.texts import TextConfig
 
     out = tmp_path / "tp2"
     compress(CompressConfig(model=str(serve_dirs["original"]), compressor="prune", ratio=0.3, out=str(out),

@@ -66,7 +66,7 @@ class Target:
         return [d for d in group.grid() if self.allows(group, d)]
 
     def candidates_for(self, alignment: int):
-        """A `candidates_for(unit, d*, window)` for gac.align.select.build_plan: the `window` allowed dims at or
+        """A `candidates_for(unit, d*, window)` for gac.objectives.parameter.build_plan: the `window` allowed dims at or
         below d* and the `window` above (also multiples of `alignment` where the group's grid is fine-grained);
         a group no dim of which can meet the target keeps the static rule (and the report says so)."""
         return _TargetCandidates(self, alignment)

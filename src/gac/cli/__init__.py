@@ -44,13 +44,15 @@ class _Group(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx):
-        from gac.atomic import Terminated, terminate_as_interrupt
+        from gac.io.atomic import Terminated, terminate_as_interrupt
 
         try:
             with terminate_as_interrupt():
                 return super().invoke(ctx)
         except GacError as e:
-            click.echo(f"error: {_one_line(e)}", err=True)
+            from gac.cli.options import in_flags
+
+            click.echo(f"error: {_one_line(in_flags(e))}", err=True)
             sys.exit(2)
         except Terminated as e:
             click.echo(f"interrupted ({e}): no partial output was left", err=True)

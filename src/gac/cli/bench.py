@@ -5,11 +5,18 @@ defaults live in BenchConfig and TextConfig. torch is imported inside the comman
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from gac.cli.options import Int
 from gac.errors import GacError, first_line
+
+if TYPE_CHECKING:
+    import torch
+
+    from gac.calibration.texts import TextConfig
+    from gac.checkpoint.gac_dir import LoadedModel
 
 
 def parse_points(text: str) -> tuple[tuple[int, int], ...]:
@@ -55,7 +62,7 @@ def model_labels(specs: tuple[str, ...]) -> list[str]:
 
 
 def _load(spec: str, *, dtype: str, device: str, placement):
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     try:
         return load_model(spec, dtype=dtype, device=device, placement=placement)
@@ -72,7 +79,7 @@ def write_outputs(result: dict, out: Path) -> list[Path]:
 
     from gac.evaluate.bench import bench_table_markdown, plot_latency_vs_seq
 
-    from gac.atomic import write_file
+    from gac.io.atomic import write_file
 
     files = {
         "bench.json": lambda p: p.write_text(json.dumps(result, indent=2) + "\n"),
@@ -130,7 +137,7 @@ def print_table(result: dict) -> None:
 def _placements(device_map: str | None, max_memory: str | None, offload_folder: Path | None, labels: list[str]):
     """One Placement per model; each model offloads to its own subfolder of --offload-folder (accelerate names
     the offloaded files after the weights, which two models share)."""
-    from gac.models.placement import Placement
+    from gac.checkpoint.placement import Placement
 
     def folder(label: str) -> str | None:
         return None if offload_folder is None else str(offload_folder / label.replace("/", "--"))
@@ -138,8 +145,8 @@ def _placements(device_map: str | None, max_memory: str | None, offload_folder: 
     return [Placement(device_map, max_memory, folder(label)) for label in labels]  # bad combinations fail here
 
 
-def _windows(loaded, text: str, text_cfg) -> object:
-    from gac.data import token_windows
+def _windows(loaded: LoadedModel, text: str, text_cfg: TextConfig) -> torch.Tensor:
+    from gac.calibration.texts import token_windows
 
     if loaded.tokenizer is None:
         raise GacError(f"{loaded.source} has no tokenizer, which --ppl needs: put the tokenizer files beside the "
@@ -177,14 +184,14 @@ def _windows(loaded, text: str, text_cfg) -> object:
 def command(models, device, device_map, max_memory, offload_folder, dtype, points_text, rounds, decode_batches_text,
             ppl, eval_file, eval_windows, seq_len, no_aa, threads, out, quiet) -> None:
     """Time prefill and decode of every MODEL side by side (interleaved, same run, same inputs)."""
+    from gac.calibration.texts import TextConfig
+    from gac.checkpoint.loading import check_placeable
     from gac.cli.output import setup_logging
-    from gac.data import TextConfig
     from gac.evaluate.bench import BenchConfig, bench
     from gac.hw.device import check_device, default_dtype
     from gac.hw.timing import cpu_threads
-    from gac.models.loading import check_placeable
 
-    from gac import validate
+    from gac.io import validate
 
     setup_logging(quiet)
     if out is not None:
@@ -230,7 +237,7 @@ def command(models, device, device_map, max_memory, offload_folder, dtype, point
             "the later ones, so the ratios would compare placements; give each model the same cap with --max-memory")
     text = None
     if ppl:
-        from gac.data import pydoc_split, read_text
+        from gac.calibration.texts import pydoc_split, read_text
 
         text = read_text(eval_file, "--eval-file") if eval_file else pydoc_split()[1]
     with cpu_threads(threads):

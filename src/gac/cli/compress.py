@@ -11,9 +11,10 @@ from gac.align.targets import TARGETS
 from gac.cli.options import Int, Real
 from gac.compressors import AUTO, CHOICES  # names only: the compressors themselves (and torch) load when one is built
 
-# gac.importance.LOWRANK_IMPORTANCE, spelled here so that parsing options imports no torch (a test holds them equal)
+# gac.calibration.importance.LOWRANK_IMPORTANCE, spelled here so that parsing options imports no torch (a test holds
+# them equal)
 IMPORTANCE = ("output", "magnitude", "activation", "taylor", "fisher")
-FACTORIZATIONS = ("svd", "gram", "gram32")  # gac.linalg.FACTORIZATIONS, likewise
+FACTORIZATIONS = ("svd", "gram", "gram32")  # gac.compressors.linalg.FACTORIZATIONS, likewise
 FLAGS = {"alpha": "--alpha", "importance": "--importance", "layers": "--prune-layers", "head_mode": "--head-mode",
          "group_size": "--group-size", "drop_experts": "--drop-experts"}
 
@@ -25,7 +26,7 @@ def _given(**kwargs) -> dict:
 
 def _check_options(compressor: str, options: dict) -> None:
     """A compressor option the chosen compressor's config does not have is a user error, not a traceback (under
-    auto, which takes none, gac.api.CompressConfig says so)."""
+    auto, which takes none, gac.config.CompressConfig says so)."""
     import dataclasses
     import importlib
 
@@ -42,7 +43,7 @@ def _check_options(compressor: str, options: dict) -> None:
 
 def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, calib_file, eval_file) -> None:
     """Everything that can be checked before the model is loaded: fail in a second, not after the work."""
-    from gac import validate
+    from gac.io import validate
 
     validate.output_dir(out, "--out", force=force)
     for path, flag in ((calib_file, "--calib-file"), (eval_file, "--eval-file")):
@@ -55,7 +56,7 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
         validate.enough_space(out, validate.weights_size(model) // 2)  # the output is at least half the source
     if profile is not None and profile != "auto":
         from gac.hw.profile import load_profile
-        from gac.schema import check_profile_matches
+        from gac.hw.profile_schema import check_profile_matches
 
         check_profile_matches(load_profile(profile), profile, device=device or "cpu", dtype=dtype or "float32",
                               allow=allow_mismatch)
@@ -141,7 +142,7 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
 
     setup_logging(quiet)
     if max_memory is not None:
-        from gac.models.placement import parse_max_memory
+        from gac.checkpoint.placement import parse_max_memory
 
         parse_max_memory(max_memory)  # a bad budget fails now, in one line
     if out is None and not dry_run:
@@ -149,7 +150,7 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
     if not dry_run:
         _check_inputs(model, out, force, profile, allow_profile_mismatch, device, dtype, calib_file, eval_file)
     from gac.api import CompressConfig, compress
-    from gac.data import TextConfig
+    from gac.calibration.texts import TextConfig
     from gac.evaluate.latency import LatencyConfig
 
     options = _given(alpha=alpha, importance=importance, layers=prune_layers, head_mode=head_mode,
@@ -187,8 +188,8 @@ def command(model, compressor, ratio, speedup, phase, shape, param_cap, margin, 
         if quantize_scheme else None,
     )
     if dry_run:
-        from gac.pipeline.choice import plan_memory
-        from gac.pipeline.memory import describe, forecast_of
+        from gac.pipelines.choice import plan_memory
+        from gac.pipelines.memory import describe, forecast_of
 
         choice = plan_memory(cfg)
         click.echo(describe(forecast_of(cfg, choice.layerwise), choice))

@@ -48,9 +48,9 @@ def heal_config(*, heal_file=None, heal_tokens=None, heal_samples=None, heal_lr=
                 hidden_weight=None, ce_weight=None, heal_precision=None, unlike_file=None, **rest):
     """gac.heal.HealConfig from the options given (the others keep the config's defaults); text files are read and
     checked now, before any model is loaded."""
-    from gac import validate
     from gac.heal.distill import DistillConfig
     from gac.heal.run import HealConfig
+    from gac.io import validate
 
     for path, flag in ((heal_file, "--heal-file"), (unlike_file, "--unlike-file")):
         if path is not None:
@@ -92,9 +92,9 @@ def describe(report: dict) -> list[str]:
 def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr, heal_train, hidden_weight,
             ce_weight, heal_precision, unlike_file, eval_file, seq_len, eval_windows, device, force, quiet):
     """Recover MODEL (a gac output) by distillation from its original; dims and parameter count unchanged."""
-    from gac import validate
+    from gac.calibration.texts import TextConfig
     from gac.cli.output import setup_logging
-    from gac.data import TextConfig
+    from gac.io import validate
 
     setup_logging(quiet)
     validate.output_dir(out, "--out", force=force)

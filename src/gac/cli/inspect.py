@@ -34,7 +34,7 @@ def command(model, align_text, json_out, plot, limit) -> None:
     """List MODEL's compressible dims (ranks, linear widths, MLP width, head_dim) and which are misaligned."""
     from gac.cli.output import setup_logging
 
-    from gac import validate
+    from gac.io import validate
 
     alignments = parse_alignments(align_text)
     for path, flag in ((json_out, "--json"), (plot, "--plot")):
@@ -42,10 +42,10 @@ def command(model, align_text, json_out, plot, limit) -> None:
             validate.output_file(path, flag)
     validate.local_model_typo(model)
     setup_logging(quiet=True)
-    from gac.atomic import write_file, write_text
+    from gac.checkpoint.loading import load_model
     from gac.evaluate.dims_plot import plot_dims
+    from gac.io.atomic import write_file, write_text
     from gac.models.dims import inspect_model
-    from gac.models.loading import load_model
 
     result = inspect_model(load_model(model).model, alignments)
     if json_out is not None:

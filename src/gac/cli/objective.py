@@ -39,9 +39,9 @@ def speedup_options(f):
 
 def latency_objective(speedup, phase, shape, param_cap, *, prefill_tokens=None, no_guard=False, margin=None,
                       retime=False):
-    """gac.speedup.SpeedupConfig from the options, or None for the parameter objective; one-line GacError for a
-    latency option without --speedup, or --prefill-tokens with it (its --shape sets the timed shape). CompressConfig
-    checks the options --speedup excludes, --ratio included."""
+    """gac.objectives.latency.config.SpeedupConfig from the options, or None for the parameter objective; one-line
+    GacError for a latency option without --speedup, or --prefill-tokens with it (its --shape sets the timed shape).
+    CompressConfig checks the options --speedup excludes, --ratio included."""
     from gac.errors import GacError
 
     if speedup is None:
@@ -52,8 +52,8 @@ def latency_objective(speedup, phase, shape, param_cap, *, prefill_tokens=None, 
     if prefill_tokens is not None:
         raise GacError("--speedup times every model at its --shape, which --prefill-tokens would contradict: give "
                        "--shape BATCHxTOKENS instead")
-    from gac.hw.journal import TimingJournal
-    from gac.speedup import Instruments, SpeedupConfig, parse_shape
+    from gac.objectives.latency.config import Instruments, SpeedupConfig, parse_shape
+    from gac.objectives.latency.journal import TimingJournal
 
     batch, seq = parse_shape(shape) if shape is not None else (SpeedupConfig.batch, SpeedupConfig.seq)
     given = {k: v for k, v in (("phase", phase), ("margin", margin)) if v is not None}

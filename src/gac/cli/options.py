@@ -1,10 +1,24 @@
-"""Option types whose bad values fail at parse time, before any work, as one line naming the fix."""
+"""Option types whose bad values fail at parse time, before any work, as one line naming the fix; and the flags that
+the library's configuration fields are given as (CONFIG_FLAGS), which the CLI's errors name them by."""
 
 from __future__ import annotations
 
 import click
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError
+
+# a config field (or one setting of it) -> the option that sets it: a ConfigError names fields, the CLI its flags
+CONFIG_FLAGS = {
+    "ratio": "--ratio", "speedup": "--speedup", "alignment": "--align", "align=False": "--no-align",
+    "profile": "--profile", "target": "--target", "layerwise": "--layerwise", "max_memory": "--max-memory",
+    "heal": "--heal", "quantize": "--quantize", "compressor": "--compressor", "drop_experts": "--drop-experts",
+    "param_cap": "--param-cap", "margin": "--margin", "phase": "--phase",
+}
+
+
+def in_flags(e: GacError) -> str:
+    """A library error as the CLI words it: a ConfigError's fields named by their flags (CONFIG_FLAGS)."""
+    return e.worded(CONFIG_FLAGS) if isinstance(e, ConfigError) else str(e)
 
 
 class Int(click.ParamType):
@@ -37,7 +51,7 @@ class Real(click.ParamType):
         self.low, self.high, self.example, self.what = low, high, example, what
 
     def convert(self, value, param, ctx):
-        from gac.validate import real
+        from gac.io.validate import real
 
         flag = param.opts[0] if param is not None and param.opts else "value"
         return real(value, flag, low=self.low, high=self.high, example=self.example)

@@ -69,9 +69,9 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
     """
     import dataclasses
 
-    from gac import validate
     from gac.align.profiled import spec_from_model, spec_from_plan
     from gac.hw import profile as hp
+    from gac.io import validate
 
     if sum(x is not None for x in (dims_text, plan, model_spec)) > 1:
         raise GacError("--dims, --plan and --model exclude each other: give only one of --dims, --plan or --model")
@@ -99,7 +99,7 @@ def command(device, dtype, out, quick, dims_text, head_dims_text, hidden, heads,
             raise GacError(f"{plan}: {e}: fix the plan (format: docs/USAGE.md, `gac select`)" if str(plan) not in str(e)
                            else str(e)) from None
     if model_spec:
-        from gac.models.loading import load_model
+        from gac.checkpoint.loading import load_model
 
         spec = _given(spec_from_model(load_model(model_spec).model, spec), head_dims, sizes, ops)
     if m is not None:

@@ -74,8 +74,8 @@ def command(model, scheme, out, group, method, skip_unfit, serve_device, serve_t
     """Quantize MODEL (a gac output, a Hugging Face directory, a .gguf or an alias) to a compressed-tensors
     checkpoint that vLLM serves with its quantized kernels, every linear checked against the kernel's shape rules
     first."""
-    from gac import validate
     from gac.cli.output import setup_logging
+    from gac.io import validate
 
     setup_logging(quiet)
     if calib_file is not None:

@@ -50,7 +50,7 @@ def command(model, out, align_text, strategy, profile, allow_profile_mismatch, f
     """Zero-pad MODEL's irregular low-rank ranks and MLP widths to aligned sizes (same outputs) and save it."""
     from gac.cli.output import setup_logging
 
-    from gac import validate
+    from gac.io import validate
 
     align = _parse_align(align_text)
     setup_logging(quiet=True)
@@ -59,7 +59,7 @@ def command(model, out, align_text, strategy, profile, allow_profile_mismatch, f
     validate.enough_space(out, validate.weights_size(model))  # the padded model is a little larger
     if profile is not None:
         from gac.hw.profile import load_profile
-        from gac.schema import check_profile_matches
+        from gac.hw.profile_schema import check_profile_matches
 
         # repair loads, checks and times the model on the CPU in float32
         check_profile_matches(load_profile(profile), profile, device="cpu", dtype="float32",

@@ -25,7 +25,7 @@ from gac.errors import GacError
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON instead of the summary.")
 def select_cmd(plan: Path, out: Path | None, as_json: bool) -> None:
     """Pick one aligned dim per weight of PLAN.json within its parameter budget."""
-    from gac.validate import output_file
+    from gac.io.validate import output_file
 
     if out is not None:
         output_file(out, "--out")  # before the solve, not after
@@ -43,15 +43,15 @@ def select_cmd(plan: Path, out: Path | None, as_json: bool) -> None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so readers see the old file or the new one, never half of it (signal-safe, see gac.atomic)."""
-    from gac.atomic import write_text
+    """Write JSON so readers see the old file or the new one, never half of it (signal-safe, see gac.io.atomic)."""
+    from gac.io.atomic import write_text
 
     write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def read_plan_file(plan: Path) -> Any:
     """The plan's JSON, read with a size and nesting bound (a /dev/zero or a 100k-deep plan is one line)."""
-    from gac.validate import read_json
+    from gac.io.validate import read_json
 
     fix = "pass a plan JSON object with 'budget' and 'weights'"
     data = read_json(plan, "plan", "PLAN.json", fix=fix)

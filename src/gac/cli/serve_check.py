@@ -21,14 +21,14 @@ def command(model_dirs, engine, tp, dtype, max_tokens, out) -> None:
     import json
     import os
 
-    from gac.atomic import write_text
-    from gac.errors import GacError
     from gac.cli.output import setup_logging
+    from gac.errors import GacError
+    from gac.io.atomic import write_text
     from gac.serve.agreement import agreement
 
     setup_logging(False)
     if out:
-        from gac import validate
+        from gac.io import validate
 
         validate.output_file(out, "--out")
     # vLLM's engine core in this process, not a process of its own started (and vLLM imported again) per model:

@@ -11,8 +11,8 @@ REGISTRY = {
     "palu": "gac.compressors.palu",
 }
 
-# `--compressor auto` (gac.auto): each of these analyzed at its defaults, the best measured one kept. Plain svd is not
-# among them: it is asvd at alpha 0 scored by weight magnitude, with no loss model to predict its quality by.
+# `--compressor auto` (gac.pipelines.auto): each of these analyzed at its defaults, the best measured one kept. Plain
+# svd is not among them: it is asvd at alpha 0 scored by weight magnitude, with no loss model to predict its quality by.
 AUTO = "auto"
 AUTO_CANDIDATES = ("asvd", "svd_llm", "palu", "prune")
 AUTO_BUILT = 2  # of them, built (under --speedup run through the closed loop) and measured, best predicted first

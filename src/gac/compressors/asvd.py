@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from gac.calibration.importance import LOWRANK_IMPORTANCE, check_proxy
 from gac.compressors.base import LowRankCompressor
 from gac.errors import GacError
-from gac.importance import LOWRANK_IMPORTANCE, check_proxy
 
 
 @dataclass(frozen=True)

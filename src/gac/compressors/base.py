@@ -22,11 +22,11 @@ import torch
 from gac.compressors.allocation import DENSE, allocate_ranks
 from gac.compressors.loss_model import (allocate_by_curves, lowrank_loss_curve, lowrank_options, slope_at,
                                         truncation_factors)
+from gac.compressors.linalg import ScaledSVD, factorize_from_svd, scaled_svd
 from gac.compressors.quality import curve_quality, energy_quality
 from gac.errors import GacError
-from gac.linalg import ScaledSVD, factorize_from_svd, scaled_svd
+from gac.hw.threads import map_side_by_side
 from gac.models.groups import DimGroup, RankGroup, groups_of, linears_of
-from gac.threads import map_side_by_side
 
 log = logging.getLogger(__name__)
 SLOPE_SPAN = 8  # ranks either side of d* for the plan's score: GAC's candidates lie one alignment step away
@@ -169,11 +169,11 @@ class Compressor:
     @property
     def needs_xtx(self) -> bool:
         """Calibration must collect X^T X: for the cut, or for the "output" loss model."""
-        from gac.importance import OUTPUT
+        from gac.calibration.importance import OUTPUT
 
         return self.own_xtx or self.proxy == OUTPUT
 
-    factorization = "svd"  # how low-rank compressors take their spectra: gac.linalg.FACTORIZATIONS
+    factorization = "svd"  # how low-rank compressors take their spectra: gac.compressors.linalg.FACTORIZATIONS
     factorizes = False  # whether its cut is a low-rank factorization (factors to hold; no llama.cpp architecture)
 
     def __init__(self, config):
@@ -181,7 +181,8 @@ class Compressor:
 
     @property
     def proxy(self) -> str | None:
-        """The importance proxy chosen in the config (gac.importance.PROXIES), or None for the compressor's own."""
+        """The importance proxy chosen in the config (gac.calibration.importance.PROXIES), or None for the compressor's
+        own."""
         return getattr(self.config, "importance", None)
 
     measures_sensitivity = False  # whether analyze runs the whole model once per weight (LowRankCompressor's)
@@ -189,7 +190,7 @@ class Compressor:
     @property
     def needs_windows(self) -> bool:
         """Whether analyze needs the calibration windows (a gradient pass for taylor or fisher)."""
-        from gac.importance import GRADIENT_PROXIES, OUTPUT
+        from gac.calibration.importance import GRADIENT_PROXIES, OUTPUT
 
         return self.proxy in (*GRADIENT_PROXIES, OUTPUT)
 
@@ -214,7 +215,7 @@ class Compressor:
 
     def cut_state_bytes(self, shapes, value_bytes: int) -> int:
         """The size of one layer's cut_state at `value_bytes` per value, from its shapes alone
-        (gac.pipeline.memory.Shapes): what the memory forecast counts for the layer-wise factor cache."""
+        (gac.pipelines.memory.Shapes): what the memory forecast counts for the layer-wise factor cache."""
         return 0
 
     def load_cut_state(self, units: list[Unit], tensors: dict) -> None:
@@ -304,7 +305,7 @@ class LowRankCompressor(Compressor):
         importance; keep: 1 - ratio; windows: the calibration windows, for a gradient-based proxy)."""
         from tqdm.auto import tqdm
 
-        from gac.importance import OUTPUT
+        from gac.calibration.importance import OUTPUT
 
         units = [LowRankUnit(g) for g in groups]
         self.factorize_units(model, units, stats, progress=progress)
@@ -314,7 +315,7 @@ class LowRankCompressor(Compressor):
         elif self.proxy is None:
             scores = self.importance(model, units, stats, probe, keep, progress)
         else:
-            from gac.importance import weight_scores
+            from gac.calibration.importance import weight_scores
 
             scores = weight_scores(self.proxy, model, linears_of(groups), stats=stats, windows=windows,
                                    progress=progress)
@@ -398,7 +399,7 @@ def max_rank_factors(svd: ScaledSVD, rank: int) -> tuple[torch.Tensor, torch.Ten
 def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progress: bool) -> None:
     """Each unit's loss-model curve, from calibration statistics: X^T X / tokens of its input and the
     output-gradient Fisher of the rows it covers (one gradient pass, unless a caller cached it in stats)."""
-    from gac.importance import output_fisher
+    from gac.calibration.importance import output_fisher
 
     names = linears_of([u.group for u in units])
     if all(stats[n].out_fisher is not None for n in names):

@@ -3,10 +3,10 @@ allocator over such curves. Pure tensor maths (numpy / torch): no modules, no na
 
 Loss model (one linear y = W x, any rank-r factorization W_r = W - dW):
     dL(r) ~= 1/2 * E_t[ sum_j f_j (dW x_t)_j^2 ] = 1/2 * tr(diag(f) dW C dW^T)
-with C = E_t[x x^T] (calibration inputs) and f_j = E_t[(dl_t/dy_tj)^2], the Fisher on the layer's output channel j
-of the model's own predictive distribution (l_t the cross-entropy against a label drawn from the model's softmax at
-t: gac.importance.output_fisher), i.e. a diagonal Gauss-Newton model of the KL divergence from the original in the
-layer's outputs, with the output-gradient scale taken independent of the output error. For a factorization from
+with C = E_t[x x^T] (calibration inputs) and f_j = E_t[(dl_t/dy_tj)^2], the Fisher on the layer's output channel j of
+the model's own predictive distribution (l_t the cross-entropy against a label drawn from the model's softmax at t:
+gac.calibration.importance.output_fisher), i.e. a diagonal Gauss-Newton model of the KL divergence from the original in
+the layer's outputs, with the output-gradient scale taken independent of the output error. For a factorization from
 the SVD of W S (S an input transform: diag(scale) for ASVD, a whitening matrix for SVD-LLM, identity for plain SVD),
 W S = U diag(s) V^T, dW = U_tail diag(s_tail) V_tail^T S^-1 and
     dL(r) = 1/2 * sum_{i,k >= r} s_i s_k P_ik Q_ik,   P = U^T diag(f) U,   Q = (V^T S^-1) C (V^T S^-1)^T,
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gac.calibration.gram import Gram
 from gac.compressors.allocation import greedy_steps
-from gac.linalg import Gram
 
 
 def truncation_factors(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, scale: torch.Tensor | None,

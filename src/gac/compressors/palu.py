@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gac.compressors.base import LowRankCompressor, LowRankUnit, add_loss_curves, normalize_scores
+from gac.compressors.linalg import scaled_svd, whiten
 from gac.errors import GacError
-from gac.linalg import scaled_svd, whiten
+from gac.hw.threads import map_side_by_side
 from gac.models.groups import HeadRankGroup, groups_of, linears_of
-from gac.threads import map_side_by_side
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class PaluConfig:
     importance: str = "output"  # the loss model, or a proxy for the per-group score, that drives the rank allocation
 
     def __post_init__(self):
-        from gac.importance import LOWRANK_IMPORTANCE, check_proxy
+        from gac.calibration.importance import LOWRANK_IMPORTANCE, check_proxy
 
         if self.group_size < 1:
             raise GacError(f"palu group size {self.group_size} must be >= 1, e.g. --group-size 1")
@@ -41,7 +41,7 @@ class PaluCompressor(LowRankCompressor):
         return groups_of(model, "head_rank", heads_per_group=self.config.group_size)
 
     def analyze(self, model, groups, stats, *, probe=None, keep=0.85, progress=True, windows=None):
-        from gac.importance import OUTPUT, measure
+        from gac.calibration.importance import OUTPUT, measure
 
         linears = linears_of(groups)
         units = [LowRankUnit(g) for g in groups]

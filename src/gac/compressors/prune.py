@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gac.calibration.importance import check_proxy, measure
 from gac.compressors.allocation import greedy_steps
 from gac.compressors.base import Compressor, Unit, normalize_scores
 from gac.compressors.quality import pruned_quality
 from gac.errors import GacError
-from gac.importance import check_proxy, measure
 from gac.models.adapters import adapter_for
 from gac.models.groups import DimGroup, check_heads_prunable, groups_of, linears_of
 
@@ -49,7 +49,7 @@ def parse_layers(spec) -> tuple[int, ...] | str | None:
 
 @dataclass(frozen=True)
 class PruneConfig:
-    importance: str = "taylor"  # which proxy ranks channels and heads (gac.importance.PROXIES)
+    importance: str = "taylor"  # which proxy ranks channels and heads (gac.calibration.importance.PROXIES)
     layers: tuple[int, ...] | str | None = None  # None: all but the first and last layer (as LLM-Pruner); "all"
     head_mode: str = "group"  # group: whole KV groups; uniform: same number of query heads per group; none
     drop_experts: float = 0.0  # share of each MoE layer's experts to drop whole, in [0, 1) (--drop-experts)
@@ -82,7 +82,8 @@ class PrunedUnit(Unit):
 
     @classmethod
     def scored(cls, group, scores: dict) -> PrunedUnit:
-        """The unit of `group`, its steps scored from the proxy's per-linear scores (gac.importance.measure)."""
+        """The unit of `group`, its steps scored from the proxy's per-linear scores
+        (gac.calibration.importance.measure)."""
         raise NotImplementedError
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from gac.linalg import factorize_from_svd
+from gac.compressors.linalg import factorize_from_svd
 
 PROBE_TOKENS = 256  # the loss probe of measured importance: one calibration window, cut to this length
 

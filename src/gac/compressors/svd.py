@@ -1,17 +1,17 @@
 """Plain truncated SVD: every compressible linear as its best rank-r approximation; importance = weight magnitude
-(or any proxy of gac.importance)."""
+(or any proxy of gac.calibration.importance)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gac.calibration.importance import LOWRANK_IMPORTANCE, check_proxy
 from gac.compressors.base import LowRankCompressor
-from gac.importance import LOWRANK_IMPORTANCE, check_proxy
 
 
 @dataclass(frozen=True)
 class SVDConfig:
-    importance: str | None = None  # a gac.importance proxy for the per-weight score; None: weight magnitude
+    importance: str | None = None  # a gac.calibration.importance proxy for the per-weight score; None: weight magnitude
 
     def __post_init__(self):
         if self.importance is not None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from gac.compressors.base import LowRankCompressor
-from gac.linalg import whiten
+from gac.compressors.linalg import whiten
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class SVDLLMConfig:
 
     def __post_init__(self):
         if self.importance is not None:
-            from gac.importance import LOWRANK_IMPORTANCE, check_proxy
+            from gac.calibration.importance import LOWRANK_IMPORTANCE, check_proxy
 
             check_proxy(self.importance, LOWRANK_IMPORTANCE)
 

@@ -67,7 +67,7 @@ def _split_aa(timings: dict, first: str) -> tuple[dict, dict | None]:
 
 def _placement(models: dict) -> tuple[object, object]:
     """(input device, dtype) shared by every model; mixing them would make the ratios meaningless."""
-    from gac.models.placement import input_device
+    from gac.checkpoint.placement import input_device
 
     seen = {(input_device(m), next(m.parameters()).dtype) for m in models.values()}
     if len(seen) != 1:
@@ -90,9 +90,9 @@ def bench(models: dict, cfg: BenchConfig = BenchConfig(), held_out: dict | None 
     """
     import torch
 
+    from gac.checkpoint.placement import is_dispatched, placement_summary
     from gac.evaluate.latency import LatencyConfig, decode_timings, prefill_timings
     from gac.hw.device import device_name
-    from gac.models.placement import is_dispatched, placement_summary
 
     if not models:
         raise GacError("nothing to bench: give at least one model")

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from gac.checkpoint.placement import input_device
 from gac.errors import GacError
 from gac.hw.timing import Timing, time_interleaved
 from gac.models.adapters import text_config
-from gac.models.placement import input_device
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class LatencyConfig:
     cuda_graphs: bool = True  # on CUDA, time graph replays (False: eager calls, launch-bound for small models)
 
     def __post_init__(self):
-        from gac.validate import integer
+        from gac.io.validate import integer
 
         integer(self.prefill_tokens, "--prefill-tokens", example=512)
         for name in ("batch", "decode_context", "prefill_rounds", "decode_rounds"):

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 def perplexity(model, windows: torch.Tensor, *, batch_size: int = 4, desc: str = "perplexity",
                progress: bool = True) -> float:
     """exp(mean next-token NLL) over all predicted tokens of windows [n, seq]."""
-    from gac.models.placement import input_device
+    from gac.checkpoint.placement import input_device
 
     device = input_device(model)  # a model dispatched by accelerate moves the batch on from there
     nll, count = 0.0, 0
@@ -29,5 +29,5 @@ def perplexity(model, windows: torch.Tensor, *, batch_size: int = 4, desc: str =
 
 def mean_loss(model, windows: torch.Tensor) -> float:
     """Mean next-token loss in nats on token windows [n, seq] (log perplexity): how --compressor auto and the
-    --speedup guard compare models, on held-back calibration windows (gac.data.held_back_windows)."""
+    --speedup guard compare models, on held-back calibration windows (gac.calibration.texts.held_back_windows)."""
     return math.log(perplexity(model, windows, desc="held-back loss", progress=False))

@@ -11,8 +11,8 @@ VARIANTS = ("baseline", "unaligned", "gac")
 
 @dataclass
 class Report:
-    """One `gac compress` run's report, built once (gac.api) whichever the pipeline; to_dict() is report.json. The
-    sections of one objective (defaults None) are left out of the JSON under the other."""
+    """One `gac compress` run's report, built once (gac.pipelines.outputs) whichever the pipeline; to_dict() is
+    report.json. The sections of one objective (defaults None) are left out of the JSON under the other."""
 
     model: str
     compressor: str
@@ -35,7 +35,7 @@ class Report:
     saved_variant: str
     selection: dict | None = None  # --ratio: the knapsack's result (gac.align.plan.SelectionResult less its dims)
     objective: dict | None = None  # --speedup: the latency objective's options ...
-    latency_objective: dict | None = None  # ... and its closed loop (gac.closed_loop.LatencyOutcome.report)
+    latency_objective: dict | None = None  # ... and its closed loop (gac.objectives.latency.outcome.LatencyOutcome)
     target: dict | None = None  # which dims the deployment target constrained, and why
     profile_excluded: dict | None = None  # {group: {dim: why}}: the aligned dims a hardware profile ruled out
     heal: dict | None = None  # --heal: the saved variant's healing (gac.heal.run.heal_model's report)

@@ -9,9 +9,14 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
 from gac.export.quantize import check_type
+
+if TYPE_CHECKING:
+    from gac.checkpoint.gac_dir import LoadedModel
+    from gac.export.gguf_writer import Geometry
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +57,7 @@ class ExportResult:
 
 def _check_out_file(spec: str, suffix: str, flag: str, force: bool, example: str = "") -> Path:
     """`spec` must be a path ending in `suffix` that `flag` may write (checked before any work)."""
-    from gac import validate
+    from gac.io import validate
 
     path = Path(spec).expanduser()
     if path.suffix != suffix:
@@ -79,8 +84,8 @@ def check_model_dir(spec: str) -> Path:
 def check_source(spec: str) -> None:
     """A directory must be a model directory; a gac output must be one export can represent (checked before
     the model is loaded where the plan says so)."""
+    from gac.checkpoint.gac_dir import is_gac_dir, read_plan
     from gac.compressors import REGISTRY, make_compressor
-    from gac.models.io import is_gac_dir, read_plan
 
     path = check_model_dir(spec)
     if path.is_dir():
@@ -92,7 +97,7 @@ def check_source(spec: str) -> None:
                                "--compressor prune`) or serve this one with transformers (gac.load)")
 
 
-def write_f16(loaded, path: Path, *, pad_mlp: bool = False) -> object:
+def write_f16(loaded: LoadedModel, path: Path, *, pad_mlp: bool = False) -> Geometry:
     """The f16 GGUF of a loaded model at `path` (a plain write; callers make it atomic). Returns its Geometry."""
     from gac.export.gguf_writer import write_gguf
     from gac.export.tokenizer import tokenizer_fields
@@ -104,13 +109,13 @@ def write_f16(loaded, path: Path, *, pad_mlp: bool = False) -> object:
 
 
 def export_hf(cfg: ExportConfig) -> Path:
-    """A Hugging Face directory of the model: a gac output keeps its structure and plan (gac.models.io.save); any
-    other model (the embedded GGUF, dequantized; an HF directory) is saved as its family's own class, which
+    """A Hugging Face directory of the model: a gac output keeps its structure and plan (gac.checkpoint.gac_dir.save);
+    any other model (the embedded GGUF, dequantized; an HF directory) is saved as its family's own class, which
     transformers, lm-evaluation-harness and vLLM load natively."""
-    from gac import validate
-    from gac.atomic import atomic_dir
-    from gac.models.io import is_gac_dir, read_plan, save
-    from gac.models.loading import load_model
+    from gac.checkpoint.gac_dir import is_gac_dir, read_plan, save
+    from gac.checkpoint.loading import load_model
+    from gac.io import validate
+    from gac.io.atomic import atomic_dir
 
     out = validate.output_dir(cfg.out, force=cfg.force)
     validate.not_quantized(cfg.model, "export")
@@ -126,12 +131,12 @@ def export_hf(cfg: ExportConfig) -> Path:
 
 
 def export(cfg: ExportConfig) -> ExportResult:
-    from gac.atomic import write_file, write_text
+    from gac.checkpoint.loading import load_model
     from gac.export.gguf_writer import check_exportable
     from gac.export.quantize import llama_cpp_module, quantize, tensor_types, type_report
-    from gac.models.loading import load_model
+    from gac.io.atomic import write_file, write_text
 
-    from gac import validate
+    from gac.io import validate
 
     validate.not_quantized(cfg.model, "export")
     out = check_output(cfg.out, cfg.force)

@@ -105,7 +105,7 @@ def tensors(model, geo: Geometry) -> dict[str, np.ndarray]:
     """{GGUF tensor name: array [out, in] (f16) or [n] (norms, f32)}, stored as the architecture reads them:
     q/k rows permuted for llama's rope, norms shifted for Gemma's (1 + w)."""
     from gac.models.adapters import adapter_for
-    from gac.padding import pad_cols, pad_rows
+    from gac.models.padding import pad_cols, pad_rows
 
     config = model.config
     adapter = adapter_for(config)

@@ -20,8 +20,8 @@ PREFIX = "tokenizer."
 def source_gguf(spec: str) -> Path | None:
     """The GGUF a model spec's tokenizer comes from: the alias's or the file's, or, for a gac output, that of the
     model it was compressed from (gac_plan.json's source_model), when that still resolves; else None."""
-    from gac.models.io import is_gac_dir, read_plan
-    from gac.models.loading import gguf_of
+    from gac.checkpoint.gac_dir import is_gac_dir, read_plan
+    from gac.checkpoint.loading import gguf_of
 
     seen = set()
     while spec not in seen:

@@ -47,7 +47,7 @@ class DistillConfig:
     # auto: bf16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else fp32
 
     def __post_init__(self):
-        from gac.validate import integer, real
+        from gac.io.validate import integer, real
 
         integer(self.tokens, "--heal-tokens", example=DEFAULT_TOKENS)
         integer(self.batch, "batch", example=2)

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gac.data import TextConfig
+from gac.calibration.texts import TextConfig
 from gac.errors import GacError
 from gac.heal.distill import DistillConfig
 
@@ -24,7 +24,7 @@ class HealConfig:
 
     original: str | None = None  # the teacher (--original); None: the original recorded in gac_plan.json
     heal_file: str | None = None  # training text; None: the calibration docs and the standard library's sources
-    unlike_file: str | None = None  # the text unlike the calibration text; None: gac.data.unlike_texts()
+    unlike_file: str | None = None  # the text unlike the calibration text; None: gac.calibration.texts.unlike_texts()
     samples: int = 0  # --heal-samples: windows sampled from the original beside the healing text (0: none; off by
     # default, since sampling costs minutes for no clear gain)
     text: TextConfig = TextConfig()  # seq_len, eval_file and eval_windows (the calibration fields are unused)
@@ -35,7 +35,7 @@ class HealConfig:
 
     def __post_init__(self):
         from gac.heal.texts import VAL_WINDOWS
-        from gac.validate import integer
+        from gac.io.validate import integer
 
         if self.samples != 0:  # some for early stopping, at least one to train on
             integer(self.samples, "--heal-samples (0 for none)", minimum=VAL_WINDOWS + 1, example=64)
@@ -67,7 +67,7 @@ def original_of(model_dir: Path, plan: dict) -> str:
 
 
 def _check_original(original: str, model_dir: Path, given: bool) -> None:
-    from gac.models.loading import EMBEDDED
+    from gac.checkpoint.loading import EMBEDDED
 
     path = Path(original).expanduser()
     looks_local = original.startswith((".", "/", "~")) or original.count("/") != 1 or path.exists()
@@ -151,11 +151,11 @@ def healed_summary(original: str, report: dict) -> dict:
 def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
     """Load the gac output `model`, heal it from its original and save it to `out` (atomically) with heal.json and
     heal.png."""
+    from gac.checkpoint.gac_dir import MODELING_HASH, check_out_dir, is_gac_dir, load, plan_record, read_plan, save
+    from gac.checkpoint.loading import load_model
     from gac.heal.plot import PLOT_FILE, heal_png
-    from gac.models.io import MODELING_HASH, check_out_dir, is_gac_dir, load, plan_record, read_plan, save
-    from gac.models.loading import load_model
 
-    from gac import validate
+    from gac.io import validate
 
     validate.not_quantized(model, "heal")  # healing trains float weights: heal first, then quantize
     check_out_dir(out, cfg.force)

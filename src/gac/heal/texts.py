@@ -25,7 +25,7 @@ class HealTexts:
     train: torch.Tensor  # [n, seq] training windows
     val: torch.Tensor  # [VAL_WINDOWS, seq] early-stopping windows from the healing text, never trained on
     held_out: torch.Tensor  # [m, seq] the evaluation windows (held-out calibration-kind text, or --eval-file)
-    unlike: dict  # {id: [k, seq] windows} of texts unlike the calibration text (gac.data.UNLIKE, or "unlike")
+    unlike: dict  # {id: [k, seq] windows} of texts unlike the calibration (gac.calibration.texts.UNLIKE or "unlike")
     names: dict  # {"train": ..., "held_out": ..., and each unlike text's id: ...}: what each text is
     dropped: int  # healing windows dropped for sharing text with the evaluation windows
     sampled: int = 0  # of the training windows, how many were sampled from the original (gac.heal.samples)
@@ -44,8 +44,8 @@ class HealTexts:
     def cached_perplexities(self, model, who: str = "model", progress: bool = True) -> dict:
         """perplexities(), measured once for a model's tensors on these windows (with this torch, on this device) and
         then read back from gac's cache: the original's, which every healing of its compressions reports."""
-        from gac.atomic import write_text
         from gac.hw.profile import cache_root
+        from gac.io.atomic import write_text
 
         path = cache_root() / "perplexity" / f"{_fingerprint(model, self.evaluated())}.json"
         try:
@@ -105,12 +105,12 @@ def sharing(windows: torch.Tensor, evaluation: Iterable[torch.Tensor]) -> torch.
 
 def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unlike_file: str | None,
                  seq_len: int, eval_windows: int) -> HealTexts:
-    """Windows of the healing text (`heal_file`, or by default the standard library's sources then the calibration
-    text, SOURCES_SHARE times its tokens of sources) less any that share text with the evaluation windows, its last
+    """Windows of the healing text (`heal_file`, or by default the standard library's sources then the calibration text,
+    SOURCES_SHARE times its tokens of sources) less any that share text with the evaluation windows, its last
     VAL_WINDOWS set aside for early stopping; the held-out evaluation windows (the default held-out docs, or
-    `eval_file`); and the texts unlike the calibration text (gac.data.unlike_texts, or `unlike_file`). A text too
-    short for this is refused in one line."""
-    from gac.data import pydoc_split, read_text, stdlib_sources, token_windows, unlike_texts
+    `eval_file`); and the texts unlike the calibration text (gac.calibration.texts.unlike_texts, or `unlike_file`). A
+    text too short for this is refused in one line."""
+    from gac.calibration.texts import pydoc_split, read_text, stdlib_sources, token_windows, unlike_texts
 
     calib, docs = pydoc_split()
     held_text = read_text(eval_file, "--eval-file") if eval_file else docs

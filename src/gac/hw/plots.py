@@ -79,7 +79,7 @@ def plot_profile(
         fig.suptitle(f"{op}: {header}", fontsize=11)
         fig.tight_layout()
         path = out_dir / f"{prefix}_{op}.png"
-        from gac.atomic import write_file
+        from gac.io.atomic import write_file
 
         write_file(path, lambda p, fig=fig: fig.savefig(p, dpi=110))  # signal-safe: no half-written PNG
         plt.close(fig)

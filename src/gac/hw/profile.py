@@ -495,7 +495,7 @@ def run_profile(spec: SweepSpec | None, *, device: str = "cpu", dtype: str = "fl
 
 def save_profile(profile: Mapping, path: str | os.PathLike) -> Path:
     """Write atomically and signal-safe; one line per key and per op entry so the file stays readable."""
-    from gac.atomic import write_text
+    from gac.io.atomic import write_text
 
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in profile.items() if k != "ops"]
     ops = ",\n".join("    " + json.dumps(e) for e in profile.get("ops", []))
@@ -504,9 +504,9 @@ def save_profile(profile: Mapping, path: str | os.PathLike) -> Path:
 
 
 def load_profile(path: str | os.PathLike) -> dict:
-    """Read and check a profile file (bounded read, schema in gac.schema); one-line GacError when invalid."""
-    from gac.schema import check_profile
-    from gac.validate import read_json
+    """Read and check a profile file (bounded read, schema in gac.hw.profile_schema); one-line GacError when invalid."""
+    from gac.hw.profile_schema import check_profile
+    from gac.io.validate import read_json
 
     path = Path(path)
     if not path.exists():

@@ -15,7 +15,7 @@ from torch import nn
 
 from gac.models.kinds.base import DimGroup, by_kind, is_lowrank
 from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear, fit_experts_implementation, set_module
-from gac.padding import pad_cols, pad_grouped_lowrank, pad_lowrank, pad_rows
+from gac.models.padding import pad_cols, pad_grouped_lowrank, pad_lowrank, pad_rows
 
 
 # --- what a compressor hands over per group ----------------------------------------------------------------

@@ -15,8 +15,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gac.checkpoint.gac_dir import QUANTIZE_FILE
 from gac.errors import GacError
-from gac.models.io import QUANTIZE_FILE
 from gac.quantize.plan import QuantPlan, check_covers, plan
 from gac.quantize.schemes import QuantizeConfig, scheme_args
 
@@ -43,8 +43,8 @@ def quantize_dir(model, out, cfg: QuantizeConfig, *, force: bool = False,
                  progress: bool = True) -> QuantizeResult:
     """Quantize `model` (a gac output, a Hugging Face directory, a .gguf or the embedded alias) into `out`."""
     model, out = str(model), str(out)
-    from gac import validate
-    from gac.models.io import check_out_dir
+    from gac.checkpoint.gac_dir import check_out_dir
+    from gac.io import validate
 
     check_installed()
     validate.not_quantized(model, "quantize")
@@ -52,7 +52,7 @@ def quantize_dir(model, out, cfg: QuantizeConfig, *, force: bool = False,
     check_out_dir(out, force)
     config = _config(model)
     qplan = plan(config, cfg) if config is not None else None  # a refusal before the model is even read
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     loaded = load_model(model, dtype=cfg.dtype)
     qplan = qplan or plan(loaded.model.config, cfg)
@@ -69,11 +69,11 @@ def _config(spec: str):
     path = Path(spec)
     if not (path / "config.json").is_file():
         return None
-    from gac.models.io import is_gac_dir, read_config
+    from gac.checkpoint.gac_dir import is_gac_dir, read_config
 
     if is_gac_dir(path):
         return read_config(path)
-    from gac.models.loading import read_config_checked
+    from gac.checkpoint.loading import read_config_checked
 
     return read_config_checked(str(path), spec)
 
@@ -114,7 +114,7 @@ def quantize_model(model, tokenizer, qplan: QuantPlan, *, progress: bool = True)
 
 
 def _calibration(tokenizer, cfg: QuantizeConfig):
-    from gac.data import TextConfig, calibration_windows
+    from gac.calibration.texts import TextConfig, calibration_windows
 
     text = TextConfig(calib_file=cfg.calib_file, seq_len=cfg.seq_len, calib_windows=cfg.calib_windows)
     return calibration_windows(tokenizer, text)[0]  # [n, seq_len]
@@ -128,7 +128,7 @@ def _dataset(windows):
 
 def quantize_report(model: str, qplan: QuantPlan, seconds: float) -> dict:
     """quantize.json: the run's scheme, options and versions, and its plan (every linear, quantized or why not)."""
-    from gac.models.io import versions
+    from gac.checkpoint.gac_dir import versions
 
     import compressed_tensors
     import llmcompressor
@@ -148,14 +148,14 @@ def quantized_summary(report: dict) -> dict:
 def _save(loaded, model: str, out: str, report: dict, compressor, force: bool) -> Path:
     """A gac output stays one (its structure, plan and modeling code; the plan records the quantization); any other
     model is written as a plain Hugging Face directory. Both atomically, quantization_config in config.json."""
-    from gac.models.io import is_gac_dir, read_plan, save
+    from gac.checkpoint.gac_dir import is_gac_dir, read_plan, save
 
     files = {QUANTIZE_FILE: json.dumps(report, indent=2) + "\n"}
     if Path(model).is_dir() and is_gac_dir(model):
         return save(loaded.model, loaded.tokenizer, out,
                     plan={**read_plan(model), "quantization": quantized_summary(report)},
                     extra_files=files, force=force, finish=compressor.update_config)
-    from gac.atomic import atomic_dir
+    from gac.io.atomic import atomic_dir
 
     target = Path(out).resolve()
     with atomic_dir(target, force=force) as tmp:

@@ -1,6 +1,6 @@
 """Repair a compressed model: zero-pad every irregular low-rank rank and MLP width to an aligned size, in place.
 
-What is padded (exact: the model computes the same function, see gac.padding):
+What is padded (exact: the model computes the same function, see gac.models.padding):
   - the inner rank of every LowRankLinear (A gets zero rows, B zero columns);
   - the MLP intermediate width of each layer whose width is irregular (gate/up rows, down columns, together; in an
     MoE layer, every expert's).
@@ -26,7 +26,7 @@ from gac.evaluate.latency import LatencyConfig
 from gac.models import surgery
 from gac.models.adapters import text_config
 from gac.models.groups import groups_of
-from gac.padding import next_multiple
+from gac.models.padding import next_multiple
 
 log = logging.getLogger(__name__)
 
@@ -231,10 +231,10 @@ def repair_dir(src: str, out: str, *, align: int | None = None, strategy: str | 
                latency: LatencyConfig = LatencyConfig()) -> RepairOutput:
     """Load `src` (gac dir, HF dir, .gguf or alias), repair it, check its logits, time prefill before vs after
     side by side (batch latency.batch, latency.prefill_tokens tokens) and save it to `out` with repair.json."""
-    from gac.models.io import check_out_dir, is_gac_dir, plan_record, read_plan, save
-    from gac.models.loading import load_model
+    from gac.checkpoint.gac_dir import check_out_dir, is_gac_dir, plan_record, read_plan, save
+    from gac.checkpoint.loading import load_model
 
-    from gac import validate
+    from gac.io import validate
 
     alignment = resolve_alignment(align, strategy)  # fail fast, before the model is loaded
     validate.not_quantized(src, "repair")

@@ -28,7 +28,7 @@ def hf_run(model_dir, prompts: list[list[int]], max_tokens: int) -> dict:
     """Greedy tokens (no stop token) and prompt log-probabilities from transformers, as gac loads the model."""
     import torch
 
-    from gac.models.loading import load_model
+    from gac.checkpoint.loading import load_model
 
     model = load_model(str(model_dir), dtype="float32", device="cpu").model
     tokens, logprobs = [], []
@@ -103,7 +103,7 @@ def planned_kernels(model_dir) -> dict[str, int] | None:
     import json
     from pathlib import Path
 
-    from gac.models.io import QUANTIZE_FILE
+    from gac.checkpoint.gac_dir import QUANTIZE_FILE
 
     path = Path(model_dir) / QUANTIZE_FILE
     if not path.is_file():

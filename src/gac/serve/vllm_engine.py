@@ -28,8 +28,8 @@ def check_servable(model_dir, tp: int = 1) -> None:
     """The directory is one vLLM can build with gac's plugin at tensor parallel size `tp` (else one GacError)."""
     from transformers import AutoConfig
 
+    from gac.checkpoint.gac_dir import is_gac_dir
     from gac.models.adapters import FAMILIES, adapter_for
-    from gac.models.io import is_gac_dir
     from gac.serve.layout import check_tensor_parallel, layer_layouts
 
     path = Path(model_dir)
@@ -78,7 +78,7 @@ def check_quantized_kernels(model_dir) -> None:
     fails at its first forward: say so before it starts."""
     import torch
 
-    from gac.validate import quantization_of
+    from gac.io.validate import quantization_of
 
     if torch.cuda.is_available() or not int4_weights(quantization_of(model_dir)):
         return

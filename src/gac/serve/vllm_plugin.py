@@ -50,7 +50,7 @@ class ConfigCheck:
 def register() -> None:
     from vllm import ModelRegistry
 
-    from gac.models.auto_classes import register as register_model_types
+    from gac.checkpoint.auto_classes import register as register_model_types
 
     register_model_types()
     for arch, cls in architectures().items():

@@ -154,7 +154,7 @@ class DimGroup:
         for group, dim in pairs:
             group.pad(model, dim)
 
-    # --- latency (gac.align.latency_model) ----------------------------------------------------------------
+    # --- latency (gac.objectives.latency.model) ----------------------------------------------------------------
     profile_op: ClassVar[str] = "gemm_n"  # the profile sweep whose latency depends on this dim
 
     @property

@@ -1,0 +1,109 @@
+"""Forward hooks that collect per-linear input statistics on calibration windows (fp32/fp64, streaming)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from gac.calibration.gram import Gram
+
+CALIB_BATCH = 4  # calibration windows per forward batch (the layer-by-layer pipeline batches them alike)
+
+
+def weight_of(model, name: str):
+    """The weight a group names: a linear's `.weight` [out, in], or a parameter itself (an MoE layer's fused expert
+    weights, [E, out, in])."""
+    try:
+        return model.get_submodule(name).weight
+    except AttributeError:
+        return model.get_parameter(name)
+
+
+def fed_module(model, name: str):
+    """The module whose forward input is the named weight's input: the linear itself, or the module owning a fused
+    expert weight (the experts, called with the hidden states and each token's routed experts)."""
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return model.get_submodule(name.rpartition(".")[0])
+
+
+@dataclass
+class LinearStats:
+    """Running statistics of one linear's input x [tokens, in]."""
+
+    abs_sum: torch.Tensor  # [in] fp32: sum of |x| per input channel
+    tokens: int = 0
+    xtx: Gram | None = None  # sum of x^T x (fp64), when asked for
+    out_fisher: torch.Tensor | None = None  # [out] the output-gradient Fisher, where a pass computed it ahead of the
+    # loss model (gac.compressors.base.add_loss_curves; computed once for several compressors or layer by layer)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def mean_abs(self) -> torch.Tensor:
+        return self.abs_sum / max(self.tokens, 1)
+
+
+@contextmanager
+def collect_stats(model, names: list[str], *, xtx: bool = False):
+    """Yield {name: LinearStats} filled by forward hooks while the block runs; hooks are removed on exit. A fused
+    expert weight's statistics are those of its experts module's input (the hidden states before routing), and
+    extra["routed"] [E] counts the tokens routed to each expert."""
+    stats: dict[str, LinearStats] = {}
+    handles = []
+    # q/k/v (and gate/up) see the same input tensor: the first linear fed by it owns one X^T X accumulator, the
+    # others share it and add nothing (one sum and one product per input, not three)
+    owner = {}  # "input": the last input seen, "stats": the LinearStats of the linear that owns its X^T X
+    shared = set()
+
+    def make_hook(name, num_experts):
+        def hook(_module, inputs, _output):
+            raw = inputs[0]  # the same object for every linear fed by this activation
+            x = raw.detach().reshape(-1, raw.shape[-1])  # [tokens, in]
+            in_features = x.shape[1]
+            s = stats.get(name)
+            if s is None:
+                s = stats[name] = LinearStats(torch.zeros(in_features, dtype=torch.float32, device=x.device))
+                if xtx and owner.get("input") is raw:
+                    s.xtx = owner["stats"].xtx  # the same sums as the first linear fed by this input
+                    shared.add(name)
+                elif xtx:
+                    s.xtx = Gram(in_features)
+            s.abs_sum += x.abs().float().sum(0)
+            s.tokens += x.shape[0]
+            if num_experts and len(inputs) > 1:  # a fused expert weight: tokens routed per expert (top-k ids)
+                routed = torch.bincount(inputs[1].reshape(-1), minlength=num_experts)[:num_experts]  # [E]
+                s.extra["routed"] = s.extra.get("routed", 0) + routed.cpu()
+            if xtx and name not in shared:
+                s.xtx.add(x)
+                owner["input"], owner["stats"] = raw, s
+
+        return hook
+
+    try:
+        for name in names:
+            weight = weight_of(model, name)
+            experts = weight.shape[0] if weight.dim() == 3 else 0
+            handles.append(fed_module(model, name).register_forward_hook(make_hook(name, experts)))
+        yield stats
+    finally:
+        for h in handles:
+            h.remove()
+        owner.clear()
+    missing = [n for n in names if n not in stats]
+    if missing:
+        raise RuntimeError(f"calibration saw no input for {len(missing)} layers, e.g. {missing[0]}")
+
+
+def calibrate(model, windows: torch.Tensor, names: list[str], *, batch_size: int = CALIB_BATCH, xtx: bool = False,
+              progress: bool = True) -> dict[str, LinearStats]:
+    """Run the calibration windows [n, seq] through the model and return per-linear input statistics."""
+    device = next(model.parameters()).device
+    batches = windows.split(batch_size)
+    with collect_stats(model, names, xtx=xtx) as stats, torch.inference_mode():
+        for batch in tqdm(batches, desc="calibrating", unit="batch", disable=not progress):
+            model(batch.to(device), use_cache=False)
+    return stats

@@ -1,0 +1,151 @@
+"""Calibration and evaluation text: Python's own documentation by default (disjoint parts), or user files;
+the standard library's sources, which healing trains on beside the docs; the texts unlike them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gac.errors import GacError
+
+EVAL_EVERY = 5  # every 5th pydoc topic (sorted by name) is held out for evaluation
+# calibration windows besides those that calibrate, on which --compressor auto and the --speedup guard compare models
+HELD_BACK_WINDOWS = 8
+
+
+def pydoc_split() -> tuple[str, str]:
+    """(calibration text, held-out evaluation text) from `pydoc_data.topics`, deterministic and disjoint."""
+    from pydoc_data.topics import topics
+
+    keys = sorted(topics)
+    held_out = [topics[k] for i, k in enumerate(keys) if i % EVAL_EVERY == 0]
+    # Topics repeat each other's text (`else` is `if`, `customization` sits inside `specialnames`): drop from
+    # the calibration part every paragraph that also appears in the held-out part, so evaluation is unseen text.
+    held_paragraphs = {p.strip() for t in held_out for p in t.split("\n\n") if p.strip()}
+    calib = ["\n\n".join(p for p in topics[k].split("\n\n") if p.strip() not in held_paragraphs)
+             for i, k in enumerate(keys) if i % EVAL_EVERY != 0]
+    return "\n\n".join(c for c in calib if c), "\n\n".join(held_out)
+
+
+UNLIKE = {  # id -> (name, path under the standard library, required): prose unlike the default calibration text
+    "licence": ("Python licence (LICENSE.txt)", "LICENSE.txt", True),  # legal English: no code, no API reference
+    "release_notes": ("IDLE release notes (idlelib/NEWS.txt)", "idlelib/NEWS.txt", False),  # terse change notes;
+    # some distributions ship IDLE apart (Debian's idle-python3.x), so it is measured where it is there
+}
+
+
+def unlike_texts() -> dict[str, tuple[str, str]]:
+    """{id: (name, text)} of the texts unlike the default calibration text that this Python distribution carries
+    (UNLIKE): its licence, always, and IDLE's release notes where IDLE is installed."""
+    import sysconfig
+    from pathlib import Path
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    out = {}
+    for key, (name, relative, required) in UNLIKE.items():
+        path = stdlib / relative
+        if path.is_file():
+            out[key] = (name, path.read_text(encoding="utf-8", errors="replace"))
+        elif required:
+            raise GacError(f"this Python distribution carries no {path}: pass a text unlike the calibration text "
+                           "with --unlike-file")
+    return out
+
+
+SOURCES_LEFT_OUT = {"site-packages", "test", "tests", "idle_test"}  # standard-library folders not of its modules
+
+
+def stdlib_sources(tokenizer, tokens: int, seed: int = 0) -> str:
+    """Whole source files of the standard library's modules (no tests, no site-packages) in a seeded order, until
+    they hold `tokens` tokens: code, its comments and docstrings, and the licence notices some modules carry, a kind
+    of text the documentation lacks. The files differ between Python versions, the order never within one."""
+    import random
+    import sysconfig
+    from pathlib import Path
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*.py") if not SOURCES_LEFT_OUT & set(p.relative_to(stdlib).parts))
+    random.Random(seed).shuffle(files)
+    parts, n = [], 0
+    for path in files:
+        if n >= tokens:
+            break
+        parts.append(path.read_text(encoding="utf-8", errors="replace"))
+        n += len(tokenizer(parts[-1], add_special_tokens=False, verbose=False)["input_ids"])
+    return "\n\n".join(parts)
+
+
+def read_text(path, flag: str = "--calib-file/--eval-file") -> str:
+    """A user's text file: bounded, UTF-8 (or UTF-16/32 with a BOM), refused when binary (see gac.io.validate)."""
+    from gac.io.validate import read_text as checked
+
+    return checked(path, "text file", flag)
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    calib_file: str | None = None
+    eval_file: str | None = None
+    seq_len: int = 512
+    calib_windows: int = 16
+    eval_windows: int = 24
+
+    def __post_init__(self):
+        from gac.io.validate import integer
+
+        integer(self.seq_len, "--seq-len", example=512)
+        integer(self.calib_windows, "--calib-windows", example=16)
+        integer(self.eval_windows, "--eval-windows", example=24)
+
+
+def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what: str):
+    """Non-overlapping [n, seq_len] token windows from the start of `text` (n <= max_windows)."""
+    import torch
+
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    n = min(len(ids) // seq_len, max_windows)
+    if n == 0:
+        raise GacError(
+            f"{what} text has {len(ids)} tokens, fewer than one window of {seq_len}: pass a longer file or a smaller --seq-len"
+        )
+    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # [n, seq_len]
+
+
+def spread(total: int, n: int):
+    """Indices [min(n, total)] of `n` of `total` windows spread evenly from the first to the last, in order."""
+    import torch
+
+    return torch.linspace(0, total - 1, n).round().long() if total > n else torch.arange(total)
+
+
+def calibration_windows(tokenizer, cfg: TextConfig):
+    """(calibrating windows, the rest) [n, seq_len] and [N - n, seq_len]: every window of the calibration text
+    (cfg.calib_file, or the docs' calibration part), cfg.calib_windows of them spread evenly over it. Windows spread
+    over the whole text fit it less narrowly than its first pages: a compressor calibrated on them loses less on
+    text unlike it, and healing takes the docs back."""
+    import torch
+
+    text = read_text(cfg.calib_file, "--calib-file") if cfg.calib_file else pydoc_split()[0]
+    every = token_windows(tokenizer, text, cfg.seq_len, 1 << 30, what="calibration")  # [N, seq_len]
+    chosen = torch.zeros(every.shape[0], dtype=torch.bool)
+    chosen[spread(every.shape[0], cfg.calib_windows)] = True
+    return every[chosen], every[~chosen]
+
+
+def held_back_windows(tokenizer, cfg: TextConfig, n: int = HELD_BACK_WINDOWS):
+    """Up to `n` calibration windows [k, seq_len] apart from the cfg.calib_windows that calibrate, spread evenly over
+    the rest: calibration text that the analysis never saw, to compare models on without touching the evaluation
+    text."""
+    rest = calibration_windows(tokenizer, cfg)[1]
+    if len(rest) == 0:
+        raise GacError(f"the calibration text has no window of {cfg.seq_len} tokens beside the {cfg.calib_windows} "
+                       "that calibrate, to compare models on (--compressor auto, and the --speedup guard): pass a "
+                       "longer --calib-file or fewer --calib-windows (or --no-guard with --speedup)")
+    return rest[spread(rest.shape[0], n)]
+
+
+def load_windows(tokenizer, cfg: TextConfig):
+    """(calibration windows spread over the calibration text, evaluation windows from the start of the held-out
+    text) as LongTensors [n, seq_len]."""
+    held_out = read_text(cfg.eval_file, "--eval-file") if cfg.eval_file else pydoc_split()[1]
+    return (calibration_windows(tokenizer, cfg)[0],
+            token_windows(tokenizer, held_out, cfg.seq_len, cfg.eval_windows, what="evaluation"))

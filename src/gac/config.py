@@ -1,0 +1,137 @@
+"""The configuration of a `gac compress` run (CompressConfig): every default lives here, and the checks of its values
+and combinations, worded in its own field names (gac.errors.ConfigError; the CLI names its flags instead). gac.api
+takes it; the pipelines below the facade take it by its type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gac.calibration.texts import TextConfig
+from gac.compressors import AUTO
+from gac.compressors.linalg import FACTORIZATIONS
+from gac.errors import ConfigError, GacError
+from gac.evaluate.latency import LatencyConfig
+from gac.hw.device import ALIGNMENT
+from gac.objectives.latency.config import SpeedupConfig
+from gac.objectives.parameter import COMPRESS_WINDOW
+
+if TYPE_CHECKING:
+    from gac.heal.run import HealConfig
+    from gac.quantize.schemes import QuantizeConfig
+
+DEFAULT_RATIO = 0.15  # the parameter objective's ratio when neither a ratio nor a speedup is given
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    """Every default of `gac compress` lives here; the CLI passes only what the user gave."""
+
+    model: str = "smollm2-135m"
+    compressor: str = "asvd"
+    ratio: float | None = None  # share of compressible parameters to remove (None: DEFAULT_RATIO; none with a speedup)
+    out: str | None = None
+    alignment: int = ALIGNMENT
+    align: bool = True  # False: save the compressor's own dims
+    window: int = COMPRESS_WINDOW  # aligned candidates each side of d* (gac.objectives.parameter says why one)
+    profile: str | None = None  # hardware profile JSON driving the candidates
+    target: str | None = None  # deployment target (gac.align.targets.TARGETS), e.g. "llama.cpp:q4_k_m"
+    dtype: str = "float32"
+    device: str = "cpu"
+    factorization: str = "auto"  # gac.compressors.linalg.FACTORIZATIONS, or auto: gram on CUDA, gram32 on CPU
+    compressor_options: dict = field(default_factory=dict)
+    speedup: SpeedupConfig | None = None  # latency as the objective, not a ratio (gac.objectives.latency)
+    text: TextConfig = TextConfig()
+    latency: LatencyConfig = LatencyConfig()  # with a speedup at the objective's shape (evaluation_latency)
+    evaluate: bool = True
+    force: bool = False
+    progress: bool = True
+    layerwise: bool | None = None  # the layer-by-layer pipeline (True), the whole model (False), or None: chosen
+    # by the memory forecast against the memory available (gac.pipelines.choice); a model directory is read lazily
+    max_memory: str | None = None  # "cpu=8GiB,0=20GiB": the memory the forecast must fit (else what is free now)
+    heal: HealConfig | None = None  # distill the saved variant from the original (gac.heal)
+    quantize: QuantizeConfig | None = None  # the saved variant quantized after healing, a compressed-tensors
+    # checkpoint (gac.quantize)
+
+    def __post_init__(self):
+        if self.speedup is not None and self.ratio is not None:
+            raise ConfigError("{speedup} and {ratio} exclude each other ({ratio} is for the parameter objective): "
+                              "give one of them")
+        if self.speedup is None and self.ratio is None:
+            object.__setattr__(self, "ratio", DEFAULT_RATIO)
+        if self.speedup is None and not (isinstance(self.ratio, (int, float)) and 0.0 < self.ratio < 1.0):
+            raise ConfigError(f"ratio {self.ratio} is outside (0, 1): pass the share of parameters to remove, e.g. "
+                              "{ratio:0.15}")
+        if self.quantize is not None and (self.layerwise or self.max_memory):
+            raise ConfigError("{quantize} quantizes the whole model in memory, so it cannot run layer by layer: drop "
+                              "{layerwise}/{max_memory}, or quantize the output later with `gac quantize`")
+        if self.heal is not None and (self.layerwise or self.max_memory):
+            raise ConfigError("{heal} trains the whole model in memory, so it cannot run layer by layer: drop "
+                              "{layerwise}/{max_memory}, or heal the output later with `gac heal`")
+        if self.compressor == AUTO:
+            self._check_auto()
+        if self.alignment < 1:
+            raise ConfigError(f"alignment {self.alignment} must be a positive integer, e.g. {{alignment:8}}")
+        if self.factorization not in ("auto", *FACTORIZATIONS):
+            raise GacError(f"unknown factorization {self.factorization!r}: choose auto or {', '.join(FACTORIZATIONS)}")
+        from gac.align.targets import get_target
+
+        get_target(self.target)  # a known target, or one line naming them
+        if self.target and self.profile:
+            raise ConfigError("{target} and {profile} both choose the candidates: pass one of them")
+        if self.speedup is not None:
+            self._check_speedup()
+            from gac.objectives.latency.config import objective_config
+
+            object.__setattr__(self, "speedup", objective_config(self.compressor, self.compressor_options, self.speedup))
+
+    def _check_speedup(self) -> None:
+        """A speedup measures its own tables and saves its own dims, with the whole model on the device."""
+        excluded = ((self.profile, "profile", "parameter candidates; {speedup} measures its own tables"),
+                    (not self.align, "align:False", "the compressor's own dims under a ratio"),
+                    (self.target, "target", "the parameter objective's candidates"))
+        for given, name, why in excluded:
+            if given:
+                raise ConfigError(f"{{speedup}} and {{{name}}} exclude each other ({{{name}}} is for {why}): give one "
+                                  "of them")
+        if self.compressor_options.get("drop_experts"):
+            raise ConfigError("{drop_experts} removes parameters under a ratio's budget, and {speedup} has none: drop "
+                              "{drop_experts}, or use {ratio}")
+        if self.layerwise or self.max_memory:
+            raise ConfigError("{speedup} times the whole model on the device, so it cannot run layer by layer: drop "
+                              "{layerwise}/{max_memory}, or use {ratio}")
+
+    def _check_auto(self) -> None:
+        """--compressor auto compares every compressor at its defaults, analyzed on one whole-model calibration."""
+        if self.compressor_options:
+            raise ConfigError(f"compressor options ({', '.join(sorted(self.compressor_options))}) apply to only some "
+                              "compressors, and {compressor:auto} compares each at its defaults: drop them, or name "
+                              "one compressor")
+        if self.layerwise or self.max_memory:
+            raise ConfigError("{compressor:auto} analyzes every compressor with the whole model in memory, so it "
+                              "cannot run layer by layer: drop {layerwise}/{max_memory}, or name one compressor")
+
+    @property
+    def analysis_ratio(self) -> float:
+        """The ratio the analysis probes at (keep = 1 - ratio) and the memory forecast sizes the output by: the given
+        one, or DEFAULT_RATIO with a speedup, which has none."""
+        return DEFAULT_RATIO if self.ratio is None else self.ratio
+
+    @property
+    def saved_variant(self) -> str:
+        """The variant written to `out`: GAC's dims, or the compressor's own where `align` is False."""
+        return "gac" if self.align else "unaligned"
+
+    @property
+    def evaluation_latency(self) -> LatencyConfig:
+        """How the variants are timed: `latency`, at the objective's phase shape with a speedup."""
+        return self.latency if self.speedup is None else self.speedup.latency_config(self.latency)
+
+    @property
+    def factorization_method(self) -> str:
+        """The factorization `auto` resolves to: the float64 Gram path on CUDA (cuSOLVER's SVD is slow); on a CPU the
+        float32 one where the weight's conditioning allows it (about 2x faster than LAPACK's SVD at 8B shapes),
+        else the exact SVD (gac.compressors.linalg.scaled_svd)."""
+        if self.factorization != "auto":
+            return self.factorization
+        return "gram" if str(self.device).startswith("cuda") else "gram32"

@@ -1,0 +1,316 @@
+"""`--compressor auto`: every candidate compressor (gac.compressors.AUTO_CANDIDATES) analyzed at its defaults on one
+shared calibration pass, its best dims at the run's objective predicted, the best AUTO_BUILT of them (by predicted loss)
+built and measured on held-back calibration windows, and the best measured kept. The evaluation text is never read
+here: it judges the kept model afterwards, as it would any single compressor's.
+
+Each built candidate goes through the single run's own selection (gac.objectives.select_dims; under --speedup its
+closed loop, whose guard compares its two streams by the same held-back loss on the same windows), so given the same
+timings it is the model `--compressor <name>` keeps, and the kept one is the best on those windows of every stream of
+every compressor built.
+
+Predicted loss is the increase of the mean next-token loss over the original, in nats per token. A unit whose
+quality is the loss model's (Unit.loss_in_nats: the low-rank compressors with importance "output") predicts it;
+another (prune: taylor importances, relative and unitless) cannot, so its loss at the predicted dims is measured on
+the held-back windows instead, a cut being cheap. The ranking is then in one unit throughout."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+
+from typing import TYPE_CHECKING
+
+from gac.compressors import AUTO_BUILT
+from gac.config import CompressConfig
+from gac.errors import ConfigError, GacError, literal
+from gac.evaluate.perplexity import mean_loss  # the held-back loss, the --speedup guard's too
+from gac.objectives.base import Analyzed, Selected
+from gac.objectives.parameter import parameter_budget
+
+if TYPE_CHECKING:
+    from gac.compressors.base import Compressor
+    from gac.objectives.latency.loop import ClosedLoop
+
+log = logging.getLogger(__name__)
+
+LOSS_MODEL, MEASURED_AT_PREDICTED = "loss model", "held-back windows at the predicted dims"
+
+
+def predicted_loss(units: list, dims: dict) -> float | None:
+    """The loss model's predicted increase at `dims` summed over the units (nats per token), or None where a unit's
+    quality is not a loss in nats."""
+    if not all(u.loss_in_nats for u in units):
+        return None
+    return -math.fsum(u.quality_values([dims.get(u.name)])[0] for u in units)
+
+
+@dataclass
+class Candidate:
+    """One compressor under auto: its run's config, its analysis, what it predicts and, once built, measures."""
+
+    name: str
+    config: CompressConfig  # naming this compressor (the objective's options resolved for it)
+    compressor: Compressor | None = None
+    groups: list | None = None
+    analyzed: Analyzed | None = None  # its heavy factors released once predicted
+    loop: ClosedLoop | None = None  # --speedup: its closed loop, fitted by the prediction
+    selected: Selected | None = None  # --ratio's at prediction, --speedup's once built
+    predicted: dict = field(default_factory=dict)  # loss, loss_from, params[, ms, speedup]
+    measured: dict | None = None  # loss, params[, speedup, reached, streams]
+    error: GacError | None = None  # why this compressor cannot run here
+    status: str = "predicted"
+    common: int = 0  # parameters of the weights any candidate may touch
+
+    def params(self, dims: dict) -> int:
+        """Parameters at `dims` of the weights any candidate may touch (those this one leaves at full size)."""
+        units = self.analyzed.units
+        return self.common - sum(u.numel for u in units) + sum(u.params(dims[u.name]) for u in units)
+
+    @property
+    def skipped(self) -> str | None:
+        """Why this compressor cannot run here (its one-line error), or None."""
+        return None if self.error is None else str(self.error)
+
+    def skip(self, error: GacError) -> None:
+        self.error = error
+        log.info("auto: %s skipped: %s", self.name, error)
+
+    def to_dict(self) -> dict:
+        out = {"status": "skipped" if self.skipped else self.status,
+               "ratio": None if self.skipped else self.config.ratio}
+        if self.skipped:
+            out["why"] = self.skipped
+        out["predicted"] = self.predicted or None
+        out["measured"] = self.measured
+        return out
+
+
+def choose(model, calib, held_back, cfg: CompressConfig) -> tuple[CompressConfig, Selected, dict]:
+    """(the kept compressor's run config, its gac.objectives.base.Selected, report.json's "auto" section) for cfg
+    (compressor "auto"; under --ratio, a share of the parameters of every weight any candidate may touch) on `model`:
+    calibration statistics once on `calib` over every candidate's linears (and the loss model's output gradients once),
+    each candidate analyzed in turn and its factors dropped after its prediction, the best AUTO_BUILT predicted built
+    and measured on `held_back` windows, the lowest measured loss kept (under --speedup: of those whose closed loop
+    reached the target; of none, the fastest)."""
+    from gac.compressors import AUTO_CANDIDATES
+    from gac.hw.heap import map_large_allocations
+
+    # Each analysis frees GiBs of factors and whitened weights before the next begins; from glibc's heap those would
+    # stay resident and add up across the candidates.
+    map_large_allocations()
+    candidates = [_candidate(name, model, cfg) for name in AUTO_CANDIDATES]
+    common = _compressible(model, [c for c in candidates if not c.skipped])
+    for c in candidates:
+        c.common = common
+        if cfg.speedup is None and not c.skipped:  # one parameter target for all: the same parameters removed
+            _at_common_ratio(c, common, cfg)
+    live = [c for c in candidates if not c.skipped]
+    if not live:
+        raise ConfigError(f"no compressor can run on this model at this target ({_reasons(candidates)}): name one "
+                          "compressor to see why")
+    stats = shared_statistics(model, calib, live, cfg)
+    baseline = mean_loss(model, held_back)
+    for c in live:
+        _predict(c, model, calib, stats, held_back, baseline, cfg)
+    ranked = sorted((c for c in live if not c.skipped), key=lambda c: c.predicted["loss"])
+    if not ranked:
+        raise ConfigError(f"no compressor reaches this target ({_reasons(candidates)}): use a smaller {{ratio}} or "
+                          "{speedup}")
+    built = []
+    for c in ranked[:AUTO_BUILT]:
+        try:
+            _build(c, model, stats, held_back, baseline, cfg)
+            built.append(c)
+        except GacError as e:  # e.g. a closed loop that finds no choice within its budget
+            c.skip(e)
+            c.compressor.release_factors(c.analyzed.units)
+    del stats
+    if not built:
+        raise ConfigError(f"no compressor built reaches this target ({_reasons(ranked[:AUTO_BUILT])}): use a smaller "
+                          "{ratio} or {speedup}")
+    if cfg.speedup is None and cfg.evaluate:
+        _time_beside(model, built, cfg)
+    kept = min(built, key=lambda c: _rank(c, cfg))
+    for c in built:
+        if c is not kept:
+            _release(c)
+    kept.status = "kept"
+    why = _why(kept, built, cfg)
+    log.info("auto: kept %s (%s)", kept.name, why)
+    report = {"candidates": {c.name: c.to_dict() for c in candidates}, "kept": kept.name, "why": why,
+              "built": [c.name for c in ranked[:AUTO_BUILT]], "held_back_windows": len(held_back),
+              "baseline_loss": baseline}
+    report["compressible_params"] = common
+    if cfg.speedup is None:
+        report.update(ratio=cfg.ratio, removed_params=_removed(common, cfg))
+    return kept.config, kept.selected, report
+
+
+def _candidate(name: str, model, cfg) -> Candidate:
+    """The candidate `name` with its groups, or skipped with the one-line reason it cannot run here."""
+    from gac.compressors import make_compressor
+
+    c = Candidate(name, dataclasses.replace(cfg, compressor=name))
+    try:
+        c.compressor = make_compressor(name)
+        c.compressor.factorization = cfg.factorization_method
+        c.groups = c.compressor.groups(model)
+    except GacError as e:
+        c.skip(e)
+    return c
+
+
+def _compressible(model, live: list[Candidate]) -> int:
+    """Parameters of the weights any candidate may touch (each weight once): what --ratio is a share of under auto.
+    Each compressor's own compressible weights differ (palu: K and V; prune: all but the first and last layer), so
+    the same ratio of its own would compare models of different sizes."""
+    from gac.calibration.stats import weight_of
+    from gac.models.groups import linears_of
+
+    return sum(weight_of(model, n).numel() for n in dict.fromkeys(n for c in live for n in linears_of(c.groups)))
+
+
+def _reasons(candidates: list[Candidate]) -> str:
+    """Why each skipped candidate cannot run, as a ConfigError's words (their own fields named as they were)."""
+    return "; ".join(f"{c.name}: {c.error.template if isinstance(c.error, ConfigError) else literal(c.error)}"
+                     for c in candidates if c.error is not None)
+
+
+def _removed(common: int, cfg) -> int:
+    return common - parameter_budget(cfg.ratio, common)
+
+
+def _at_common_ratio(c: Candidate, common: int, cfg) -> None:
+    """`c`'s config at its own ratio removing what cfg.ratio removes of the common compressible parameters (skipped
+    where that is more than it can remove)."""
+    from gac.objectives.parameter import check_feasible
+
+    own, removed = sum(g.numel for g in c.groups), _removed(common, cfg)
+    try:
+        if removed >= own:
+            raise ConfigError(f"removing {removed:,} parameters needs more than its {own:,} compressible ones: use a "
+                              "lower {ratio}")
+        # the asked ratio itself where the compressor may touch every weight: its run is then the single one's
+        ratio = cfg.ratio if own == common else round(removed / own, 6)
+        c.config = dataclasses.replace(c.config, ratio=ratio)
+        check_feasible(c.groups, c.config)
+    except GacError as e:
+        c.skip(e)
+
+
+def shared_statistics(model, calib, live: list[Candidate], cfg) -> dict:
+    """gac.calibration.stats's statistics over the union of the candidates' linears (X^T X when any needs it), with the
+    loss model's output-gradient Fisher cached for every linear a candidate scores by it: the calibration pass and that
+    gradient pass run once for all. A linear's figures do not depend on which others are collected beside it."""
+    from gac.calibration.importance import OUTPUT, output_fisher
+    from gac.calibration.stats import calibrate
+    from gac.models.groups import linears_of
+
+    names = list(dict.fromkeys(n for c in live for n in linears_of(c.groups)))
+    stats = calibrate(model, calib, names, xtx=any(c.compressor.needs_xtx for c in live), progress=cfg.progress)
+    scored = list(dict.fromkeys(n for c in live if c.compressor.proxy == OUTPUT for n in linears_of(c.groups)))
+    if scored:
+        for n, fisher in output_fisher(model, calib, scored, progress=cfg.progress).items():
+            stats[n].out_fisher = fisher  # gac.compressors.base.add_loss_curves reads it instead of a pass
+    return stats
+
+
+def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg) -> None:
+    """Analyze `c` and predict its loss, parameters (and, under --speedup, time) at the objective, from its loss model
+    (or measured at the predicted dims where it has none in nats) and the latency tables; then drop its factors."""
+    from gac.objectives import select_dims
+    from gac.objectives.latency import latency_loop
+    from gac.pipelines.whole_model import analyze_with
+
+    try:
+        c.analyzed = analyze_with(model, calib, c.config, c.compressor, c.groups, stats, held_back)
+        units = c.analyzed.units
+        if cfg.speedup is None:
+            c.selected = select_dims(model, c.analyzed, c.config)
+            dims, timing = c.selected.dims[cfg.saved_variant], {}
+        else:  # the latency tables fitted and solved once: no round built or timed
+            c.loop = latency_loop(model, c.analyzed, c.config)
+            choice, ms, baseline_ms = c.loop.predict()
+            dims, timing = choice.dims, {"ms": ms, "speedup": baseline_ms / ms}
+        loss, source = predicted_loss(units, dims), LOSS_MODEL
+        if loss is None:
+            cut = c.compressor.built(model, units, dims)
+            loss, source = mean_loss(cut, held_back) - baseline, MEASURED_AT_PREDICTED
+            del cut
+        c.predicted = {"loss": loss, "loss_from": source, "params": c.params(dims), **timing}
+    except GacError as e:  # e.g. a speedup out of this compressor's reach
+        c.skip(e)
+        return
+    finally:
+        if c.analyzed is not None:
+            c.compressor.release_factors(c.analyzed.units)
+    log.info("auto: %s analyzed: predicted loss %+.4f nats/token (%s), %s params%s", c.name, c.predicted["loss"],
+             c.predicted["loss_from"], f"{c.predicted['params']:,}",
+             f", {c.predicted['ms']:.2f} ms ({c.predicted['speedup']:.3f}x)" if "ms" in c.predicted else "")
+
+
+def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
+    """Factorize `c` again, build its model at the objective (under --speedup: its closed loop, built and timed, as
+    the single run's) and measure it on the held-back windows (under --speedup the guard measured its streams' models
+    there already: each reaching stream's loss is reported); the model waits in c.selected.built for the run to keep or
+    drop it."""
+    from gac.objectives import select_dims
+
+    units = c.analyzed.units
+    c.compressor.factorize_units(model, units, stats)  # the factors released after prediction
+    if cfg.speedup is None:
+        variant = cfg.saved_variant
+        c.selected.built[variant] = c.compressor.built(model, units, c.selected.dims[variant])
+        timing, loss = {}, None
+    else:  # the single run's closed loop, its fit already measured by the prediction
+        c.selected = select_dims(model, c.analyzed, c.config, loop=c.loop)
+        variant, outcome = "gac", c.selected.selection
+        streams = {s.name: s.loss - baseline for s in outcome.streams if s.loss is not None}
+        timing = {"speedup": outcome.final["measured_speedup"], "reached": outcome.chosen.reached, "streams": streams}
+        loss = streams.get(outcome.chosen.name)  # None where no guard measured it (--no-guard, or none reached)
+    built, dims = c.selected.built[variant], c.selected.dims[variant]
+    if loss is None:
+        loss = mean_loss(built, held_back) - baseline
+    c.measured = {"loss": loss, "params": c.params(dims), **timing}
+    c.status = "built"
+    log.info("auto: %s built: measured loss %+.4f nats/token on %d held-back windows%s", c.name, c.measured["loss"],
+             len(held_back), f", {timing['speedup']:.3f}x measured" if timing else "")
+
+
+def _time_beside(model, built: list[Candidate], cfg) -> None:
+    """--ratio: each built model's prefill speedup, timed round-robin beside the original at the evaluation's shape
+    (reported, not chosen by: at equal parameters the loss decides)."""
+    from gac.evaluate.latency import prefill_timings
+
+    lat = cfg.evaluation_latency
+    models = {"baseline": model, **{c.name: c.selected.built[cfg.saved_variant] for c in built}}
+    t = prefill_timings(models, lat.batch, lat.prefill_tokens, lat)
+    for c in built:
+        c.measured["speedup"] = t["baseline"].median_ms / t[c.name].median_ms
+
+
+def _rank(c: Candidate, cfg) -> tuple:
+    """Lower is better: the measured loss; under --speedup first whether the closed loop reached, and of models
+    that did not, the faster."""
+    m = c.measured
+    if cfg.speedup is None:
+        return (m["loss"],)
+    return (not m["reached"], m["loss"] if m["reached"] else -m["speedup"])
+
+
+def _release(c: Candidate) -> None:
+    """Let a built candidate that was not kept go: its model and factors."""
+    c.compressor.release_factors(c.analyzed.units)
+    c.selected.built.clear()
+    c.selected = None  # under --speedup its closed loop's outcome holds the model too
+
+
+def _why(kept: Candidate, built: list[Candidate], cfg) -> str:
+    figures = ", ".join(f"{c.name} {c.measured['loss']:+.4f}" for c in built)
+    if cfg.speedup is not None and not kept.measured["reached"]:
+        return f"no built compressor reached the target: the fastest measured ({kept.measured['speedup']:.3f}x)"
+    what = "lowest loss on the held-back calibration windows" + (" of those that reached the target"
+                                                                   if cfg.speedup is not None else "")
+    return f"{what}, nats/token over the original: {figures}"

@@ -1,0 +1,94 @@
+"""The pipeline interface: how a run reads, analyzes, cuts and writes a model. Two peers implement it, the whole model
+in memory (gac.pipelines.whole_model) and layer by layer in bounded memory (gac.pipelines.layerwise), registered by
+name in gac.pipelines.PIPELINES; gac.pipelines.run drives either through the same stages, so selection (the
+objective), evaluation and the report are one path."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
+    from gac.checkpoint.lazy import LazyCheckpoint, Resident
+    from gac.compressors.base import Compressor
+    from gac.evaluate.layer_latency import LayerLatency
+    from gac.objectives.base import Analyzed, Selected
+
+
+@dataclass
+class Opened:
+    """A run's model as its pipeline opened it."""
+
+    model: nn.Module  # whole in memory, or (layer by layer) a shell whose layers the source brings in one at a time
+    tokenizer: PreTrainedTokenizerBase
+    name: str  # the model's name in report.json
+    source: LazyCheckpoint | Resident | None = None  # layer by layer: where each layer's weights are read from
+
+
+@dataclass
+class Measured:
+    """What a layer-wise run measures as the layers go by: perplexities, and the layers' timings."""
+
+    ppl: dict  # {variant or "baseline": float}
+    latency: LayerLatency
+
+
+@dataclass
+class CompressResult:
+    report: dict  # report.json's content (gac.evaluate.report.Report.to_dict)
+    out: Path | None
+    models: dict  # variant name -> model (kept for callers that go on using them)
+
+
+class Pipeline(ABC):
+    """How a run reads, analyzes, cuts and writes a model; the run's stages between are gac.pipelines.run's."""
+
+    name: ClassVar[str]  # its key in PIPELINES, report.json's "pipeline"
+
+    @abstractmethod
+    def open(self, cfg) -> Opened:
+        """The model to compress, its tokenizer and name (and, layer by layer, its weight source)."""
+
+    @abstractmethod
+    def analyze(self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor,
+                held_back: torch.Tensor | None = None) -> Analyzed:
+        """Calibrate on `calib` [n, seq] and let the compressor analyze every group; the model is not changed."""
+
+    def output(self, cfg) -> contextlib.AbstractContextManager[Path | None]:
+        """The directory the saved variant's weights are streamed to while it is cut (None: saved whole at the end,
+        or no output)."""
+        return contextlib.nullcontext()
+
+    @abstractmethod
+    def materialize(self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor,
+                    streamed_to: Path | None) -> tuple[dict, Measured | None]:
+        """({variant: model}, the baseline first; what was measured on the way, else None)."""
+
+    @abstractmethod
+    def write(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, cfg, *, plan: dict, files: dict,
+              streamed_to: Path | None, finish: Callable | None = None) -> Path:
+        """Save the saved variant with its plan and `files` to cfg.out; `finish` (the directory) runs before it is
+        moved into place."""
+
+
+def compressor_groups(model: nn.Module, cfg, compressor: Compressor | None = None) -> tuple[Compressor, list]:
+    """(the run's compressor, built from cfg where not given and set to its factorization; its groups on `model`),
+    the parameter objective's budget checked from the shapes alone, before any calibration."""
+    from gac.compressors import make_compressor
+
+    compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
+    compressor.factorization = cfg.factorization_method
+    groups = compressor.groups(model)
+    if cfg.speedup is None:
+        from gac.objectives.parameter import check_feasible
+
+        check_feasible(groups, cfg)
+    return compressor, groups

@@ -1,0 +1,307 @@
+"""Layer-wise analysis: the compressor's units computed one decoder layer at a time, in memory bounded by one layer's
+weights and statistics plus the calibration activations (the pattern of GPTQ and llm-compressor).
+
+  embed the calibration windows once, in calibration's batches
+  forward sweep: for each layer, load it, run the stored hidden states through it, release it; when no gradient
+                 is needed, its statistics are collected and it is analyzed on the way
+  reverse sweep (gradient-based importance or the loss model): from the loss on the last layer's output, for
+                 each layer in reverse: load it, run its stored input through it (input statistics, in the batches
+                 of calibration: the same sums as the whole model's), recompute it with hooks (output-gradient
+                 Fisher or weight gradients), back-propagate the output gradient, analyze, release.
+                 The gradients are the whole model's (the chain rule, one layer at a time), not a local proxy.
+Only what selection reads is kept per unit (spectra, loss curves, channel importances); what `cut` needs (the
+compressor's cut_state: factors at the largest rank) goes to a FactorCache on disk, one file per layer, which
+materialization (gac.pipelines.layerwise.materialize) reads instead of factorizing again. Scores are normalized over all
+layers."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from gac.calibration.stats import CALIB_BATCH, collect_stats
+from gac.errors import GacError
+from gac.hw.heap import map_large_allocations
+from gac.calibration.importance import (
+    GRAD_BATCH,
+    GRADIENT_PROXIES,
+    OUTPUT,
+    collect_gradients,
+    drawn_label_losses,
+    fisher_generator,
+    frozen_parameters,
+    output_grad_sums,
+)
+from gac.models.groups import linears_of
+from gac.pipelines.layerwise.layers import (
+    embed,
+    layer_count,
+    layer_module,
+    logits_from_last_hidden,
+    loss_from_last_hidden,
+    run_layer,
+)
+
+log = logging.getLogger(__name__)
+assert CALIB_BATCH % GRAD_BATCH == 0  # a calibration batch splits into whole gradient batches
+
+
+def groups_by_layer(model, groups) -> dict[int, list]:
+    """{layer index: the groups whose linears live in that decoder layer}, every layer present."""
+    from gac.models.adapters import adapter_for
+
+    adapter = adapter_for(model.config)
+    owner = {n: layer.index for layer in adapter.layers(model.config) for n in layer.weights}
+    out = {i: [] for i in range(adapter.layer_count(model.config))}
+    for g in groups:
+        out[owner[g.linears[0]]].append(g)
+    return out
+
+
+def check_layerwise(compressor) -> None:
+    """Importance that needs the whole model at once (ASVD's measured sensitivity: the loss with one weight
+    truncated) has no layer-wise form."""
+    if compressor.measures_sensitivity:
+        raise GacError(f"{compressor.name}'s measured-sensitivity importance needs the whole model at once: use "
+                       "--importance output (the default) for layer-by-layer compression")
+
+
+class LayerwiseUnits(list):
+    """The units of a layer-wise analysis and its FactorCache (`factors`), which materialize_layerwise reads."""
+
+    def __init__(self, units: list, factors: FactorCache):
+        super().__init__(units)
+        self.factors = factors
+
+
+def analyze_layerwise(model, source, compressor, groups, calib: torch.Tensor, *, keep: float,
+                      progress: bool = True) -> LayerwiseUnits:
+    """The compressor's units for `groups`, computed layer by layer (source: gac.checkpoint.lazy Resident or
+    LazyCheckpoint). calib: token ids [n, seq]. What `cut` needs is cached on disk until materialize_layerwise
+    has read it (or the units are dropped)."""
+    check_layerwise(compressor)
+    map_large_allocations()  # layer-sized blocks freed to the OS: the peak does not creep up with depth
+    by_layer = groups_by_layer(model, groups)
+    proxy = compressor.proxy
+    start = time.perf_counter()
+    factors = FactorCache(device=source.device)
+    try:
+        sweep = _reverse_sweep if proxy in (OUTPUT, *GRADIENT_PROXIES) else _forward_sweep
+        units = sweep(model, source, compressor, by_layer, calib, keep, factors, progress)
+    except BaseException:  # KeyboardInterrupt included: no cache left behind
+        factors.close()
+        raise
+    compressor.normalize(units, [u.raw_score for u in units])  # over all layers, as a whole-model analysis
+    log.info("layer-wise analysis: %d units in %.1f s", len(units), time.perf_counter() - start)
+    return LayerwiseUnits(units, factors)
+
+
+def _analyze_layer(model, compressor, groups, stats, keep, factors, i) -> list:
+    """Layer i's units; what `cut` needs of them is written to the cache, each unit's factors released as soon as
+    its cut state is taken (at most one weight's both held)."""
+    units = compressor.analyze(model, groups, stats, probe=None, keep=keep, progress=False) if groups else []
+    state = {}
+    for u in units:
+        state.update(compressor.cut_state(model, [u]))
+        compressor.release_factors([u])
+    factors[i] = state
+    return units
+
+
+def _forward_sweep(model, source, compressor, by_layer, calib, keep, factors, progress) -> list:
+    batches = embed(model, calib, CALIB_BATCH)
+    units = []
+    for i in tqdm(range(layer_count(model)), desc="layers", unit="layer", disable=not progress):
+        source.load_layer(i)
+        layer, names = layer_module(model, i), linears_of(by_layer[i])
+        with collect_stats(model, names, xtx=compressor.needs_xtx) as stats, torch.no_grad():
+            for b in batches:
+                b.hidden = run_layer(layer, b, i)  # [b, seq, D]
+        units += _analyze_layer(model, compressor, by_layer[i], stats, keep, factors, i)
+        del stats
+        source.release_layer(i)
+    return units
+
+
+def _reverse_sweep(model, source, compressor, by_layer, calib, keep, factors, progress) -> list:
+    batches = embed(model, calib, CALIB_BATCH)  # the forward pass and the statistics: as calibration batches them
+    grad_batches = embed(model, calib, GRAD_BATCH)  # the gradient passes: their ids and call arguments
+    for b in grad_batches:
+        b.hidden = None  # their inputs are the stored ones, split
+    # inputs[i][k]: layer i's input of batch k [b, seq, D]
+    with ActivationStore(spill=source.lazy, device=source.device) as inputs:
+        units = _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_batches, inputs, keep,
+                                      factors, progress)
+    return units
+
+
+def _split(hidden: list) -> list:
+    """Hidden states of calibration batches [CALIB_BATCH, seq, D] as those of gradient batches [GRAD_BATCH, seq, D]."""
+    return [part for h in hidden for part in h.split(GRAD_BATCH)]
+
+
+def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors,
+                          progress) -> list:
+    n_layers = layer_count(model)
+    with torch.no_grad():
+        for i in tqdm(range(n_layers), desc="layers (forward)", unit="layer", disable=not progress):
+            source.load_layer(i)
+            layer = layer_module(model, i)
+            inputs[i] = [b.hidden for b in batches]
+            for b in batches:
+                b.hidden = run_layer(layer, b, i)
+            source.release_layer(i)
+    output_loss = compressor.proxy == OUTPUT
+    grads, terms, generator = [], 0, None  # grads[k]: d loss / d (last layer's output) of batch k, one per loss
+    for b, last in zip(grad_batches, _split([b.hidden for b in batches])):
+        h = last.detach().requires_grad_(True)
+        with torch.enable_grad():
+            if output_loss:  # as importance.output_fisher: labels drawn from the model's own softmax
+                logits = logits_from_last_hidden(model, b.ids, h)
+                generator = generator or fisher_generator()
+                losses = drawn_label_losses(logits, generator)
+                del logits  # the losses hold what the backwards need; the next batch's head must not meet this one
+            else:  # as importance.gradient_stats: the text's own labels
+                losses = [loss_from_last_hidden(model, b.ids, h)]
+            grads.append([torch.autograd.grad(loss, h, retain_graph=k < len(losses) - 1)[0]
+                          for k, loss in enumerate(losses)])
+        del losses, h
+        terms += b.ids.shape[0] * (b.ids.shape[1] - 1) * len(grads[-1])
+    units_by_layer = {}
+    for i in tqdm(reversed(range(n_layers)), total=n_layers, desc="layers (reverse)", unit="layer",
+                  disable=not progress):
+        source.load_layer(i)
+        layer, names = layer_module(model, i), linears_of(by_layer[i])
+        stored = inputs[i]
+        with collect_stats(model, names, xtx=compressor.needs_xtx) as stats, torch.no_grad():
+            for k, b in enumerate(batches):
+                run_layer(layer, b, i, stored[k])  # the statistics of calibration, to the bit: exact cached factors
+        # activation gradients only (collect_gradients turns on the weights it needs)
+        with (frozen_parameters(layer), _gradient_hooks(model, names, compressor.proxy) as grad_sums,
+              torch.enable_grad()):
+            for k, (b, x) in enumerate(zip(grad_batches, _split(stored))):
+                h = x.detach().clone().requires_grad_(True)
+                y, passed = run_layer(layer, b, i, h), []
+                for j, g in enumerate(grads[k]):
+                    h.grad = None
+                    y.backward(g, retain_graph=j < len(grads[k]) - 1)
+                    passed.append(h.grad)
+                grads[k] = passed
+        for n in names:
+            if output_loss:
+                stats[n].out_fisher = grad_sums[n] / max(terms, 1)
+            else:
+                stats[n].extra["grads"] = grad_sums[n]
+        del stored, inputs[i]
+        units_by_layer[i] = _analyze_layer(model, compressor, by_layer[i], stats, keep, factors, i)
+        del stats
+        source.release_layer(i)
+    return [u for i in sorted(units_by_layer) for u in units_by_layer[i]]
+
+
+class _LayerFiles:
+    """Tensors per layer index, kept until read: in memory, or (spill) one file per layer in a temporary directory
+    (TMPDIR), read back memory-mapped (onto `device`: the CPU's pages, or a copy on the GPU), so that memory does not
+    grow with depth. An empty item takes no file. A layer's file goes with del, the directory with close(), the end
+    of a with block, or when the store is dropped. The files are safetensors ({key: tensor}), not torch.save's: a
+    failed write's error carries the operating system's reason (gac.io.atomic.io_failure)."""
+
+    prefix = what = ""
+    suffix = ".safetensors"
+
+    @staticmethod
+    def _save(tensors: dict, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
+
+    @staticmethod
+    def _load(path: Path, device: torch.device) -> dict:
+        from safetensors import safe_open
+
+        with safe_open(path, "pt", device=str(device)) as f:  # memory-mapped on the CPU
+            return {k: f.get_tensor(k) for k in f.keys()}
+
+    def __init__(self, spill: bool = True, device="cpu"):
+        self.spill, self.device = spill, torch.device(device)
+        self.items: dict = {}
+        if spill:
+            self.dir = tempfile.TemporaryDirectory(prefix=self.prefix)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        self.items.clear()
+        if self.spill:
+            self.dir.cleanup()
+
+    def __contains__(self, i: int) -> bool:
+        return i in self.items
+
+    def __setitem__(self, i: int, item) -> None:
+        if self.spill and item:
+            path = Path(self.dir.name) / f"layer-{i}{self.suffix}"
+            with _disk_errors(path, self.what):
+                self._save(item, path)
+            item = path
+        self.items[i] = item
+
+    def __getitem__(self, i: int):
+        item = self.items[i]
+        return self._load(item, self.device) if isinstance(item, Path) else item
+
+    def __delitem__(self, i: int) -> None:
+        item = self.items.pop(i)
+        if isinstance(item, Path):
+            item.unlink()
+
+
+class ActivationStore(_LayerFiles):
+    """Each layer's stored input for the reverse sweep: [tensor per batch], in memory or spilled to disk."""
+
+    prefix, what = "gac-activations-", "the stored calibration activations"
+
+    @staticmethod
+    def _save(tensors: list, path: Path) -> None:
+        _LayerFiles._save({str(j): t for j, t in enumerate(tensors)}, path)
+
+    @staticmethod
+    def _load(path: Path, device: torch.device) -> list:
+        stored = _LayerFiles._load(path, device)
+        return [stored[str(j)] for j in range(len(stored))]
+
+
+class FactorCache(_LayerFiles):
+    """What `cut` needs of each analyzed layer (Compressor.cut_state, {key: tensor}), one safetensors file per layer,
+    read back at materialization instead of factorizing again; a layer with nothing to keep (prune) has no file."""
+
+    prefix, what = "gac-factors-", "the factor cache"
+
+
+@contextlib.contextmanager
+def _disk_errors(path: Path, what: str):
+    """A full or unwritable temporary directory as one line naming TMPDIR (the layer-wise temporaries go there)."""
+    from gac.io.atomic import io_failure
+
+    try:
+        yield
+    except Exception as e:
+        if (reason := io_failure(e)) is None:
+            raise
+        raise GacError(f"could not write {what} to {path.parent} ({reason}): point TMPDIR at a directory "
+                       "with room for it (`gac compress --dry-run` forecasts the disk needed)") from e
+
+
+def _gradient_hooks(model, names, proxy):
+    """Output-gradient sums for the loss model, weight-gradient channel sums for taylor and fisher."""
+    return output_grad_sums(model, names) if proxy == OUTPUT else collect_gradients(model, names)

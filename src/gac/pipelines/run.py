@@ -1,0 +1,150 @@
+"""One `gac compress` run, whichever the pipeline: open -> calibrate -> analyze (the pipeline) -> select (the
+objective; every compressor under --compressor auto) -> materialize (the pipeline) -> evaluate -> report -> heal ->
+quantize -> save (the pipeline writes). The pipeline is chosen by the memory forecast (gac.pipelines.choice)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING
+
+from gac.compressors import AUTO
+from gac.config import CompressConfig
+from gac.errors import ConfigError, GacError, literal
+from gac.pipelines import get_pipeline
+from gac.pipelines.base import CompressResult
+
+if TYPE_CHECKING:
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
+    from gac.heal.run import HealConfig
+    from gac.quantize.plan import QuantPlan
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: CompressConfig) -> CompressResult:
+    """load -> calibrate -> analyze -> select -> materialize -> evaluate -> report -> save. Whole in memory, or layer
+    by layer (cfg.layerwise, or a max_memory the whole model would exceed): the two pipelines differ only in how the
+    model is read, cut and written; selection, evaluation and the report are one path."""
+    from gac.calibration.texts import load_windows
+    from gac.checkpoint.gac_dir import check_out_dir
+    from gac.compressors import make_compressor
+    from gac.objectives import select_dims
+    from gac.pipelines.choice import plan_memory
+    from gac.pipelines.evaluation import evaluate_variants
+    from gac.pipelines.outputs import build_report, experts_kept
+
+    compressor = None if cfg.compressor == AUTO else make_compressor(cfg.compressor, **cfg.compressor_options)
+    if cfg.out is not None:
+        check_out_dir(cfg.out, cfg.force)  # fail before the long work, not after
+    if cfg.profile and cfg.profile != "auto":
+        from gac.hw.profile import load_profile
+
+        load_profile(cfg.profile)  # a bad profile fails now, not after calibration
+    choice = plan_memory(cfg)  # layer by layer when the whole model would not fit
+    log.info("pipeline: %s (%s)", choice.pipeline, choice.reason)
+    if cfg.heal is not None and choice.layerwise:
+        raise ConfigError(f"{{heal}} trains the whole model in memory, and it does not fit ({literal(choice.reason)}): "
+                          "compress without {heal}, then heal the output with `gac heal` where it fits")
+    cfg = dataclasses.replace(cfg, layerwise=choice.layerwise)
+    pipeline = get_pipeline(choice.pipeline)
+    opened = pipeline.open(cfg)
+    model, tokenizer = opened.model, opened.tokenizer
+    _check_uncompressed(model, cfg.model)
+    calib, held_out = load_windows(tokenizer, cfg.text)
+    held_back = _held_back(tokenizer, cfg)
+    heal_texts = _heal_config(cfg).windows(tokenizer) if cfg.heal is not None else None  # a bad text fails now
+    auto = None
+    if compressor is None:  # --compressor auto: the best measured compressor's selection, then the run as its own
+        from gac.pipelines.auto import choose
+
+        cfg, selected, auto = choose(model, calib, held_back, cfg)
+        compressor = selected.compressor
+    else:
+        selected = select_dims(model, pipeline.analyze(opened, calib, cfg, compressor, held_back), cfg)
+    with pipeline.output(cfg) as streamed_to:
+        models, measured = pipeline.materialize(opened, selected, cfg, held_out, streamed_to)
+        saved = models[cfg.saved_variant]
+        qplan = _quantize_plan(saved, cfg)  # a kernel's refusal before evaluation and saving
+        variants, latency_method = evaluate_variants(models, selected.names, held_out, cfg, measured=measured)
+        report = build_report(cfg, opened.name, selected, variants, choice, latency_method)
+        report.auto = auto
+        if cfg.compressor_options.get("drop_experts"):
+            report.experts_kept = experts_kept(saved)
+        if cfg.heal is not None:
+            report.heal = _heal(models, heal_texts, cfg)
+        quantizer = None
+        if qplan is not None:
+            report.quantization, quantizer = _quantize(saved, tokenizer, qplan, cfg)
+        out = None
+        if cfg.out is not None:
+            from gac.pipelines.outputs import plan_and_files
+
+            plan, files = plan_and_files(saved, cfg, report, compressor)
+            out = pipeline.write(saved, tokenizer, cfg, plan=plan, files=files, streamed_to=streamed_to,
+                                 finish=quantizer.update_config if quantizer is not None else None)
+    return CompressResult(report.to_dict(), out, models)
+
+
+def _check_uncompressed(model: nn.Module, source: str) -> None:
+    from gac.models.groups import compressed_dims_of
+
+    if compressed_dims_of(model):
+        raise GacError(f"{source} is already compressed (factorized ranks or pruned widths): compress the original "
+                       "model, or align this one with `gac repair`")
+
+
+def _held_back(tokenizer: PreTrainedTokenizerBase, cfg: CompressConfig) -> torch.Tensor | None:
+    """The calibration windows besides those that calibrate (gac.calibration.texts.held_back_windows), on which
+    --compressor auto and the --speedup guard compare models by one loss: auto's kept model is then the best of every
+    closed-loop stream of every compressor it built, and each compressor's is the one its single run keeps. None
+    where neither runs."""
+    from gac.calibration.texts import held_back_windows
+
+    if cfg.compressor == AUTO or (cfg.speedup is not None and cfg.speedup.guard):
+        return held_back_windows(tokenizer, cfg.text)
+    return None
+
+
+def _heal_config(cfg: CompressConfig) -> HealConfig:
+    """--heal's gac.heal.HealConfig on the run's evaluation text, device and progress setting."""
+    return dataclasses.replace(cfg.heal, text=cfg.text, device=cfg.device, progress=cfg.progress)
+
+
+def _heal(models: dict, texts: torch.Tensor, cfg: CompressConfig) -> dict:
+    """--heal: distill the saved variant, in place, from the baseline (the original) on `texts`; the report."""
+    from gac.heal.run import heal_model
+
+    return heal_model(models[cfg.saved_variant], models["baseline"], texts, _heal_config(cfg))
+
+
+def _quantize_plan(model: nn.Module, cfg: CompressConfig) -> QuantPlan | None:
+    """--quantize's plan for the saved variant (gac.quantize.plan), checked against the kernel's rules now; None
+    without --quantize."""
+    if cfg.quantize is None:
+        return None
+    from gac.models.structure import structure_of
+    from gac.quantize.plan import check_covers, plan
+
+    model.config.gac_structure = structure_of(model)
+    qplan = plan(model.config, dataclasses.replace(cfg.quantize, calib_file=cfg.text.calib_file,
+                                                   seq_len=cfg.text.seq_len, calib_windows=cfg.text.calib_windows))
+    check_covers(qplan, model)
+    return qplan
+
+
+def _quantize(model: nn.Module, tokenizer: PreTrainedTokenizerBase, qplan: QuantPlan,
+              cfg: CompressConfig) -> tuple[dict, ModelCompressor]:
+    """--quantize: the saved variant quantized in place (after healing); (its quantize.json, the compressor that
+    writes the checkpoint's quantization_config)."""
+    import time
+
+    from gac.quantize.run import quantize_model, quantize_report
+
+    start = time.perf_counter()
+    quantizer = quantize_model(model, tokenizer, qplan, progress=cfg.progress)
+    return quantize_report(cfg.model, qplan, time.perf_counter() - start), quantizer

@@ -1,0 +1,89 @@
+"""The whole-model pipeline: the model loaded whole in memory, calibrated in one pass, every variant cut from a deep
+copy of it and saved at the end. --compressor auto and --speedup run on it only (gac.pipelines.choice)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gac.objectives.base import Analyzed, Selected
+from gac.pipelines.base import Measured, Opened, Pipeline, compressor_groups
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
+    from gac.compressors.base import Compressor
+
+
+def analyze(model: nn.Module, calib: torch.Tensor, cfg, compressor: Compressor | None = None,
+            held_back: torch.Tensor | None = None) -> Analyzed:
+    """Calibrate on `calib` [n, seq] and let the compressor analyze every group (spectra, loss model, importance) at
+    keep = 1 - cfg.analysis_ratio. The model is not changed. held_back: the windows the --speedup guard compares
+    models on (gac.calibration.texts.held_back_windows; None: no guard)."""
+    from gac.calibration.stats import calibrate
+    from gac.models.groups import linears_of
+
+    compressor, groups = compressor_groups(model, cfg, compressor)
+    stats = calibrate(model, calib, linears_of(groups), xtx=compressor.needs_xtx, progress=cfg.progress)
+    return analyze_with(model, calib, cfg, compressor, groups, stats, held_back)
+
+
+def analyze_with(model: nn.Module, calib: torch.Tensor, cfg, compressor: Compressor, groups: list, stats: dict,
+                 held_back: torch.Tensor | None = None) -> Analyzed:
+    """The compressor's analysis of `groups` from calibration statistics already collected on `calib` (`stats`:
+    gac.calibration.stats.calibrate's, over at least the groups' linears; shared by `--compressor auto`), the whole
+    model in memory."""
+    from gac.compressors.sensitivity import PROBE_TOKENS
+    from gac.models.groups import linears_of
+
+    probe = calib[:1, :PROBE_TOKENS]  # one short window: the loss probe for measured importance
+    grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
+    units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.analysis_ratio,
+                               progress=cfg.progress, **grads)
+    return Analyzed(compressor, units, linears_of(groups), sum(u.group.numel for u in units), held_back)
+
+
+def materialize_variants(model: nn.Module, selected: Selected) -> dict:
+    """{variant: model} for "unaligned" and "gac": each a deep copy of `model`, cut through surgery; a variant the
+    selection built already (the closed loop's kept model) is taken as it was built and timed."""
+    models = {}
+    for variant, dims in selected.dims.items():
+        if variant in selected.built:
+            models[variant] = selected.built[variant].eval()
+            continue
+        models[variant] = selected.compressor.built(model, selected.units, dims)
+    return models
+
+
+class WholeModel(Pipeline):
+    """The model whole in memory: loaded, analyzed, cut into deep copies and saved at the end."""
+
+    name = "whole"
+
+    def open(self, cfg) -> Opened:
+        from gac.checkpoint.loading import load_model
+
+        loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+        return Opened(loaded.model, loaded.tokenizer, loaded.source)
+
+    def analyze(self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor,
+                held_back: torch.Tensor | None = None) -> Analyzed:
+        return analyze(opened.model, calib, cfg, compressor, held_back)
+
+    def materialize(self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor,
+                    streamed_to: Path | None) -> tuple[dict, Measured | None]:
+        models = {"baseline": opened.model, **materialize_variants(opened.model, selected)}
+        selected.units = None  # free the SVD factors before evaluation
+        return models, None
+
+    def write(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, cfg, *, plan: dict, files: dict,
+              streamed_to: Path | None, finish: Callable | None = None) -> Path:
+        from gac.checkpoint.gac_dir import save
+
+        return save(model, tokenizer, cfg.out, plan=plan, extra_files=files, force=cfg.force, finish=finish)
+
+
+PIPELINE = WholeModel()
