@@ -32,7 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=128, help="prompt tokens before decode [default: 128]")
     p.add_argument("--decode-tokens", type=int, default=64, help="greedy steps timed [default: 64]")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds [default: 5]")
-    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE per engine")
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE per engine (whole GiB)")
     p.add_argument("--no-aa", action="store_true", help="leave out the A/A twin")
     p.add_argument("--eager", action="store_true", help="no torch.compile (vLLM's default compiles the model)")
     return p.parse_args(argv)
@@ -42,7 +42,7 @@ def points(text: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in part.lower().split("x")) for part in text.split(",")]
 
 
-def serve(model_dir: str, dtype: str, kv_gib: float, eager: bool, conn) -> None:
+def serve(model_dir: str, dtype: str, kv_gib: int, eager: bool, conn) -> None:
     """One engine: answers ("prefill", B, S, seed) and ("decode", B, S, N, seed) with seconds, until None."""
     import random
 

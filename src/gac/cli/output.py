@@ -28,8 +28,8 @@ def quiet_progress_when_redirected(quiet: bool = False) -> None:
 
         def throttled_init(self, *args, **kwargs):
             kwargs.setdefault("mininterval", interval)
-            if tqdm.std.tqdm._gac_quiet:
-                kwargs.setdefault("disable", True)
+            if tqdm.std.tqdm._gac_quiet:  # over a library's own disable=False (llm-compressor's bars pass one)
+                kwargs["disable"] = True
             init(self, *args, **kwargs)
 
         tqdm.std.tqdm.__init__ = throttled_init

@@ -103,7 +103,7 @@ def cpu_bind(tp: int) -> str:
 
 
 def make_llm(model_dir, *, dtype: str = "float32", tp: int = 1, max_model_len: int = 1024,
-             enforce_eager: bool = True, kv_cache_gib: float = 2, seed: int = 0, executor: str = "mp",
+             enforce_eager: bool = True, kv_cache_gib: int = 2, seed: int = 0, executor: str = "mp",
              **engine_args):
     """vllm.LLM on `model_dir` (checked first). On CPU: `kv_cache_gib` of KV cache, and cores split over ranks;
     `executor`: vLLM's distributed executor where tp > 1 ("mp": vLLM starts the ranks; "external_launcher": this
@@ -114,7 +114,7 @@ def make_llm(model_dir, *, dtype: str = "float32", tp: int = 1, max_model_len: i
     import torch
 
     if not torch.cuda.is_available():
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))  # vLLM reads whole GiB
         if tp > 1:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(tp))
     from vllm import LLM
