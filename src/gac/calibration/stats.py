@@ -98,8 +98,15 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
         raise RuntimeError(f"calibration saw no input for {len(missing)} layers, e.g. {missing[0]}")
 
 
-def calibrate(model, windows: torch.Tensor, names: list[str], *, batch_size: int = CALIB_BATCH, xtx: bool = False,
-              progress: bool = True) -> dict[str, LinearStats]:
+def calibrate(
+    model,
+    windows: torch.Tensor,
+    names: list[str],
+    *,
+    batch_size: int = CALIB_BATCH,
+    xtx: bool = False,
+    progress: bool = True,
+) -> dict[str, LinearStats]:
     """Run the calibration windows [n, seq] through the model and return per-linear input statistics."""
     device = next(model.parameters()).device
     batches = windows.split(batch_size)

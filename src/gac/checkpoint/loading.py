@@ -59,8 +59,9 @@ def read_config_checked(where: str, source: str, gguf_file: str | None = None):
             config = AutoConfig.from_pretrained(where)
     except (OSError, ValueError, RecursionError, StrictDataclassError) as e:
         why = str(e.__cause__ if isinstance(e, StrictDataclassError) and e.__cause__ else e).strip().splitlines()[0]
-        raise GacError(f"could not read the model config of {source!r} ({why}): pass a valid model directory or "
-                       ".gguf file") from e
+        raise GacError(
+            f"could not read the model config of {source!r} ({why}): pass a valid model directory or .gguf file"
+        ) from e
     adapter_for(config)
     verify.check_config(config, source)
     return config
@@ -72,8 +73,9 @@ def check_placeable(spec: str, placement: Placement) -> None:
         raise GacError(f"--device-map applies to model directories (safetensors), not to {spec}: leave it out")
 
 
-def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu",
-               placement: Placement | None = None) -> LoadedModel:
+def load_model(
+    spec: str, *, dtype: str = "float32", device: str = "cpu", placement: Placement | None = None
+) -> LoadedModel:
     """Load `spec` for inference. Every failure a user can fix becomes a one-line GacError, and what was loaded
     is verified (gac.checkpoint.verify): no tensor missing or of the wrong shape, no silent random initialization.
     placement: accelerate's device map and memory caps for a model directory (gac.checkpoint.placement)."""
@@ -85,8 +87,10 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu",
         raise
     except Exception as e:  # noqa: BLE001 - whatever transformers, torch or tokenizers raise on a bad checkpoint
         first = first_line(e, 300)
-        raise GacError(f"could not load model {spec!r} ({type(e).__name__}: {first}): check that its config, "
-                       "weights and tokenizer belong together, or re-download it") from e
+        raise GacError(
+            f"could not load model {spec!r} ({type(e).__name__}: {first}): check that its config, "
+            "weights and tokenizer belong together, or re-download it"
+        ) from e
 
 
 def gguf_of(spec: str) -> Path | None:
@@ -113,18 +117,28 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
             raise GacError(f"{path} has no config.json: pass a Hugging Face model directory, a .gguf file or an alias")
         check_gac_files(path)
         if is_gac_dir(path):
-            loaded = load(path, dtype=dtype, device="cpu", device_map=placement.device_map,
-                          max_memory=placement.max_memory, offload_folder=placement.offload_folder)
+            loaded = load(
+                path,
+                dtype=dtype,
+                device="cpu",
+                device_map=placement.device_map,
+                max_memory=placement.max_memory,
+                offload_folder=placement.offload_folder,
+            )
         else:
             loaded = _load_hf(str(path), torch_dt, source=spec, placement=placement)
     elif path.exists():
-        raise GacError(f"{spec} is not a model directory or a .gguf file: pass a Hugging Face model directory, "
-                       "a .gguf file or an alias")
+        raise GacError(
+            f"{spec} is not a model directory or a .gguf file: pass a Hugging Face model directory, "
+            "a .gguf file or an alias"
+        )
     elif "/" in spec and not spec.startswith((".", "/", "~")) and spec.count("/") == 1:
         local_model_typo(spec)
         first = Path(spec.split("/")[0])
         if first.is_dir():  # `models/tiyn` with ./models here: a path typo, not a hub id
-            raise GacError(f"model {spec!r} not found: {first}/ has no {spec.split('/', 1)[1]!r}; pass an existing path")
+            raise GacError(
+                f"model {spec!r} not found: {first}/ has no {spec.split('/', 1)[1]!r}; pass an existing path"
+            )
         _check_hub(spec)
         loaded = _load_hf(spec, torch_dt, source=spec, hub=True, placement=placement)
     else:
@@ -181,8 +195,9 @@ def _load_embedded(alias: str, torch_dt) -> LoadedModel:
         except MemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever a damaged copy makes transformers or safetensors raise
-            log.warning("the copy of %s in %s did not load (%s): reading its GGUF again", alias, copy_dir,
-                        first_line(e, 200))
+            log.warning(
+                "the copy of %s in %s did not load (%s): reading its GGUF again", alias, copy_dir, first_line(e, 200)
+            )
     loaded = _load_hf(str(gguf.parent), torch_dt, gguf_file=gguf.name, source=alias)
     try:
         with atomic_dir(copy_dir, force=True, flag="GAC_CACHE_DIR") as tmp:
@@ -217,12 +232,21 @@ def _check_hub(repo: str) -> None:
         except OSError:
             reachable = False
     if not reachable:
-        raise GacError(f"model {repo!r} is not a local path, not in the Hugging Face cache, and the hub is "
-                       "unreachable: check the path, or download it where you have network")
+        raise GacError(
+            f"model {repo!r} is not a local path, not in the Hugging Face cache, and the hub is "
+            "unreachable: check the path, or download it where you have network"
+        )
 
 
-def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None, hub: bool = False,
-             placement: Placement | None = None) -> LoadedModel:
+def _load_hf(
+    where: str,
+    torch_dt,
+    *,
+    source: str,
+    gguf_file: str | None = None,
+    hub: bool = False,
+    placement: Placement | None = None,
+) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
@@ -249,8 +273,9 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
     log.info("loading %s", source)
     if placement is not None:
         kwargs.update(placement_kwargs(placement))
-    model, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dt, output_loading_info=True,
-                                                       ignore_mismatched_sizes=True, **kwargs)  # reported below
+    model, info = AutoModelForCausalLM.from_pretrained(
+        where, dtype=torch_dt, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+    )  # reported below
     verify.check_loading_info(info, source)
     verify.check_tokenizer_fits(model, tokenizer, source)
     verify.check_finite(model, source)

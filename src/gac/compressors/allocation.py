@@ -35,8 +35,14 @@ def greedy_steps(gains: list[np.ndarray], costs: list[np.ndarray], used: int, bu
     return taken
 
 
-def allocate_ranks(energies: list[np.ndarray], scores: list[float], shapes: list[tuple[int, int]],
-                   budget: int, *, allow_dense: bool = True) -> list[int | None]:
+def allocate_ranks(
+    energies: list[np.ndarray],
+    scores: list[float],
+    shapes: list[tuple[int, int]],
+    budget: int,
+    *,
+    allow_dense: bool = True,
+) -> list[int | None]:
     """Greedy global allocation of rank units by importance gained per parameter.
 
     energies[i]: energy fraction per singular direction of weight i (descending, sums to 1).

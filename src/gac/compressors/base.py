@@ -20,8 +20,13 @@ import numpy as np
 import torch
 
 from gac.compressors.allocation import DENSE, allocate_ranks
-from gac.compressors.loss_model import (allocate_by_curves, lowrank_loss_curve, lowrank_options, slope_at,
-                                        truncation_factors)
+from gac.compressors.loss_model import (
+    allocate_by_curves,
+    lowrank_loss_curve,
+    lowrank_options,
+    slope_at,
+    truncation_factors,
+)
 from gac.compressors.linalg import ScaledSVD, factorize_from_svd, scaled_svd
 from gac.compressors.quality import curve_quality, energy_quality
 from gac.errors import GacError
@@ -39,7 +44,9 @@ class Unit:
 
     group: DimGroup
     score: float = 0.0
-    raw_score: float = 0.0  # the score before normalization (a layer-wise analysis normalizes over all layers at the end)
+    raw_score: float = (
+        0.0  # the score before normalization (a layer-wise analysis normalizes over all layers at the end)
+    )
 
     @property
     def name(self) -> str:
@@ -278,13 +285,13 @@ class LowRankCompressor(Compressor):
         """Per-input-channel scale applied before the SVD (None: plain SVD)."""
         return None
 
-    def importance(self, model, units: list[LowRankUnit], stats: dict, probe, keep: float,
-                   progress: bool) -> list[float]:
+    def importance(
+        self, model, units: list[LowRankUnit], stats: dict, probe, keep: float, progress: bool
+    ) -> list[float]:
         """Importance per parameter of each weight, before normalization. Default: weight magnitude."""
         return [float(model.get_submodule(u.group.linear).weight.detach().float().pow(2).mean()) for u in units]
 
-    def measured_sensitivity(self, model, units: list[LowRankUnit], probe, keep: float,
-                             progress: bool) -> list[float]:
+    def measured_sensitivity(self, model, units: list[LowRankUnit], probe, keep: float, progress: bool) -> list[float]:
         """ASVD's sensitivity: the calibration-loss rise when a weight alone is truncated, per unit of its lost
         (scaled) spectral energy, spread over the weight's parameters."""
         from gac.compressors.sensitivity import loss_per_energy
@@ -299,8 +306,17 @@ class LowRankCompressor(Compressor):
         return self.proxy is None and type(self).importance is not LowRankCompressor.importance
 
     # --- shared -------------------------------------------------------------------------------
-    def analyze(self, model, groups: list[RankGroup], stats: dict, *, probe=None, keep: float = 0.85,
-                progress: bool = True, windows=None) -> list[LowRankUnit]:
+    def analyze(
+        self,
+        model,
+        groups: list[RankGroup],
+        stats: dict,
+        *,
+        probe=None,
+        keep: float = 0.85,
+        progress: bool = True,
+        windows=None,
+    ) -> list[LowRankUnit]:
         """Scaled SVD of every weight and its importance (probe: a short calibration window for measured
         importance; keep: 1 - ratio; windows: the calibration windows, for a gradient-based proxy)."""
         from tqdm.auto import tqdm
@@ -317,8 +333,9 @@ class LowRankCompressor(Compressor):
         else:
             from gac.calibration.importance import weight_scores
 
-            scores = weight_scores(self.proxy, model, linears_of(groups), stats=stats, windows=windows,
-                                   progress=progress)
+            scores = weight_scores(
+                self.proxy, model, linears_of(groups), stats=stats, windows=windows, progress=progress
+            )
         return self.normalize(units, scores)
 
     def factorize_units(self, model, units: list[LowRankUnit], stats: dict, progress: bool = False) -> None:
@@ -331,8 +348,12 @@ class LowRankCompressor(Compressor):
 
         device = model.get_submodule(units[0].group.linear).weight.device if units else "cpu"
         with tqdm(total=len(units), desc=f"{self.name}: factorizing", unit="weight", disable=not progress) as bar:
-            for u, svd in zip(units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work,
-                                                      on_done=bar.update, device=device)):
+            for u, svd in zip(
+                units,
+                map_side_by_side(
+                    factorize, units, cost=lambda u: u.factorization_work, on_done=bar.update, device=device
+                ),
+            ):
                 u.svd = svd
 
     def cut_state(self, model, units: list[LowRankUnit]) -> dict:
@@ -384,8 +405,10 @@ class LowRankCompressor(Compressor):
 
         A, B = unit.factors or max_rank_factors(unit.svd, max(dim, unit.max_dim))
         if dim > A.shape[0]:
-            raise GacError(f"{unit.name}: rank {dim} is above the {A.shape[0]} its factors were cached at (the "
-                           "largest rank that saves parameters): keep the weight dense instead")
+            raise GacError(
+                f"{unit.name}: rank {dim} is above the {A.shape[0]} its factors were cached at (the "
+                "largest rank that saves parameters): keep the weight dense instead"
+            )
         # copies: a view would keep every weight's max-rank factors alive until the whole model is cut
         return Factors(A[:dim].clone(), B[:, :dim].clone())
 
@@ -416,8 +439,9 @@ def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progr
         g, svd, linear_stats = u.group, u.svd, stats[u.group.linear]
         # C = X^T X / tokens, applied to Q [k, k] instead of to X^T X [in, in]: no second [in, in] float64 copy
         # (1.6 GiB for a 14336-wide input)
-        s, P, Q = truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, linear_stats.xtx,
-                                     fishers[g.linear][g.rows].to(svd.U.device))
+        s, P, Q = truncation_factors(
+            svd.U, svd.S, svd.Vh, svd.scale, linear_stats.xtx, fishers[g.linear][g.rows].to(svd.U.device)
+        )
         return lowrank_loss_curve(s, P, Q / max(linear_stats.tokens, 1), u.max_dim)
 
     device = units[0].svd.U.device if units else "cpu"
@@ -437,5 +461,14 @@ def allocate_by_loss_model(units: list[LowRankUnit], budget: int) -> dict[str, i
     return {u.name: (DENSE if j > u.max_dim else int(j)) for u, j in zip(units, picks)}
 
 
-__all__ = ["DENSE", "Compressor", "LowRankCompressor", "LowRankUnit", "Unit", "add_loss_curves",
-           "allocate_by_loss_model", "max_rank_factors", "normalize_scores"]
+__all__ = [
+    "DENSE",
+    "Compressor",
+    "LowRankCompressor",
+    "LowRankUnit",
+    "Unit",
+    "add_loss_curves",
+    "allocate_by_loss_model",
+    "max_rank_factors",
+    "normalize_scores",
+]

@@ -73,8 +73,9 @@ def gram32_holds(S: torch.Tensor, rank: int | None = None) -> bool:
     return torch.finfo(torch.float32).eps * float(S[0] / S[k]) ** 2 <= GRAM32_TOLERANCE
 
 
-def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: str = "svd",
-               max_rank: int | None = None) -> ScaledSVD:
+def scaled_svd(
+    weight: torch.Tensor, scale: torch.Tensor | None = None, method: str = "svd", max_rank: int | None = None
+) -> ScaledSVD:
     """SVD of weight @ S in float32: S = diag(scale) for a positive per-input-channel scale [in] (ASVD), or a
     lower-triangular whitening matrix [in, in] (SVD-LLM, from `whiten`). method "svd": torch.linalg.svd (LAPACK);
     "gram": from the eigendecomposition of the smaller Gram matrix in float64 (`gram_svd`); "gram32": the same in

@@ -23,8 +23,14 @@ from gac.calibration.gram import Gram
 from gac.compressors.allocation import greedy_steps
 
 
-def truncation_factors(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, scale: torch.Tensor | None,
-                       gram: Gram, out_fisher: torch.Tensor | None = None):
+def truncation_factors(
+    U: torch.Tensor,
+    S: torch.Tensor,
+    Vh: torch.Tensor,
+    scale: torch.Tensor | None,
+    gram: Gram,
+    out_fisher: torch.Tensor | None = None,
+):
     """(s [k], P [k, k], Q [k, k]) in float64 for the curve of the factorization W S = U diag(S) Vh.
 
     scale: None, [in] (W S = W diag(scale)) or [in, in] lower-triangular (W S = W @ scale).
@@ -77,8 +83,9 @@ def lower_hull(costs: np.ndarray, losses: np.ndarray, start: int = 0) -> list[in
     return hull
 
 
-def allocate_by_curves(curves: list[np.ndarray], costs: list[np.ndarray], budget: float,
-                       start: list[int] | None = None) -> list[int]:
+def allocate_by_curves(
+    curves: list[np.ndarray], costs: list[np.ndarray], budget: float, start: list[int] | None = None
+) -> list[int]:
     """Choose one option per unit minimizing the summed predicted loss under a parameter budget.
 
     curves[i][j]: predicted loss of unit i at option j; costs[i][j]: its parameters (increasing in j).

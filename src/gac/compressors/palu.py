@@ -77,8 +77,9 @@ class PaluCompressor(LowRankCompressor):
             w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [rows, hidden]
             return scaled_svd(w, whitened[u.group.linear], self.factorization, u.max_dim)
 
-        for u, svd in zip(units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work,
-                                                  device=device)):
+        for u, svd in zip(
+            units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work, device=device)
+        ):
             u.svd = svd
 
 

@@ -61,8 +61,10 @@ class PruneConfig:
         object.__setattr__(self, "layers", parse_layers(self.layers))
         f = self.drop_experts
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
-            raise GacError(f"--drop-experts {f!r} is outside [0, 1): pass the share of each MoE layer's experts to "
-                           "drop, e.g. --drop-experts 0.25")
+            raise GacError(
+                f"--drop-experts {f!r} is outside [0, 1): pass the share of each MoE layer's experts to "
+                "drop, e.g. --drop-experts 0.25"
+            )
 
 
 def experts_dropped(fraction: float, num_experts: int) -> int:
@@ -111,8 +113,9 @@ class MLPUnit(PrunedUnit):
     @classmethod
     def scored(cls, group, scores):
         parts = group.parts  # a fused gate_up: each channel's gate row and up row
-        imp = (sum(_vec(scores[n].out).reshape(parts, -1).sum(0) for n in group.producers)
-               + sum(_vec(scores[n].inp) for n in group.consumers))
+        imp = sum(_vec(scores[n].out).reshape(parts, -1).sum(0) for n in group.producers) + sum(
+            _vec(scores[n].inp) for n in group.consumers
+        )
         return cls(group, channel_importance=imp)  # [intermediate]
 
     @property
@@ -227,8 +230,9 @@ def _top(importance: np.ndarray, k: int) -> torch.Tensor:
 
 
 # --- how much to keep: pure numpy --------------------------------------------------------------------------
-def allocate_steps(gains: list[np.ndarray], step_costs: list[int], min_steps: list[int], fixed: list[int],
-                   budget: int) -> list[int]:
+def allocate_steps(
+    gains: list[np.ndarray], step_costs: list[int], min_steps: list[int], fixed: list[int], budget: int
+) -> list[int]:
     """Greedy global allocation of steps (channels, heads, groups) by importance per parameter
     (gac.compressors.allocation.greedy_steps).
 
@@ -263,8 +267,10 @@ class PruneCompressor(Compressor):
         layers = self.config.layers
         if layers is None:
             if n < 3:
-                raise GacError(f"the model has {n} layers and the first and last are kept by default: "
-                               "choose the layers to prune, e.g. --prune-layers all")
+                raise GacError(
+                    f"the model has {n} layers and the first and last are kept by default: "
+                    "choose the layers to prune, e.g. --prune-layers all"
+                )
             return list(range(1, n - 1))
         if layers == "all":
             return list(range(n))
@@ -294,33 +300,50 @@ class PruneCompressor(Compressor):
         adapter, f = adapter_for(config), self.config.drop_experts
         moe = [i for i in range(adapter.layer_count(config)) if adapter.is_moe_layer(config, i)]
         if not moe:
-            raise GacError(f"--drop-experts drops experts of mixture-of-experts layers, and this "
-                           f"{adapter.model_type} model has none: drop --drop-experts, or pass a mixture-of-experts "
-                           "model")
+            raise GacError(
+                f"--drop-experts drops experts of mixture-of-experts layers, and this "
+                f"{adapter.model_type} model has none: drop --drop-experts, or pass a mixture-of-experts "
+                "model"
+            )
         pruned = set(self._layers(config))
         missing = [i for i in moe if i not in pruned]
         if missing:
-            raise GacError(f"--drop-experts drops experts in every MoE layer (a model holds one expert count), but "
-                           f"the pruned layers leave out MoE layer{'s' if len(missing) > 1 else ''} "
-                           f"{', '.join(map(str, missing))}: pass --prune-layers all, or name every MoE layer")
+            raise GacError(
+                f"--drop-experts drops experts in every MoE layer (a model holds one expert count), but "
+                f"the pruned layers leave out MoE layer{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(map(str, missing))}: pass --prune-layers all, or name every MoE layer"
+            )
         num_experts, _, top_k = adapter.expert_geometry(config)
         k = experts_dropped(f, num_experts)
         if num_experts - k < top_k:
             most = num_experts - top_k
-            fix = (f"pass --drop-experts {most / num_experts:g} or lower" if most else "drop --drop-experts")
-            raise GacError(f"--drop-experts {f:g} drops {k} of the {num_experts} experts of each MoE layer, leaving "
-                           f"fewer than the {top_k} each token is routed to (num_experts_per_tok): {fix}")
+            fix = f"pass --drop-experts {most / num_experts:g} or lower" if most else "drop --drop-experts"
+            raise GacError(
+                f"--drop-experts {f:g} drops {k} of the {num_experts} experts of each MoE layer, leaving "
+                f"fewer than the {top_k} each token is routed to (num_experts_per_tok): {fix}"
+            )
         if k == 0:
-            log.warning("--drop-experts %g drops round(%g x %d) = 0 experts per MoE layer: nothing dropped", f, f,
-                        num_experts)
+            log.warning(
+                "--drop-experts %g drops round(%g x %d) = 0 experts per MoE layer: nothing dropped", f, f, num_experts
+            )
             return groups
         return [g.dropping(k) if g.kind == "experts" else g for g in groups]
 
-    def analyze(self, model, groups: list[DimGroup], stats: dict, *, probe=None, keep: float = 0.85,
-                progress: bool = True, windows=None) -> list[Unit]:
+    def analyze(
+        self,
+        model,
+        groups: list[DimGroup],
+        stats: dict,
+        *,
+        probe=None,
+        keep: float = 0.85,
+        progress: bool = True,
+        windows=None,
+    ) -> list[Unit]:
         """An MLP or attention unit per group, its channels and heads scored by the proxy."""
-        scores = measure(self.config.importance, model, linears_of(groups), stats=stats, windows=windows,
-                         progress=progress)
+        scores = measure(
+            self.config.importance, model, linears_of(groups), stats=stats, windows=windows, progress=progress
+        )
 
         units = [UNITS[g.kind].scored(g, scores) for g in groups]
         return normalize_scores(units, [u.total_importance / u.numel for u in units])
@@ -328,8 +351,13 @@ class PruneCompressor(Compressor):
     def allocate(self, units: list, budget: int) -> dict[str, int | None]:
         """Kept widths under the budget (None: the unit keeps everything), steps handed out by importance."""
         gains = [scaled_step_gains(u) for u in units]
-        steps = allocate_steps(gains, [u.dim_step * u.params_per_dim for u in units],
-                               [u.min_dim // u.dim_step for u in units], [u.fixed_params for u in units], budget)
+        steps = allocate_steps(
+            gains,
+            [u.dim_step * u.params_per_dim for u in units],
+            [u.min_dim // u.dim_step for u in units],
+            [u.fixed_params for u in units],
+            budget,
+        )
         dims, floored = {}, []
         for u, s in zip(units, steps):
             dim = s * u.dim_step
@@ -337,10 +365,14 @@ class PruneCompressor(Compressor):
             if u.group.removes_heads and dim == u.min_dim < u.max_dim:
                 floored.append(u)
         if floored:  # one line for all of them: a deep cut floors most layers at once
-            log.warning("%d attention layer%s keep%s the minimum (%s): no ratio can remove more heads there (%s)",
-                        len(floored), "s" if len(floored) > 1 else "", "" if len(floored) > 1 else "s",
-                        "one KV group" if floored[0].group.mode == "group" else "one query head per group",
-                        ", ".join(u.name for u in floored[:3]) + (", ..." if len(floored) > 3 else ""))
+            log.warning(
+                "%d attention layer%s keep%s the minimum (%s): no ratio can remove more heads there (%s)",
+                len(floored),
+                "s" if len(floored) > 1 else "",
+                "" if len(floored) > 1 else "s",
+                "one KV group" if floored[0].group.mode == "group" else "one query head per group",
+                ", ".join(u.name for u in floored[:3]) + (", ..." if len(floored) > 3 else ""),
+            )
         return dims
 
     def cut(self, unit: PrunedUnit, dim: int):

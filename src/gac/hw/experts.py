@@ -37,8 +37,18 @@ def loaded_implementation() -> str:
     transformers at each call."""
     import transformers
 
-    small = dict(vocab_size=8, hidden_size=8, intermediate_size=8, moe_intermediate_size=8, num_hidden_layers=1,
-                 num_attention_heads=1, num_key_value_heads=1, head_dim=8, num_experts=2, num_experts_per_tok=1)
+    small = dict(
+        vocab_size=8,
+        hidden_size=8,
+        intermediate_size=8,
+        moe_intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=8,
+        num_experts=2,
+        num_experts_per_tok=1,
+    )
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(transformers.Qwen3MoeConfig(**small))
     return model.config._experts_implementation
@@ -53,8 +63,12 @@ class ExpertsKernel:
         import transformers
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-        config = transformers.Qwen3MoeConfig(hidden_size=shape["hidden"], moe_intermediate_size=dim,
-                                             num_experts=shape["experts"], num_experts_per_tok=shape["top_k"])
+        config = transformers.Qwen3MoeConfig(
+            hidden_size=shape["hidden"],
+            moe_intermediate_size=dim,
+            num_experts=shape["experts"],
+            num_experts_per_tok=shape["top_k"],
+        )
         config._experts_implementation = loaded_implementation()
         with torch.device("meta"):
             self.module = Qwen3MoeExperts(config)

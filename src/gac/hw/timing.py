@@ -127,7 +127,11 @@ def _sync(device: str | torch.device) -> None:
 
 
 def time_callable(
-    fn: Callable[[], object], *, device: str | torch.device = "cpu", warmup: int = 3, repeats: int = 20,
+    fn: Callable[[], object],
+    *,
+    device: str | torch.device = "cpu",
+    warmup: int = 3,
+    repeats: int = 20,
     graph_calls: int = 0,
 ) -> Timing:
     """Median (and spread) of `repeats` calls of `fn` after `warmup` untimed calls, under inference_mode."""
@@ -167,8 +171,10 @@ def time_interleaved(
             for name, (fn, per, _) in timed.items():
                 clock.run(fn, samples[name], host[name], per)
         clock.flush()
-    return {name: Timing.from_samples(samples[name], timed[name][2], host[name] if timed[name][2] == "events" else None)
-            for name in fns}
+    return {
+        name: Timing.from_samples(samples[name], timed[name][2], host[name] if timed[name][2] == "events" else None)
+        for name in fns
+    }
 
 
 @contextlib.contextmanager

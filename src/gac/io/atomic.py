@@ -178,8 +178,9 @@ def remove_stale_partials(parent: Path) -> list[Path]:
     for p in found:
         writer = _writer_of(p.name)
         if writer is None:
-            log.warning("%s: left by an earlier interrupted run of unknown writer; remove it if no run is writing "
-                        "there", p)
+            log.warning(
+                "%s: left by an earlier interrupted run of unknown writer; remove it if no run is writing there", p
+            )
         elif writer[0] != here:
             log.warning("%s: left, written by host %s", p, writer[0])
         elif os.name != "posix":  # os.kill(pid, 0) would end the process there, not ask about it
@@ -189,8 +190,11 @@ def remove_stale_partials(parent: Path) -> list[Path]:
         else:
             shutil.rmtree(p, ignore_errors=True)
             if p.exists():  # another user's, say
-                log.warning("%s: left by a killed run (pid %d is gone) but could not be removed: remove it by hand",
-                            p, writer[1])
+                log.warning(
+                    "%s: left by a killed run (pid %d is gone) but could not be removed: remove it by hand",
+                    p,
+                    writer[1],
+                )
             else:
                 removed.append(p)
                 log.warning("removed %s, left by a killed run (pid %d is gone)", p, writer[1])

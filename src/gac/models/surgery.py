@@ -81,8 +81,9 @@ def lowrank(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> LowR
 def grouped_lowrank(a: torch.Tensor, bs: list[torch.Tensor], biases: list) -> GroupedLowRankLinear:
     """A GroupedLowRankLinear holding a [sum r_g, in], b_g [out/G, r_g] and each group's bias (or None)."""
     out_features = sum(b.shape[0] for b in bs)
-    new = GroupedLowRankLinear(a.shape[1], out_features, [b.shape[1] for b in bs], biases[0] is not None,
-                               a.device, a.dtype)
+    new = GroupedLowRankLinear(
+        a.shape[1], out_features, [b.shape[1] for b in bs], biases[0] is not None, a.device, a.dtype
+    )
     new.a.weight.copy_(a)
     for layer, b, bias in zip(new.b, bs, biases):
         layer.weight.copy_(b)
@@ -105,8 +106,11 @@ def factorize_head_groups(model: nn.Module, name: str, factors: list[tuple[torch
     old = model.get_submodule(name)
     w = old.weight
     biases = [None] * len(factors) if old.bias is None else list(old.bias.detach().chunk(len(factors)))
-    new = grouped_lowrank(torch.cat([A for A, _ in factors], dim=0).to(w.device, w.dtype),
-                          [B.to(w.device, w.dtype) for _, B in factors], biases)
+    new = grouped_lowrank(
+        torch.cat([A for A, _ in factors], dim=0).to(w.device, w.dtype),
+        [B.to(w.device, w.dtype) for _, B in factors],
+        biases,
+    )
     set_module(model, name, new)
     return new
 
@@ -184,8 +188,9 @@ def keep_experts(model: nn.Module, fused: tuple[str, ...], router: str, experts:
     for attr in ("weight", "bias"):
         p = getattr(gate, attr, None)
         if isinstance(p, torch.Tensor):
-            set_parameter(model, f"{router}.{attr}", p.detach().index_select(0, experts.to(p.device)),
-                          expert_rows=False)
+            set_parameter(
+                model, f"{router}.{attr}", p.detach().index_select(0, experts.to(p.device)), expert_rows=False
+            )
     for module in {model.get_submodule(name.rpartition(".")[0]) for name in fused} | {gate}:
         if hasattr(module, "num_experts"):
             module.num_experts = count

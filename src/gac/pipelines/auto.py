@@ -78,8 +78,10 @@ class Candidate:
         log.info("auto: %s skipped: %s", self.name, error)
 
     def to_dict(self) -> dict:
-        out = {"status": "skipped" if self.skipped else self.status,
-               "ratio": None if self.skipped else self.config.ratio}
+        out = {
+            "status": "skipped" if self.skipped else self.status,
+            "ratio": None if self.skipped else self.config.ratio,
+        }
         if self.skipped:
             out["why"] = self.skipped
         out["predicted"] = self.predicted or None
@@ -108,16 +110,19 @@ def choose(model, calib, held_back, cfg: CompressConfig) -> tuple[CompressConfig
             _at_common_ratio(c, common, cfg)
     live = [c for c in candidates if not c.skipped]
     if not live:
-        raise ConfigError(f"no compressor can run on this model at this target ({_reasons(candidates)}): name one "
-                          "compressor to see why")
+        raise ConfigError(
+            f"no compressor can run on this model at this target ({_reasons(candidates)}): name one "
+            "compressor to see why"
+        )
     stats = shared_statistics(model, calib, live, cfg)
     baseline = mean_loss(model, held_back)
     for c in live:
         _predict(c, model, calib, stats, held_back, baseline, cfg)
     ranked = sorted((c for c in live if not c.skipped), key=lambda c: c.predicted["loss"])
     if not ranked:
-        raise ConfigError(f"no compressor reaches this target ({_reasons(candidates)}): use a smaller {{ratio}} or "
-                          "{speedup}")
+        raise ConfigError(
+            f"no compressor reaches this target ({_reasons(candidates)}): use a smaller {{ratio}} or {{speedup}}"
+        )
     built = []
     for c in ranked[:AUTO_BUILT]:
         try:
@@ -128,8 +133,10 @@ def choose(model, calib, held_back, cfg: CompressConfig) -> tuple[CompressConfig
             c.compressor.release_factors(c.analyzed.units)
     del stats
     if not built:
-        raise ConfigError(f"no compressor built reaches this target ({_reasons(ranked[:AUTO_BUILT])}): use a smaller "
-                          "{ratio} or {speedup}")
+        raise ConfigError(
+            f"no compressor built reaches this target ({_reasons(ranked[:AUTO_BUILT])}): use a smaller "
+            "{ratio} or {speedup}"
+        )
     if cfg.speedup is None and cfg.evaluate:
         _time_beside(model, built, cfg)
     kept = min(built, key=lambda c: _rank(c, cfg))
@@ -139,9 +146,14 @@ def choose(model, calib, held_back, cfg: CompressConfig) -> tuple[CompressConfig
     kept.status = "kept"
     why = _why(kept, built, cfg)
     log.info("auto: kept %s (%s)", kept.name, why)
-    report = {"candidates": {c.name: c.to_dict() for c in candidates}, "kept": kept.name, "why": why,
-              "built": [c.name for c in ranked[:AUTO_BUILT]], "held_back_windows": len(held_back),
-              "baseline_loss": baseline}
+    report = {
+        "candidates": {c.name: c.to_dict() for c in candidates},
+        "kept": kept.name,
+        "why": why,
+        "built": [c.name for c in ranked[:AUTO_BUILT]],
+        "held_back_windows": len(held_back),
+        "baseline_loss": baseline,
+    }
     report["compressible_params"] = common
     if cfg.speedup is None:
         report.update(ratio=cfg.ratio, removed_params=_removed(common, cfg))
@@ -174,8 +186,11 @@ def _compressible(model, live: list[Candidate]) -> int:
 
 def _reasons(candidates: list[Candidate]) -> str:
     """Why each skipped candidate cannot run, as a ConfigError's words (their own fields named as they were)."""
-    return "; ".join(f"{c.name}: {c.error.template if isinstance(c.error, ConfigError) else literal(c.error)}"
-                     for c in candidates if c.error is not None)
+    return "; ".join(
+        f"{c.name}: {c.error.template if isinstance(c.error, ConfigError) else literal(c.error)}"
+        for c in candidates
+        if c.error is not None
+    )
 
 
 def _removed(common: int, cfg) -> int:
@@ -190,8 +205,9 @@ def _at_common_ratio(c: Candidate, common: int, cfg) -> None:
     own, removed = sum(g.numel for g in c.groups), _removed(common, cfg)
     try:
         if removed >= own:
-            raise ConfigError(f"removing {removed:,} parameters needs more than its {own:,} compressible ones: use a "
-                              "lower {ratio}")
+            raise ConfigError(
+                f"removing {removed:,} parameters needs more than its {own:,} compressible ones: use a lower {{ratio}}"
+            )
         # the asked ratio itself where the compressor may touch every weight: its run is then the single one's
         ratio = cfg.ratio if own == common else round(removed / own, 6)
         c.config = dataclasses.replace(c.config, ratio=ratio)
@@ -246,9 +262,14 @@ def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg)
     finally:
         if c.analyzed is not None:
             c.compressor.release_factors(c.analyzed.units)
-    log.info("auto: %s analyzed: predicted loss %+.4f nats/token (%s), %s params%s", c.name, c.predicted["loss"],
-             c.predicted["loss_from"], f"{c.predicted['params']:,}",
-             f", {c.predicted['ms']:.2f} ms ({c.predicted['speedup']:.3f}x)" if "ms" in c.predicted else "")
+    log.info(
+        "auto: %s analyzed: predicted loss %+.4f nats/token (%s), %s params%s",
+        c.name,
+        c.predicted["loss"],
+        c.predicted["loss_from"],
+        f"{c.predicted['params']:,}",
+        f", {c.predicted['ms']:.2f} ms ({c.predicted['speedup']:.3f}x)" if "ms" in c.predicted else "",
+    )
 
 
 def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
@@ -275,8 +296,13 @@ def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
         loss = mean_loss(built, held_back) - baseline
     c.measured = {"loss": loss, "params": c.params(dims), **timing}
     c.status = "built"
-    log.info("auto: %s built: measured loss %+.4f nats/token on %d held-back windows%s", c.name, c.measured["loss"],
-             len(held_back), f", {timing['speedup']:.3f}x measured" if timing else "")
+    log.info(
+        "auto: %s built: measured loss %+.4f nats/token on %d held-back windows%s",
+        c.name,
+        c.measured["loss"],
+        len(held_back),
+        f", {timing['speedup']:.3f}x measured" if timing else "",
+    )
 
 
 def _time_beside(model, built: list[Candidate], cfg) -> None:
@@ -311,6 +337,7 @@ def _why(kept: Candidate, built: list[Candidate], cfg) -> str:
     figures = ", ".join(f"{c.name} {c.measured['loss']:+.4f}" for c in built)
     if cfg.speedup is not None and not kept.measured["reached"]:
         return f"no built compressor reached the target: the fastest measured ({kept.measured['speedup']:.3f}x)"
-    what = "lowest loss on the held-back calibration windows" + (" of those that reached the target"
-                                                                   if cfg.speedup is not None else "")
+    what = "lowest loss on the held-back calibration windows" + (
+        " of those that reached the target" if cfg.speedup is not None else ""
+    )
     return f"{what}, nats/token over the original: {figures}"

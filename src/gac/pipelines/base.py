@@ -58,8 +58,9 @@ class Pipeline(ABC):
         """The model to compress, its tokenizer and name (and, layer by layer, its weight source)."""
 
     @abstractmethod
-    def analyze(self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor,
-                held_back: torch.Tensor | None = None) -> Analyzed:
+    def analyze(
+        self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor, held_back: torch.Tensor | None = None
+    ) -> Analyzed:
         """Calibrate on `calib` [n, seq] and let the compressor analyze every group; the model is not changed."""
 
     def output(self, cfg) -> contextlib.AbstractContextManager[Path | None]:
@@ -68,13 +69,23 @@ class Pipeline(ABC):
         return contextlib.nullcontext()
 
     @abstractmethod
-    def materialize(self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor,
-                    streamed_to: Path | None) -> tuple[dict, Measured | None]:
+    def materialize(
+        self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor, streamed_to: Path | None
+    ) -> tuple[dict, Measured | None]:
         """({variant: model}, the baseline first; what was measured on the way, else None)."""
 
     @abstractmethod
-    def write(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, cfg, *, plan: dict, files: dict,
-              streamed_to: Path | None, finish: Callable | None = None) -> Path:
+    def write(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        cfg,
+        *,
+        plan: dict,
+        files: dict,
+        streamed_to: Path | None,
+        finish: Callable | None = None,
+    ) -> Path:
         """Save the saved variant with its plan and `files` to cfg.out; `finish` (the directory) runs before it is
         moved into place."""
 

@@ -48,8 +48,10 @@ def run(cfg: CompressConfig) -> CompressResult:
     choice = plan_memory(cfg)  # layer by layer when the whole model would not fit
     log.info("pipeline: %s (%s)", choice.pipeline, choice.reason)
     if cfg.heal is not None and choice.layerwise:
-        raise ConfigError(f"{{heal}} trains the whole model in memory, and it does not fit ({literal(choice.reason)}): "
-                          "compress without {heal}, then heal the output with `gac heal` where it fits")
+        raise ConfigError(
+            f"{{heal}} trains the whole model in memory, and it does not fit ({literal(choice.reason)}): "
+            "compress without {heal}, then heal the output with `gac heal` where it fits"
+        )
     cfg = dataclasses.replace(cfg, layerwise=choice.layerwise)
     pipeline = get_pipeline(choice.pipeline)
     opened = pipeline.open(cfg)
@@ -85,8 +87,15 @@ def run(cfg: CompressConfig) -> CompressResult:
             from gac.pipelines.outputs import plan_and_files
 
             plan, files = plan_and_files(saved, cfg, report, compressor)
-            out = pipeline.write(saved, tokenizer, cfg, plan=plan, files=files, streamed_to=streamed_to,
-                                 finish=quantizer.update_config if quantizer is not None else None)
+            out = pipeline.write(
+                saved,
+                tokenizer,
+                cfg,
+                plan=plan,
+                files=files,
+                streamed_to=streamed_to,
+                finish=quantizer.update_config if quantizer is not None else None,
+            )
     return CompressResult(report.to_dict(), out, models)
 
 
@@ -94,8 +103,10 @@ def _check_uncompressed(model: nn.Module, source: str) -> None:
     from gac.models.groups import compressed_dims_of
 
     if compressed_dims_of(model):
-        raise GacError(f"{source} is already compressed (factorized ranks or pruned widths): compress the original "
-                       "model, or align this one with `gac repair`")
+        raise GacError(
+            f"{source} is already compressed (factorized ranks or pruned widths): compress the original "
+            "model, or align this one with `gac repair`"
+        )
 
 
 def _held_back(tokenizer: PreTrainedTokenizerBase, cfg: CompressConfig) -> torch.Tensor | None:
@@ -131,14 +142,19 @@ def _quantize_plan(model: nn.Module, cfg: CompressConfig) -> QuantPlan | None:
     from gac.quantize.plan import check_covers, plan
 
     model.config.gac_structure = structure_of(model)
-    qplan = plan(model.config, dataclasses.replace(cfg.quantize, calib_file=cfg.text.calib_file,
-                                                   seq_len=cfg.text.seq_len, calib_windows=cfg.text.calib_windows))
+    qplan = plan(
+        model.config,
+        dataclasses.replace(
+            cfg.quantize, calib_file=cfg.text.calib_file, seq_len=cfg.text.seq_len, calib_windows=cfg.text.calib_windows
+        ),
+    )
     check_covers(qplan, model)
     return qplan
 
 
-def _quantize(model: nn.Module, tokenizer: PreTrainedTokenizerBase, qplan: QuantPlan,
-              cfg: CompressConfig) -> tuple[dict, ModelCompressor]:
+def _quantize(
+    model: nn.Module, tokenizer: PreTrainedTokenizerBase, qplan: QuantPlan, cfg: CompressConfig
+) -> tuple[dict, ModelCompressor]:
     """--quantize: the saved variant quantized in place (after healing); (its quantize.json, the compressor that
     writes the checkpoint's quantization_config)."""
     import time

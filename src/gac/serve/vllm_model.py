@@ -23,8 +23,13 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
-                                               ReplicatedLinear, RowParallelLinear)
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM
 from vllm.model_executor.models.llama import LlamaForCausalLM
@@ -47,9 +52,13 @@ class LowRankColumn(nn.Module):
     def __init__(self, p: Projection, bias: bool, quant_config, prefix: str, fused: nn.Module | None = None):
         super().__init__()
         self.a = ReplicatedLinear(p.in_features, p.rank, bias=False, quant_config=quant_config, prefix=f"{prefix}.a")
-        self.b = (fused_at(fused, p.rank, bias, quant_config, f"{prefix}.b") if fused is not None else
-                  ColumnParallelLinear(p.rank, p.out_features, bias=bias, quant_config=quant_config,
-                                       prefix=f"{prefix}.b"))
+        self.b = (
+            fused_at(fused, p.rank, bias, quant_config, f"{prefix}.b")
+            if fused is not None
+            else ColumnParallelLinear(
+                p.rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b"
+            )
+        )
 
     def forward(self, x):
         return self.b(self.a(x)[0])
@@ -60,8 +69,15 @@ class LowRankRow(nn.Module):
 
     def __init__(self, p: Projection, bias: bool, quant_config, prefix: str):
         super().__init__()
-        self.a = RowParallelLinear(p.in_features, p.rank, bias=False, input_is_parallel=True, reduce_results=True,
-                                   quant_config=quant_config, prefix=f"{prefix}.a")
+        self.a = RowParallelLinear(
+            p.in_features,
+            p.rank,
+            bias=False,
+            input_is_parallel=True,
+            reduce_results=True,
+            quant_config=quant_config,
+            prefix=f"{prefix}.a",
+        )
         self.b = ReplicatedLinear(p.rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b")
 
     def forward(self, x):
@@ -75,11 +91,14 @@ class GroupedLowRankColumn(nn.Module):
     def __init__(self, p: Projection, bias: bool, quant_config, prefix: str):
         super().__init__()
         self.ranks = list(p.ranks)
-        self.a = ReplicatedLinear(p.in_features, sum(self.ranks), bias=False, quant_config=quant_config,
-                                  prefix=f"{prefix}.a")
+        self.a = ReplicatedLinear(
+            p.in_features, sum(self.ranks), bias=False, quant_config=quant_config, prefix=f"{prefix}.a"
+        )
         group_out = p.out_features // len(self.ranks)
-        self.b = nn.ModuleList(ReplicatedLinear(r, group_out, bias=bias, quant_config=quant_config,
-                                                prefix=f"{prefix}.b.{g}") for g, r in enumerate(self.ranks))
+        self.b = nn.ModuleList(
+            ReplicatedLinear(r, group_out, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b.{g}")
+            for g, r in enumerate(self.ranks)
+        )
         per_rank = len(self.ranks) // get_tensor_model_parallel_world_size()
         first = get_tensor_model_parallel_rank() * per_rank
         self.local = range(first, first + per_rank)
@@ -106,10 +125,18 @@ def fused_at(dense: nn.Module, in_features: int, bias: bool, quant_config, prefi
     """The family's fused column linear `dense` (q/k/v by heads, or gate/up halves) rebuilt to read `in_features`
     values: the up-projection of a factorized fused projection, sharded as the dense one."""
     if isinstance(dense, QKVParallelLinear):
-        return QKVParallelLinear(in_features, dense.head_size, dense.total_num_heads, dense.total_num_kv_heads,
-                                 bias=bias, quant_config=quant_config, prefix=prefix)
-    return MergedColumnParallelLinear(in_features, list(dense.output_sizes), bias=bias, quant_config=quant_config,
-                                      prefix=prefix)
+        return QKVParallelLinear(
+            in_features,
+            dense.head_size,
+            dense.total_num_heads,
+            dense.total_num_kv_heads,
+            bias=bias,
+            quant_config=quant_config,
+            prefix=prefix,
+        )
+    return MergedColumnParallelLinear(
+        in_features, list(dense.output_sizes), bias=bias, quant_config=quant_config, prefix=prefix
+    )
 
 
 def column(p: Projection, bias: bool, quant_config, prefix: str) -> nn.Module:
@@ -120,8 +147,9 @@ def column(p: Projection, bias: bool, quant_config, prefix: str) -> nn.Module:
     return ColumnParallelLinear(p.in_features, p.out_features, bias=bias, quant_config=quant_config, prefix=prefix)
 
 
-def factorize(block: nn.Module, prefix: str, fused: str, parts: tuple[Projection, ...], rows: tuple[Projection, ...],
-              quant_config) -> dict[str, str]:
+def factorize(
+    block: nn.Module, prefix: str, fused: str, parts: tuple[Projection, ...], rows: tuple[Projection, ...], quant_config
+) -> dict[str, str]:
     """Put the saved factorizations of one block (attention or MLP) in place of vLLM's dense linears: the column
     parts of its fused linear `fused`, and its row projections. Returns {HF module path: vLLM module path} of every
     projection moved, whose weights gac then loads."""
@@ -147,8 +175,11 @@ def factorize(block: nn.Module, prefix: str, fused: str, parts: tuple[Projection
 @contextlib.contextmanager
 def layer_sizes(config, layout: LayerLayout, expert_width_key: str):
     """`config` showing one layer's saved sizes while vLLM builds that layer (restored after)."""
-    sizes = {"num_attention_heads": layout.num_heads, "num_key_value_heads": layout.num_kv_heads,
-             "head_dim": layout.head_dim}
+    sizes = {
+        "num_attention_heads": layout.num_heads,
+        "num_key_value_heads": layout.num_kv_heads,
+        "head_dim": layout.head_dim,
+    }
     if layout.width is not None:
         sizes["intermediate_size"] = layout.width
     if layout.expert_width is not None:
@@ -185,7 +216,9 @@ class GacCausalLM:
                         built = layer_fn(prefix=prefix)
                     moved.update(self._factorize(built, prefix, lay, names, quant))
                     return built
+
                 return make_layers(num_hidden_layers, layer, prefix)
+
             return build
 
         with _patched("make_layers", sized):
@@ -210,8 +243,10 @@ class GacCausalLM:
                     yield name, tensor
                     continue
                 if key not in params:
-                    raise ValueError(f"gac: the checkpoint's {name} has no parameter {key} in {type(self).__name__}: "
-                                     "the saved structure does not match the weights")
+                    raise ValueError(
+                        f"gac: the checkpoint's {name} has no parameter {key} in {type(self).__name__}: "
+                        "the saved structure does not match the weights"
+                    )
                 getattr(params[key], "weight_loader", default_weight_loader)(params[key], tensor)
                 loaded.add(key)
 
@@ -232,8 +267,11 @@ class GacCausalLM:
 def _patched(attr: str, wrap):
     """Every loaded vLLM model module's `attr` (a function they import by name) wrapped by `wrap`, while gac's class
     is built; put back after."""
-    modules = [m for name, m in list(sys.modules.items())
-               if name.startswith("vllm.model_executor.models.") and hasattr(m, attr)]
+    modules = [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("vllm.model_executor.models.") and hasattr(m, attr)
+    ]
     originals = [getattr(m, attr) for m in modules]
     for m, original in zip(modules, originals):
         setattr(m, attr, wrap(original))

@@ -16,8 +16,10 @@ def architectures() -> dict[str, str]:
     named after the vLLM class it extends (GacLlamaForCausalLM extends vLLM's LlamaForCausalLM)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return {f"Gac{MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t]}": f"gac.serve.vllm_model:Gac{names.model_class}"
-            for t, names in VLLM_FAMILIES.items()}
+    return {
+        f"Gac{MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t]}": f"gac.serve.vllm_model:Gac{names.model_class}"
+        for t, names in VLLM_FAMILIES.items()
+    }
 
 
 class ConfigCheck:
@@ -36,9 +38,11 @@ class ConfigCheck:
         arch = vllm_config.model_config.architecture
         gac_arch = f"Gac{arch}"
         if gac_arch in architectures():  # saved before gac wrote its own name: the family's class
-            raise GacError(f"{vllm_config.model_config.model} is a gac output saved under {arch}, which vLLM builds "
-                           f"at the original shapes: serve it with --hf-overrides '{{\"architectures\": "
-                           f"[\"{gac_arch}\"]}}', or re-save it with `gac export DIR --format hf --out NEW`")
+            raise GacError(
+                f"{vllm_config.model_config.model} is a gac output saved under {arch}, which vLLM builds "
+                f'at the original shapes: serve it with --hf-overrides \'{{"architectures": '
+                f'["{gac_arch}"]}}\', or re-save it with `gac export DIR --format hf --out NEW`'
+            )
         check_tensor_parallel(layer_layouts(config), vllm_config.parallel_config.tensor_parallel_size)
         check_quantized_kernels(vllm_config.model_config.model)
 

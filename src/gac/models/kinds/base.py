@@ -106,8 +106,9 @@ class DimGroup:
 
     def check(self, dim: int) -> None:
         if dim % self.step or not self.min_dim <= dim <= self.max_dim:
-            raise GacError(f"{self.name}: dim {dim} is not valid (multiples of {self.step} in "
-                           f"[{self.min_dim}, {self.max_dim}])")
+            raise GacError(
+                f"{self.name}: dim {dim} is not valid (multiples of {self.step} in [{self.min_dim}, {self.max_dim}])"
+            )
 
     def compressed_dims(self) -> list[int]:
         """The dims this group has changed from the original model, judged for alignment."""

@@ -59,9 +59,13 @@ class Stream:
 
     def summary(self) -> dict:
         """report.json's latency_objective.guard entry: the kept round by its number, not its figures again."""
-        return {"reached": self.reached, "loss": self.loss, "rounds": len(self.rows),
-                "round": self.kept[1]["round"] if self.kept else None,
-                "dims": dict(self.kept[0].dims) if self.kept else None}
+        return {
+            "reached": self.reached,
+            "loss": self.loss,
+            "rounds": len(self.rows),
+            "round": self.kept[1]["round"] if self.kept else None,
+            "dims": dict(self.kept[0].dims) if self.kept else None,
+        }
 
 
 @dataclass
@@ -97,8 +101,9 @@ class LatencyOutcome:
     def guard(self) -> dict:
         """{stream: Stream.summary(), with every round of a stream other than the knapsack's under "history"} and
         "kept": the stream kept. The knapsack's rounds are `rounds`: each round is written once."""
-        guard = {s.name: {**s.summary(), **({"history": s.rows} if s is not self.streams[0] else {})}
-                 for s in self.streams}
+        guard = {
+            s.name: {**s.summary(), **({"history": s.rows} if s is not self.streams[0] else {})} for s in self.streams
+        }
         guard["kept"] = self.chosen.name
         return guard
 
@@ -106,9 +111,14 @@ class LatencyOutcome:
         """report.json's latency_objective: the knapsack's rounds, the kept round's figures and stream, the constant,
         the fit, the guard and the timing journal (how many timings were replayed)."""
         meta, journal = self.latency_model.meta, self.config.instruments.journal
-        return {"rounds": self.rounds, **self.final, "constant_ms": self.latency_model.constant_ms,
-                "fit": {k: meta.get(k) for k in FIT_KEYS}, "guard": self.guard,
-                "journal": journal.summary() if journal is not None else None}
+        return {
+            "rounds": self.rounds,
+            **self.final,
+            "constant_ms": self.latency_model.constant_ms,
+            "fit": {k: meta.get(k) for k in FIT_KEYS},
+            "guard": self.guard,
+            "journal": journal.summary() if journal is not None else None,
+        }
 
     def variant_figures(self) -> dict:
         """{variant: predicted and measured ms at the objective's shape, and the prediction's error} for the
@@ -116,6 +126,9 @@ class LatencyOutcome:
         figures = {}
         for variant in ("baseline", "gac"):
             predicted, measured = self.final[f"{variant}_predicted_ms"], self.final[f"{variant}_measured_ms"]
-            figures[variant] = {"predicted_ms": predicted, "measured_ms": measured,
-                                "prediction_error_pct": 100.0 * (predicted / measured - 1.0)}
+            figures[variant] = {
+                "predicted_ms": predicted,
+                "measured_ms": measured,
+                "prediction_error_pct": 100.0 * (predicted / measured - 1.0),
+            }
         return figures

@@ -68,8 +68,10 @@ def check_layerwise(compressor) -> None:
     """Importance that needs the whole model at once (ASVD's measured sensitivity: the loss with one weight
     truncated) has no layer-wise form."""
     if compressor.measures_sensitivity:
-        raise GacError(f"{compressor.name}'s measured-sensitivity importance needs the whole model at once: use "
-                       "--importance output (the default) for layer-by-layer compression")
+        raise GacError(
+            f"{compressor.name}'s measured-sensitivity importance needs the whole model at once: use "
+            "--importance output (the default) for layer-by-layer compression"
+        )
 
 
 class LayerwiseUnits(list):
@@ -80,8 +82,9 @@ class LayerwiseUnits(list):
         self.factors = factors
 
 
-def analyze_layerwise(model, source, compressor, groups, calib: torch.Tensor, *, keep: float,
-                      progress: bool = True) -> LayerwiseUnits:
+def analyze_layerwise(
+    model, source, compressor, groups, calib: torch.Tensor, *, keep: float, progress: bool = True
+) -> LayerwiseUnits:
     """The compressor's units for `groups`, computed layer by layer (source: gac.checkpoint.lazy Resident or
     LazyCheckpoint). calib: token ids [n, seq]. What `cut` needs is cached on disk until materialize_layerwise
     has read it (or the units are dropped)."""
@@ -136,8 +139,9 @@ def _reverse_sweep(model, source, compressor, by_layer, calib, keep, factors, pr
         b.hidden = None  # their inputs are the stored ones, split
     # inputs[i][k]: layer i's input of batch k [b, seq, D]
     with ActivationStore(spill=source.lazy, device=source.device) as inputs:
-        units = _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_batches, inputs, keep,
-                                      factors, progress)
+        units = _reverse_sweep_stored(
+            model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors, progress
+        )
     return units
 
 
@@ -146,8 +150,9 @@ def _split(hidden: list) -> list:
     return [part for h in hidden for part in h.split(GRAD_BATCH)]
 
 
-def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors,
-                          progress) -> list:
+def _reverse_sweep_stored(
+    model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors, progress
+) -> list:
     n_layers = layer_count(model)
     with torch.no_grad():
         for i in tqdm(range(n_layers), desc="layers (forward)", unit="layer", disable=not progress):
@@ -169,13 +174,15 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
                 del logits  # the losses hold what the backwards need; the next batch's head must not meet this one
             else:  # as importance.gradient_stats: the text's own labels
                 losses = [loss_from_last_hidden(model, b.ids, h)]
-            grads.append([torch.autograd.grad(loss, h, retain_graph=k < len(losses) - 1)[0]
-                          for k, loss in enumerate(losses)])
+            grads.append(
+                [torch.autograd.grad(loss, h, retain_graph=k < len(losses) - 1)[0] for k, loss in enumerate(losses)]
+            )
         del losses, h
         terms += b.ids.shape[0] * (b.ids.shape[1] - 1) * len(grads[-1])
     units_by_layer = {}
-    for i in tqdm(reversed(range(n_layers)), total=n_layers, desc="layers (reverse)", unit="layer",
-                  disable=not progress):
+    for i in tqdm(
+        reversed(range(n_layers)), total=n_layers, desc="layers (reverse)", unit="layer", disable=not progress
+    ):
         source.load_layer(i)
         layer, names = layer_module(model, i), linears_of(by_layer[i])
         stored = inputs[i]
@@ -183,8 +190,11 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
             for k, b in enumerate(batches):
                 run_layer(layer, b, i, stored[k])  # the statistics of calibration, to the bit: exact cached factors
         # activation gradients only (collect_gradients turns on the weights it needs)
-        with (frozen_parameters(layer), _gradient_hooks(model, names, compressor.proxy) as grad_sums,
-              torch.enable_grad()):
+        with (
+            frozen_parameters(layer),
+            _gradient_hooks(model, names, compressor.proxy) as grad_sums,
+            torch.enable_grad(),
+        ):
             for k, (b, x) in enumerate(zip(grad_batches, _split(stored))):
                 h = x.detach().clone().requires_grad_(True)
                 y, passed = run_layer(layer, b, i, h), []
@@ -298,8 +308,10 @@ def _disk_errors(path: Path, what: str):
     except Exception as e:
         if (reason := io_failure(e)) is None:
             raise
-        raise GacError(f"could not write {what} to {path.parent} ({reason}): point TMPDIR at a directory "
-                       "with room for it (`gac compress --dry-run` forecasts the disk needed)") from e
+        raise GacError(
+            f"could not write {what} to {path.parent} ({reason}): point TMPDIR at a directory "
+            "with room for it (`gac compress --dry-run` forecasts the disk needed)"
+        ) from e
 
 
 def _gradient_hooks(model, names, proxy):

@@ -75,8 +75,18 @@ def release_module(module: nn.Module) -> None:
                 sub._buffers[name] = b.to("meta")
 
 
-def materialize_layerwise(model, source, compressor, units, dims: dict, *, writer=None,
-                          held_out: torch.Tensor | None = None, timer=None, progress: bool = True) -> dict:
+def materialize_layerwise(
+    model,
+    source,
+    compressor,
+    units,
+    dims: dict,
+    *,
+    writer=None,
+    held_out: torch.Tensor | None = None,
+    timer=None,
+    progress: bool = True,
+) -> dict:
     """{variant: model} for each variant of dims ({variant: {unit name: dim or None}}), cut layer by layer.
 
     units: analyze_layerwise's, whose factor cache (units.factors) holds each layer's cut state; each layer's file
@@ -88,8 +98,10 @@ def materialize_layerwise(model, source, compressor, units, dims: dict, *, write
     handed to it together, before any is released."""
     factors = getattr(units, "factors", None)
     if factors is None or not all(i in factors for i in range(layer_count(model))):
-        raise GacError("layer-wise materialization cuts from the factor cache of one analyze_layerwise run, which "
-                       "is read once: analyze again (gac.pipelines.layerwise.analyze) before materializing again")
+        raise GacError(
+            "layer-wise materialization cuts from the factor cache of one analyze_layerwise run, which "
+            "is read once: analyze again (gac.pipelines.layerwise.analyze) before materializing again"
+        )
     try:
         return _materialize(model, source, compressor, units, dims, factors, writer, held_out, timer, progress)
     finally:
