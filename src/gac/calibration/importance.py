@@ -65,7 +65,7 @@ class GradStats:
     fisher_in: torch.Tensor  # [in]
     batches: int = 0
 
-    def copy(self) -> "GradStats":
+    def copy(self) -> GradStats:
         return GradStats(
             self.taylor_out.clone(),
             self.taylor_in.clone(),
@@ -201,7 +201,7 @@ def channel_scores(
     out = {}
     for name in names:
         w = weight_of(model, name).detach()
-        n_out, n_in = w.shape[-2:]
+        n_out = w.shape[-2]
         if proxy == "magnitude":
             e = w.float().square()  # [(E,) out, in]
             out[name] = routed_share(ChannelScores(e.sum(-1), e.sum(-2)), stats, name)

@@ -110,7 +110,8 @@ def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what:
     n = min(len(ids) // seq_len, max_windows)
     if n == 0:
         raise GacError(
-            f"{what} text has {len(ids)} tokens, fewer than one window of {seq_len}: pass a longer file or a smaller --seq-len"
+            f"{what} text has {len(ids)} tokens, fewer than one window of {seq_len}: "
+            "pass a longer file or a smaller --seq-len"
         )
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # [n, seq_len]
 

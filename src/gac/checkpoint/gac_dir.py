@@ -116,9 +116,8 @@ def _write(
         model.save_pretrained(d, safe_serialization=True, max_shard_size=max_shard_size)
     # after save_pretrained, which writes the live config: config.json gets gac's model type and class names
     saved_config(model.config).save_pretrained(d)
-    if not weights:
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(d)
+    if not weights and getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(d)
     if tokenizer is not None:
         tokenizer.save_pretrained(d)
     shutil.copyfile(Path(modeling_gac.__file__), d / MODELING_FILE)  # the package data the saved model runs

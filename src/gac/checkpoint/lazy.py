@@ -12,8 +12,8 @@ import json
 import logging
 from pathlib import Path
 
-from gac.checkpoint.verify import SAFETENSORS as SAFE_SINGLE
 from gac.checkpoint.verify import SAFE_INDEX
+from gac.checkpoint.verify import SAFETENSORS as SAFE_SINGLE
 from gac.errors import GacError
 from gac.hw.heap import map_large_allocations, return_freed_memory
 from gac.models.adapters import adapter_for
@@ -64,7 +64,6 @@ class LazyCheckpoint:
 
     def __init__(self, path, dtype: str = "float32", device: str = "cpu"):
         import torch
-
         from accelerate import init_empty_weights
         from transformers import AutoConfig, AutoModelForCausalLM
 

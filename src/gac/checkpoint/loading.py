@@ -44,12 +44,11 @@ def _gguf_config(where: str, gguf_file: str, stamp: tuple):
 def read_config_checked(where: str, source: str, gguf_file: str | None = None):
     """A model's transformers config, checked as loading checks it (a known family, values that cannot run refused):
     the one reader of a config for the loader and the memory forecast."""
+    from huggingface_hub.errors import StrictDataclassError  # transformers' own checks of a config's values
     from transformers import AutoConfig
 
     from gac.checkpoint import verify
     from gac.models.adapters import adapter_for
-
-    from huggingface_hub.errors import StrictDataclassError  # transformers' own checks of a config's values
 
     try:
         if gguf_file:
@@ -85,7 +84,7 @@ def load_model(
         raise
     except (KeyboardInterrupt, MemoryError):
         raise
-    except Exception as e:  # noqa: BLE001 - whatever transformers, torch or tokenizers raise on a bad checkpoint
+    except Exception as e:  # whatever transformers, torch or tokenizers raise on a bad checkpoint
         first = first_line(e, 300)
         raise GacError(
             f"could not load model {spec!r} ({type(e).__name__}: {first}): check that its config, "
@@ -144,7 +143,8 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
     else:
         local_model_typo(spec)
         raise GacError(
-            f"unknown model {spec!r}: pass an alias ({', '.join(EMBEDDED)}), a model directory, a .gguf file or a hub id"
+            f"unknown model {spec!r}: pass an alias ({', '.join(EMBEDDED)}), a model directory, a .gguf file "
+            "or a hub id"
         )
     if not placement.dispatched:
         loaded.model.to(device)
@@ -251,7 +251,7 @@ def _load_hf(
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        config = read_config_checked(where, source, gguf_file)
+        read_config_checked(where, source, gguf_file)  # the config checked before any weight is read
     except GacError as e:
         if hub and isinstance(e.__cause__, (OSError, ValueError)):  # not in the cache, and no hub to read it from
             raise GacError(
@@ -265,7 +265,7 @@ def _load_hf(
         verify.check_weight_files(where)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-    except Exception as e:  # noqa: BLE001 - OSError, ValueError, a KeyError from a damaged tokenizer.json
+    except Exception as e:  # OSError, ValueError, a KeyError from a damaged tokenizer.json
         raise GacError(
             f"no usable tokenizer for {source!r}: put the tokenizer files (tokenizer.json or tokenizer.model) "
             f"beside the weights"

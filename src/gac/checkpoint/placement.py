@@ -15,7 +15,7 @@ DEVICE_MAPS = ("auto", "balanced", "sequential")
 def parse_max_memory(spec: str | dict | None) -> dict | None:
     """accelerate's max_memory {device: bytes} from "cpu=8GiB,0=20GiB" (GPU indices as integers, "disk" allowed),
     or None. A bad entry is one line naming the format."""
-    if spec is None or isinstance(spec, dict) and not spec:
+    if spec is None or (isinstance(spec, dict) and not spec):
         return None
     from accelerate.utils import convert_file_size_to_int
 

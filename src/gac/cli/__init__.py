@@ -67,7 +67,7 @@ class _Group(click.Group):
                 "error: out of memory: use a smaller model, fewer or shorter windows, or a bigger machine", err=True
             )
             sys.exit(2)
-        except Exception as e:  # noqa: BLE001 - a bug: still one line, the traceback on request
+        except Exception as e:  # a bug: still one line, the traceback on request
             if os.environ.get("GAC_TRACEBACK"):
                 raise
             first = (str(e).strip().splitlines() or [""])[0][:300]

@@ -69,7 +69,7 @@ def _load(spec: str, *, dtype: str, device: str, placement):
         return load_model(spec, dtype=dtype, device=device, placement=placement)
     except GacError:
         raise
-    except Exception as e:  # noqa: BLE001 - any other load failure is still a one-line user error
+    except Exception as e:  # any other load failure is still a one-line user error
         first = first_line(e)
         raise GacError(f"could not load model {spec!r}: {first}") from e
 
@@ -79,7 +79,6 @@ def write_outputs(result: dict, out: Path) -> list[Path]:
     import json
 
     from gac.evaluate.bench import bench_table_markdown, plot_latency_vs_seq
-
     from gac.io.atomic import write_file
 
     files = {
@@ -115,8 +114,8 @@ def print_table(result: dict) -> None:
     ratios = result["ratios_vs_first"]
     for i, name in enumerate(names):
 
-        def cell(ms: float, ratio: float) -> str:
-            return f"{ms:.2f}" if i == 0 else f"{ms:.2f} · {ratio:.3f}x"
+        def cell(ms: float, ratio: float, first: bool = i == 0) -> str:
+            return f"{ms:.2f}" if first else f"{ms:.2f} · {ratio:.3f}x"
 
         row = [
             cell(p["results"][name]["median_ms"], ratios[name]["prefill"][k]) for p, k in zip(result["points"], keys)
@@ -240,7 +239,6 @@ def command(
     from gac.evaluate.bench import BenchConfig, bench
     from gac.hw.device import check_device, default_dtype
     from gac.hw.timing import cpu_threads
-
     from gac.io import validate
 
     setup_logging(quiet)

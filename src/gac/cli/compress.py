@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from gac.cli.heal import heal_config, heal_options
-from gac.cli.quantize import SCHEMES, quantize_config, quantize_options
-from gac.cli.objective import latency_objective, speedup_options
 from gac.align.targets import TARGETS
+from gac.cli.heal import heal_config, heal_options
+from gac.cli.objective import latency_objective, speedup_options
 from gac.cli.options import Int, Real
+from gac.cli.quantize import SCHEMES, quantize_config, quantize_options
 from gac.compressors import AUTO, CHOICES  # names only: the compressors themselves (and torch) load when one is built
 
 # gac.calibration.importance.LOWRANK_IMPORTANCE, spelled here so that parsing options imports no torch (a test holds

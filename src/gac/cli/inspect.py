@@ -46,7 +46,6 @@ def parse_alignments(text: str) -> tuple[int, ...]:
 def command(model, align_text, json_out, plot, limit) -> None:
     """List MODEL's compressible dims (ranks, linear widths, MLP width, head_dim) and which are misaligned."""
     from gac.cli.output import setup_logging
-
     from gac.io import validate
 
     alignments = parse_alignments(align_text)

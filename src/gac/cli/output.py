@@ -76,7 +76,7 @@ def print_report(report: dict) -> None:
         table.add_column(col, justify="left" if col == "variant" else "right")
     for name, x in v.items():
 
-        def f(key, spec):
+        def f(key, spec, x=x):
             return "-" if x.get(key) is None else format(x[key], spec)
 
         table.add_row(

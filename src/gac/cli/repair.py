@@ -54,7 +54,6 @@ def command(
 ) -> None:
     """Zero-pad MODEL's irregular low-rank ranks and MLP widths to aligned sizes (same outputs) and save it."""
     from gac.cli.output import setup_logging
-
     from gac.io import validate
 
     align = _parse_align(align_text)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from gac.compressors.allocation import DENSE, allocate_ranks
+from gac.compressors.linalg import ScaledSVD, factorize_from_svd, scaled_svd
 from gac.compressors.loss_model import (
     allocate_by_curves,
     lowrank_loss_curve,
@@ -27,7 +28,6 @@ from gac.compressors.loss_model import (
     slope_at,
     truncation_factors,
 )
-from gac.compressors.linalg import ScaledSVD, factorize_from_svd, scaled_svd
 from gac.compressors.quality import curve_quality, energy_quality
 from gac.errors import GacError
 from gac.hw.threads import map_side_by_side
@@ -122,7 +122,8 @@ class LowRankUnit(Unit):
         return lowrank_options(self.curve, self.in_features, self.out_features, self.group.allows_dense)
 
     def loss_gains(self, dim: int, candidates: list[int]) -> list[float] | None:
-        """The loss model's quality (quality_values) at each candidate, relative to d*: one model for both objectives."""
+        """The loss model's quality (quality_values) at each candidate, relative to d*: one model for both
+        objectives."""
         if self.curve is None:
             return None
         at_dim, *at_candidates = curve_quality(self.curve, [dim, *candidates])
@@ -319,7 +320,6 @@ class LowRankCompressor(Compressor):
     ) -> list[LowRankUnit]:
         """Scaled SVD of every weight and its importance (probe: a short calibration window for measured
         importance; keep: 1 - ratio; windows: the calibration windows, for a gradient-based proxy)."""
-        from tqdm.auto import tqdm
 
         from gac.calibration.importance import OUTPUT
 

@@ -16,6 +16,8 @@ holds for asvd, svd_llm and palu (and would for any other factorization given it
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import torch
 
@@ -101,8 +103,8 @@ def allocate_by_curves(
         raise ValueError(f"the smallest options cost {used:.0f} > budget {budget:.0f}")
     hulls = [lower_hull(np.asarray(costs[i], float), np.asarray(curves[i], float), start[i]) for i in range(n)]
     # the hull's segments are steps with non-increasing loss decrease per parameter: the one greedy allocator
-    gains = [np.array([float(curves[i][a] - curves[i][b]) for a, b in zip(h, h[1:])]) for i, h in enumerate(hulls)]
-    steps = [np.array([costs[i][b] - costs[i][a] for a, b in zip(h, h[1:])]) for i, h in enumerate(hulls)]
+    gains = [np.array([float(curves[i][a] - curves[i][b]) for a, b in pairwise(h)]) for i, h in enumerate(hulls)]
+    steps = [np.array([costs[i][b] - costs[i][a] for a, b in pairwise(h)]) for i, h in enumerate(hulls)]
     taken = greedy_steps(gains, steps, used, budget)
     pos = [h[t] for h, t in zip(hulls, taken)]
     used = float(sum(costs[i][pos[i]] for i in range(n)))
@@ -110,12 +112,12 @@ def allocate_by_curves(
     while True:
         best = None
         for i in range(n):
-            c, l = costs[i], curves[i]
+            c, loss = costs[i], curves[i]
             for j in range(pos[i] + 1, len(c)):
                 dc = float(c[j] - c[pos[i]])
                 if used + dc > budget:
                     break
-                gain = float(l[pos[i]] - l[j])
+                gain = float(loss[pos[i]] - loss[j])
                 if gain > 0 and (best is None or gain / max(dc, 1e-12) > best[0]):
                     best = (gain / max(dc, 1e-12), i, j, dc)
         if best is None:

@@ -92,15 +92,14 @@ def check_source(spec: str) -> None:
     from gac.compressors import REGISTRY, make_compressor
 
     path = check_model_dir(spec)
-    if path.is_dir():
-        if is_gac_dir(path):
-            compressor = (read_plan(path).get("compressor") or {}).get("name")
-            if compressor in REGISTRY and make_compressor(compressor).factorizes:
-                raise GacError(
-                    f"{spec} was compressed with {compressor}, a low-rank (factorized) model that no "
-                    "llama.cpp architecture can represent: export a pruned model (`gac compress "
-                    "--compressor prune`) or serve this one with transformers (gac.load)"
-                )
+    if path.is_dir() and is_gac_dir(path):
+        compressor = (read_plan(path).get("compressor") or {}).get("name")
+        if compressor in REGISTRY and make_compressor(compressor).factorizes:
+            raise GacError(
+                f"{spec} was compressed with {compressor}, a low-rank (factorized) model that no "
+                "llama.cpp architecture can represent: export a pruned model (`gac compress "
+                "--compressor prune`) or serve this one with transformers (gac.load)"
+            )
 
 
 def write_f16(loaded: LoadedModel, path: Path, *, pad_mlp: bool = False) -> Geometry:
@@ -140,9 +139,8 @@ def export(cfg: ExportConfig) -> ExportResult:
     from gac.checkpoint.loading import load_model
     from gac.export.gguf_writer import check_exportable
     from gac.export.quantize import llama_cpp_module, quantize, tensor_types, type_report
-    from gac.io.atomic import write_file, write_text
-
     from gac.io import validate
+    from gac.io.atomic import write_file, write_text
 
     validate.not_quantized(cfg.model, "export")
     out = check_output(cfg.out, cfg.force)

@@ -161,7 +161,7 @@ def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
             "seq_len": cfg.text.seq_len,
             "eval_tokens": {k: w.numel() for k, w in evaluated.items()},
         },
-        "config": {k: v for k, v in vars(cfg.distill).items()},
+        "config": dict(vars(cfg.distill)),
         "run": run.to_json(),
         "params": shape[1],
         "ppl": {"original": original, "before": before, "after": after},
@@ -182,7 +182,6 @@ def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
     from gac.checkpoint.gac_dir import MODELING_HASH, check_out_dir, is_gac_dir, load, plan_record, read_plan, save
     from gac.checkpoint.loading import load_model
     from gac.heal.plot import PLOT_FILE, heal_png
-
     from gac.io import validate
 
     validate.not_quantized(model, "heal")  # healing trains float weights: heal first, then quantize

@@ -63,7 +63,7 @@ class HealTexts:
             log.warning("could not cache the perplexities: %s", e)
         return ppl
 
-    def with_samples(self, windows: torch.Tensor) -> "HealTexts":
+    def with_samples(self, windows: torch.Tensor) -> HealTexts:
         """These texts with `windows` [n, seq] sampled from the original beside the healing text's (less any that
         share a passage with the evaluation windows, as the healing text's): the last VAL_WINDOWS of them join the
         early-stopping windows, so stopping weighs both."""

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-
 WORKERS = 2  # weights at once: each holds its own SVD or loss-model work (pipelines/memory.py counts them)
 
 

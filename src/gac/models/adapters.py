@@ -234,8 +234,8 @@ class LayerModules:
             if self.fused_qkv
             else {self.q: (q_width, hidden), self.k: (kv_width, hidden), self.v: (kv_width, hidden)}
         )
-        producers = {n: (self.producer_parts * mlp_width, hidden) for n in self.producers}
-        return {**qkv, self.o: (hidden, q_width), **producers, **{n: (hidden, mlp_width) for n in self.consumers}}
+        producers = dict.fromkeys(self.producers, (self.producer_parts * mlp_width, hidden))
+        return {**qkv, self.o: (hidden, q_width), **producers, **dict.fromkeys(self.consumers, (hidden, mlp_width))}
 
 
 @dataclass(frozen=True)

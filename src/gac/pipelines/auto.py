@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from gac.compressors import AUTO_BUILT

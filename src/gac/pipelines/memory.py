@@ -283,8 +283,9 @@ def forecast(
 
 def factorization_cost(o: int, i: int, method: str) -> tuple[int, float]:
     """(FLOPs, their rate as a share of the float32 matmul rate) of factorizing one [o, i] weight, k = min(o, i):
-    LAPACK's SVD, ~12 o i k; the Gram path (gac.compressors.linalg.gram_svd), the Gram matrix and a V (2 max(o, i) k^2 each) and
-    eigh (~11 k^3, as measured), in float32 (gram32, presumed to hold for every weight) or float64 (gram)."""
+    LAPACK's SVD, ~12 o i k; the Gram path (gac.compressors.linalg.gram_svd), the Gram matrix and a V
+    (2 max(o, i) k^2 each) and eigh (~11 k^3, as measured), in float32 (gram32, presumed to hold for every weight)
+    or float64 (gram)."""
     k = min(o, i)
     if method == "svd":
         return 12 * o * i * k, SVD_SHARE

@@ -132,10 +132,10 @@ def _dataset(windows):
 
 def quantize_report(model: str, qplan: QuantPlan, seconds: float) -> dict:
     """quantize.json: the run's scheme, options and versions, and its plan (every linear, quantized or why not)."""
-    from gac.checkpoint.gac_dir import versions
-
     import compressed_tensors
     import llmcompressor
+
+    from gac.checkpoint.gac_dir import versions
 
     cfg = qplan.cfg
     return {

@@ -273,7 +273,6 @@ def repair_dir(
     side by side (batch latency.batch, latency.prefill_tokens tokens) and save it to `out` with repair.json."""
     from gac.checkpoint.gac_dir import check_out_dir, is_gac_dir, plan_record, read_plan, save
     from gac.checkpoint.loading import load_model
-
     from gac.io import validate
 
     alignment = resolve_alignment(align, strategy)  # fail fast, before the model is loaded

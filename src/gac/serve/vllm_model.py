@@ -254,7 +254,8 @@ class GacCausalLM:
         return loaded | loaded_by_family
 
     def _moved_key(self, name: str) -> str | None:
-        """The vLLM parameter of HF weight `name` if its projection was moved (a pair's ...a.weight or ...b.bias), else None."""
+        """The vLLM parameter of HF weight `name` if its projection was moved (a pair's ...a.weight or ...b.bias),
+        else None."""
         parts = name.split(".")
         for cut in range(len(parts) - 1, max(len(parts) - 4, 0), -1):
             module = ".".join(parts[:cut])

@@ -87,7 +87,7 @@ class RankGroup(DimGroup):
 
     def wide_candidates(self, alignment: int) -> list:
         """Every aligned rank that saves parameters, then the dense weight."""
-        return self.aligned_dims(alignment) + [FULL]
+        return [*self.aligned_dims(alignment), FULL]
 
 
 @dataclass(frozen=True)

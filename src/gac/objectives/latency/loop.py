@@ -94,13 +94,13 @@ class ClosedLoop:
     `cfg.rounds` times (`cfg.halvings` more for a bracketed stream), tightening each stream's budget by its measured
     shortfall. How it measures (the timer, the latency tables, the guard's loss) is cfg.instruments.
 
-    With `windows` (held-back calibration windows: gac.calibration.texts.held_back_windows, text the analysis never saw) and
-    cfg.guard, the parameter objective's choice at the same budget is built and timed beside the knapsack's in every
-    round, under its own closed loop; of the two streams' models that reach the target, the one with the lower loss
-    on those windows is kept: the latency objective is then never worse than the parameter objective at the measured
-    target on calibration text, whatever the latency model's errors between the two choices. --compressor auto
-    compares compressors by the same loss on the same windows, so its kept model is the best of every stream of every
-    compressor it built."""
+    With `windows` (held-back calibration windows: gac.calibration.texts.held_back_windows, text the analysis never
+    saw) and cfg.guard, the parameter objective's choice at the same budget is built and timed beside the knapsack's in
+    every round, under its own closed loop; of the two streams' models that reach the target, the one with the lower
+    loss on those windows is kept: the latency objective is then never worse than the parameter objective at the
+    measured target on calibration text, whatever the latency model's errors between the two choices. --compressor
+    auto compares compressors by the same loss on the same windows, so its kept model is the best of every stream of
+    every compressor it built."""
 
     def __init__(
         self,

@@ -25,9 +25,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from gac.calibration.stats import CALIB_BATCH, collect_stats
-from gac.errors import GacError
-from gac.hw.heap import map_large_allocations
 from gac.calibration.importance import (
     GRAD_BATCH,
     GRADIENT_PROXIES,
@@ -38,6 +35,9 @@ from gac.calibration.importance import (
     frozen_parameters,
     output_grad_sums,
 )
+from gac.calibration.stats import CALIB_BATCH, collect_stats
+from gac.errors import GacError
+from gac.hw.heap import map_large_allocations
 from gac.models.groups import linears_of
 from gac.pipelines.layerwise.layers import (
     embed,
@@ -236,7 +236,7 @@ class _LayerFiles:
         from safetensors import safe_open
 
         with safe_open(path, "pt", device=str(device)) as f:  # memory-mapped on the CPU
-            return {k: f.get_tensor(k) for k in f.keys()}
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - a safe_open handle is no mapping
 
     def __init__(self, spill: bool = True, device="cpu"):
         self.spill, self.device = spill, torch.device(device)

@@ -133,7 +133,7 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
             if evals is not None:
                 _advance(cuts[variant], evals[variant], i)
         if timer is not None and timer.wants(i):
-            timer.time_layer(i, {"baseline": layer, **cuts}, lambda one: one_layer_model(model, one, i))
+            timer.time_layer(i, {"baseline": layer, **cuts}, lambda one, i=i: one_layer_model(model, one, i))
         if writer is not None:
             for variant, cut in cuts.items():
                 if variant == writer[0]:
