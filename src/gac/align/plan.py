@@ -271,7 +271,7 @@ def _integer(value: Any, what: str, *, minimum: int | None = None) -> int:
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
         if not (math.isfinite(value) and float(value).is_integer()):
             raise GacError(f"{what} must be an integer, got {value!r}")
-        value = int(value)
+        value = math.floor(value)  # integral: its floor is itself
     try:
         value = operator.index(value)
     except TypeError:

@@ -74,7 +74,7 @@ def profile_candidates_for(
     alignment: int,
     window: int,
     progress: bool = True,
-):
+) -> ProfileCandidates | None:
     """candidates_for(unit, d*, window) from the profile at `profile_arg` (or "auto"), or None when auto found
     nothing to measure (only head-grid units: the static rule applies)."""
     profile = profile_for_model(
@@ -83,7 +83,7 @@ def profile_candidates_for(
     return candidates_from_profile(profile, m=m, alignment=alignment, window=window) if profile else None
 
 
-def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: int):
+def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: int) -> ProfileCandidates:
     """A function (analysis, d*) -> candidate dims, from the profile's sweep of the unit's op (low-rank pair, GEMM N
     for pruned widths, an MoE layer's experts) nearest its shape (the N sweep of a plain GEMM over the unit's input
     size when the profile lacks the op).
@@ -93,10 +93,21 @@ def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: in
         raise GacError(
             "the profile has no lowrank, gemm_n or experts sweep: measure one with `gac profile` (default ops)"
         )
-    excluded = {}  # unit name -> {dim: reason}, from the last (widest) window asked for
+    return ProfileCandidates(profile, ops, m=m, alignment=alignment, window=window)
 
-    def candidates_for(u, dim, window=window):
-        if u.profile_op in ops:
+
+class ProfileCandidates:
+    """candidates_for(unit, d*, window) from a profile's sweeps, remembering what it ruled out: `excluded` maps each
+    unit asked about to {dim: reason}, from the last (widest) window asked for."""
+
+    def __init__(self, profile: dict, ops: set[str], *, m: int, alignment: int, window: int):
+        self.profile, self.ops, self.m, self.alignment, self.window = profile, ops, m, alignment, window
+        self.excluded: dict[str, dict] = {}  # for the report: which dims the profile ruled out, and why
+
+    def __call__(self, u, dim: int, window: int | None = None) -> list[int]:
+        window = self.window if window is None else window
+        profile, m, alignment = self.profile, self.m, self.alignment
+        if u.profile_op in self.ops:
             table = latency_table(profile, u.profile_op, m=m, shape=u.profile_shape)
         else:  # e.g. a profile without the low-rank sweep: the N sweep of a GEMM over the unit's input size (a
             # pair's "in", the experts' "hidden")
@@ -110,23 +121,19 @@ def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: in
             min_dim=max(u.min_dim, min(alignment, u.max_dim)),
             max_dim=u.max_dim,
         )
-        excluded[u.name] = cs.excluded
+        self.excluded[u.name] = cs.excluded
         return cs.candidates
 
-    def excluded_dims() -> dict:
+    def excluded_dims(self) -> dict:
         """{unit: {dim: why}} for the units where the profile ruled dims out (report.json: profile_excluded)."""
-        ruled_out = {name: why for name, why in excluded.items() if why}
+        ruled_out = {name: why for name, why in self.excluded.items() if why}
         log.info(
             "the profile ruled out %d aligned dim(s) in %d of %d weight(s) (report.json: profile_excluded)",
             sum(map(len, ruled_out.values())),
             len(ruled_out),
-            len(excluded),
+            len(self.excluded),
         )
         return ruled_out
-
-    candidates_for.excluded = excluded  # for the report: which dims the profile ruled out, and why
-    candidates_for.excluded_dims = excluded_dims
-    return candidates_for
 
 
 @dataclass(frozen=True)

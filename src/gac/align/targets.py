@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import overload
 
 from gac.errors import GacError
 from gac.models.groups import KINDS
@@ -179,6 +180,10 @@ TARGETS = {
 }
 
 
+@overload
+def get_target(name: str) -> Target: ...
+@overload
+def get_target(name: None) -> None: ...
 def get_target(name: str | None) -> Target | None:
     """The target `name` names: one row of TARGETS, or several joined by commas (combine)."""
     if name is None:

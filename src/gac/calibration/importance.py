@@ -123,7 +123,8 @@ def collect_gradients(model, names: list[str]):
             sums = channel_sums(w.grad.detach(), w.detach())
             s = stats.get(name)
             if s is None:
-                s = stats[name] = GradStats(*(torch.zeros_like(t) for t in sums))
+                taylor_out, taylor_in, fisher_out, fisher_in = (torch.zeros_like(t) for t in sums)
+                s = stats[name] = GradStats(taylor_out, taylor_in, fisher_out, fisher_in)
             s.taylor_out += sums[0]
             s.taylor_in += sums[1]
             s.fisher_out += sums[2]

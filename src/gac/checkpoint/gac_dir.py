@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gac.checkpoint.placement import SHARD_SIZE, Placement
+from gac.checkpoint.placement import SHARD_SIZE, Placement, parse_max_memory
 from gac.errors import GacError, first_line
 
 if TYPE_CHECKING:
@@ -39,7 +39,9 @@ def versions() -> dict:
     return {"gac": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
-def plan_record(*, variant: str, source_model: str, alignment: int | None, dims: dict, **extra) -> dict:
+def plan_record(
+    *, variant: str | None, source_model: str | None, alignment: int | None, dims: dict | None, **extra
+) -> dict:
     """The content of gac_plan.json, the one writer of its keys: variant ("gac", "unaligned", "repaired"),
     source_model, alignment, dims per group, versions, and what the verb adds (compressor, ratio, budget_params,
     strategy, overhead, profile, source_plan...)."""
@@ -216,7 +218,7 @@ def load(
     path = Path(path)
     plan = read_plan(path)
     check_device(device)
-    placement = Placement(device_map, max_memory, offload_folder)
+    placement = Placement(device_map, parse_max_memory(max_memory), offload_folder)
     verify.check_modeling_code(
         path / MODELING_FILE, plan.get(MODELING_HASH), PLAN_FILE, allow_modified=allow_modified_code
     )

@@ -7,12 +7,16 @@ import functools
 import importlib.util
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from gac.checkpoint.gac_dir import LoadedModel, is_gac_dir, load, placement_kwargs
 from gac.checkpoint.placement import Placement
 from gac.checkpoint.verify import check_gac_files
 from gac.errors import GacError, first_line
 from gac.hw.device import DTYPES, check_device, dtype_name, torch_dtype
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +151,8 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
             "or a hub id"
         )
     if not placement.dispatched:
-        loaded.model.to(device)
+        # transformers wraps Module.to in functools.wraps, whose type takes the model as the first argument
+        loaded.model.to(device)  # type: ignore[arg-type]
     loaded.model.eval()
     return loaded
 
@@ -202,7 +207,8 @@ def _load_embedded(alias: str, torch_dt) -> LoadedModel:
     try:
         with atomic_dir(copy_dir, force=True, flag="GAC_CACHE_DIR") as tmp:
             loaded.model.save_pretrained(tmp)
-            loaded.tokenizer.save_pretrained(tmp)
+            if loaded.tokenizer is not None:
+                loaded.tokenizer.save_pretrained(tmp)
         log.info("kept a transformers copy of %s in %s: later runs load it in seconds", alias, copy_dir)
     except (GacError, OSError) as e:
         log.warning("could not keep a copy of %s in %s (%s): the next run reads its GGUF again", alias, copy_dir, e)
@@ -273,15 +279,19 @@ def _load_hf(
     log.info("loading %s", source)
     if placement is not None:
         kwargs.update(placement_kwargs(placement))
-    model, info = AutoModelForCausalLM.from_pretrained(
-        where, dtype=torch_dt, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+    # with output_loading_info, (model, info): transformers types the model alone
+    model, info = cast(
+        "tuple[PreTrainedModel, dict]",
+        AutoModelForCausalLM.from_pretrained(
+            where, dtype=torch_dt, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+        ),
     )  # reported below
     verify.check_loading_info(info, source)
     verify.check_tokenizer_fits(model, tokenizer, source)
     verify.check_finite(model, source)
     if gguf_file:
         # GGUF weights were dequantized on load: from here on it is a plain dense model, saved as safetensors.
-        model.hf_quantizer = None
+        setattr(model, "hf_quantizer", None)  # noqa: B010 - an attribute transformers' class does not declare
         if getattr(model.config, "quantization_config", None) is not None:
             del model.config.quantization_config
     return LoadedModel(model, tokenizer, source)

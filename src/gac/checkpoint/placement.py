@@ -53,7 +53,7 @@ class Placement:
     `offload_folder` (a temporary directory when none is given)."""
 
     device_map: str | None = None
-    max_memory: dict | None = None  # {0: bytes, "cpu": bytes, ...}, accelerate's format
+    max_memory: dict | None = None  # {0: bytes, "cpu": bytes, ...}, accelerate's format (a string is parsed)
     offload_folder: str | None = None
 
     def __post_init__(self):
@@ -84,7 +84,7 @@ class Placement:
         """The keyword arguments of transformers' from_pretrained for this placement ({} for one device)."""
         if not self.dispatched:
             return {}
-        kwargs = {"device_map": self.device_map}
+        kwargs: dict[str, object] = {"device_map": self.device_map}
         if self.max_memory is not None:
             kwargs["max_memory"] = dict(self.max_memory)
         if self.offload_folder is not None:

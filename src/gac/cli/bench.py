@@ -5,7 +5,7 @@ defaults live in BenchConfig and TextConfig. torch is imported inside the comman
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -143,12 +143,13 @@ def print_table(result: dict) -> None:
 def _placements(device_map: str | None, max_memory: str | None, offload_folder: Path | None, labels: list[str]):
     """One Placement per model; each model offloads to its own subfolder of --offload-folder (accelerate names
     the offloaded files after the weights, which two models share)."""
-    from gac.checkpoint.placement import Placement
+    from gac.checkpoint.placement import Placement, parse_max_memory
 
     def folder(label: str) -> str | None:
         return None if offload_folder is None else str(offload_folder / label.replace("/", "--"))
 
-    return [Placement(device_map, max_memory, folder(label)) for label in labels]  # bad combinations fail here
+    caps = parse_max_memory(max_memory)
+    return [Placement(device_map, caps, folder(label)) for label in labels]  # bad combinations fail here
 
 
 def _windows(loaded: LoadedModel, text: str, text_cfg: TextConfig) -> torch.Tensor:
@@ -246,7 +247,7 @@ def command(
         validate.writable_location(out, "--out", is_dir=True)  # before the timing, not after
     for spec in models:
         validate.local_model_typo(spec)
-    given = {}
+    given: dict[str, Any] = {}  # BenchConfig's fields the options set
     if points_text is not None:
         given["points"] = parse_points(points_text)
     if rounds is not None:
@@ -298,7 +299,7 @@ def command(
             label: _load(spec, dtype=dtype, device=device, placement=placement)
             for label, spec, placement in zip(labels, models, placements)
         }
-        held_out = {label: _windows(m, text, text_cfg) for label, m in loaded.items()} if ppl else None
+        held_out = {label: _windows(m, text, text_cfg) for label, m in loaded.items()} if text is not None else None
         result = bench({label: m.model for label, m in loaded.items()}, cfg, held_out)
     result["sources"] = dict(zip(labels, models))
     if device_map is not None:

@@ -363,9 +363,9 @@ def command(
             f"(unaligned: {t['unaligned_met']}); see report.md"
         )
     if result.report.get("heal"):
-        from gac.cli.heal import describe
+        from gac.cli.heal import describe as describe_heal
 
-        for line in describe(result.report["heal"]):
+        for line in describe_heal(result.report["heal"]):
             click.echo(line)
     if result.report.get("quantization"):
         from gac.cli.quantize import describe as describe_quantization

@@ -23,11 +23,12 @@ def _parse_align(text: str | None) -> int | None:
     return value
 
 
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
+    return f"{n:.1f} GiB"
 
 
 def _noise(t: dict, limit_pct: float = 20.0) -> str:

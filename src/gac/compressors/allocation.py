@@ -12,7 +12,7 @@ from gac.models.kinds.rank import max_useful_rank
 DENSE = None  # a weight whose allocation reaches the break-even rank stays dense
 
 
-def greedy_steps(gains: list[np.ndarray], costs: list[np.ndarray], used: int, budget: int) -> list[int]:
+def greedy_steps(gains: list[np.ndarray], costs: list[np.ndarray], used: float, budget: float) -> list[int]:
     """The one greedy allocator: hand out each item's successive steps, best gain per parameter first.
 
     gains[i][j], costs[i][j]: the importance and the parameters of item i's j-th further step (taken in order);

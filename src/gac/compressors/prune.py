@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -18,7 +19,15 @@ from gac.compressors.base import Compressor, Unit, normalize_scores
 from gac.compressors.quality import pruned_quality
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
-from gac.models.groups import DimGroup, check_heads_prunable, groups_of, linears_of
+from gac.models.groups import (
+    DimGroup,
+    ExpertWidthGroup,
+    HeadGroup,
+    WidthGroup,
+    check_heads_prunable,
+    groups_of,
+    linears_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +39,7 @@ def parse_layers(spec) -> tuple[int, ...] | str | None:
     if spec is None or spec == "all":
         return spec
     if isinstance(spec, str):
-        out = []
+        out: list[int] = []
         try:
             for part in filter(None, (p.strip() for p in spec.split(","))):
                 lo, _, hi = part.partition("-")
@@ -108,7 +117,8 @@ class PrunedUnit(Unit):
 class MLPUnit(PrunedUnit):
     """A layer's MLP width group; dim = kept intermediate channels (producer rows, consumer columns)."""
 
-    channel_importance: np.ndarray | None = None  # [intermediate] float64
+    group: WidthGroup
+    channel_importance: np.ndarray = field(kw_only=True)  # [intermediate] float64
 
     @classmethod
     def scored(cls, group, scores):
@@ -138,8 +148,9 @@ class MLPUnit(PrunedUnit):
 class AttentionUnit(PrunedUnit):
     """A layer's attention head group (gac.models.groups.HeadGroup: whole KV groups, or query heads per group)."""
 
-    head_importance: np.ndarray | None = None  # [num_heads] q rows + o columns of each query head
-    kv_importance: np.ndarray | None = None  # [num_kv_heads] k and v rows of each KV head
+    group: HeadGroup
+    head_importance: np.ndarray = field(kw_only=True)  # [num_heads] q rows + o columns of each query head
+    kv_importance: np.ndarray = field(kw_only=True)  # [num_kv_heads] k and v rows of each KV head
 
     @classmethod
     def scored(cls, group, scores):
@@ -185,7 +196,8 @@ class ExpertsUnit(PrunedUnit):
     expert its own best ones. A group dropping experts (--drop-experts) keeps its most important ones: the width's
     steps and the cut are over those alone."""
 
-    channel_importance: np.ndarray | None = None  # [E, intermediate] float64
+    group: ExpertWidthGroup
+    channel_importance: np.ndarray = field(kw_only=True)  # [E, intermediate] float64
     experts: torch.Tensor | None = None  # the experts kept, ascending (None: every one)
 
     @classmethod
@@ -220,7 +232,7 @@ class ExpertsUnit(PrunedUnit):
         return KeepExperts(channels, self.experts)
 
 
-UNITS = {"mlp": MLPUnit, "heads": AttentionUnit, "experts": ExpertsUnit}  # group kind -> its pruned unit
+UNITS: dict[str, type[PrunedUnit]] = {"mlp": MLPUnit, "heads": AttentionUnit, "experts": ExpertsUnit}  # kind -> unit
 
 
 def _top(importance: np.ndarray, k: int) -> torch.Tensor:
@@ -257,7 +269,7 @@ def scaled_step_gains(u) -> np.ndarray:
     return u.step_gains() * (u.score * u.numel / total if total > 0 else 0.0)
 
 
-class PruneCompressor(Compressor):
+class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
     """Structured pruning of MLP channels and attention heads in the chosen layers."""
 
     name = "prune"
@@ -281,9 +293,10 @@ class PruneCompressor(Compressor):
     def groups(self, model) -> list[DimGroup]:
         """Per pruned layer its MLP width group (an MoE layer: its expert width), then (unless head_mode none) its
         attention head group."""
-        out = []
+        out: list[DimGroup] = []
         for i in self._layers(model.config):
-            out += groups_of(model, "mlp", layers=[i]) + groups_of(model, "experts", layers=[i])
+            out += groups_of(model, "mlp", layers=[i])
+            out += groups_of(model, "experts", layers=[i])
             if self.config.head_mode != "none":
                 heads = groups_of(model, "heads", layers=[i], mode=self.config.head_mode)
                 check_heads_prunable(model, heads[0])
@@ -327,19 +340,19 @@ class PruneCompressor(Compressor):
                 "--drop-experts %g drops round(%g x %d) = 0 experts per MoE layer: nothing dropped", f, f, num_experts
             )
             return groups
-        return [g.dropping(k) if g.kind == "experts" else g for g in groups]
+        return [g.dropping(k) if isinstance(g, ExpertWidthGroup) else g for g in groups]
 
     def analyze(
         self,
         model,
-        groups: list[DimGroup],
+        groups: Sequence[DimGroup],
         stats: dict,
         *,
         probe=None,
         keep: float = 0.85,
         progress: bool = True,
         windows=None,
-    ) -> list[Unit]:
+    ) -> list[PrunedUnit]:
         """An MLP or attention unit per group, its channels and heads scored by the proxy."""
         scores = measure(
             self.config.importance, model, linears_of(groups), stats=stats, windows=windows, progress=progress
@@ -348,7 +361,7 @@ class PruneCompressor(Compressor):
         units = [UNITS[g.kind].scored(g, scores) for g in groups]
         return normalize_scores(units, [u.total_importance / u.numel for u in units])
 
-    def allocate(self, units: list, budget: int) -> dict[str, int | None]:
+    def allocate(self, units: list[PrunedUnit], budget: int) -> dict[str, int | None]:
         """Kept widths under the budget (None: the unit keeps everything), steps handed out by importance."""
         gains = [scaled_step_gains(u) for u in units]
         steps = allocate_steps(
@@ -358,11 +371,12 @@ class PruneCompressor(Compressor):
             [u.fixed_params for u in units],
             budget,
         )
-        dims, floored = {}, []
+        dims: dict[str, int | None] = {}
+        floored: list[AttentionUnit] = []
         for u, s in zip(units, steps):
             dim = s * u.dim_step
             dims[u.name] = None if dim >= u.max_dim else dim
-            if u.group.removes_heads and dim == u.min_dim < u.max_dim:
+            if isinstance(u, AttentionUnit) and dim == u.min_dim < u.max_dim:  # its cut removes heads
                 floored.append(u)
         if floored:  # one line for all of them: a deep cut floors most layers at once
             log.warning(

@@ -8,8 +8,12 @@ import datetime
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +73,7 @@ def _split_aa(timings: dict, first: str) -> tuple[dict, dict | None]:
     return rows, (None if twin is None else {"a": rows[first], "b": _timing_dict(twin)})
 
 
-def _placement(models: dict) -> tuple[object, object]:
+def _placement(models: dict) -> tuple[torch.device, torch.dtype]:
     """(input device, dtype) shared by every model; mixing them would make the ratios meaningless."""
     from gac.checkpoint.placement import input_device
 

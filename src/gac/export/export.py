@@ -9,7 +9,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gac.errors import GacError
 from gac.export.quantize import check_type
@@ -151,7 +151,7 @@ def export(cfg: ExportConfig) -> ExportResult:
         llama_cpp_module()  # installed, or one line, before the model is loaded
     loaded = load_model(cfg.model, dtype="float32", device="cpu")
     check_exportable(loaded.model, pad_mlp=cfg.pad_mlp)
-    state = {}
+    state: dict[str, Any] = {}  # what the write leaves: the geometry, the quantizer's fallbacks
 
     def write(tmp: Path) -> None:
         if cfg.type == "f16":

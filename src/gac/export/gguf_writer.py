@@ -122,7 +122,9 @@ def tensors(model, geo: Geometry) -> dict[str, np.ndarray]:
     adapter = adapter_for(config)
     arch = _arch(model)
     names = adapter.gguf_names(config)
-    rotary, rows, cols = {}, {}, {}  # q/k: heads to permute; MLP producers / consumers: width to pad to
+    rotary: dict[str, int] = {}  # q/k: heads to permute
+    rows: dict[str, int] = {}  # MLP producers / consumers: width to pad to
+    cols: dict[str, int] = {}
     for layer in adapter.layers(config):
         if arch.permute_qk:
             rotary[layer.q] = geo.heads[layer.index]

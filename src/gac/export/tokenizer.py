@@ -71,6 +71,7 @@ def fields_from_hf(directory: Path) -> Callable:
     from gguf.vocab import BpeVocab, LlamaHfVocab, SpecialVocab
 
     directory = Path(directory)
+    vocab: BpeVocab | LlamaHfVocab
     try:
         vocab, model = BpeVocab(directory), "gpt2"
     except FileNotFoundError:  # no tokenizer.json, or not a byte-level one

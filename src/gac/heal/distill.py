@@ -275,9 +275,10 @@ def distill(
             sched.step()
             opt.zero_grad(set_to_none=True)
             result.steps, result.tokens = step + 1, result.tokens + batch.numel()
-            loss = float(loss.detach())
-            result.train_loss.append((step + 1, loss))
-            bar.set_postfix(loss=f"{loss:.4f}", held_out=f"{best:.4f}")
+            step_loss = float(loss.detach())
+            del loss  # the step's graph goes with it
+            result.train_loss.append((step + 1, step_loss))
+            bar.set_postfix(loss=f"{step_loss:.4f}", held_out=f"{best:.4f}")
             if (step + 1) % cfg.eval_every and step + 1 < steps:
                 continue
             value = held_out_loss(student.eval(), teacher, val, cfg.batch, dtype, cfg.ce_weight)

@@ -99,7 +99,7 @@ def _fingerprint(model, windows: dict) -> str:
 
 def _runs(windows: torch.Tensor, stride: int) -> set:
     """Every OVERLAP_TOKENS-long token run of each window [n, seq] starting at multiples of `stride`."""
-    out = set()
+    out: set[tuple[int, ...]] = set()
     for row in windows.tolist():
         out.update(tuple(row[i : i + OVERLAP_TOKENS]) for i in range(0, len(row) - OVERLAP_TOKENS + 1, stride))
     return out

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,9 @@ import torch.nn.functional as F
 from gac.errors import GacError
 from gac.hw.device import check_device, device_name, dtype_name, torch_dtype
 from gac.hw.timing import cpu_threads, time_callable, time_interleaved
+
+if TYPE_CHECKING:
+    from gac.hw.experts import ExpertsKernel
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +78,7 @@ class FixedSizes:
                 raise GacError(f"{name} must be a positive integer, got {value!r}")
         if self.kv_heads is not None and self.q_per_kv is not None:
             raise GacError("give SDPA's kv_heads or q_per_kv, not both")
-        if None not in (self.experts, self.top_k) and self.top_k > self.experts:
+        if self.experts is not None and self.top_k is not None and self.top_k > self.experts:
             raise GacError(
                 f"top_k {self.top_k} is more than the {self.experts} experts: a token is routed to at "
                 "most every expert, e.g. --experts 128 --top-k 8"
@@ -175,12 +179,23 @@ def _entry_shape(op: str, m: int, sizes: FixedSizes) -> dict[str, int]:
     if op == "lowrank":
         return {"in": sizes.lowrank_in, "out": sizes.lowrank_out}
     if op == "experts":
-        return {"hidden": sizes.hidden, "experts": sizes.experts, "top_k": sizes.top_k}
+        return {
+            "hidden": sizes.hidden,
+            "experts": _given(sizes.experts, "experts"),
+            "top_k": _given(sizes.top_k, "top_k"),
+        }
     seq = m if m > 1 else sizes.context
     if op == "sdpa_heads":
         kv = {"kv_heads": sizes.kv_heads} if sizes.kv_heads else {"q_per_kv": sizes.q_per_kv or 1}
-        return {"batch": sizes.batch, "head_dim": sizes.head_dim, "seq": seq, **kv}
+        return {"batch": sizes.batch, "head_dim": _given(sizes.head_dim, "head_dim"), "seq": seq, **kv}
     return {"batch": sizes.batch, "heads": sizes.heads, "seq": seq}
+
+
+def _given(size: int | None, name: str) -> int:
+    """A size the sweep needs, which SweepSpec's checks have already required."""
+    if size is None:
+        raise GacError(f"this sweep needs its {name}: give it in the sweep's sizes")
+    return size
 
 
 def _tensor_shapes(op: str, m: int, dim: int, shape: Mapping[str, int]) -> list[tuple[int, ...]]:
@@ -237,7 +252,7 @@ def _backend(op: str, kernel: Callable, args: tuple, device: torch.device) -> st
     plain GEMM."""
     if op in ("sdpa", "sdpa_heads"):
         return _first_sdpa_backend(kernel, args, device)
-    return kernel.fit(args) if op == "experts" else None
+    return cast("ExpertsKernel", kernel).fit(args) if op == "experts" else None  # _kernel's for "experts"
 
 
 def _sdpa_context(backend: str | None):
@@ -302,9 +317,12 @@ def last_level_cache_bytes() -> int:
     sizes = []
     for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         try:
-            number, unit = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip()).groups()
-        except (OSError, AttributeError):
+            match = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip())
+        except OSError:
             continue
+        if match is None:
+            continue
+        number, unit = match.groups()
         sizes.append(int(number) << {"": 0, "K": 10, "M": 20, "G": 30}[unit])
     return max(sizes, default=32 << 20)
 
@@ -373,7 +391,12 @@ def _chunk_size(op, m, dims, shape, spec, *, device, dtype) -> int:
 
 def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
     shape = _entry_shape(op, m, spec.sizes)
-    ms, p10, p90, backends, methods, n_copies = [], [], [], [], set(), set()
+    ms: list[float | None] = []
+    p10: list[float | None] = []
+    p90: list[float | None] = []
+    backends: list[str | None] = []
+    methods: set[str] = set()
+    n_copies: set[int] = set()
     refused: dict[str, str] = {}  # {dim: why} of the shapes a quantized kernel refused
     chunk_size = _chunk_size(op, m, dims, shape, spec, device=device, dtype=dtype)  # bounded memory
     for start in range(0, len(dims), chunk_size):
@@ -408,7 +431,10 @@ def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
         n_copies.update(p.copies for p in points.values())
         for d in chunk:
             if str(d) in refused:  # no time: the kernel does not run this shape
-                ms.append(None), p10.append(None), p90.append(None), backends.append(None)
+                ms.append(None)
+                p10.append(None)
+                p90.append(None)
+                backends.append(None)
                 continue
             t = timings[str(d)]
             methods.add(t.method)
@@ -497,7 +523,7 @@ def run_profile(spec: SweepSpec | None, *, device: str = "cpu", dtype: str = "fl
     gen = torch.Generator(device=dev).manual_seed(0)
     entries = _entries(spec)
     n_points = sum(len(dims) for _, _, dims in entries)
-    _warn_if_busy(dev, spec.threads)
+    _warn_if_busy(dev, spec.threads if spec.threads is not None else torch.get_num_threads())
     t0 = time.perf_counter()
     with cpu_threads(spec.threads) as threads:
         estimate = _estimate_s(spec, device=dev, dtype=torch_dtype(name), gen=gen)

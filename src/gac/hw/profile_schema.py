@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import NoReturn
 
 from gac.errors import GacError
 
@@ -44,7 +45,7 @@ def _positive_ms(x) -> bool:
 def check_profile(profile, path) -> dict:
     """`profile` (parsed JSON) if it is a well-formed gac profile; else a one-line GacError naming the field."""
 
-    def bad(what: str):
+    def bad(what: str) -> NoReturn:
         raise GacError(f"profile {path}: {what}: {REGENERATE}")
 
     if not isinstance(profile, dict) or "gac_profile" not in profile:

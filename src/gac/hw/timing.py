@@ -65,7 +65,7 @@ class _Clock:
 
     def __init__(self, device: str | torch.device):
         self.cuda = _is_cuda(device)
-        self._pending: list[tuple[list[float], object, object, int]] = []
+        self._pending: list[tuple[list[float], torch.cuda.Event, torch.cuda.Event, int]] = []
 
     def run(self, fn: Callable[[], object], sink: list[float], host: list[float], per: int = 1) -> None:
         t0 = time.perf_counter()

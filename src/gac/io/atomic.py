@@ -105,7 +105,7 @@ def io_failure(e: BaseException) -> str | None:
     return os.strerror(int(code.group(1))) if code else None
 
 
-def _oserror(path, reason: str, flag: str) -> GacError:
+def _oserror(path, reason: str | None, flag: str) -> GacError:
     return GacError(f"cannot write {path} ({reason}): free space or choose another {flag}")
 
 
@@ -169,7 +169,7 @@ def remove_stale_partials(parent: Path) -> list[Path]:
     """Remove the `.*.partial` directories in `parent` whose writer (a process on this host) is gone, as a killed
     run leaves them; log each one found, removed or left (a writer still running, another host's, an earlier
     gac's without a writer in its name). Returns the removed ones."""
-    removed = []
+    removed: list[Path] = []
     try:
         found = sorted(p for p in Path(parent).glob(".*.partial") if p.is_dir() and not p.is_symlink())
     except OSError:

@@ -217,7 +217,7 @@ class LayerModules:
         if not self.expert_weights:
             return {}
         gate_up, down = self.expert_weights
-        shapes = (
+        shapes: dict[str, tuple[int, ...]] = (
             {gate_up: (num_experts, hidden, 2 * width), down: (num_experts, width, hidden)}
             if self.expert_transposed
             else {gate_up: (num_experts, 2 * width, hidden), down: (num_experts, hidden, width)}
@@ -253,7 +253,7 @@ class Adapter:
         prefix = self.layer_prefix(i)
         attn, mlp = f"{prefix}.{lay.attention}", f"{prefix}.{lay.mlp}"
         q, k, v, o = (f"{attn}.{p}" for p in lay.attention_projections)
-        heads = {"head_parameters": tuple(f"{attn}.{p}" for p in lay.head_parameters)}
+        head_parameters = tuple(f"{attn}.{p}" for p in lay.head_parameters)
         if self.is_moe_layer(config, i):
             experts = f"{mlp}.{lay.experts}"
             return LayerModules(
@@ -272,7 +272,7 @@ class Adapter:
                 expert_transposed=lay.expert_transposed,
                 expert_interleaved=lay.expert_interleaved,
                 router=f"{mlp}.{lay.router}",
-                **heads,
+                head_parameters=head_parameters,
             )
         return LayerModules(
             i,
@@ -285,7 +285,7 @@ class Adapter:
             tuple(f"{mlp}.{p}" for p in lay.producers),
             tuple(f"{mlp}.{p}" for p in lay.consumers),
             producer_parts=lay.producer_parts,
-            **heads,
+            head_parameters=head_parameters,
         )
 
     def is_moe_layer(self, config, i: int) -> bool:

@@ -129,7 +129,7 @@ def inspect_model(model, alignments=(8, 16, 32)) -> InspectResult:
         raise ValueError(f"alignments must be positive integers, got {alignments}")
     config = model.config
     adapter = adapter_for(config)
-    pruned_attn = set()
+    pruned_attn: set[str] = set()
     for g in groups_of(model, "heads"):
         pruned_attn |= {g.q} if g.live_heads != g.num_heads else set()
         pruned_attn |= {g.k} if g.live_kv_heads != g.num_kv_heads else set()
@@ -143,7 +143,8 @@ def inspect_model(model, alignments=(8, 16, 32)) -> InspectResult:
         rows += [(d.name if len(ranks) == 1 else f"{d.name}[{g}]", "rank", int(r), True) for g, r in enumerate(ranks)]
     head_dim = adapter.geometry(config).head_dim
     for layer in adapter.layers(config):
-        for mlp in groups_of(model, "mlp", layers=[layer.index]) + groups_of(model, "experts", layers=[layer.index]):
+        widths = [*groups_of(model, "mlp", layers=[layer.index]), *groups_of(model, "experts", layers=[layer.index])]
+        for mlp in widths:
             rows.append((mlp.name, "mlp_width", mlp.dim, mlp.dim != mlp.full))  # an MoE layer: every expert's
         attn = model.get_submodule(layer.attention)
         rows.append((layer.attention, "head_dim", int(getattr(attn, "head_dim", head_dim)), False))

@@ -15,6 +15,8 @@ Kinds (KIND_TYPES, the registry):
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
 from gac.models.kinds.base import DimGroup, is_grouped_lowrank, is_lowrank
@@ -47,9 +49,34 @@ __all__ = [
 ]
 
 
+# groups_of's type per kind (KIND_TYPES, spelled for type checkers)
+@overload
+def groups_of(
+    model, kind: Literal["rank"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[RankGroup]: ...
+@overload
+def groups_of(
+    model, kind: Literal["head_rank"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[HeadRankGroup]: ...
+@overload
+def groups_of(
+    model, kind: Literal["mlp"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[WidthGroup]: ...
+@overload
+def groups_of(
+    model, kind: Literal["heads"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[HeadGroup]: ...
+@overload
+def groups_of(
+    model, kind: Literal["experts"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[ExpertWidthGroup]: ...
+@overload
 def groups_of(
     model, kind: str, *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
-) -> list[DimGroup]:
+) -> list[DimGroup]: ...
+def groups_of(
+    model, kind: str, *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list:
     """The dimension groups of `kind` in `model` as it is now, in layer order.
 
     layers: restrict to these decoder layers (default: all); mode: for "heads"; heads_per_group: for
@@ -62,7 +89,7 @@ def groups_of(
     layers = list(range(n)) if layers is None else list(layers)
     if layers and (min(layers) < 0 or max(layers) >= n):
         raise GacError(f"layer {max(layers)} does not exist: the model has layers 0-{n - 1}")
-    out = []
+    out: list[DimGroup] = []
     for i in layers:
         out += KIND_TYPES[kind].read(
             model, adapter, adapter.layer(model.config, i), mode=mode, heads_per_group=heads_per_group

@@ -20,14 +20,25 @@ factorized projections randomly initialized.
 """
 
 import sys
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers
 from torch import nn
 
+if TYPE_CHECKING:  # the mixins' bases as type checkers see them; at run time they are mixed in by _build
+    _ModelBase = transformers.PreTrainedModel
+    _ConfigBase = transformers.PreTrainedConfig
+else:
+    _ModelBase = _ConfigBase = object
+
 
 class LowRankLinear(nn.Module):
     """y = b(a(x)): an [out, in] linear factorized at rank r into a [r, in] and a [out, r] linear."""
+
+    a: nn.Linear
+    b: nn.Linear
 
     def __init__(self, in_features, out_features, rank, bias=False, device=None, dtype=None):
         super().__init__()
@@ -45,6 +56,9 @@ class LowRankLinear(nn.Module):
 class GroupedLowRankLinear(nn.Module):
     """y = concat_g b_g(a(x)[..., group g]): a [sum r_g, in] down-projection (one GEMM, each group's rows are its
     shared latent) and per-group up-projections b_g [out/G, r_g]. PaLU's factorization of K/V projections."""
+
+    a: nn.Linear
+    b: nn.ModuleList  # of nn.Linear, one per group
 
     def __init__(self, in_features, out_features, ranks, bias=False, device=None, dtype=None):
         super().__init__()
@@ -75,12 +89,12 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
     for name, shape in structure.get("parameter", {}).items():
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        old = getattr(parent, attr)
-        new = torch.empty([int(n) for n in shape], device=old.device, dtype=old.dtype)
-        setattr(parent, attr, nn.Parameter(new, requires_grad=old.requires_grad))
-        fit_experts_implementation(model, new.shape, parent)
+        old_value = getattr(parent, attr)
+        value = torch.empty([int(n) for n in shape], device=old_value.device, dtype=old_value.dtype)
+        setattr(parent, attr, nn.Parameter(value, requires_grad=old_value.requires_grad))
+        fit_experts_implementation(model, value.shape, parent)
     for name, heads in structure.get("attention", {}).items():
-        attn = model.get_submodule(name)
+        attn: Any = model.get_submodule(name)  # the family's attention class, its head counts plain attributes
         attn.num_heads = int(heads["num_heads"])  # informational; forward infers heads from q_proj's width
         attn.num_key_value_groups = int(heads["num_heads"]) // int(heads["num_kv_heads"])
     for name, rank in structure.get("lowrank", {}).items():
@@ -88,8 +102,8 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
         if isinstance(old, LowRankLinear):
             continue
         w = old.weight
-        new = LowRankLinear(old.in_features, old.out_features, int(rank), old.bias is not None, w.device, w.dtype)
-        set_module(model, name, new)
+        lowrank = LowRankLinear(old.in_features, old.out_features, int(rank), old.bias is not None, w.device, w.dtype)
+        set_module(model, name, lowrank)
     for name, ranks in structure.get("grouped_lowrank", {}).items():
         old = model.get_submodule(name)
         if isinstance(old, GroupedLowRankLinear):
@@ -115,7 +129,7 @@ def fit_experts_implementation(model: nn.Module, shape, owner: nn.Module | None 
     if not any(int(n) % GROUPED_MM_ROW for n in shape[1:]):
         return
     for config in (getattr(model, "config", None), getattr(owner, "config", None)):
-        if getattr(config, "_experts_implementation", None) not in (None, "eager"):
+        if config is not None and getattr(config, "_experts_implementation", None) not in (None, "eager"):
             config._experts_implementation = "eager"
 
 
@@ -131,7 +145,7 @@ VLLM_TRANSFORMERS_BACKEND = "vllm/model_executor/models/transformers/"
 def _built_by_vllm_transformers_backend() -> bool:
     """vLLM's Transformers backend builds this class and then fuses q/k/v and the MLP producers into its own
     linears by their shapes: factorized or per-layer sizes would load into the wrong shapes or fail deep inside."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if VLLM_TRANSFORMERS_BACKEND in frame.f_code.co_filename.replace("\\", "/"):
             return True
@@ -139,7 +153,7 @@ def _built_by_vllm_transformers_backend() -> bool:
     return False
 
 
-def relative_structure(structure: dict, prefix: str) -> dict:
+def relative_structure(structure: dict | None, prefix: str) -> dict:
     """The structure with module names relative to a submodule at `prefix` (e.g. the base model at "model.")."""
     return {
         key: {n[len(prefix) :]: v for n, v in entries.items() if n.startswith(prefix)}
@@ -148,7 +162,7 @@ def relative_structure(structure: dict, prefix: str) -> dict:
     }
 
 
-class _GacStructureMixin:
+class _GacStructureMixin(_ModelBase):
     structure_prefix = ""  # where the structure's names start in this class (the causal LM: at its root)
 
     def __init__(self, config, *args, **kwargs):
@@ -183,7 +197,7 @@ def gac_class(model_type: str, base_model: bool = False):
 
     family = family_of(model_type)
     base = (MODEL_MAPPING_NAMES if base_model else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).get(family)
-    if base is None or not hasattr(transformers, base):
+    if not isinstance(base, str) or not hasattr(transformers, base):
         raise ValueError(f"transformers has no {'base' if base_model else 'causal LM'} class for model type {family!r}")
     return _class(f"Gac{base}")
 
@@ -199,7 +213,7 @@ def gac_config_class(model_type: str):
     return _class(f"Gac{base}")
 
 
-class _GacConfigMixin:
+class _GacConfigMixin(_ConfigBase):
     # transformers' configs are dataclasses: __post_init__ is where a subclass adds to construction
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)

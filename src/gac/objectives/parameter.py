@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 from gac.align.candidates import aligned_candidates
 from gac.align.plan import SelectionResult, select
@@ -119,7 +120,8 @@ def select_dims(model, analyzed: Analyzed, cfg) -> Selected:
     budget = parameter_budget(cfg.ratio, analyzed.compressible)
     unaligned = compressor.allocate(units, budget)
 
-    candidates_for = None
+    candidates_for: Callable[..., list[int]] | None = None
+    profiled = None  # the profile's candidates, which remember what they ruled out
     if cfg.target:
         from gac.align.targets import get_target
 
@@ -127,7 +129,7 @@ def select_dims(model, analyzed: Analyzed, cfg) -> Selected:
     if cfg.profile:
         from gac.align.profiled import profile_candidates_for
 
-        candidates_for = profile_candidates_for(
+        candidates_for = profiled = profile_candidates_for(
             cfg.profile,
             units,
             unaligned,
@@ -141,7 +143,7 @@ def select_dims(model, analyzed: Analyzed, cfg) -> Selected:
     selection = select_within_budget(
         units, unaligned, budget, alignment=cfg.alignment, window=cfg.window, candidates_for=candidates_for
     )
-    excluded = candidates_for.excluded_dims() if cfg.profile and candidates_for is not None else None
+    excluded = profiled.excluded_dims() if profiled is not None else None
     gac_dims = {**unaligned, **selection.dims}
     target = None
     if cfg.target:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gac.checkpoint.lazy import LazyCheckpoint, Resident
     from gac.compressors.base import Compressor
     from gac.evaluate.layer_latency import LayerLatency
+    from gac.models.groups import DimGroup
     from gac.objectives.base import Analyzed, Selected
 
 
@@ -28,7 +29,7 @@ class Opened:
     """A run's model as its pipeline opened it."""
 
     model: nn.Module  # whole in memory, or (layer by layer) a shell whose layers the source brings in one at a time
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None  # None: none beside the weights (a run then stops)
     name: str  # the model's name in report.json
     source: LazyCheckpoint | Resident | None = None  # layer by layer: where each layer's weights are read from
 
@@ -90,7 +91,9 @@ class Pipeline(ABC):
         moved into place."""
 
 
-def compressor_groups(model: nn.Module, cfg, compressor: Compressor | None = None) -> tuple[Compressor, list]:
+def compressor_groups(
+    model: nn.Module, cfg, compressor: Compressor | None = None
+) -> tuple[Compressor, Sequence[DimGroup]]:
     """(the run's compressor, built from cfg where not given and set to its factorization; its groups on `model`),
     the parameter objective's budget checked from the shapes alone, before any calibration."""
     from gac.compressors import make_compressor

@@ -47,26 +47,28 @@ def choose_pipeline(
     """The pipeline of a run: `forced` ("whole", "layerwise") as a flag (forced_by, default its FORCING_FLAGS entry)
     asks, else layer by layer exactly when the whole-model forecast `whole_bytes` exceeds the memory `available`;
     whole when either figure is unknown (nothing to compare). Pure: the figures are given."""
-    figures = {
-        "whole_forecast_bytes": whole_bytes,
-        "available_bytes": available and available.bytes,
-        "available_from": available and available.source,
-    }
+
+    def chosen(pipeline: str, reason: str) -> PipelineChoice:
+        return PipelineChoice(
+            pipeline,
+            reason,
+            whole_forecast_bytes=whole_bytes,
+            available_bytes=available.bytes if available is not None else None,
+            available_from=available.source if available is not None else None,
+        )
+
     if forced is not None:
-        return PipelineChoice(forced, f"{forced_by or FORCING_FLAGS[forced]} asks for it", **figures)
+        return chosen(forced, f"{forced_by or FORCING_FLAGS[forced]} asks for it")
     if whole_bytes is None or available is None:
         missing = "no whole-model forecast (no config to read)" if whole_bytes is None else "no memory figure"
-        return PipelineChoice("whole", f"{missing}: the whole-model pipeline", **figures)
+        return chosen("whole", f"{missing}: the whole-model pipeline")
     need, have = f"{whole_bytes / GIB:.1f} GiB", f"{available.bytes / GIB:.1f} GiB ({available.source})"
     if whole_bytes > available.bytes:
-        return PipelineChoice(
+        return chosen(
             "layerwise",
             f"the whole-model pipeline would need about {need}, more than the {have} available: layer by layer",
-            **figures,
         )
-    return PipelineChoice(
-        "whole", f"the whole-model pipeline needs about {need}, within the {have} available", **figures
-    )
+    return chosen("whole", f"the whole-model pipeline needs about {need}, within the {have} available")
 
 
 def available_memory(device: str = "cpu", max_memory: str | dict | None = None) -> Available | None:

@@ -198,7 +198,7 @@ def forecast(
     fold = b * s.largest_weight + 3 * 4 * min(s.largest_weight, FOLD_ELEMENTS) if c.proxy in GRADIENT_PROXIES else 0
     # a layer's SVDs all end before its loss curves begin: the larger of the two phases, not their sum; each phase
     # works on gac.hw.threads.workers() weights at once (bounded by the largest)
-    work = max(max(svd_work + whiten, curve) * workers(), fold)
+    largest = max(max(svd_work + whiten, curve) * workers(), fold)
     batch = 4  # calibration's batches (the reverse sweep's gradient passes run halves of them)
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
     logits = 3 * 2 * seq_len * s.vocab * 4 if reverse else 0  # float logits, grad, softmax of a gradient batch
@@ -210,7 +210,7 @@ def forecast(
             "one layer's weights": s.layer_params * b,
             "one layer's factors": layer_factors,
             "one layer's X^T X": layer_xtx,
-            "SVD / loss model / whitening work (largest weight)": work,
+            "SVD / loss model / whitening work (largest weight)": largest,
             "activations in flight": flight + max(transient, logits),
             "runtime": RUNTIME_BYTES,
         }
@@ -231,7 +231,7 @@ def forecast(
             BUILT_COPY: 2 * int(weights * (1 - ratio * 0.8)),
             FACTORS: s.layers * layer_factors,
             "all X^T X": s.layers * layer_xtx,
-            "SVD / loss model / whitening work (largest weight)": work,
+            "SVD / loss model / whitening work (largest weight)": largest,
             "activations and logits": (
                 transient * s.layers // 4 + max(logits, 2 * probe * s.vocab * 4) + 4 * tokens * s.hidden * act
             ),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gac.config import CompressConfig
 from gac.objectives.base import Selected
@@ -15,8 +15,10 @@ from gac.objectives.base import Selected
 if TYPE_CHECKING:
     from torch import nn
 
+    from gac.align.plan import SelectionResult
     from gac.compressors.base import Compressor
     from gac.evaluate.report import Report
+    from gac.objectives.latency.outcome import LatencyOutcome
     from gac.pipelines.choice import PipelineChoice
 
 
@@ -42,7 +44,9 @@ def build_report(
     from gac.evaluate.report import Report
     from gac.hw.device import device_name
 
-    outcome = selected.selection if cfg.speedup is not None else None
+    # --speedup's selection is its closed loop's outcome, the parameter objective's a SelectionResult
+    outcome = cast("LatencyOutcome", selected.selection) if cfg.speedup is not None else None
+    parameter = cast("SelectionResult", selected.selection) if cfg.speedup is None else None
     if outcome is not None:
         for variant, figures in outcome.variant_figures().items():
             variants[variant].update(figures)
@@ -68,8 +72,8 @@ def build_report(
         variants=variants,
         dims={v: reduced_dims(d) for v, d in selected.dims.items()},
         saved_variant=cfg.saved_variant,
-        selection=None if outcome else {k: v for k, v in selected.selection.to_dict().items() if k != "dims"},
-        objective=cfg.speedup.objective() if outcome else None,
+        selection=None if parameter is None else {k: v for k, v in parameter.to_dict().items() if k != "dims"},
+        objective=cfg.speedup.objective() if cfg.speedup is not None else None,
         latency_objective=outcome.report() if outcome else None,
         target=selected.target,
         profile_excluded=selected.profile_excluded,

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
     from compressed_tensors.compressors import ModelCompressor
     from torch import nn
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from gac.heal.run import HealConfig
     from gac.quantize.plan import QuantPlan
@@ -57,6 +57,8 @@ def run(cfg: CompressConfig) -> CompressResult:
     opened = pipeline.open(cfg)
     model, tokenizer = opened.model, opened.tokenizer
     _check_uncompressed(model, cfg.model)
+    if tokenizer is None:
+        raise GacError(f"{cfg.model} has no tokenizer: put its tokenizer files beside the weights")
     calib, held_out = load_windows(tokenizer, cfg.text)
     held_back = _held_back(tokenizer, cfg)
     heal_texts = _heal_config(cfg).windows(tokenizer) if cfg.heal is not None else None  # a bad text fails now
@@ -77,7 +79,7 @@ def run(cfg: CompressConfig) -> CompressResult:
         report.auto = auto
         if cfg.compressor_options.get("drop_experts"):
             report.experts_kept = experts_kept(saved)
-        if cfg.heal is not None:
+        if cfg.heal is not None and heal_texts is not None:
             report.heal = _heal(models, heal_texts, cfg)
         quantizer = None
         if qplan is not None:
@@ -123,6 +125,8 @@ def _held_back(tokenizer: PreTrainedTokenizerBase, cfg: CompressConfig) -> torch
 
 def _heal_config(cfg: CompressConfig) -> HealConfig:
     """--heal's gac.heal.HealConfig on the run's evaluation text, device and progress setting."""
+    if cfg.heal is None:
+        raise ValueError("the run has no --heal to configure")
     return dataclasses.replace(cfg.heal, text=cfg.text, device=cfg.device, progress=cfg.progress)
 
 
@@ -133,7 +137,7 @@ def _heal(models: dict, texts: torch.Tensor, cfg: CompressConfig) -> dict:
     return heal_model(models[cfg.saved_variant], models["baseline"], texts, _heal_config(cfg))
 
 
-def _quantize_plan(model: nn.Module, cfg: CompressConfig) -> QuantPlan | None:
+def _quantize_plan(model: PreTrainedModel, cfg: CompressConfig) -> QuantPlan | None:
     """--quantize's plan for the saved variant (gac.quantize.plan), checked against the kernel's rules now; None
     without --quantize."""
     if cfg.quantize is None:

@@ -3,7 +3,7 @@ copy of it and saved at the end. --compressor auto and --speedup run on it only 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from gac.compressors.base import Compressor
+    from gac.models.groups import DimGroup
 
 
 def analyze(
@@ -41,7 +42,7 @@ def analyze_with(
     calib: torch.Tensor,
     cfg,
     compressor: Compressor,
-    groups: list,
+    groups: Sequence[DimGroup],
     stats: dict,
     held_back: torch.Tensor | None = None,
 ) -> Analyzed:
@@ -91,7 +92,7 @@ class WholeModel(Pipeline):
         self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor, streamed_to: Path | None
     ) -> tuple[dict, Measured | None]:
         models = {"baseline": opened.model, **materialize_variants(opened.model, selected)}
-        selected.units = None  # free the SVD factors before evaluation
+        selected.units = []  # free the SVD factors before evaluation
         return models, None
 
     def write(

@@ -17,6 +17,7 @@ import logging
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,8 +26,11 @@ from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
 from gac.models import surgery
 from gac.models.adapters import text_config
-from gac.models.groups import groups_of
+from gac.models.groups import DimGroup, groups_of
 from gac.models.padding import next_multiple
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +111,9 @@ class _Targets:
     def _table(self, op: str, shape: dict) -> dict[int, float] | None:
         from gac.hw.cliffs import latency_table
 
-        return latency_table(self.profile, op, m=PROFILE_M, shape=shape) if op in self.ops else None
+        if self.profile is None or op not in self.ops:
+            return None
+        return latency_table(self.profile, op, m=PROFILE_M, shape=shape)
 
     def _pick(self, d: int, table: dict[int, float] | None) -> int:
         """The smallest aligned size >= d that the profile does not show on a cliff (selection's own rule,
@@ -164,7 +170,11 @@ def _counts(model: nn.Module, names: list[str]) -> dict:
 
 @torch.no_grad()
 def repair(
-    model: nn.Module, *, align: int | None = None, strategy: str | None = None, profile: dict | str | None = None
+    model: PreTrainedModel,
+    *,
+    align: int | None = None,
+    strategy: str | None = None,
+    profile: dict | str | None = None,
 ) -> RepairResult:
     """Zero-pad, in place, every LowRankLinear rank and every irregular MLP width to an aligned size.
 
@@ -188,17 +198,17 @@ def repair(
 
         profile_name, profile = str(profile), load_profile(profile)
     targets = _Targets(alignment, profile)
-    widths = groups_of(model, "mlp") + groups_of(model, "experts")  # an MLP's width, or every expert's
-    ranks = [g for g in groups_of(model, "rank") if g.dim is not None]
+    widths = [*groups_of(model, "mlp"), *groups_of(model, "experts")]  # an MLP's width, or every expert's
+    ranks = [(g, g.dim) for g in groups_of(model, "rank") if g.dim is not None]
     head_ranks = [
-        g for g in groups_of(model, "head_rank", heads_per_group=_heads_per_group(model)) if g.dim is not None
+        (g, g.dim) for g in groups_of(model, "head_rank", heads_per_group=_heads_per_group(model)) if g.dim is not None
     ]
     names = adapter_for(model.config).linear_names(model.config)
     before = _counts(model, names)
-    planned = [(g, targets.width(g)) for g in widths]
-    planned += [(g, targets.group_rank(g.dim, g.in_features, g.out_features)) for g in ranks + head_ranks]
-    surgery.pad(model, planned)
-    dims = [DimChange(g.name, "mlp_width" if g in widths else "rank", _layer(g.name), g.dim, t) for g, t in planned]
+    planned: list[tuple[DimGroup, int, int]] = [(g, g.dim, targets.width(g)) for g in widths]  # (group, from, to)
+    planned += [(g, d, targets.group_rank(d, g.in_features, g.out_features)) for g, d in [*ranks, *head_ranks]]
+    surgery.pad(model, [(g, t) for g, _, t in planned])
+    dims = [DimChange(g.name, "mlp_width" if g in widths else "rank", _layer(g.name), d, t) for g, d, t in planned]
 
     # read off the live model, so a compressor that did not write config.gac_structure is covered too
     structure = structure_of(model)
@@ -314,7 +324,7 @@ def repair_dir(
         }
         del original
 
-    extra = {"profile": str(profile)} if profile is not None else {}
+    extra: dict[str, object] = {"profile": str(profile)} if profile is not None else {}
     if is_gac_dir(src):
         extra["source_plan"] = read_plan(src)
     plan = plan_record(

@@ -44,6 +44,20 @@ class Projection:
     def dense(self) -> bool:
         return self.rank is None and self.ranks is None
 
+    @property
+    def pair_rank(self) -> int:
+        """`rank`, of a projection saved as a low-rank pair."""
+        if self.rank is None:
+            raise GacError(f"{self.path} is not saved as a low-rank pair")
+        return self.rank
+
+    @property
+    def group_ranks(self) -> tuple[int, ...]:
+        """`ranks`, of a projection saved as PaLU's head groups."""
+        if self.ranks is None:
+            raise GacError(f"{self.path} is not saved as low-rank head groups")
+        return self.ranks
+
 
 @dataclass(frozen=True)
 class LayerLayout:
@@ -65,7 +79,10 @@ class LayerLayout:
     @property
     def mlp_width(self) -> int:
         """The channels tensor parallelism splits: the dense MLP's, or each expert's."""
-        return self.width if self.width is not None else self.expert_width
+        width = self.width if self.width is not None else self.expert_width
+        if width is None:
+            raise GacError(f"layer {self.index} has neither an MLP width nor an expert width")
+        return width
 
 
 def layer_layouts(config) -> list[LayerLayout]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from gac.errors import GacError
 
@@ -144,13 +145,13 @@ def make_llm(
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(tp))
     from vllm import LLM
 
-    extra = {"tensor_parallel_size": tp, "distributed_executor_backend": executor} if tp > 1 else {}
-    return LLM(
-        model=str(model_dir),
-        dtype=dtype,
-        max_model_len=max_model_len,
-        enforce_eager=enforce_eager,
-        seed=seed,
-        **extra,
-        **engine_args,
-    )
+    args: dict[str, Any] = {
+        "model": str(model_dir),
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "enforce_eager": enforce_eager,
+        "seed": seed,
+    }
+    if tp > 1:
+        args |= {"tensor_parallel_size": tp, "distributed_executor_backend": executor}
+    return LLM(**args, **engine_args)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -44,20 +45,29 @@ from vllm.model_executor.models.utils import extract_layer_index
 from gac.models.adapters import VllmNames, adapter_for
 from gac.serve.layout import LayerLayout, Projection, check_tensor_parallel, layer_layouts
 
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
 
 class LowRankColumn(nn.Module):
     """y = b(a(x)) with its output sharded: a [r, in] replicated, b [out / N, r] column-parallel (or, for a fused
     projection, the family's fused linear at input r, which splits its rows by head or by half)."""
 
-    def __init__(self, p: Projection, bias: bool, quant_config, prefix: str, fused: nn.Module | None = None):
+    def __init__(
+        self,
+        p: Projection,
+        bias: bool,
+        quant_config,
+        prefix: str,
+        fused: QKVParallelLinear | MergedColumnParallelLinear | None = None,
+    ):
         super().__init__()
-        self.a = ReplicatedLinear(p.in_features, p.rank, bias=False, quant_config=quant_config, prefix=f"{prefix}.a")
+        rank = p.pair_rank
+        self.a = ReplicatedLinear(p.in_features, rank, bias=False, quant_config=quant_config, prefix=f"{prefix}.a")
         self.b = (
-            fused_at(fused, p.rank, bias, quant_config, f"{prefix}.b")
+            fused_at(fused, rank, bias, quant_config, f"{prefix}.b")
             if fused is not None
-            else ColumnParallelLinear(
-                p.rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b"
-            )
+            else ColumnParallelLinear(rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b")
         )
 
     def forward(self, x):
@@ -71,14 +81,16 @@ class LowRankRow(nn.Module):
         super().__init__()
         self.a = RowParallelLinear(
             p.in_features,
-            p.rank,
+            p.pair_rank,
             bias=False,
             input_is_parallel=True,
             reduce_results=True,
             quant_config=quant_config,
             prefix=f"{prefix}.a",
         )
-        self.b = ReplicatedLinear(p.rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b")
+        self.b = ReplicatedLinear(
+            p.pair_rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b"
+        )
 
     def forward(self, x):
         return self.b(self.a(x)[0])
@@ -90,7 +102,7 @@ class GroupedLowRankColumn(nn.Module):
 
     def __init__(self, p: Projection, bias: bool, quant_config, prefix: str):
         super().__init__()
-        self.ranks = list(p.ranks)
+        self.ranks = list(p.group_ranks)
         self.a = ReplicatedLinear(
             p.in_features, sum(self.ranks), bias=False, quant_config=quant_config, prefix=f"{prefix}.a"
         )
@@ -121,7 +133,9 @@ class Concat(nn.Module):
         return torch.cat([part(x)[0] for part in self.children()], dim=-1), None
 
 
-def fused_at(dense: nn.Module, in_features: int, bias: bool, quant_config, prefix: str) -> nn.Module:
+def fused_at(
+    dense: QKVParallelLinear | MergedColumnParallelLinear, in_features: int, bias: bool, quant_config, prefix: str
+) -> nn.Module:
     """The family's fused column linear `dense` (q/k/v by heads, or gate/up halves) rebuilt to read `in_features`
     values: the up-projection of a factorized fused projection, sharded as the dense one."""
     if isinstance(dense, QKVParallelLinear):
@@ -191,11 +205,30 @@ def layer_sizes(config, layout: LayerLayout, expert_width_key: str):
     try:
         yield
     finally:
-        for k, v in before.items():
-            delattr(config, k) if v is missing else setattr(config, k, v)
+        for k, old in before.items():
+            delattr(config, k) if old is missing else setattr(config, k, old)
 
 
-class GacCausalLM:
+class _DecoderLayer(Protocol):
+    """What gac reads of a family's vLLM decoder layer."""
+
+    self_attn: nn.Module
+    mlp: nn.Module
+
+
+if TYPE_CHECKING:
+
+    class _FamilyCausalLM(nn.Module):
+        """What the mixin needs of the family's vLLM causal LM it is mixed into."""
+
+        def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None: ...
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]: ...
+
+else:
+    _FamilyCausalLM = object
+
+
+class GacCausalLM(_FamilyCausalLM):
     """Mixed into a family's vLLM causal LM (the class after it in the bases): builds it with every decoder layer at
     its saved sizes and factorizations, and loads the factorized projections under their HF names."""
 
@@ -226,7 +259,7 @@ class GacCausalLM:
         self.gac_moved = moved
 
     @staticmethod
-    def _factorize(layer: nn.Module, prefix: str, lay: LayerLayout, names: VllmNames, quant) -> dict[str, str]:
+    def _factorize(layer: _DecoderLayer, prefix: str, lay: LayerLayout, names: VllmNames, quant) -> dict[str, str]:
         moved = factorize(layer.self_attn, f"{prefix}.self_attn", names.qkv, lay.qkv, (lay.o,), quant)
         if lay.width is not None:  # a dense MLP (an MoE layer's experts stay as vLLM's FusedMoE builds them)
             moved |= factorize(layer.mlp, f"{prefix}.mlp", names.producers, lay.producers, lay.consumers, quant)

@@ -8,7 +8,12 @@ its configuration, before any engine process starts."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from gac.models.adapters import VLLM_FAMILIES
+
+if TYPE_CHECKING:
+    from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
 
 def architectures() -> dict[str, str]:
@@ -67,4 +72,5 @@ def register() -> None:
 
     families = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t] for t in VLLM_FAMILIES]
     for arch in [*architectures(), *families]:
-        MODELS_CONFIG_MAP.setdefault(arch, ConfigCheck)
+        # ConfigCheck is that hook by its interface: subclassing vLLM's would import vLLM with this module
+        MODELS_CONFIG_MAP.setdefault(arch, cast("type[VerifyAndUpdateConfig]", ConfigCheck))

@@ -22,6 +22,7 @@ class HeadGroup(DimGroup):
     kind: ClassVar[str] = "heads"
     removes_heads: ClassVar[bool] = True
 
+    dim: int  # live width in channels (never None)
     block: str = ""
     q: str = ""
     k: str = ""

@@ -28,7 +28,7 @@ class RankGroup(DimGroup):
 
     @classmethod
     def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
-        groups = []
+        groups: list[DimGroup] = []
         for name in layer.linears:
             m = model.get_submodule(name)
             if is_grouped_lowrank(m):
@@ -115,7 +115,7 @@ class HeadRankGroup(RankGroup):
                 "PaLU cannot factorize apart: use asvd, svd_llm or svd (they factorize it whole)"
             )
         rows = heads_per_group * geo.head_dim
-        groups = []
+        groups: list[DimGroup] = []
         for name in (layer.k, layer.v):
             m = model.get_submodule(name)
             ranks = list(m.ranks) if is_grouped_lowrank(m) else [None] * (m.out_features // rows)

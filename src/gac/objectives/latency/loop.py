@@ -13,11 +13,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
 from gac.objectives.latency.config import SpeedupConfig, held_whole
 from gac.objectives.latency.outcome import LatencyOutcome, Stream, ranked
 from gac.objectives.latency.steps import fit_latency, latency_items, start_budget, time_beside
+
+if TYPE_CHECKING:
+    from gac.objectives.latency.knapsack import LatencyItem
+    from gac.objectives.latency.model import LatencyModel
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,17 @@ OVERSHOOT = 0.01
 # it): it is timed again, up to NOISY_RETIMES more times, and the quietest timing judges the round
 NOISY_FLOOR = 0.05
 NOISY_RETIMES = 2
+
+
+@dataclass
+class _Fit:
+    """The fitted latency tables and what the loop reads off them, fitted once (predict or run)."""
+
+    lm: LatencyModel  # the fitted latency model, its constant recentred after every round
+    baseline_ms: float  # the fit's timing of the original: the knapsack's speedup is against it
+    items: list[LatencyItem]  # the knapsack's items, from the fitted tables (recentring leaves them as they are)
+
+
 # the line round's slope (measured share of the baseline per predicted ms of the groups) is fitted through a stream's
 # rounds and held within this share of the tables' own (1 / the baseline's ms): two or three rounds close together
 # give a noisy slope, and one disturbed timing can even turn it over
@@ -124,9 +141,7 @@ class ClosedLoop:
         self.windows = windows
         self.held = frozenset(u.name for u in units if held_whole(u, cfg))  # groups the knapsack leaves whole
         self.cap = cfg.cap_params(sum(u.group.numel for u in units))
-        self.lm = None  # the fitted latency model, its constant recentred after every round
-        self.baseline_ms = None  # the fit's timing of the original: the knapsack's speedup is against it
-        self.items = None  # the knapsack's items, from the fitted tables (recentring leaves them as they are)
+        self._tables: _Fit | None = None  # the fitted tables, once predict or run asked for them
         self.guarded = False  # two streams: each reaching model's held-back loss is measured
         # the baseline timed beside the models in every round: from round 1 on, their median is the reference that
         # the constant is calibrated on and residuals are rescaled to. The calibration timing alone, before the loop,
@@ -143,12 +158,24 @@ class ClosedLoop:
         choice, _ = self._solve(self._stream("latency", fastest_ms(self.items)))
         return choice, self.lm.constant_ms + choice.predicted_ms, self.baseline_ms
 
-    def _fit(self) -> None:
+    def _fit(self) -> _Fit:
         """The fitted latency tables, the original's ms and the knapsack's items, once."""
-        if self.lm is None:
-            self.lm = self._fitted_tables()
-            self.baseline_ms = self.lm.meta["baseline_ms"]
-            self.items = latency_items(self.units, self.lm, held=self.held)
+        if self._tables is None:
+            lm = self._fitted_tables()
+            self._tables = _Fit(lm, lm.meta["baseline_ms"], latency_items(self.units, lm, held=self.held))
+        return self._tables
+
+    @property
+    def lm(self) -> LatencyModel:
+        return self._fit().lm
+
+    @property
+    def baseline_ms(self) -> float:
+        return self._fit().baseline_ms
+
+    @property
+    def items(self) -> list[LatencyItem]:
+        return self._fit().items
 
     def run(self) -> LatencyOutcome:
         from gac.objectives.latency.knapsack import fastest_ms
@@ -323,7 +350,7 @@ class ClosedLoop:
         for s in active:
             if s.name in rows:
                 self._settle(s, choices[s.name], rows[s.name], built.pop(s.name), reference_ms)
-        self.lm = self.lm.recentred(reference_ms)  # the next round's predictions
+        self._fit().lm = self.lm.recentred(reference_ms)  # the next round's predictions
         return True
 
     def _row(self, k: int, s: Stream, choice, extra: dict) -> dict:
@@ -361,7 +388,7 @@ class ClosedLoop:
                 continue
             s.budget = budget
             choice, extra = self._solve(s)
-            if choice is None or choice.dims in s.tried or (s.reached and choice.value <= s.kept[0].value):
+            if choice is None or choice.dims in s.tried or (s.reached and choice.value <= s.kept_round[0].value):
                 continue
             s.tried.append(choice.dims)
             choices[s.name], rows[s.name] = choice, {**self._row(k, s, choice, extra), "line": True}
@@ -449,7 +476,7 @@ class ClosedLoop:
         if row["round"] >= cfg.rounds + (cfg.halvings if s.bracketed else 0) or (row["reached"] and not overshoot):
             s.done = True
             return
-        if s.bracketed:
+        if s.reach_ms is not None and s.short_ms is not None:  # s.bracketed
             # bracketed between a budget that reached (far past the aim) and a looser one that fell short: the next
             # round halves the bracket. A step by the residual would follow one timing's noise, back and forth past
             # the aim, and could keep a model cut deeper than needed
@@ -483,14 +510,14 @@ class ClosedLoop:
         if reached:
             best = min(reached, key=lambda s: (ranked(s.loss), s.name != "latency"))
         else:
-            best = max(kept, key=lambda s: s.kept[1]["measured_speedup"])
+            best = max(kept, key=lambda s: s.kept_round[1]["measured_speedup"])
             log.warning(
                 "no round reached %.4gx%s%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)",
                 cfg.aim,
                 cfg.where,
                 f" (the {cfg.speedup:g}x target and its {100 * cfg.margin:g}% margin)" if cfg.margin else "",
-                best.kept[1]["measured_speedup"],
-                best.kept[1]["aa_floor_pct"],
+                best.kept_round[1]["measured_speedup"],
+                best.kept_round[1]["aa_floor_pct"],
             )
         for s in streams:
             if s is not best:

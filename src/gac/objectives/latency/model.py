@@ -252,6 +252,8 @@ def op_spec(op: str, shape: tuple, dims, phase: Phase, repeats: int):
     from gac.hw.profile import FixedSizes, SweepSpec
 
     sizes, m = FixedSizes.of(op, dict(shape)), phase.m
+    if sizes is None:
+        raise ValueError(f"a {op} term has no sweep of its own")
     if op == "sdpa_heads":
         sizes = dataclasses.replace(sizes, batch=phase.batch, context=phase.seq)
         m = phase.seq if phase.name == "prefill" else 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gac.objectives.latency.config import SpeedupConfig
 
@@ -47,6 +47,13 @@ class Stream:
     def reached(self) -> bool:
         return self.kept is not None and self.kept[1]["reached"]
 
+    @property
+    def kept_round(self) -> tuple:
+        """`kept`, which the chosen stream of an outcome always has."""
+        if self.kept is None:
+            raise ValueError(f"the {self.name} stream kept no round")
+        return self.kept
+
     def bettered_by(self, loss: float | None) -> bool:
         """Whether a reaching round of this held-back loss is kept over the stream's kept round: when none reached
         yet, when no loss is measured (unguarded: the later), or when it is the lower."""
@@ -80,7 +87,7 @@ class LatencyOutcome:
     @property
     def dims(self) -> dict:
         """{group: dim or None} of the kept model."""
-        return dict(self.chosen.kept[0].dims)
+        return dict(self.chosen.kept_round[0].dims)
 
     @property
     def model(self):
@@ -95,13 +102,13 @@ class LatencyOutcome:
     @property
     def final(self) -> dict:
         """The kept round's figures and its stream."""
-        return {**self.chosen.kept[1], "stream": self.chosen.name}
+        return {**self.chosen.kept_round[1], "stream": self.chosen.name}
 
     @property
     def guard(self) -> dict:
         """{stream: Stream.summary(), with every round of a stream other than the knapsack's under "history"} and
         "kept": the stream kept. The knapsack's rounds are `rounds`: each round is written once."""
-        guard = {
+        guard: dict[str, Any] = {
             s.name: {**s.summary(), **({"history": s.rows} if s is not self.streams[0] else {})} for s in self.streams
         }
         guard["kept"] = self.chosen.name

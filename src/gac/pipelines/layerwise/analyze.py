@@ -21,6 +21,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -58,7 +59,7 @@ def groups_by_layer(model, groups) -> dict[int, list]:
 
     adapter = adapter_for(model.config)
     owner = {n: layer.index for layer in adapter.layers(model.config) for n in layer.weights}
-    out = {i: [] for i in range(adapter.layer_count(model.config))}
+    out: dict[int, list] = {i: [] for i in range(adapter.layer_count(model.config))}
     for g in groups:
         out[owner[g.linears[0]]].append(g)
     return out
@@ -215,7 +216,23 @@ def _reverse_sweep_stored(
     return [u for i in sorted(units_by_layer) for u in units_by_layer[i]]
 
 
-class _LayerFiles:
+def _save_tensors(tensors: dict, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
+
+
+def _load_tensors(path: Path, device: torch.device) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(path, "pt", device=str(device)) as f:  # memory-mapped on the CPU
+        return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - a safe_open handle is no mapping
+
+
+ItemT = TypeVar("ItemT", dict, list)  # what a store keeps per layer: {key: tensor}, or [tensor per batch]
+
+
+class _LayerFiles(Generic[ItemT]):
     """Tensors per layer index, kept until read: in memory, or (spill) one file per layer in a temporary directory
     (TMPDIR), read back memory-mapped (onto `device`: the CPU's pages, or a copy on the GPU), so that memory does not
     grow with depth. An empty item takes no file. A layer's file goes with del, the directory with close(), the end
@@ -225,18 +242,11 @@ class _LayerFiles:
     prefix = what = ""
     suffix = ".safetensors"
 
-    @staticmethod
-    def _save(tensors: dict, path: Path) -> None:
-        from safetensors.torch import save_file
+    def _save(self, item: ItemT, path: Path) -> None:
+        raise NotImplementedError
 
-        save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
-
-    @staticmethod
-    def _load(path: Path, device: torch.device) -> dict:
-        from safetensors import safe_open
-
-        with safe_open(path, "pt", device=str(device)) as f:  # memory-mapped on the CPU
-            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - a safe_open handle is no mapping
+    def _load(self, path: Path, device: torch.device) -> ItemT:
+        raise NotImplementedError
 
     def __init__(self, spill: bool = True, device="cpu"):
         self.spill, self.device = spill, torch.device(device)
@@ -276,26 +286,30 @@ class _LayerFiles:
             item.unlink()
 
 
-class ActivationStore(_LayerFiles):
+class ActivationStore(_LayerFiles[list]):
     """Each layer's stored input for the reverse sweep: [tensor per batch], in memory or spilled to disk."""
 
     prefix, what = "gac-activations-", "the stored calibration activations"
 
-    @staticmethod
-    def _save(tensors: list, path: Path) -> None:
-        _LayerFiles._save({str(j): t for j, t in enumerate(tensors)}, path)
+    def _save(self, item: list, path: Path) -> None:
+        _save_tensors({str(j): t for j, t in enumerate(item)}, path)
 
-    @staticmethod
-    def _load(path: Path, device: torch.device) -> list:
-        stored = _LayerFiles._load(path, device)
+    def _load(self, path: Path, device: torch.device) -> list:
+        stored = _load_tensors(path, device)
         return [stored[str(j)] for j in range(len(stored))]
 
 
-class FactorCache(_LayerFiles):
+class FactorCache(_LayerFiles[dict]):
     """What `cut` needs of each analyzed layer (Compressor.cut_state, {key: tensor}), one safetensors file per layer,
     read back at materialization instead of factorizing again; a layer with nothing to keep (prune) has no file."""
 
     prefix, what = "gac-factors-", "the factor cache"
+
+    def _save(self, item: dict, path: Path) -> None:
+        _save_tensors(item, path)
+
+    def _load(self, path: Path, device: torch.device) -> dict:
+        return _load_tensors(path, device)
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -116,7 +117,7 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
     evals = None
     if held_out is not None:  # embedded once; each variant gets its own Batch objects (only `hidden` is replaced)
         embedded = embed(model, held_out, CALIB_BATCH)
-        evals = {v: [Batch(b.ids, b.hidden.clone(), list(b.calls)) for b in embedded] for v in ("baseline", *dims)}
+        evals = {v: [Batch(b.ids, b.states().clone(), list(b.calls)) for b in embedded] for v in ("baseline", *dims)}
     for i in tqdm(range(layer_count(model)), desc="materializing", unit="layer", disable=not progress):
         source.load_layer(i)
         layer = layer_module(model, i)
@@ -146,7 +147,7 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
         source.release_layer(i)
         if writer is not None:
             return_freed_memory()
-    models = {v: s.eval() for v, s in shells.items()}
+    models: dict[str, Any] = {v: s.eval() for v, s in shells.items()}  # and "ppl": {variant: perplexity}
     if evals is not None:
         models["ppl"] = {v: _perplexity(model, eval_batches) for v, eval_batches in evals.items()}
     return models
@@ -164,7 +165,7 @@ def _perplexity(model, batches: list) -> float:
     nll, count = 0.0, 0
     for b in batches:
         n = b.ids.shape[0] * (b.ids.shape[1] - 1)  # predicted tokens; the loss is their mean
-        nll += float(loss_from_last_hidden(model, b.ids, b.hidden)) * n
+        nll += float(loss_from_last_hidden(model, b.ids, b.states())) * n
         count += n
     return math.exp(nll / count)
 

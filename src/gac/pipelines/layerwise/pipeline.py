@@ -54,7 +54,7 @@ class Layerwise(Pipeline):
     def analyze(
         self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor, held_back: torch.Tensor | None = None
     ) -> Analyzed:
-        return analyze(opened.model, opened.source, calib, cfg, compressor, held_back)
+        return analyze(opened.model, _source(opened), calib, cfg, compressor, held_back)
 
     @contextlib.contextmanager
     def output(self, cfg):
@@ -87,7 +87,7 @@ class Layerwise(Pipeline):
             timer = LayerLatency(cfg.evaluation_latency, layer_count(model))
         models = materialize_layerwise(
             model,
-            opened.source,
+            _source(opened),
             selected.compressor,
             selected.units,
             selected.dims,
@@ -100,7 +100,8 @@ class Layerwise(Pipeline):
         if writer is not None:
             writer.add(outer_tensors(models[saved]))
             writer.close()
-        return {"baseline": model, **models}, None if ppl is None else Measured(ppl, timer)
+        # ppl and the timer are both measured exactly when the run evaluates
+        return {"baseline": model, **models}, None if ppl is None or timer is None else Measured(ppl, timer)
 
     def write(
         self,
@@ -121,3 +122,10 @@ class Layerwise(Pipeline):
 
 
 PIPELINE = Layerwise()
+
+
+def _source(opened: Opened) -> LazyCheckpoint | Resident:
+    """Where a layer-wise run reads each layer's weights from (its open always gives one)."""
+    if opened.source is None:
+        raise ValueError("a layer-wise run's model was opened without its weights' source")
+    return opened.source
