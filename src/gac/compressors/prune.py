@@ -9,6 +9,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -340,7 +341,8 @@ class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
                 "--drop-experts %g drops round(%g x %d) = 0 experts per MoE layer: nothing dropped", f, f, num_experts
             )
             return groups
-        return [g.dropping(k) if isinstance(g, ExpertWidthGroup) else g for g in groups]
+        # KIND_TYPES["experts"] is ExpertWidthGroup
+        return [cast(ExpertWidthGroup, g).dropping(k) if g.kind == "experts" else g for g in groups]
 
     def analyze(
         self,
@@ -372,11 +374,11 @@ class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
             budget,
         )
         dims: dict[str, int | None] = {}
-        floored: list[AttentionUnit] = []
+        floored: list[PrunedUnit] = []
         for u, s in zip(units, steps):
             dim = s * u.dim_step
             dims[u.name] = None if dim >= u.max_dim else dim
-            if isinstance(u, AttentionUnit) and dim == u.min_dim < u.max_dim:  # its cut removes heads
+            if u.group.removes_heads and dim == u.min_dim < u.max_dim:
                 floored.append(u)
         if floored:  # one line for all of them: a deep cut floors most layers at once
             log.warning(
@@ -384,7 +386,8 @@ class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
                 len(floored),
                 "s" if len(floored) > 1 else "",
                 "" if len(floored) > 1 else "s",
-                "one KV group" if floored[0].group.mode == "group" else "one query head per group",
+                # a group that removes heads is a HeadGroup
+                "one KV group" if cast(HeadGroup, floored[0].group).mode == "group" else "one query head per group",
                 ", ".join(u.name for u in floored[:3]) + (", ..." if len(floored) > 3 else ""),
             )
         return dims
