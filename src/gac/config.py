@@ -55,19 +55,25 @@ class CompressConfig:
 
     def __post_init__(self):
         if self.speedup is not None and self.ratio is not None:
-            raise ConfigError("{speedup} and {ratio} exclude each other ({ratio} is for the parameter objective): "
-                              "give one of them")
+            raise ConfigError(
+                "{speedup} and {ratio} exclude each other ({ratio} is for the parameter objective): give one of them"
+            )
         if self.speedup is None and self.ratio is None:
             object.__setattr__(self, "ratio", DEFAULT_RATIO)
         if self.speedup is None and not (isinstance(self.ratio, (int, float)) and 0.0 < self.ratio < 1.0):
-            raise ConfigError(f"ratio {self.ratio} is outside (0, 1): pass the share of parameters to remove, e.g. "
-                              "{ratio:0.15}")
+            raise ConfigError(
+                f"ratio {self.ratio} is outside (0, 1): pass the share of parameters to remove, e.g. {{ratio:0.15}}"
+            )
         if self.quantize is not None and (self.layerwise or self.max_memory):
-            raise ConfigError("{quantize} quantizes the whole model in memory, so it cannot run layer by layer: drop "
-                              "{layerwise}/{max_memory}, or quantize the output later with `gac quantize`")
+            raise ConfigError(
+                "{quantize} quantizes the whole model in memory, so it cannot run layer by layer: drop "
+                "{layerwise}/{max_memory}, or quantize the output later with `gac quantize`"
+            )
         if self.heal is not None and (self.layerwise or self.max_memory):
-            raise ConfigError("{heal} trains the whole model in memory, so it cannot run layer by layer: drop "
-                              "{layerwise}/{max_memory}, or heal the output later with `gac heal`")
+            raise ConfigError(
+                "{heal} trains the whole model in memory, so it cannot run layer by layer: drop "
+                "{layerwise}/{max_memory}, or heal the output later with `gac heal`"
+            )
         if self.compressor == AUTO:
             self._check_auto()
         if self.alignment < 1:
@@ -83,33 +89,46 @@ class CompressConfig:
             self._check_speedup()
             from gac.objectives.latency.config import objective_config
 
-            object.__setattr__(self, "speedup", objective_config(self.compressor, self.compressor_options, self.speedup))
+            object.__setattr__(
+                self, "speedup", objective_config(self.compressor, self.compressor_options, self.speedup)
+            )
 
     def _check_speedup(self) -> None:
         """A speedup measures its own tables and saves its own dims, with the whole model on the device."""
-        excluded = ((self.profile, "profile", "parameter candidates; {speedup} measures its own tables"),
-                    (not self.align, "align:False", "the compressor's own dims under a ratio"),
-                    (self.target, "target", "the parameter objective's candidates"))
+        excluded = (
+            (self.profile, "profile", "parameter candidates; {speedup} measures its own tables"),
+            (not self.align, "align:False", "the compressor's own dims under a ratio"),
+            (self.target, "target", "the parameter objective's candidates"),
+        )
         for given, name, why in excluded:
             if given:
-                raise ConfigError(f"{{speedup}} and {{{name}}} exclude each other ({{{name}}} is for {why}): give one "
-                                  "of them")
+                raise ConfigError(
+                    f"{{speedup}} and {{{name}}} exclude each other ({{{name}}} is for {why}): give one of them"
+                )
         if self.compressor_options.get("drop_experts"):
-            raise ConfigError("{drop_experts} removes parameters under a ratio's budget, and {speedup} has none: drop "
-                              "{drop_experts}, or use {ratio}")
+            raise ConfigError(
+                "{drop_experts} removes parameters under a ratio's budget, and {speedup} has none: drop "
+                "{drop_experts}, or use {ratio}"
+            )
         if self.layerwise or self.max_memory:
-            raise ConfigError("{speedup} times the whole model on the device, so it cannot run layer by layer: drop "
-                              "{layerwise}/{max_memory}, or use {ratio}")
+            raise ConfigError(
+                "{speedup} times the whole model on the device, so it cannot run layer by layer: drop "
+                "{layerwise}/{max_memory}, or use {ratio}"
+            )
 
     def _check_auto(self) -> None:
         """--compressor auto compares every compressor at its defaults, analyzed on one whole-model calibration."""
         if self.compressor_options:
-            raise ConfigError(f"compressor options ({', '.join(sorted(self.compressor_options))}) apply to only some "
-                              "compressors, and {compressor:auto} compares each at its defaults: drop them, or name "
-                              "one compressor")
+            raise ConfigError(
+                f"compressor options ({', '.join(sorted(self.compressor_options))}) apply to only some "
+                "compressors, and {compressor:auto} compares each at its defaults: drop them, or name "
+                "one compressor"
+            )
         if self.layerwise or self.max_memory:
-            raise ConfigError("{compressor:auto} analyzes every compressor with the whole model in memory, so it "
-                              "cannot run layer by layer: drop {layerwise}/{max_memory}, or name one compressor")
+            raise ConfigError(
+                "{compressor:auto} analyzes every compressor with the whole model in memory, so it "
+                "cannot run layer by layer: drop {layerwise}/{max_memory}, or name one compressor"
+            )
 
     @property
     def analysis_ratio(self) -> float:

@@ -99,9 +99,7 @@ def _dp(steps: list[list[int]], values: list[list[float]], capacity: int) -> lis
     return choice
 
 
-def _spend_leftover(
-    choice: list[int], costs: list[list[int]], values: list[list[float]], budget: int
-) -> list[int]:
+def _spend_leftover(choice: list[int], costs: list[list[int]], values: list[list[float]], budget: int) -> list[int]:
     """Greedy upgrades into the budget that rounding left unused (coarse path only)."""
     n, m = len(costs), max(len(row) for row in costs)
     cost = np.zeros((n, m), dtype=np.int64)  # [items, candidates], padded

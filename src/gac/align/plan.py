@@ -215,8 +215,10 @@ def select(plan: Plan | Mapping[str, Any] | str | os.PathLike) -> SelectionResul
     dims = [_candidates(w, plan) for w in plan.weights]
     costs = [[w.params(d) for d in ds] for w, ds in zip(plan.weights, dims)]
     # s_i * (|W(d)| - |W(d*)|): the fixed params cancel, which keeps large counts out of the float maths.
-    values = [list(w.values) if w.values is not None else [w.score * w.params_per_dim * (d - w.dim) for d in ds]
-              for w, ds in zip(plan.weights, dims)]
+    values = [
+        list(w.values) if w.values is not None else [w.score * w.params_per_dim * (d - w.dim) for d in ds]
+        for w, ds in zip(plan.weights, dims)
+    ]
     smallest = sum(min(row) for row in costs)
     if smallest > plan.budget:
         raise InfeasibleBudget(
@@ -269,7 +271,7 @@ def _integer(value: Any, what: str, *, minimum: int | None = None) -> int:
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
         if not (math.isfinite(value) and float(value).is_integer()):
             raise GacError(f"{what} must be an integer, got {value!r}")
-        value = int(value)
+        value = math.floor(value)  # integral: its floor is itself
     try:
         value = operator.index(value)
     except TypeError:

@@ -18,8 +18,18 @@ from gac.hw.profile import FixedSizes, SweepSpec, cached_sweep
 log = logging.getLogger(__name__)
 
 
-def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, dtype: str, m: int,
-                      alignment: int, window: int, progress: bool = True) -> dict:
+def profile_for_model(
+    profile_arg: str,
+    analyses,
+    ranks: dict,
+    *,
+    device: str,
+    dtype: str,
+    m: int,
+    alignment: int,
+    window: int,
+    progress: bool = True,
+) -> dict:
     """Load the profile JSON at `profile_arg`, or with "auto" measure on this device each op and shape the units
     need (low-rank in -> r -> out, GEMM N over K, an MoE layer's experts), around the dims the compressor chose.
     Units on a grid (dim_step > 1: whole heads) take their candidates from the grid, not the profile, so are not
@@ -42,8 +52,9 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
             log.warning("cannot measure %s units automatically: their candidates follow the static rule", op)
             continue
         log.info("profiling %s %s on %s at M=%d", op, dict(shape), device, m)
-        spec = SweepSpec(ops=(op,), dims=dims_around(dims, alignment=alignment, window=window), m_values=(m,),
-                         sizes=sizes)
+        spec = SweepSpec(
+            ops=(op,), dims=dims_around(dims, alignment=alignment, window=window), m_values=(m,), sizes=sizes
+        )
         p = cached_sweep(spec, device=device, dtype=dtype, progress=progress)
         if merged is None:
             merged = p
@@ -52,48 +63,77 @@ def profile_for_model(profile_arg: str, analyses, ranks: dict, *, device: str, d
     return merged or {}
 
 
-def profile_candidates_for(profile_arg: str, units, dims: dict, *, device: str, dtype: str, m: int, alignment: int,
-                           window: int, progress: bool = True):
+def profile_candidates_for(
+    profile_arg: str,
+    units,
+    dims: dict,
+    *,
+    device: str,
+    dtype: str,
+    m: int,
+    alignment: int,
+    window: int,
+    progress: bool = True,
+) -> ProfileCandidates | None:
     """candidates_for(unit, d*, window) from the profile at `profile_arg` (or "auto"), or None when auto found
     nothing to measure (only head-grid units: the static rule applies)."""
-    profile = profile_for_model(profile_arg, units, dims, device=device, dtype=dtype, m=m, alignment=alignment,
-                                window=window, progress=progress)
+    profile = profile_for_model(
+        profile_arg, units, dims, device=device, dtype=dtype, m=m, alignment=alignment, window=window, progress=progress
+    )
     return candidates_from_profile(profile, m=m, alignment=alignment, window=window) if profile else None
 
 
-def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: int):
+def candidates_from_profile(profile: dict, *, m: int, alignment: int, window: int) -> ProfileCandidates:
     """A function (analysis, d*) -> candidate dims, from the profile's sweep of the unit's op (low-rank pair, GEMM N
     for pruned widths, an MoE layer's experts) nearest its shape (the N sweep of a plain GEMM over the unit's input
     size when the profile lacks the op).
     Its `excluded` attribute maps each unit asked about to {dim: why the profile dropped it}."""
     ops = {e["op"] for e in profile.get("ops", [])}
     if not ops & {"lowrank", "gemm_n", "experts"}:
-        raise GacError("the profile has no lowrank, gemm_n or experts sweep: measure one with `gac profile` "
-                       "(default ops)")
-    excluded = {}  # unit name -> {dim: reason}, from the last (widest) window asked for
+        raise GacError(
+            "the profile has no lowrank, gemm_n or experts sweep: measure one with `gac profile` (default ops)"
+        )
+    return ProfileCandidates(profile, ops, m=m, alignment=alignment, window=window)
 
-    def candidates_for(u, dim, window=window):
-        if u.profile_op in ops:
+
+class ProfileCandidates:
+    """candidates_for(unit, d*, window) from a profile's sweeps, remembering what it ruled out: `excluded` maps each
+    unit asked about to {dim: reason}, from the last (widest) window asked for."""
+
+    def __init__(self, profile: dict, ops: set[str], *, m: int, alignment: int, window: int):
+        self.profile, self.ops, self.m, self.alignment, self.window = profile, ops, m, alignment, window
+        self.excluded: dict[str, dict] = {}  # for the report: which dims the profile ruled out, and why
+
+    def __call__(self, u, dim: int, window: int | None = None) -> list[int]:
+        window = self.window if window is None else window
+        profile, m, alignment = self.profile, self.m, self.alignment
+        if u.profile_op in self.ops:
             table = latency_table(profile, u.profile_op, m=m, shape=u.profile_shape)
         else:  # e.g. a profile without the low-rank sweep: the N sweep of a GEMM over the unit's input size (a
             # pair's "in", the experts' "hidden")
             k = u.profile_shape.get("in", u.profile_shape.get("hidden", 0))
             table = latency_table(profile, "gemm_n", m=m, shape={"k": k})
-        cs = profile_candidates(table, dim, alignment=alignment, window=window,
-                                min_dim=max(u.min_dim, min(alignment, u.max_dim)), max_dim=u.max_dim)
-        excluded[u.name] = cs.excluded
+        cs = profile_candidates(
+            table,
+            dim,
+            alignment=alignment,
+            window=window,
+            min_dim=max(u.min_dim, min(alignment, u.max_dim)),
+            max_dim=u.max_dim,
+        )
+        self.excluded[u.name] = cs.excluded
         return cs.candidates
 
-    def excluded_dims() -> dict:
+    def excluded_dims(self) -> dict:
         """{unit: {dim: why}} for the units where the profile ruled dims out (report.json: profile_excluded)."""
-        ruled_out = {name: why for name, why in excluded.items() if why}
-        log.info("the profile ruled out %d aligned dim(s) in %d of %d weight(s) (report.json: profile_excluded)",
-                 sum(map(len, ruled_out.values())), len(ruled_out), len(excluded))
+        ruled_out = {name: why for name, why in self.excluded.items() if why}
+        log.info(
+            "the profile ruled out %d aligned dim(s) in %d of %d weight(s) (report.json: profile_excluded)",
+            sum(map(len, ruled_out.values())),
+            len(ruled_out),
+            len(self.excluded),
+        )
         return ruled_out
-
-    candidates_for.excluded = excluded  # for the report: which dims the profile ruled out, and why
-    candidates_for.excluded_dims = excluded_dims
-    return candidates_for
 
 
 @dataclass(frozen=True)
@@ -169,7 +209,9 @@ def spec_from_plan(plan, base: SweepSpec | None = None) -> SweepSpec:
     return dataclasses.replace(base or SweepSpec(), dims=tuple(sorted(dims)))
 
 
-def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = ALIGNMENT, window: int = WINDOW) -> SweepSpec:
+def spec_from_model(
+    model, base: SweepSpec | None = None, *, alignment: int = ALIGNMENT, window: int = WINDOW
+) -> SweepSpec:
     """`base` with dims swept around every compressible dim of a loaded model (ranks, PaLU group ranks, widths,
     head_dim), GEMMs sized by its hidden size; a mixture of experts also sweeps the experts op at its expert count
     and experts a token (the op its MoE layers' widths are timed by)."""
@@ -190,6 +232,10 @@ def spec_from_model(model, base: SweepSpec | None = None, *, alignment: int = AL
         experts, _, top_k = adapter.expert_geometry(config)
         sizes = dataclasses.replace(sizes, experts=experts, top_k=top_k)
         ops = ops if "experts" in ops else (*ops, "experts")
-    return dataclasses.replace(base, dims=dims_around(sorted(centers), alignment=alignment, window=window),
-                               head_dims=dims_around([head_dim], alignment=alignment, window=window), sizes=sizes,
-                               ops=ops)
+    return dataclasses.replace(
+        base,
+        dims=dims_around(sorted(centers), alignment=alignment, window=window),
+        head_dims=dims_around([head_dim], alignment=alignment, window=window),
+        sizes=sizes,
+        ops=ops,
+    )

@@ -19,16 +19,21 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import overload
 
 from gac.errors import GacError
 from gac.models.groups import KINDS
 
-_Q32 = ("llama.cpp packs each weight row in blocks of 32 values for {t}; a row whose length (the down "
-        "projection's input, the MLP width; the o projection's, heads x head_dim) is not a multiple falls back "
-        "to f16")
-_K256 = ("llama.cpp's K-quants ({t}) pack each row in super-blocks of 256; a row whose length (the MLP width for "
-         "the down projection, heads x head_dim for the o projection) is not a multiple falls back to a 32-block "
-         "type (q5_0/q8_0), or to f16 when it is not a multiple of 32 either")
+_Q32 = (
+    "llama.cpp packs each weight row in blocks of 32 values for {t}; a row whose length (the down "
+    "projection's input, the MLP width; the o projection's, heads x head_dim) is not a multiple falls back "
+    "to f16"
+)
+_K256 = (
+    "llama.cpp's K-quants ({t}) pack each row in super-blocks of 256; a row whose length (the MLP width for "
+    "the down projection, heads x head_dim for the o projection) is not a multiple falls back to a 32-block "
+    "type (q5_0/q8_0), or to f16 when it is not a multiple of 32 either"
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,9 @@ class Target:
             return False
         if dim == group.full_dim:
             return True
-        return (_meet(rows, self.multiple(group.kind))
-                and _meet(group.shard_out_lengths(dim, self.tp), self.out_multiple(group.kind)))
+        return _meet(rows, self.multiple(group.kind)) and _meet(
+            group.shard_out_lengths(dim, self.tp), self.out_multiple(group.kind)
+        )
 
     def allowed_dims(self, group) -> list[int]:
         """The group's grid points the target allows (at least its full dim, where it has one)."""
@@ -80,18 +86,31 @@ class Target:
             if not self.constrains(g.kind) or d is None:
                 continue
             m, n = self.multiple(g.kind), self.out_multiple(g.kind)
-            entry = {"kind": g.kind, "multiple": m, "dim": int(d), "row_lengths": g.row_lengths(int(d)),
-                     "met": self.allows(g, int(d))}
+            entry = {
+                "kind": g.kind,
+                "multiple": m,
+                "dim": int(d),
+                "row_lengths": g.row_lengths(int(d)),
+                "met": self.allows(g, int(d)),
+            }
             if n is not None:
                 entry.update(out_multiple=n, out_lengths=g.out_lengths(int(d)))
             if not any(x != g.full_dim for x in self.allowed_dims(g)):
                 sides = (("row lengths", m), ("output widths", n))
                 rule = " and ".join(f"{side} that are multiples of {x}" for side, x in sides if x is not None)
-                entry["unattainable"] = (f"no reduced {g.kind} dim on this group's grid (step {g.step}) gives {rule}: "
-                                         "only the whole group meets it")
+                entry["unattainable"] = (
+                    f"no reduced {g.kind} dim on this group's grid (step {g.step}) gives {rule}: "
+                    "only the whole group meets it"
+                )
             groups[u.name] = entry
-        out = {"name": self.name, "multiples": dict(self.multiples), "why": self.why, "groups": groups,
-               "met": sum(e["met"] for e in groups.values()), "constrained": len(groups)}
+        out = {
+            "name": self.name,
+            "multiples": dict(self.multiples),
+            "why": self.why,
+            "groups": groups,
+            "met": sum(e["met"] for e in groups.values()),
+            "constrained": len(groups),
+        }
         return {**out, "out_multiples": dict(self.out_multiples)} if self.out_multiples else out
 
 
@@ -115,25 +134,31 @@ class _TargetCandidates:
         if not allowed:  # a rank group (no full dim) whose grid has no multiple: the static rule
             allowed = [x for x in g.grid() if not fine or x % self.alignment == 0]
         i = bisect.bisect_right(allowed, d)
-        return sorted(set(allowed[max(0, i - window):i] + allowed[i:i + window])) or allowed[-1:]
+        return sorted(set(allowed[max(0, i - window) : i] + allowed[i : i + window])) or allowed[-1:]
 
 
-_TP = ("vLLM at tensor parallel size {n} splits every layer's query and KV heads and MLP channels over {n} ranks "
-       "(low-rank pairs: a replicated or row-parallel, b column-parallel or replicated; ranks never split): each "
-       "must divide by {n}, and each rank's row length (MLP width / {n}, kept heads x head_dim / {n}, a rank) must "
-       "stay a multiple of 8 for the GPU's aligned kernels")
-_MARLIN = ("vLLM's Marlin kernels (GPTQ and AWQ 4- and 8-bit weights) run in tiles of 128 input by 64 output "
-           "channels (min_thread_k, min_thread_n in vLLM's marlin_utils), and zero-pad a weight whose input width K "
-           "or output width N is not a multiple, so its misaligned part is wasted work: K is the MLP width for the "
-           "down projection, kept heads x head_dim for the o projection, a rank for a low-rank pair's second half; N "
-           "the MLP width for gate and up, the kept query and KV widths for q, k and v, a rank for a pair's first "
-           "half")
-_W4A16 = ("vLLM's CPU int4 kernel (CPUWNA16, W4A16 checkpoints: compressed-tensors, GPTQ, AWQ) takes a linear only "
-          "when its input width K and its output width N (per tensor-parallel rank, fused shards summed) are "
-          "multiples of 32, and its group (32) divides K, and no other kernel takes it: K is the MLP width for the "
-          "down projection, kept heads x head_dim for the o projection, a rank for a low-rank pair's second half; N "
-          "the MLP width for gate and up, the kept query and KV widths for q, k and v, a rank for a pair's first "
-          "half")
+_TP = (
+    "vLLM at tensor parallel size {n} splits every layer's query and KV heads and MLP channels over {n} ranks "
+    "(low-rank pairs: a replicated or row-parallel, b column-parallel or replicated; ranks never split): each "
+    "must divide by {n}, and each rank's row length (MLP width / {n}, kept heads x head_dim / {n}, a rank) must "
+    "stay a multiple of 8 for the GPU's aligned kernels"
+)
+_MARLIN = (
+    "vLLM's Marlin kernels (GPTQ and AWQ 4- and 8-bit weights) run in tiles of 128 input by 64 output "
+    "channels (min_thread_k, min_thread_n in vLLM's marlin_utils), and zero-pad a weight whose input width K "
+    "or output width N is not a multiple, so its misaligned part is wasted work: K is the MLP width for the "
+    "down projection, kept heads x head_dim for the o projection, a rank for a low-rank pair's second half; N "
+    "the MLP width for gate and up, the kept query and KV widths for q, k and v, a rank for a pair's first "
+    "half"
+)
+_W4A16 = (
+    "vLLM's CPU int4 kernel (CPUWNA16, W4A16 checkpoints: compressed-tensors, GPTQ, AWQ) takes a linear only "
+    "when its input width K and its output width N (per tensor-parallel rank, fused shards summed) are "
+    "multiples of 32, and its group (32) divides K, and no other kernel takes it: K is the MLP width for the "
+    "down projection, kept heads x head_dim for the o projection, a rank for a low-rank pair's second half; N "
+    "the MLP width for gate and up, the kept query and KV widths for q, k and v, a rank for a pair's first "
+    "half"
+)
 
 
 def _every(multiple: int) -> dict:
@@ -155,6 +180,10 @@ TARGETS = {
 }
 
 
+@overload
+def get_target(name: str) -> Target: ...
+@overload
+def get_target(name: None) -> None: ...
 def get_target(name: str | None) -> Target | None:
     """The target `name` names: one row of TARGETS, or several joined by commas (combine)."""
     if name is None:
@@ -162,8 +191,10 @@ def get_target(name: str | None) -> Target | None:
     parts = [p.strip() for p in name.split(",")]
     for part in parts:
         if part not in TARGETS:
-            raise GacError(f"unknown target {part!r}: choose one of {', '.join(TARGETS)}, or several joined by "
-                           "commas, e.g. vllm:w4a16,vllm:tp2")
+            raise GacError(
+                f"unknown target {part!r}: choose one of {', '.join(TARGETS)}, or several joined by "
+                "commas, e.g. vllm:w4a16,vllm:tp2"
+            )
     return combine([TARGETS[p] for p in parts]) if len(parts) > 1 else TARGETS[parts[0]]
 
 
@@ -172,12 +203,19 @@ def combine(targets: list[Target]) -> Target:
     multiples, and the one tensor-parallel degree among them (two degrees describe no one engine)."""
     degrees = sorted({t.tp for t in targets if t.tp > 1})
     if len(degrees) > 1:
-        raise GacError(f"targets {', '.join(t.name for t in targets)} ask for tensor parallel sizes "
-                       f"{' and '.join(map(str, degrees))}: give one vllm:tpN")
+        raise GacError(
+            f"targets {', '.join(t.name for t in targets)} ask for tensor parallel sizes "
+            f"{' and '.join(map(str, degrees))}: give one vllm:tpN"
+        )
 
     def lcm(side: str) -> dict:
         kinds = {k for t in targets for k in getattr(t, side)}
         return {k: math.lcm(*(getattr(t, side)[k] for t in targets if k in getattr(t, side))) for k in sorted(kinds)}
 
-    return Target(",".join(t.name for t in targets), lcm("multiples"), "; ".join(t.why for t in targets),
-                  tp=degrees[0] if degrees else 1, out_multiples=lcm("out_multiples"))
+    return Target(
+        ",".join(t.name for t in targets),
+        lcm("multiples"),
+        "; ".join(t.why for t in targets),
+        tp=degrees[0] if degrees else 1,
+        out_multiples=lcm("out_multiples"),
+    )

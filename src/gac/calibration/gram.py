@@ -38,13 +38,9 @@ class Gram:
         if self.sum is None:
             self.sum = torch.zeros(self.width, self.width, dtype=torch.float64, device=x.device)
             for r in self.rows:
-                self._accumulate(r)
+                _accumulate(self.sum, r)
             self.rows = []
-        self._accumulate(x)
-
-    def _accumulate(self, x: torch.Tensor) -> None:
-        xd = x.double()
-        self.sum += xd.T @ xd  # [in, in]
+        _accumulate(self.sum, x)
 
     def matrix(self) -> torch.Tensor:
         """X^T X [in, in] float64."""
@@ -65,3 +61,9 @@ class Gram:
         if not self.rows:
             return torch.zeros(0, self.width, dtype=torch.float64)
         return torch.cat([r.double() for r in self.rows])  # [t, in]
+
+
+def _accumulate(total: torch.Tensor, x: torch.Tensor) -> None:
+    """total [in, in] += x^T x in float64, in place."""
+    xd = x.double()
+    total += xd.T @ xd  # [in, in]

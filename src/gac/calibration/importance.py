@@ -65,9 +65,14 @@ class GradStats:
     fisher_in: torch.Tensor  # [in]
     batches: int = 0
 
-    def copy(self) -> "GradStats":
-        return GradStats(self.taylor_out.clone(), self.taylor_in.clone(), self.fisher_out.clone(),
-                         self.fisher_in.clone(), self.batches)
+    def copy(self) -> GradStats:
+        return GradStats(
+            self.taylor_out.clone(),
+            self.taylor_in.clone(),
+            self.fisher_out.clone(),
+            self.fisher_in.clone(),
+            self.batches,
+        )
 
 
 @contextmanager
@@ -118,7 +123,8 @@ def collect_gradients(model, names: list[str]):
             sums = channel_sums(w.grad.detach(), w.detach())
             s = stats.get(name)
             if s is None:
-                s = stats[name] = GradStats(*(torch.zeros_like(t) for t in sums))
+                taylor_out, taylor_in, fisher_out, fisher_in = (torch.zeros_like(t) for t in sums)
+                s = stats[name] = GradStats(taylor_out, taylor_in, fisher_out, fisher_in)
             s.taylor_out += sums[0]
             s.taylor_in += sums[1]
             s.fisher_out += sums[2]
@@ -145,18 +151,23 @@ def collect_gradients(model, names: list[str]):
         raise RuntimeError(f"the gradient pass reached no gradient for {len(missing)} weights, e.g. {missing[0]}")
 
 
-def gradient_stats(model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH,
-                   progress: bool = True) -> dict[str, GradStats]:
+def gradient_stats(
+    model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH, progress: bool = True
+) -> dict[str, GradStats]:
     """Language-modelling loss on the calibration windows [n, seq], backward batch by batch, per-channel sums.
 
     Memory-aware: gradients are folded in and freed weight by weight (collect_gradients), and a batch that runs
     out of accelerator memory is retried at half the size, with the sums it had already folded in rolled back."""
     device = next(model.parameters()).device
-    with (collect_gradients(model, names) as stats, torch.inference_mode(False), torch.enable_grad(),
-          tqdm(total=len(windows), desc="gradients", unit="window", disable=not progress) as bar):
+    with (
+        collect_gradients(model, names) as stats,
+        torch.inference_mode(False),
+        torch.enable_grad(),
+        tqdm(total=len(windows), desc="gradients", unit="window", disable=not progress) as bar,
+    ):
         start = 0
         while start < len(windows):
-            ids = windows[start:start + batch_size].to(device)  # [b, seq]
+            ids = windows[start : start + batch_size].to(device)  # [b, seq]
             before = {n: g.copy() for n, g in stats.items()}
             try:
                 loss = model(ids, labels=ids, use_cache=False).loss
@@ -169,8 +180,10 @@ def gradient_stats(model, windows: torch.Tensor, names: list[str], *, batch_size
                 for p in model.parameters():
                     p.grad = None
                 if batch_size == 1:
-                    raise GacError("out of memory in the gradient pass with one window per batch: use a "
-                                   "shorter --seq-len, a smaller dtype, or --importance magnitude") from None
+                    raise GacError(
+                        "out of memory in the gradient pass with one window per batch: use a "
+                        "shorter --seq-len, a smaller dtype, or --importance magnitude"
+                    ) from None
                 batch_size //= 2
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -181,21 +194,24 @@ def gradient_stats(model, windows: torch.Tensor, names: list[str], *, batch_size
     return stats
 
 
-def channel_scores(proxy: str, model, names: list[str], *, stats: dict | None = None,
-                   grads: dict[str, GradStats] | None = None) -> dict[str, ChannelScores]:
+def channel_scores(
+    proxy: str, model, names: list[str], *, stats: dict | None = None, grads: dict[str, GradStats] | None = None
+) -> dict[str, ChannelScores]:
     """{name: ChannelScores} for `proxy`. activation needs calibrate's stats; taylor and fisher need `grads`."""
     check_proxy(proxy)
     out = {}
     for name in names:
         w = weight_of(model, name).detach()
-        n_out, n_in = w.shape[-2:]
+        n_out = w.shape[-2]
         if proxy == "magnitude":
             e = w.float().square()  # [(E,) out, in]
             out[name] = routed_share(ChannelScores(e.sum(-1), e.sum(-2)), stats, name)
         elif proxy == "activation":
             if w.dim() > 2:
-                raise GacError(f"importance 'activation' has no per-expert input statistics for {name}: use "
-                               "--importance taylor (the default) or magnitude for mixture-of-experts models")
+                raise GacError(
+                    f"importance 'activation' has no per-expert input statistics for {name}: use "
+                    "--importance taylor (the default) or magnitude for mixture-of-experts models"
+                )
             if stats is None or name not in stats:
                 raise GacError(f"importance 'activation' needs calibration statistics for {name}")
             x2 = stats[name].mean_abs.float().to(w.device).square()  # [in]
@@ -204,8 +220,11 @@ def channel_scores(proxy: str, model, names: list[str], *, stats: dict | None = 
             if grads is None or name not in grads:
                 raise GacError(f"importance {proxy!r} needs calibration gradients for {name}")
             g = grads[name]
-            out[name] = (ChannelScores(g.taylor_out, g.taylor_in) if proxy == "taylor"
-                         else ChannelScores(g.fisher_out, g.fisher_in))
+            out[name] = (
+                ChannelScores(g.taylor_out, g.taylor_in)
+                if proxy == "taylor"
+                else ChannelScores(g.fisher_out, g.fisher_in)
+            )
     return out
 
 
@@ -220,12 +239,22 @@ def routed_share(scores: ChannelScores, stats: dict | None, name: str) -> Channe
     return ChannelScores(scores.out * share[:, None], scores.inp * share[:, None])
 
 
-def measure(proxy: str, model, names: list[str], *, stats: dict | None = None, windows: torch.Tensor | None = None,
-            progress: bool = True) -> dict[str, ChannelScores]:
+def measure(
+    proxy: str,
+    model,
+    names: list[str],
+    *,
+    stats: dict | None = None,
+    windows: torch.Tensor | None = None,
+    progress: bool = True,
+) -> dict[str, ChannelScores]:
     """Channel scores of `proxy` for the named linears, running the gradient pass when the proxy needs one."""
     grads = None
-    if check_proxy(proxy) in GRADIENT_PROXIES and stats and all("grads" in getattr(stats.get(n), "extra", {})
-                                                                   for n in names):
+    if (
+        check_proxy(proxy) in GRADIENT_PROXIES
+        and stats
+        and all("grads" in getattr(stats.get(n), "extra", {}) for n in names)
+    ):
         grads = {n: stats[n].extra["grads"] for n in names}  # computed layer by layer (gac.pipelines)
     elif proxy in GRADIENT_PROXIES:
         if windows is None:
@@ -234,8 +263,15 @@ def measure(proxy: str, model, names: list[str], *, stats: dict | None = None, w
     return channel_scores(proxy, model, names, stats=stats, grads=grads)
 
 
-def weight_scores(proxy: str, model, names: list[str], *, stats: dict | None = None,
-                  windows: torch.Tensor | None = None, progress: bool = True) -> list[float]:
+def weight_scores(
+    proxy: str,
+    model,
+    names: list[str],
+    *,
+    stats: dict | None = None,
+    windows: torch.Tensor | None = None,
+    progress: bool = True,
+) -> list[float]:
     """Importance per parameter of each named weight (the knapsack's s_i before normalization)."""
     scores = measure(proxy, model, names, stats=stats, windows=windows, progress=progress)
     return [scores[n].total / weight_of(model, n).numel() for n in names]
@@ -254,7 +290,7 @@ def drawn_label_losses(logits: torch.Tensor, generator: torch.Generator) -> list
         probs = log_p.exp().cpu()
         labels = torch.multinomial(probs, FISHER_SAMPLES, replacement=True, generator=generator)  # [N, K]
         labels = labels.to(log_p.device)
-    return [-log_p.gather(1, labels[:, k:k + 1]).sum() for k in range(FISHER_SAMPLES)]
+    return [-log_p.gather(1, labels[:, k : k + 1]).sum() for k in range(FISHER_SAMPLES)]
 
 
 def fisher_generator() -> torch.Generator:
@@ -262,8 +298,9 @@ def fisher_generator() -> torch.Generator:
     return torch.Generator().manual_seed(FISHER_SEED)
 
 
-def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH,
-                  progress: bool = True) -> dict[str, torch.Tensor]:
+def output_fisher(
+    model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH, progress: bool = True
+) -> dict[str, torch.Tensor]:
     """{name: [out] float64}: E[(dl/dy_j)^2] per output channel j of each named linear, l the cross-entropy of a
     next-token prediction against a label drawn from the model's own softmax (drawn_label_losses), over the
     calibration windows' predicted tokens and FISHER_SAMPLES draws each.
@@ -280,8 +317,12 @@ def output_fisher(model, windows: torch.Tensor, names: list[str], *, batch_size:
     with frozen_parameters(model):
         handle = model.get_input_embeddings().register_forward_hook(leaf)
         try:
-            with (output_grad_sums(model, names) as sums, torch.inference_mode(False), torch.enable_grad(),
-                  tqdm(total=len(windows), desc="output gradients", unit="window", disable=not progress) as bar):
+            with (
+                output_grad_sums(model, names) as sums,
+                torch.inference_mode(False),
+                torch.enable_grad(),
+                tqdm(total=len(windows), desc="output gradients", unit="window", disable=not progress) as bar,
+            ):
                 for batch in windows.split(batch_size):
                     logits = model(batch.to(device), use_cache=False).logits  # [b, seq, V]
                     generator = generator or fisher_generator()
@@ -326,4 +367,6 @@ def output_grad_sums(model, names: list[str]):
             h.remove()
     missing = [n for n in names if n not in sums]
     if missing:
-        raise RuntimeError(f"the output-gradient pass reached no gradient for {len(missing)} linears, e.g. {missing[0]}")
+        raise RuntimeError(
+            f"the output-gradient pass reached no gradient for {len(missing)} linears, e.g. {missing[0]}"
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -56,8 +57,9 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
     handles = []
     # q/k/v (and gate/up) see the same input tensor: the first linear fed by it owns one X^T X accumulator, the
     # others share it and add nothing (one sum and one product per input, not three)
-    owner = {}  # "input": the last input seen, "stats": the LinearStats of the linear that owns its X^T X
-    shared = set()
+    # "input": the last input seen, "stats": the LinearStats of the linear that owns its X^T X
+    owner: dict[str, Any] = {}
+    shared: set[str] = set()
 
     def make_hook(name, num_experts):
         def hook(_module, inputs, _output):
@@ -77,7 +79,7 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
             if num_experts and len(inputs) > 1:  # a fused expert weight: tokens routed per expert (top-k ids)
                 routed = torch.bincount(inputs[1].reshape(-1), minlength=num_experts)[:num_experts]  # [E]
                 s.extra["routed"] = s.extra.get("routed", 0) + routed.cpu()
-            if xtx and name not in shared:
+            if xtx and name not in shared and s.xtx is not None:
                 s.xtx.add(x)
                 owner["input"], owner["stats"] = raw, s
 
@@ -98,8 +100,15 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
         raise RuntimeError(f"calibration saw no input for {len(missing)} layers, e.g. {missing[0]}")
 
 
-def calibrate(model, windows: torch.Tensor, names: list[str], *, batch_size: int = CALIB_BATCH, xtx: bool = False,
-              progress: bool = True) -> dict[str, LinearStats]:
+def calibrate(
+    model,
+    windows: torch.Tensor,
+    names: list[str],
+    *,
+    batch_size: int = CALIB_BATCH,
+    xtx: bool = False,
+    progress: bool = True,
+) -> dict[str, LinearStats]:
     """Run the calibration windows [n, seq] through the model and return per-linear input statistics."""
     device = next(model.parameters()).device
     batches = windows.split(batch_size)

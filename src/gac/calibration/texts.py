@@ -21,8 +21,11 @@ def pydoc_split() -> tuple[str, str]:
     # Topics repeat each other's text (`else` is `if`, `customization` sits inside `specialnames`): drop from
     # the calibration part every paragraph that also appears in the held-out part, so evaluation is unseen text.
     held_paragraphs = {p.strip() for t in held_out for p in t.split("\n\n") if p.strip()}
-    calib = ["\n\n".join(p for p in topics[k].split("\n\n") if p.strip() not in held_paragraphs)
-             for i, k in enumerate(keys) if i % EVAL_EVERY != 0]
+    calib = [
+        "\n\n".join(p for p in topics[k].split("\n\n") if p.strip() not in held_paragraphs)
+        for i, k in enumerate(keys)
+        if i % EVAL_EVERY != 0
+    ]
     return "\n\n".join(c for c in calib if c), "\n\n".join(held_out)
 
 
@@ -46,8 +49,10 @@ def unlike_texts() -> dict[str, tuple[str, str]]:
         if path.is_file():
             out[key] = (name, path.read_text(encoding="utf-8", errors="replace"))
         elif required:
-            raise GacError(f"this Python distribution carries no {path}: pass a text unlike the calibration text "
-                           "with --unlike-file")
+            raise GacError(
+                f"this Python distribution carries no {path}: pass a text unlike the calibration text "
+                "with --unlike-file"
+            )
     return out
 
 
@@ -105,7 +110,8 @@ def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what:
     n = min(len(ids) // seq_len, max_windows)
     if n == 0:
         raise GacError(
-            f"{what} text has {len(ids)} tokens, fewer than one window of {seq_len}: pass a longer file or a smaller --seq-len"
+            f"{what} text has {len(ids)} tokens, fewer than one window of {seq_len}: "
+            "pass a longer file or a smaller --seq-len"
         )
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # [n, seq_len]
 
@@ -137,9 +143,11 @@ def held_back_windows(tokenizer, cfg: TextConfig, n: int = HELD_BACK_WINDOWS):
     text."""
     rest = calibration_windows(tokenizer, cfg)[1]
     if len(rest) == 0:
-        raise GacError(f"the calibration text has no window of {cfg.seq_len} tokens beside the {cfg.calib_windows} "
-                       "that calibrate, to compare models on (--compressor auto, and the --speedup guard): pass a "
-                       "longer --calib-file or fewer --calib-windows (or --no-guard with --speedup)")
+        raise GacError(
+            f"the calibration text has no window of {cfg.seq_len} tokens beside the {cfg.calib_windows} "
+            "that calibrate, to compare models on (--compressor auto, and the --speedup guard): pass a "
+            "longer --calib-file or fewer --calib-windows (or --no-guard with --speedup)"
+        )
     return rest[spread(rest.shape[0], n)]
 
 
@@ -147,5 +155,7 @@ def load_windows(tokenizer, cfg: TextConfig):
     """(calibration windows spread over the calibration text, evaluation windows from the start of the held-out
     text) as LongTensors [n, seq_len]."""
     held_out = read_text(cfg.eval_file, "--eval-file") if cfg.eval_file else pydoc_split()[1]
-    return (calibration_windows(tokenizer, cfg)[0],
-            token_windows(tokenizer, held_out, cfg.seq_len, cfg.eval_windows, what="evaluation"))
+    return (
+        calibration_windows(tokenizer, cfg)[0],
+        token_windows(tokenizer, held_out, cfg.seq_len, cfg.eval_windows, what="evaluation"),
+    )

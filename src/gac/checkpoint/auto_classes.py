@@ -45,8 +45,11 @@ def _try_register() -> bool:
     try:
         register()
     except Exception as e:  # noqa: BLE001 - never break the user's import of transformers
-        log.warning("gac could not register its model types with transformers (%s: %s): load gac outputs with "
-                    "gac.load", type(e).__name__, e)
+        log.warning(
+            "gac could not register its model types with transformers (%s: %s): load gac outputs with gac.load",
+            type(e).__name__,
+            e,
+        )
         return False
     return True
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gac.checkpoint.placement import SHARD_SIZE, Placement
+from gac.checkpoint.placement import SHARD_SIZE, Placement, parse_max_memory
 from gac.errors import GacError, first_line
 
 if TYPE_CHECKING:
@@ -39,12 +39,21 @@ def versions() -> dict:
     return {"gac": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
-def plan_record(*, variant: str, source_model: str, alignment: int | None, dims: dict, **extra) -> dict:
+def plan_record(
+    *, variant: str | None, source_model: str | None, alignment: int | None, dims: dict | None, **extra
+) -> dict:
     """The content of gac_plan.json, the one writer of its keys: variant ("gac", "unaligned", "repaired"),
     source_model, alignment, dims per group, versions, and what the verb adds (compressor, ratio, budget_params,
     strategy, overhead, profile, source_plan...)."""
-    return {"gac_plan": PLAN_VERSION, "variant": variant, "source_model": source_model, "alignment": alignment,
-            "dims": dims, "versions": versions(), **extra}
+    return {
+        "gac_plan": PLAN_VERSION,
+        "variant": variant,
+        "source_model": source_model,
+        "alignment": alignment,
+        "dims": dims,
+        "versions": versions(),
+        **extra,
+    }
 
 
 def is_gac_dir(path) -> bool:
@@ -61,8 +70,17 @@ def check_out_dir(out_dir, force: bool) -> Path:
     return out
 
 
-def save(model, tokenizer, out_dir, *, plan: dict, extra_files: dict | None = None, force: bool = False,
-         max_shard_size: str | int = SHARD_SIZE, finish: Callable[[Path], None] | None = None) -> Path:
+def save(
+    model,
+    tokenizer,
+    out_dir,
+    *,
+    plan: dict,
+    extra_files: dict | None = None,
+    force: bool = False,
+    max_shard_size: str | int = SHARD_SIZE,
+    finish: Callable[[Path], None] | None = None,
+) -> Path:
     """Write the model to `out_dir` atomically: built in a sibling temp dir, then renamed into place. Weights are
     safetensors shards of at most `max_shard_size` with transformers' index (one file when they fit in one).
 
@@ -88,8 +106,9 @@ def write_beside_weights(model, tokenizer, d, *, plan: dict, extra_files: dict |
     _write(model, tokenizer, Path(d), plan, extra_files or {}, weights=False)
 
 
-def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict, max_shard_size=SHARD_SIZE,
-           weights: bool = True) -> None:
+def _write(
+    model, tokenizer, d: Path, plan: dict, extra_files: dict, max_shard_size=SHARD_SIZE, weights: bool = True
+) -> None:
     from gac.checkpoint.verify import code_hash
     from gac.models import modeling_gac
     from gac.models.structure import structure_of
@@ -99,9 +118,8 @@ def _write(model, tokenizer, d: Path, plan: dict, extra_files: dict, max_shard_s
         model.save_pretrained(d, safe_serialization=True, max_shard_size=max_shard_size)
     # after save_pretrained, which writes the live config: config.json gets gac's model type and class names
     saved_config(model.config).save_pretrained(d)
-    if not weights:
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(d)
+    if not weights and getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(d)
     if tokenizer is not None:
         tokenizer.save_pretrained(d)
     shutil.copyfile(Path(modeling_gac.__file__), d / MODELING_FILE)  # the package data the saved model runs
@@ -125,9 +143,11 @@ def saved_config(config):
     saved = as_gac_config(config)
     name = gac_class(saved.model_type).__name__
     saved.architectures = [name]
-    saved.auto_map = {"AutoConfig": f"modeling_gac.{type(saved).__name__}",
-                      "AutoModelForCausalLM": f"modeling_gac.{name}",
-                      "AutoModel": f"modeling_gac.{gac_class(saved.model_type, base_model=True).__name__}"}
+    saved.auto_map = {
+        "AutoConfig": f"modeling_gac.{type(saved).__name__}",
+        "AutoModelForCausalLM": f"modeling_gac.{name}",
+        "AutoModel": f"modeling_gac.{gac_class(saved.model_type, base_model=True).__name__}",
+    }
     return saved
 
 
@@ -152,8 +172,10 @@ def read_config(path: Path):
         config = AutoConfig.from_pretrained(path)  # registered classes: never the directory's modeling_gac.py
     except ValueError:  # a model type neither transformers nor gac knows (AutoConfig asks for remote code)
         model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
-        raise GacError(f"{path}: unsupported model type {model_type!r} in config.json: pass a directory gac wrote "
-                       "for a family it supports, or restore its config.json") from None
+        raise GacError(
+            f"{path}: unsupported model type {model_type!r} in config.json: pass a directory gac wrote "
+            "for a family it supports, or restore its config.json"
+        ) from None
     adapter_for(config)  # a supported family, or one line saying which are
     return as_gac_config(config)
 
@@ -170,9 +192,16 @@ def read_plan(path) -> dict:
     return plan
 
 
-def load(path, *, dtype: str = "float32", device: str = "cpu", device_map: str | None = None,
-         max_memory: str | dict | None = None, offload_folder: str | None = None,
-         allow_modified_code: bool = False):
+def load(
+    path,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    device_map: str | None = None,
+    max_memory: str | dict | None = None,
+    offload_folder: str | None = None,
+    allow_modified_code: bool = False,
+):
     """Load a directory written by `save`: rebuild the compressed shapes from its config, then the weights, with
     gac's own classes: the directory's modeling_gac.py is never run.
 
@@ -189,22 +218,30 @@ def load(path, *, dtype: str = "float32", device: str = "cpu", device_map: str |
     path = Path(path)
     plan = read_plan(path)
     check_device(device)
-    placement = Placement(device_map, max_memory, offload_folder)
-    verify.check_modeling_code(path / MODELING_FILE, plan.get(MODELING_HASH), PLAN_FILE,
-                               allow_modified=allow_modified_code)
+    placement = Placement(device_map, parse_max_memory(max_memory), offload_folder)
+    verify.check_modeling_code(
+        path / MODELING_FILE, plan.get(MODELING_HASH), PLAN_FILE, allow_modified=allow_modified_code
+    )
     config = read_config(path)
     cls = gac_class(config.model_type)
     verify.check_structure(getattr(config, "gac_structure", None), str(path))
     verify.check_config(config, str(path))
     verify.check_weight_files(path)
     try:
-        model, info = cls.from_pretrained(path, config=config, dtype=torch_dtype(dtype), output_loading_info=True,
-                                          ignore_mismatched_sizes=True,  # mismatches are reported below
-                                          **placement_kwargs(placement))
+        model, info = cls.from_pretrained(
+            path,
+            config=config,
+            dtype=torch_dtype(dtype),
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,  # mismatches are reported below
+            **placement_kwargs(placement),
+        )
     except (AttributeError, KeyError, ValueError, TypeError, RuntimeError) as e:  # structure names no such module
         first = first_line(e, 200)
-        raise GacError(f"{path}: gac_structure does not fit the {family_of(config.model_type)} model ({first}): the "
-                       "output is damaged or edited; restore it or re-run `gac compress`") from None
+        raise GacError(
+            f"{path}: gac_structure does not fit the {family_of(config.model_type)} model ({first}): the "
+            "output is damaged or edited; restore it or re-run `gac compress`"
+        ) from None
     verify.check_loading_info(info, str(path), gac_output=True)  # the structure must place every tensor, both ways
     model = model.eval() if placement.dispatched else model.to(device).eval()
     try:

@@ -12,8 +12,8 @@ import json
 import logging
 from pathlib import Path
 
-from gac.checkpoint.verify import SAFETENSORS as SAFE_SINGLE
 from gac.checkpoint.verify import SAFE_INDEX
+from gac.checkpoint.verify import SAFETENSORS as SAFE_SINGLE
 from gac.errors import GacError
 from gac.hw.heap import map_large_allocations, return_freed_memory
 from gac.models.adapters import adapter_for
@@ -50,8 +50,10 @@ def weight_files(path) -> dict[str, Path]:
 
         with safe_open(d / SAFE_SINGLE, "pt") as f:
             return dict.fromkeys(f.keys(), d / SAFE_SINGLE)
-    raise GacError(f"{d} has no safetensors weights ({SAFE_SINGLE} or {SAFE_INDEX}): layer-by-layer loading reads "
-                   "safetensors only; convert the checkpoint, or load it whole")
+    raise GacError(
+        f"{d} has no safetensors weights ({SAFE_SINGLE} or {SAFE_INDEX}): layer-by-layer loading reads "
+        "safetensors only; convert the checkpoint, or load it whole"
+    )
 
 
 class LazyCheckpoint:
@@ -62,7 +64,6 @@ class LazyCheckpoint:
 
     def __init__(self, path, dtype: str = "float32", device: str = "cpu"):
         import torch
-
         from accelerate import init_empty_weights
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -90,8 +91,10 @@ class LazyCheckpoint:
         self.model.tie_weights()
         missing = [n for n, p in self.model.named_parameters() if p.device.type == "meta" and not n.startswith(layers)]
         if missing:
-            raise GacError(f"{self.path}: no weights for {missing[0]} in the safetensors files: the checkpoint is "
-                           "incomplete or of another architecture")
+            raise GacError(
+                f"{self.path}: no weights for {missing[0]} in the safetensors files: the checkpoint is "
+                "incomplete or of another architecture"
+            )
 
     def _load(self, names: list[str]) -> None:
         from accelerate.utils import set_module_tensor_to_device
@@ -107,8 +110,9 @@ class LazyCheckpoint:
                 for key in keys:
                     if key not in known:
                         continue  # e.g. a saved rotary buffer the model recomputes
-                    set_module_tensor_to_device(self.model, key, self.device, value=f.get_tensor(self.keys[key]),
-                                                dtype=self.dtype)
+                    set_module_tensor_to_device(
+                        self.model, key, self.device, value=f.get_tensor(self.keys[key]), dtype=self.dtype
+                    )
 
     def load_layer(self, i: int) -> None:
         prefix = self.adapter.layer_prefix(i) + "."
@@ -117,8 +121,10 @@ class LazyCheckpoint:
         layer = self.model.get_submodule(prefix[:-1])
         missing = [n for n, p in layer.named_parameters() if p.device.type == "meta"]
         if missing:
-            raise GacError(f"{self.path}: no weights for {prefix}{missing[0]} in the safetensors files: the "
-                           "checkpoint is incomplete or of another architecture")
+            raise GacError(
+                f"{self.path}: no weights for {prefix}{missing[0]} in the safetensors files: the "
+                "checkpoint is incomplete or of another architecture"
+            )
 
     def _load_fused_experts(self, layer) -> None:
         """An MoE layer's fused expert weights from a checkpoint that stores them per expert (as Hugging Face's do):

@@ -7,12 +7,16 @@ import functools
 import importlib.util
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from gac.checkpoint.gac_dir import LoadedModel, is_gac_dir, load, placement_kwargs
 from gac.checkpoint.placement import Placement
 from gac.checkpoint.verify import check_gac_files
 from gac.errors import GacError, first_line
 from gac.hw.device import DTYPES, check_device, dtype_name, torch_dtype
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +48,11 @@ def _gguf_config(where: str, gguf_file: str, stamp: tuple):
 def read_config_checked(where: str, source: str, gguf_file: str | None = None):
     """A model's transformers config, checked as loading checks it (a known family, values that cannot run refused):
     the one reader of a config for the loader and the memory forecast."""
+    from huggingface_hub.errors import StrictDataclassError  # transformers' own checks of a config's values
     from transformers import AutoConfig
 
     from gac.checkpoint import verify
     from gac.models.adapters import adapter_for
-
-    from huggingface_hub.errors import StrictDataclassError  # transformers' own checks of a config's values
 
     try:
         if gguf_file:
@@ -59,8 +62,9 @@ def read_config_checked(where: str, source: str, gguf_file: str | None = None):
             config = AutoConfig.from_pretrained(where)
     except (OSError, ValueError, RecursionError, StrictDataclassError) as e:
         why = str(e.__cause__ if isinstance(e, StrictDataclassError) and e.__cause__ else e).strip().splitlines()[0]
-        raise GacError(f"could not read the model config of {source!r} ({why}): pass a valid model directory or "
-                       ".gguf file") from e
+        raise GacError(
+            f"could not read the model config of {source!r} ({why}): pass a valid model directory or .gguf file"
+        ) from e
     adapter_for(config)
     verify.check_config(config, source)
     return config
@@ -72,8 +76,9 @@ def check_placeable(spec: str, placement: Placement) -> None:
         raise GacError(f"--device-map applies to model directories (safetensors), not to {spec}: leave it out")
 
 
-def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu",
-               placement: Placement | None = None) -> LoadedModel:
+def load_model(
+    spec: str, *, dtype: str = "float32", device: str = "cpu", placement: Placement | None = None
+) -> LoadedModel:
     """Load `spec` for inference. Every failure a user can fix becomes a one-line GacError, and what was loaded
     is verified (gac.checkpoint.verify): no tensor missing or of the wrong shape, no silent random initialization.
     placement: accelerate's device map and memory caps for a model directory (gac.checkpoint.placement)."""
@@ -83,10 +88,12 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu",
         raise
     except (KeyboardInterrupt, MemoryError):
         raise
-    except Exception as e:  # noqa: BLE001 - whatever transformers, torch or tokenizers raise on a bad checkpoint
+    except Exception as e:  # whatever transformers, torch or tokenizers raise on a bad checkpoint
         first = first_line(e, 300)
-        raise GacError(f"could not load model {spec!r} ({type(e).__name__}: {first}): check that its config, "
-                       "weights and tokenizer belong together, or re-download it") from e
+        raise GacError(
+            f"could not load model {spec!r} ({type(e).__name__}: {first}): check that its config, "
+            "weights and tokenizer belong together, or re-download it"
+        ) from e
 
 
 def gguf_of(spec: str) -> Path | None:
@@ -113,27 +120,39 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
             raise GacError(f"{path} has no config.json: pass a Hugging Face model directory, a .gguf file or an alias")
         check_gac_files(path)
         if is_gac_dir(path):
-            loaded = load(path, dtype=dtype, device="cpu", device_map=placement.device_map,
-                          max_memory=placement.max_memory, offload_folder=placement.offload_folder)
+            loaded = load(
+                path,
+                dtype=dtype,
+                device="cpu",
+                device_map=placement.device_map,
+                max_memory=placement.max_memory,
+                offload_folder=placement.offload_folder,
+            )
         else:
             loaded = _load_hf(str(path), torch_dt, source=spec, placement=placement)
     elif path.exists():
-        raise GacError(f"{spec} is not a model directory or a .gguf file: pass a Hugging Face model directory, "
-                       "a .gguf file or an alias")
+        raise GacError(
+            f"{spec} is not a model directory or a .gguf file: pass a Hugging Face model directory, "
+            "a .gguf file or an alias"
+        )
     elif "/" in spec and not spec.startswith((".", "/", "~")) and spec.count("/") == 1:
         local_model_typo(spec)
         first = Path(spec.split("/")[0])
         if first.is_dir():  # `models/tiyn` with ./models here: a path typo, not a hub id
-            raise GacError(f"model {spec!r} not found: {first}/ has no {spec.split('/', 1)[1]!r}; pass an existing path")
+            raise GacError(
+                f"model {spec!r} not found: {first}/ has no {spec.split('/', 1)[1]!r}; pass an existing path"
+            )
         _check_hub(spec)
         loaded = _load_hf(spec, torch_dt, source=spec, hub=True, placement=placement)
     else:
         local_model_typo(spec)
         raise GacError(
-            f"unknown model {spec!r}: pass an alias ({', '.join(EMBEDDED)}), a model directory, a .gguf file or a hub id"
+            f"unknown model {spec!r}: pass an alias ({', '.join(EMBEDDED)}), a model directory, a .gguf file "
+            "or a hub id"
         )
     if not placement.dispatched:
-        loaded.model.to(device)
+        # transformers wraps Module.to in functools.wraps, whose type takes the model as the first argument
+        loaded.model.to(device)  # type: ignore[arg-type]
     loaded.model.eval()
     return loaded
 
@@ -181,13 +200,15 @@ def _load_embedded(alias: str, torch_dt) -> LoadedModel:
         except MemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever a damaged copy makes transformers or safetensors raise
-            log.warning("the copy of %s in %s did not load (%s): reading its GGUF again", alias, copy_dir,
-                        first_line(e, 200))
+            log.warning(
+                "the copy of %s in %s did not load (%s): reading its GGUF again", alias, copy_dir, first_line(e, 200)
+            )
     loaded = _load_hf(str(gguf.parent), torch_dt, gguf_file=gguf.name, source=alias)
     try:
         with atomic_dir(copy_dir, force=True, flag="GAC_CACHE_DIR") as tmp:
             loaded.model.save_pretrained(tmp)
-            loaded.tokenizer.save_pretrained(tmp)
+            if loaded.tokenizer is not None:
+                loaded.tokenizer.save_pretrained(tmp)
         log.info("kept a transformers copy of %s in %s: later runs load it in seconds", alias, copy_dir)
     except (GacError, OSError) as e:
         log.warning("could not keep a copy of %s in %s (%s): the next run reads its GGUF again", alias, copy_dir, e)
@@ -217,17 +238,26 @@ def _check_hub(repo: str) -> None:
         except OSError:
             reachable = False
     if not reachable:
-        raise GacError(f"model {repo!r} is not a local path, not in the Hugging Face cache, and the hub is "
-                       "unreachable: check the path, or download it where you have network")
+        raise GacError(
+            f"model {repo!r} is not a local path, not in the Hugging Face cache, and the hub is "
+            "unreachable: check the path, or download it where you have network"
+        )
 
 
-def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None, hub: bool = False,
-             placement: Placement | None = None) -> LoadedModel:
+def _load_hf(
+    where: str,
+    torch_dt,
+    *,
+    source: str,
+    gguf_file: str | None = None,
+    hub: bool = False,
+    placement: Placement | None = None,
+) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        config = read_config_checked(where, source, gguf_file)
+        read_config_checked(where, source, gguf_file)  # the config checked before any weight is read
     except GacError as e:
         if hub and isinstance(e.__cause__, (OSError, ValueError)):  # not in the cache, and no hub to read it from
             raise GacError(
@@ -241,7 +271,7 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
         verify.check_weight_files(where)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-    except Exception as e:  # noqa: BLE001 - OSError, ValueError, a KeyError from a damaged tokenizer.json
+    except Exception as e:  # OSError, ValueError, a KeyError from a damaged tokenizer.json
         raise GacError(
             f"no usable tokenizer for {source!r}: put the tokenizer files (tokenizer.json or tokenizer.model) "
             f"beside the weights"
@@ -249,14 +279,19 @@ def _load_hf(where: str, torch_dt, *, source: str, gguf_file: str | None = None,
     log.info("loading %s", source)
     if placement is not None:
         kwargs.update(placement_kwargs(placement))
-    model, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dt, output_loading_info=True,
-                                                       ignore_mismatched_sizes=True, **kwargs)  # reported below
+    # with output_loading_info, (model, info): transformers types the model alone
+    model, info = cast(
+        "tuple[PreTrainedModel, dict]",
+        AutoModelForCausalLM.from_pretrained(
+            where, dtype=torch_dt, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+        ),
+    )  # reported below
     verify.check_loading_info(info, source)
     verify.check_tokenizer_fits(model, tokenizer, source)
     verify.check_finite(model, source)
     if gguf_file:
         # GGUF weights were dequantized on load: from here on it is a plain dense model, saved as safetensors.
-        model.hf_quantizer = None
+        setattr(model, "hf_quantizer", None)  # noqa: B010 - an attribute transformers' class does not declare
         if getattr(model.config, "quantization_config", None) is not None:
             del model.config.quantization_config
     return LoadedModel(model, tokenizer, source)

@@ -15,12 +15,15 @@ DEVICE_MAPS = ("auto", "balanced", "sequential")
 def parse_max_memory(spec: str | dict | None) -> dict | None:
     """accelerate's max_memory {device: bytes} from "cpu=8GiB,0=20GiB" (GPU indices as integers, "disk" allowed),
     or None. A bad entry is one line naming the format."""
-    if spec is None or isinstance(spec, dict) and not spec:
+    if spec is None or (isinstance(spec, dict) and not spec):
         return None
     from accelerate.utils import convert_file_size_to_int
 
-    pairs = spec.items() if isinstance(spec, dict) else (
-        part.partition("=")[::2] for part in str(spec).split(",") if part.strip())
+    pairs = (
+        spec.items()
+        if isinstance(spec, dict)
+        else (part.partition("=")[::2] for part in str(spec).split(",") if part.strip())
+    )
     out = {}
     for device, size in pairs:
         device = str(device).strip()
@@ -35,8 +38,9 @@ def parse_max_memory(spec: str | dict | None) -> dict | None:
         except (ValueError, TypeError, AttributeError):
             out[key] = -1
         if out[key] <= 0:
-            raise GacError(f"bad --max-memory size {size!r} for {device}: use a size such as 8GiB or 500MB, "
-                           "e.g. cpu=8GiB,0=20GiB")
+            raise GacError(
+                f"bad --max-memory size {size!r} for {device}: use a size such as 8GiB or 500MB, e.g. cpu=8GiB,0=20GiB"
+            )
     if not out:
         raise GacError(f"bad --max-memory {spec!r}: use device=size pairs, e.g. cpu=8GiB,0=20GiB")
     return out
@@ -49,7 +53,7 @@ class Placement:
     `offload_folder` (a temporary directory when none is given)."""
 
     device_map: str | None = None
-    max_memory: dict | None = None  # {0: bytes, "cpu": bytes, ...}, accelerate's format
+    max_memory: dict | None = None  # {0: bytes, "cpu": bytes, ...}, accelerate's format (a string is parsed)
     offload_folder: str | None = None
 
     def __post_init__(self):
@@ -58,15 +62,19 @@ class Placement:
         object.__setattr__(self, "max_memory", parse_max_memory(self.max_memory))
         if self.device_map is None and (self.max_memory is not None or self.offload_folder is not None):
             given = "--max-memory" if self.max_memory is not None else "--offload-folder"
-            raise GacError(f"{given} places a model through accelerate and needs --device-map (device_map=): "
-                           "pass --device-map auto as well, or leave it out")
+            raise GacError(
+                f"{given} places a model through accelerate and needs --device-map (device_map=): "
+                "pass --device-map auto as well, or leave it out"
+            )
         if self.max_memory is not None:
             import torch
 
             gpus = sorted(k for k in self.max_memory if isinstance(k, int) and k >= torch.cuda.device_count())
             if gpus:
-                raise GacError(f"--max-memory names GPU {gpus[0]} but this machine has {torch.cuda.device_count()} "
-                               "CUDA device(s): give sizes for cpu, disk and the GPUs present, e.g. cpu=8GiB")
+                raise GacError(
+                    f"--max-memory names GPU {gpus[0]} but this machine has {torch.cuda.device_count()} "
+                    "CUDA device(s): give sizes for cpu, disk and the GPUs present, e.g. cpu=8GiB"
+                )
 
     @property
     def dispatched(self) -> bool:
@@ -76,7 +84,7 @@ class Placement:
         """The keyword arguments of transformers' from_pretrained for this placement ({} for one device)."""
         if not self.dispatched:
             return {}
-        kwargs = {"device_map": self.device_map}
+        kwargs: dict[str, object] = {"device_map": self.device_map}
         if self.max_memory is not None:
             kwargs["max_memory"] = dict(self.max_memory)
         if self.offload_folder is not None:

@@ -63,15 +63,19 @@ class _Group(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except MemoryError:
-            click.echo("error: out of memory: use a smaller model, fewer or shorter windows, or a bigger machine",
-                       err=True)
+            click.echo(
+                "error: out of memory: use a smaller model, fewer or shorter windows, or a bigger machine", err=True
+            )
             sys.exit(2)
-        except Exception as e:  # noqa: BLE001 - a bug: still one line, the traceback on request
+        except Exception as e:  # a bug: still one line, the traceback on request
             if os.environ.get("GAC_TRACEBACK"):
                 raise
             first = (str(e).strip().splitlines() or [""])[0][:300]
-            click.echo(f"error: unexpected {type(e).__name__}: {first}: this is a gac bug, please report it "
-                       "(GAC_TRACEBACK=1 shows the traceback)", err=True)
+            click.echo(
+                f"error: unexpected {type(e).__name__}: {first}: this is a gac bug, please report it "
+                "(GAC_TRACEBACK=1 shows the traceback)",
+                err=True,
+            )
             sys.exit(1)
 
 
@@ -89,21 +93,29 @@ from gac.cli.select import select_cmd  # noqa: E402
 
 main.add_command(select_cmd)
 from gac.cli.profile import command as profile_cmd  # noqa: E402
+
 main.add_command(profile_cmd)
 from gac.cli.compress import command as compress_cmd  # noqa: E402
 
 main.add_command(compress_cmd)
 from gac.cli.bench import command as bench_cmd  # noqa: E402
+
 main.add_command(bench_cmd)
 from gac.cli.repair import command as repair_cmd  # noqa: E402
+
 main.add_command(repair_cmd)
 from gac.cli.inspect import command as inspect_cmd  # noqa: E402
+
 main.add_command(inspect_cmd)
 from gac.cli.export import command as export_cmd  # noqa: E402
+
 main.add_command(export_cmd)
 from gac.cli.serve_check import command as serve_check_cmd  # noqa: E402
+
 main.add_command(serve_check_cmd)
 from gac.cli.heal import command as heal_cmd  # noqa: E402
+
 main.add_command(heal_cmd)
 from gac.cli.quantize import command as quantize_cmd  # noqa: E402
+
 main.add_command(quantize_cmd)

@@ -5,7 +5,7 @@ defaults live in BenchConfig and TextConfig. torch is imported inside the comman
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -29,8 +29,9 @@ def parse_points(text: str) -> tuple[tuple[int, int], ...]:
         except ValueError:
             batch = seq = 0
         if batch < 1 or seq < 1:
-            raise GacError(f"bad --points {text!r}: use BATCHxSEQ[,BATCHxSEQ...] with positive integers, "
-                           f"e.g. 1x128,1x512,4x512")
+            raise GacError(
+                f"bad --points {text!r}: use BATCHxSEQ[,BATCHxSEQ...] with positive integers, e.g. 1x128,1x512,4x512"
+            )
         if (batch, seq) not in points:
             points.append((batch, seq))
     return tuple(points)
@@ -68,7 +69,7 @@ def _load(spec: str, *, dtype: str, device: str, placement):
         return load_model(spec, dtype=dtype, device=device, placement=placement)
     except GacError:
         raise
-    except Exception as e:  # noqa: BLE001 - any other load failure is still a one-line user error
+    except Exception as e:  # any other load failure is still a one-line user error
         first = first_line(e)
         raise GacError(f"could not load model {spec!r}: {first}") from e
 
@@ -78,7 +79,6 @@ def write_outputs(result: dict, out: Path) -> list[Path]:
     import json
 
     from gac.evaluate.bench import bench_table_markdown, plot_latency_vs_seq
-
     from gac.io.atomic import write_file
 
     files = {
@@ -100,8 +100,10 @@ def print_table(result: dict) -> None:
     from gac.evaluate.bench import placement_text, point_key
 
     names = list(result["decode"])
-    table = Table(title=f"prefill / decode median ms, latency ratio vs {names[0]} (below 1 is faster) · "
-                        f"{result['device_name']} · {result['dtype']} · {result['threads']} threads")
+    table = Table(
+        title=f"prefill / decode median ms, latency ratio vs {names[0]} (below 1 is faster) · "
+        f"{result['device_name']} · {result['dtype']} · {result['threads']} threads"
+    )
     table.add_column("model")
     keys = [point_key(p["batch"], p["seq"]) for p in result["points"]]
     for k in keys:
@@ -111,11 +113,13 @@ def print_table(result: dict) -> None:
         table.add_column("perplexity", justify="right")
     ratios = result["ratios_vs_first"]
     for i, name in enumerate(names):
-        def cell(ms: float, ratio: float) -> str:
-            return f"{ms:.2f}" if i == 0 else f"{ms:.2f} · {ratio:.3f}x"
 
-        row = [cell(p["results"][name]["median_ms"], ratios[name]["prefill"][k])
-               for p, k in zip(result["points"], keys)]
+        def cell(ms: float, ratio: float, first: bool = i == 0) -> str:
+            return f"{ms:.2f}" if first else f"{ms:.2f} · {ratio:.3f}x"
+
+        row = [
+            cell(p["results"][name]["median_ms"], ratios[name]["prefill"][k]) for p, k in zip(result["points"], keys)
+        ]
         row.append(cell(result["decode"][name]["median_ms"], ratios[name]["decode"]))
         if "ppl" in result:
             row.append(f"{result['ppl'][name]:.3f}")
@@ -130,59 +134,105 @@ def print_table(result: dict) -> None:
     if result.get("eager_note"):
         console.print(f"Note: {result['eager_note']}.")
     if result.get("aa_floor_pct") is not None:
-        console.print(f"A/A control: {names[0]} timed twice in the same rounds differs by up to "
-                      f"{result['aa_floor_pct']:.1f}%: the noise floor of these ratios.")
+        console.print(
+            f"A/A control: {names[0]} timed twice in the same rounds differs by up to "
+            f"{result['aa_floor_pct']:.1f}%: the noise floor of these ratios."
+        )
 
 
 def _placements(device_map: str | None, max_memory: str | None, offload_folder: Path | None, labels: list[str]):
     """One Placement per model; each model offloads to its own subfolder of --offload-folder (accelerate names
     the offloaded files after the weights, which two models share)."""
-    from gac.checkpoint.placement import Placement
+    from gac.checkpoint.placement import Placement, parse_max_memory
 
     def folder(label: str) -> str | None:
         return None if offload_folder is None else str(offload_folder / label.replace("/", "--"))
 
-    return [Placement(device_map, max_memory, folder(label)) for label in labels]  # bad combinations fail here
+    caps = parse_max_memory(max_memory)
+    return [Placement(device_map, caps, folder(label)) for label in labels]  # bad combinations fail here
 
 
 def _windows(loaded: LoadedModel, text: str, text_cfg: TextConfig) -> torch.Tensor:
     from gac.calibration.texts import token_windows
 
     if loaded.tokenizer is None:
-        raise GacError(f"{loaded.source} has no tokenizer, which --ppl needs: put the tokenizer files beside the "
-                       "weights, or leave --ppl out")
-    return token_windows(loaded.tokenizer, text, text_cfg.seq_len, text_cfg.eval_windows,
-                         what=f"evaluation ({loaded.source})")
+        raise GacError(
+            f"{loaded.source} has no tokenizer, which --ppl needs: put the tokenizer files beside the "
+            "weights, or leave --ppl out"
+        )
+    return token_windows(
+        loaded.tokenizer, text, text_cfg.seq_len, text_cfg.eval_windows, what=f"evaluation ({loaded.source})"
+    )
 
 
 @click.command("bench")
 @click.argument("models", nargs=-1, required=True, metavar="MODEL [MODEL...]")
 @click.option("--device", help="cpu or cuda[:N] [default: cpu]; not with --device-map.")
-@click.option("--device-map", metavar="auto|balanced|sequential",
-              help="Place each model through accelerate over the GPUs, CPU and disk instead of --device.")
-@click.option("--max-memory", metavar="DEV=SIZE[,...]",
-              help="With --device-map: accelerate's cap per device and per model, e.g. cpu=8GiB,0=20GiB.")
-@click.option("--offload-folder", type=click.Path(file_okay=False, path_type=Path),
-              help="With --device-map: where weights offloaded to disk go, one subfolder per model "
-                   "[default: a temporary directory].")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-              help="[default: bfloat16 on cuda (or --device-map with a GPU), float32 on cpu].")
-@click.option("--points", "points_text", metavar="BxS[,BxS...]",
-              help="Prefill points, batch x sequence [default: 1x128,1x512,1x1024,4x512].")
+@click.option(
+    "--device-map",
+    metavar="auto|balanced|sequential",
+    help="Place each model through accelerate over the GPUs, CPU and disk instead of --device.",
+)
+@click.option(
+    "--max-memory",
+    metavar="DEV=SIZE[,...]",
+    help="With --device-map: accelerate's cap per device and per model, e.g. cpu=8GiB,0=20GiB.",
+)
+@click.option(
+    "--offload-folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="With --device-map: where weights offloaded to disk go, one subfolder per model "
+    "[default: a temporary directory].",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    help="[default: bfloat16 on cuda (or --device-map with a GPU), float32 on cpu].",
+)
+@click.option(
+    "--points",
+    "points_text",
+    metavar="BxS[,BxS...]",
+    help="Prefill points, batch x sequence [default: 1x128,1x512,1x1024,4x512].",
+)
 @click.option("--rounds", type=Int(1, 100000, example=10), help="Prefill runs per model and point [default: 10].")
-@click.option("--decode-batches", "decode_batches_text", metavar="B[,B...]",
-              help="Batch sizes at which decode is timed, e.g. 1,16 [default: 1].")
+@click.option(
+    "--decode-batches",
+    "decode_batches_text",
+    metavar="B[,B...]",
+    help="Batch sizes at which decode is timed, e.g. 1,16 [default: 1].",
+)
 @click.option("--ppl", is_flag=True, help="Also the perplexity of every model on held-out text.")
 @click.option("--eval-file", type=click.Path(dir_okay=False), help="With --ppl: held-out text [default: Python docs].")
 @click.option("--eval-windows", type=Int(1, 100000, example=24), help="With --ppl: windows [default: 24].")
 @click.option("--seq-len", type=Int(1, 131072, example=512), help="With --ppl: tokens per window [default: 512].")
 @click.option("--no-aa", is_flag=True, help="Leave out the A/A control (the first model timed twice).")
 @click.option("--threads", type=Int(1, 4096, example=4), help="CPU threads (default: torch's current count).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="Directory for bench.json, bench.md and bench_latency.png.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for bench.json, bench.md and bench_latency.png.",
+)
 @click.option("--quiet", is_flag=True, help="No progress logging.")
-def command(models, device, device_map, max_memory, offload_folder, dtype, points_text, rounds, decode_batches_text,
-            ppl, eval_file, eval_windows, seq_len, no_aa, threads, out, quiet) -> None:
+def command(
+    models,
+    device,
+    device_map,
+    max_memory,
+    offload_folder,
+    dtype,
+    points_text,
+    rounds,
+    decode_batches_text,
+    ppl,
+    eval_file,
+    eval_windows,
+    seq_len,
+    no_aa,
+    threads,
+    out,
+    quiet,
+) -> None:
     """Time prefill and decode of every MODEL side by side (interleaved, same run, same inputs)."""
     from gac.calibration.texts import TextConfig
     from gac.checkpoint.loading import check_placeable
@@ -190,7 +240,6 @@ def command(models, device, device_map, max_memory, offload_folder, dtype, point
     from gac.evaluate.bench import BenchConfig, bench
     from gac.hw.device import check_device, default_dtype
     from gac.hw.timing import cpu_threads
-
     from gac.io import validate
 
     setup_logging(quiet)
@@ -198,7 +247,7 @@ def command(models, device, device_map, max_memory, offload_folder, dtype, point
         validate.writable_location(out, "--out", is_dir=True)  # before the timing, not after
     for spec in models:
         validate.local_model_typo(spec)
-    given = {}
+    given: dict[str, Any] = {}  # BenchConfig's fields the options set
     if points_text is not None:
         given["points"] = parse_points(points_text)
     if rounds is not None:
@@ -206,15 +255,19 @@ def command(models, device, device_map, max_memory, offload_folder, dtype, point
     if decode_batches_text is not None:
         given["decode_batches"] = parse_batches(decode_batches_text)
     cfg = BenchConfig(**given, aa=not no_aa)  # bad input fails here, before any model is loaded
-    text_given = {k: v for k, v in dict(eval_file=eval_file, eval_windows=eval_windows, seq_len=seq_len).items()
-                  if v is not None}
+    text_given = {
+        k: v for k, v in dict(eval_file=eval_file, eval_windows=eval_windows, seq_len=seq_len).items() if v is not None
+    }
     if text_given and not ppl:
-        raise GacError(f"--{next(iter(text_given)).replace('_', '-')} applies only with --ppl: pass --ppl as well, "
-                       "or leave it out")
+        raise GacError(
+            f"--{next(iter(text_given)).replace('_', '-')} applies only with --ppl: pass --ppl as well, or leave it out"
+        )
     text_cfg = TextConfig(**text_given)
     if device_map is not None and device is not None:
-        raise GacError("--device and --device-map exclude each other: use --device-map alone (accelerate places "
-                       "each model; cap the devices with --max-memory)")
+        raise GacError(
+            "--device and --device-map exclude each other: use --device-map alone (accelerate places "
+            "each model; cap the devices with --max-memory)"
+        )
     labels = model_labels(models)
     placements = _placements(device_map, max_memory, offload_folder, labels)
     for spec, placement in zip(models, placements):
@@ -234,24 +287,33 @@ def command(models, device, device_map, max_memory, offload_folder, dtype, point
 
         logging.getLogger("gac.bench").warning(
             "--device-map without --max-memory: accelerate fills the devices with the first model and may offload "
-            "the later ones, so the ratios would compare placements; give each model the same cap with --max-memory")
+            "the later ones, so the ratios would compare placements; give each model the same cap with --max-memory"
+        )
     text = None
     if ppl:
         from gac.calibration.texts import pydoc_split, read_text
 
         text = read_text(eval_file, "--eval-file") if eval_file else pydoc_split()[1]
     with cpu_threads(threads):
-        loaded = {label: _load(spec, dtype=dtype, device=device, placement=placement)
-                  for label, spec, placement in zip(labels, models, placements)}
-        held_out = {label: _windows(m, text, text_cfg) for label, m in loaded.items()} if ppl else None
+        loaded = {
+            label: _load(spec, dtype=dtype, device=device, placement=placement)
+            for label, spec, placement in zip(labels, models, placements)
+        }
+        held_out = {label: _windows(m, text, text_cfg) for label, m in loaded.items()} if text is not None else None
         result = bench({label: m.model for label, m in loaded.items()}, cfg, held_out)
     result["sources"] = dict(zip(labels, models))
     if device_map is not None:
-        result["device_map"] = {"map": device_map, "max_memory": placements[0].max_memory,
-                                "offload_folder": None if offload_folder is None else str(offload_folder)}
+        result["device_map"] = {
+            "map": device_map,
+            "max_memory": placements[0].max_memory,
+            "offload_folder": None if offload_folder is None else str(offload_folder),
+        }
     if ppl:
-        result["ppl_text"] = {"eval_file": eval_file, "eval_windows": text_cfg.eval_windows,
-                              "seq_len": text_cfg.seq_len}
+        result["ppl_text"] = {
+            "eval_file": eval_file,
+            "eval_windows": text_cfg.eval_windows,
+            "seq_len": text_cfg.seq_len,
+        }
     print_table(result)
     if out is not None:
         for path in write_outputs(result, out):

@@ -11,30 +11,53 @@ PRECISIONS = ("auto", "bf16", "fp32")  # gac.heal.distill.PRECISIONS, spelled he
 TRAINED = ("all", "changed")  # gac.heal.distill.TRAINED, likewise
 
 HEAL_OPTIONS = (
-    click.option("--heal-file", type=click.Path(dir_okay=False),
-                 help="Text to heal on [default: the calibration text and as many tokens of the standard "
-                      "library's sources]; windows sharing text with the evaluation text are left out."),
-    click.option("--heal-tokens", type=Int(1, 10**10, example=98304),
-                 help="Training tokens [default: 98304: 96 steps of 2 x 512 tokens]."),
-    click.option("--heal-samples", type=Int(0, 100000, example=64),
-                 help="Windows sampled from the original beside the healing text, so healing fits no one domain "
-                      "[default: 0, none; e.g. 64]."),
-    click.option("--heal-lr", type=Real(0, 1, example=3e-4),
-                 help="Peak learning rate [default: 3e-4]."),
-    click.option("--heal-train", type=click.Choice(TRAINED),
-                 help="Which tensors healing trains [default: all: every decoder tensor; changed: those the "
-                      "compression changed (factor pairs, pruned weights) and the norms, steps 1.1-1.2x faster]."),
-    click.option("--hidden-weight", type=Real(None, None, example=1.0),
-                 help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only]."),
-    click.option("--ce-weight", type=Real(None, None, example=0.5),
-                 help="Weight of the cross-entropy on the healing text's own tokens beside the logits' KL "
-                      "[default: 0.5; 0: the KL alone, the original's distributions only]."),
-    click.option("--heal-precision", type=click.Choice(PRECISIONS),
-                 help="Matmuls in bf16 (weights and optimizer stay fp32) or fp32 [default: auto: bf16 where the "
-                      "device has it natively]."),
-    click.option("--unlike-file", type=click.Path(dir_okay=False),
-                 help="Evaluation text unlike the calibration text [default: Python's licence, LICENSE.txt, and IDLE's "
-                      "release notes, idlelib/NEWS.txt, where installed]."),
+    click.option(
+        "--heal-file",
+        type=click.Path(dir_okay=False),
+        help="Text to heal on [default: the calibration text and as many tokens of the standard "
+        "library's sources]; windows sharing text with the evaluation text are left out.",
+    ),
+    click.option(
+        "--heal-tokens",
+        type=Int(1, 10**10, example=98304),
+        help="Training tokens [default: 98304: 96 steps of 2 x 512 tokens].",
+    ),
+    click.option(
+        "--heal-samples",
+        type=Int(0, 100000, example=64),
+        help="Windows sampled from the original beside the healing text, so healing fits no one domain "
+        "[default: 0, none; e.g. 64].",
+    ),
+    click.option("--heal-lr", type=Real(0, 1, example=3e-4), help="Peak learning rate [default: 3e-4]."),
+    click.option(
+        "--heal-train",
+        type=click.Choice(TRAINED),
+        help="Which tensors healing trains [default: all: every decoder tensor; changed: those the "
+        "compression changed (factor pairs, pruned weights) and the norms, steps 1.1-1.2x faster].",
+    ),
+    click.option(
+        "--hidden-weight",
+        type=Real(None, None, example=1.0),
+        help="Weight of hidden-state matching beside the logits' KL [default: 0, logits only].",
+    ),
+    click.option(
+        "--ce-weight",
+        type=Real(None, None, example=0.5),
+        help="Weight of the cross-entropy on the healing text's own tokens beside the logits' KL "
+        "[default: 0.5; 0: the KL alone, the original's distributions only].",
+    ),
+    click.option(
+        "--heal-precision",
+        type=click.Choice(PRECISIONS),
+        help="Matmuls in bf16 (weights and optimizer stay fp32) or fp32 [default: auto: bf16 where the "
+        "device has it natively].",
+    ),
+    click.option(
+        "--unlike-file",
+        type=click.Path(dir_okay=False),
+        help="Evaluation text unlike the calibration text [default: Python's licence, LICENSE.txt, and IDLE's "
+        "release notes, idlelib/NEWS.txt, where installed].",
+    ),
 )
 
 
@@ -44,8 +67,19 @@ def heal_options(f):
     return f
 
 
-def heal_config(*, heal_file=None, heal_tokens=None, heal_samples=None, heal_lr=None, heal_train=None,
-                hidden_weight=None, ce_weight=None, heal_precision=None, unlike_file=None, **rest):
+def heal_config(
+    *,
+    heal_file=None,
+    heal_tokens=None,
+    heal_samples=None,
+    heal_lr=None,
+    heal_train=None,
+    hidden_weight=None,
+    ce_weight=None,
+    heal_precision=None,
+    unlike_file=None,
+    **rest,
+):
     """gac.heal.HealConfig from the options given (the others keep the config's defaults); text files are read and
     checked now, before any model is loaded."""
     from gac.heal.distill import DistillConfig
@@ -55,12 +89,25 @@ def heal_config(*, heal_file=None, heal_tokens=None, heal_samples=None, heal_lr=
     for path, flag in ((heal_file, "--heal-file"), (unlike_file, "--unlike-file")):
         if path is not None:
             validate.read_text(path, "text file", flag)
-    given = {k: v for k, v in (("tokens", heal_tokens), ("lr", heal_lr), ("train", heal_train),
-                               ("hidden_weight", hidden_weight), ("ce_weight", ce_weight),
-                               ("precision", heal_precision)) if v is not None}
+    given = {
+        k: v
+        for k, v in (
+            ("tokens", heal_tokens),
+            ("lr", heal_lr),
+            ("train", heal_train),
+            ("hidden_weight", hidden_weight),
+            ("ce_weight", ce_weight),
+            ("precision", heal_precision),
+        )
+        if v is not None
+    }
     rest = {**rest, "samples": heal_samples}
-    return HealConfig(heal_file=heal_file, unlike_file=unlike_file, distill=DistillConfig(**given),
-                      **{k: v for k, v in rest.items() if v is not None})
+    return HealConfig(
+        heal_file=heal_file,
+        unlike_file=unlike_file,
+        distill=DistillConfig(**given),
+        **{k: v for k, v in rest.items() if v is not None},
+    )
 
 
 def describe(report: dict) -> list[str]:
@@ -69,12 +116,16 @@ def describe(report: dict) -> list[str]:
 
     p, r, run = report["ppl"], report["ratio_to_original"], report["run"]
     names = report["texts"]
-    lines = [f"healed on {run['tokens']:,} tokens of {names['train']} in {run['seconds']:.0f} s ({run['steps']} "
-             f"steps in {run.get('precision', 'fp32')} at peak lr {run.get('lr', 0):.2g}, "
-             f"{loss_name(report.get('config', {}))}, {run['stopped']}, kept step {run['best_step']})"]
+    lines = [
+        f"healed on {run['tokens']:,} tokens of {names['train']} in {run['seconds']:.0f} s ({run['steps']} "
+        f"steps in {run.get('precision', 'fp32')} at peak lr {run.get('lr', 0):.2g}, "
+        f"{loss_name(report.get('config', {}))}, {run['stopped']}, kept step {run['best_step']})"
+    ]
     for key in p["before"]:  # the held-out text, then each unlike text
-        lines.append(f"perplexity on {names[key]}: {p['before'][key]:.2f} ({r['before'][key]:.3f}x) -> "
-                     f"{p['after'][key]:.2f} ({r['after'][key]:.3f}x); original {p['original'][key]:.2f}")
+        lines.append(
+            f"perplexity on {names[key]}: {p['before'][key]:.2f} ({r['before'][key]:.3f}x) -> "
+            f"{p['after'][key]:.2f} ({r['after'][key]:.3f}x); original {p['original'][key]:.2f}"
+        )
     return lines
 
 
@@ -89,8 +140,26 @@ def describe(report: dict) -> list[str]:
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr, heal_train, hidden_weight,
-            ce_weight, heal_precision, unlike_file, eval_file, seq_len, eval_windows, device, force, quiet):
+def command(
+    model,
+    out,
+    original,
+    heal_file,
+    heal_tokens,
+    heal_samples,
+    heal_lr,
+    heal_train,
+    hidden_weight,
+    ce_weight,
+    heal_precision,
+    unlike_file,
+    eval_file,
+    seq_len,
+    eval_windows,
+    device,
+    force,
+    quiet,
+):
     """Recover MODEL (a gac output) by distillation from its original; dims and parameter count unchanged."""
     from gac.calibration.texts import TextConfig
     from gac.cli.output import setup_logging
@@ -100,12 +169,29 @@ def command(model, out, original, heal_file, heal_tokens, heal_samples, heal_lr,
     validate.output_dir(out, "--out", force=force)
     if eval_file is not None:
         validate.read_text(eval_file, "text file", "--eval-file")
-    text = TextConfig(**{k: v for k, v in (("eval_file", eval_file), ("seq_len", seq_len),
-                                           ("eval_windows", eval_windows)) if v is not None})
-    cfg = heal_config(heal_file=heal_file, heal_tokens=heal_tokens, heal_samples=heal_samples, heal_lr=heal_lr,
-                      heal_train=heal_train, hidden_weight=hidden_weight, ce_weight=ce_weight,
-                      heal_precision=heal_precision, unlike_file=unlike_file, original=original, text=text,
-                      device=device, force=force, progress=not quiet)
+    text = TextConfig(
+        **{
+            k: v
+            for k, v in (("eval_file", eval_file), ("seq_len", seq_len), ("eval_windows", eval_windows))
+            if v is not None
+        }
+    )
+    cfg = heal_config(
+        heal_file=heal_file,
+        heal_tokens=heal_tokens,
+        heal_samples=heal_samples,
+        heal_lr=heal_lr,
+        heal_train=heal_train,
+        hidden_weight=hidden_weight,
+        ce_weight=ce_weight,
+        heal_precision=heal_precision,
+        unlike_file=unlike_file,
+        original=original,
+        text=text,
+        device=device,
+        force=force,
+        progress=not quiet,
+    )
     from gac.heal.run import heal_dir
 
     result = heal_dir(model, out, cfg)

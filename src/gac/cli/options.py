@@ -9,10 +9,21 @@ from gac.errors import ConfigError, GacError
 
 # a config field (or one setting of it) -> the option that sets it: a ConfigError names fields, the CLI its flags
 CONFIG_FLAGS = {
-    "ratio": "--ratio", "speedup": "--speedup", "alignment": "--align", "align=False": "--no-align",
-    "profile": "--profile", "target": "--target", "layerwise": "--layerwise", "max_memory": "--max-memory",
-    "heal": "--heal", "quantize": "--quantize", "compressor": "--compressor", "drop_experts": "--drop-experts",
-    "param_cap": "--param-cap", "margin": "--margin", "phase": "--phase",
+    "ratio": "--ratio",
+    "speedup": "--speedup",
+    "alignment": "--align",
+    "align=False": "--no-align",
+    "profile": "--profile",
+    "target": "--target",
+    "layerwise": "--layerwise",
+    "max_memory": "--max-memory",
+    "heal": "--heal",
+    "quantize": "--quantize",
+    "compressor": "--compressor",
+    "drop_experts": "--drop-experts",
+    "param_cap": "--param-cap",
+    "margin": "--margin",
+    "phase": "--phase",
 }
 
 

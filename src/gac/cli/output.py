@@ -46,8 +46,12 @@ def setup_logging(quiet: bool = False) -> None:
     from rich.logging import RichHandler
 
     quiet_progress_when_redirected(quiet)
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
-                        handlers=[RichHandler(show_path=False, show_time=False)], force=True)
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(show_path=False, show_time=False)],
+        force=True,
+    )
     for noisy in ("transformers", "accelerate", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
@@ -71,12 +75,20 @@ def print_report(report: dict) -> None:
     for col in ("variant", "params", size_col, "aligned", "ppl", "prefill ms", "decode ms/tok", speed_col):
         table.add_column(col, justify="left" if col == "variant" else "right")
     for name, x in v.items():
-        def f(key, spec):
+
+        def f(key, spec, x=x):
             return "-" if x.get(key) is None else format(x[key], spec)
 
-        table.add_row(name, f"{x['params']:,}", f"{x['params'] / size_ref:.3f}",
-                      f"{x['aligned_fraction']:.2f}", f("ppl", ".2f"), f("prefill_ms", ".1f"),
-                      f("decode_ms_per_token", ".2f"), speed_text(x, speed_key, speed_ref, "-"))
+        table.add_row(
+            name,
+            f"{x['params']:,}",
+            f"{x['params'] / size_ref:.3f}",
+            f"{x['aligned_fraction']:.2f}",
+            f("ppl", ".2f"),
+            f("prefill_ms", ".1f"),
+            f("decode_ms_per_token", ".2f"),
+            speed_text(x, speed_key, speed_ref, "-"),
+        )
     console = Console()
     if not console.is_terminal:  # logs and pipes get the full table, not an 80-column squeeze
         console = Console(width=160)

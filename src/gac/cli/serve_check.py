@@ -12,8 +12,13 @@ from gac.cli.options import Int
 @click.option("--engine", type=click.Choice(["vllm"]), default="vllm", show_default=True, help="Serving engine.")
 @click.option("--tp", type=Int(1, 1024, example=2), default=1, show_default=True, help="Tensor parallel size.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
-@click.option("--max-tokens", type=Int(1, 4096, example=32), default=32, show_default=True,
-              help="Greedy tokens generated per prompt.")
+@click.option(
+    "--max-tokens",
+    type=Int(1, 4096, example=32),
+    default=32,
+    show_default=True,
+    help="Greedy tokens generated per prompt.",
+)
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the results (JSON).")
 def command(model_dirs, engine, tp, dtype, max_tokens, out) -> None:
     """Serve each MODEL_DIR in the engine and check it computes the model gac saved: greedy tokens of 8 prompts
@@ -40,13 +45,17 @@ def command(model_dirs, engine, tp, dtype, max_tokens, out) -> None:
     from gac.serve.agreement import kernel_counts
 
     for d, r in results.items():
-        click.echo(f"{d}: {r['token_agreement']:.1%} of {r['positions']} greedy tokens agree (teacher-forced "
-                   f"{r['teacher_forced_agreement']:.1%}, greedy prefix {r['greedy_prefix']:.1%}); prompt log-probs "
-                   f"max |diff| {r['prompt_logprob_max_abs_diff']:.1e}; vLLM loaded it in {r['vllm_load_s']:.0f} s")
+        click.echo(
+            f"{d}: {r['token_agreement']:.1%} of {r['positions']} greedy tokens agree (teacher-forced "
+            f"{r['teacher_forced_agreement']:.1%}, greedy prefix {r['greedy_prefix']:.1%}); prompt log-probs "
+            f"max |diff| {r['prompt_logprob_max_abs_diff']:.1e}; vLLM loaded it in {r['vllm_load_s']:.0f} s"
+        )
         counts = kernel_counts(r["kernels"])
         click.echo("  linears: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])))
         if r["kernels_planned"] is not None and counts != r["kernels_planned"]:
-            raise GacError(f"vLLM ran {d}'s linears as {counts}, not as its quantize.json plans "
-                           f"({r['kernels_planned']}): re-run `gac quantize` with this vLLM version")
+            raise GacError(
+                f"vLLM ran {d}'s linears as {counts}, not as its quantize.json plans "
+                f"({r['kernels_planned']}): re-run `gac quantize` with this vLLM version"
+            )
     if out:
         write_text(out, json.dumps(results, indent=2), flag="--out")

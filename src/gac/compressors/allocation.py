@@ -12,7 +12,7 @@ from gac.models.kinds.rank import max_useful_rank
 DENSE = None  # a weight whose allocation reaches the break-even rank stays dense
 
 
-def greedy_steps(gains: list[np.ndarray], costs: list[np.ndarray], used: int, budget: int) -> list[int]:
+def greedy_steps(gains: list[np.ndarray], costs: list[np.ndarray], used: float, budget: float) -> list[int]:
     """The one greedy allocator: hand out each item's successive steps, best gain per parameter first.
 
     gains[i][j], costs[i][j]: the importance and the parameters of item i's j-th further step (taken in order);
@@ -35,8 +35,14 @@ def greedy_steps(gains: list[np.ndarray], costs: list[np.ndarray], used: int, bu
     return taken
 
 
-def allocate_ranks(energies: list[np.ndarray], scores: list[float], shapes: list[tuple[int, int]],
-                   budget: int, *, allow_dense: bool = True) -> list[int | None]:
+def allocate_ranks(
+    energies: list[np.ndarray],
+    scores: list[float],
+    shapes: list[tuple[int, int]],
+    budget: int,
+    *,
+    allow_dense: bool = True,
+) -> list[int | None]:
     """Greedy global allocation of rank units by importance gained per parameter.
 
     energies[i]: energy fraction per singular direction of weight i (descending, sums to 1).

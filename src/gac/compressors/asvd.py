@@ -39,8 +39,14 @@ class ASVDCompressor(LowRankCompressor):
         # Measured sensitivity (base.measured_sensitivity); without probe text, activation-weighted magnitude
         # ||W diag(mean|x|)||^2 / numel.
         if probe is None:
-            return [float((model.get_submodule(u.group.linear).weight.detach().float()
-                           * stats[u.group.linear].mean_abs).pow(2).mean()) for u in units]
+            return [
+                float(
+                    (model.get_submodule(u.group.linear).weight.detach().float() * stats[u.group.linear].mean_abs)
+                    .pow(2)
+                    .mean()
+                )
+                for u in units
+            ]
         return self.measured_sensitivity(model, units, probe, keep, progress)
 
 

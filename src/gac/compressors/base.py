@@ -14,15 +14,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
 
 from gac.compressors.allocation import DENSE, allocate_ranks
-from gac.compressors.loss_model import (allocate_by_curves, lowrank_loss_curve, lowrank_options, slope_at,
-                                        truncation_factors)
 from gac.compressors.linalg import ScaledSVD, factorize_from_svd, scaled_svd
+from gac.compressors.loss_model import (
+    allocate_by_curves,
+    lowrank_loss_curve,
+    lowrank_options,
+    slope_at,
+    truncation_factors,
+)
 from gac.compressors.quality import curve_quality, energy_quality
 from gac.errors import GacError
 from gac.hw.threads import map_side_by_side
@@ -39,7 +46,9 @@ class Unit:
 
     group: DimGroup
     score: float = 0.0
-    raw_score: float = 0.0  # the score before normalization (a layer-wise analysis normalizes over all layers at the end)
+    raw_score: float = (
+        0.0  # the score before normalization (a layer-wise analysis normalizes over all layers at the end)
+    )
 
     @property
     def name(self) -> str:
@@ -101,21 +110,41 @@ class Unit:
         return False
 
 
+GroupT = TypeVar("GroupT", bound=DimGroup)  # the kind of group a compressor resizes
+UnitT = TypeVar("UnitT", bound=Unit)  # the unit it analyzes them into
+
+
 @dataclass
 class LowRankUnit(Unit):
     """A rank group with the spectrum of its (scaled) weight and, with importance "output", the loss model's
     curve: predicted loss increase at rank 0..max_dim (gac.compressors.loss_model)."""
 
+    group: RankGroup
     svd: ScaledSVD | None = None
     curve: np.ndarray | None = None
     factors: tuple[torch.Tensor, torch.Tensor] | None = None  # (A [max_dim, in], B [out, max_dim]), loaded
 
+    @property
+    def spectrum(self) -> ScaledSVD:
+        """The scaled SVD factorize_units set (after release_factors, its singular values alone)."""
+        if self.svd is None:
+            raise GacError(f"{self.name} has no SVD: the compressor's factorize_units has not run on it")
+        return self.svd
+
+    @property
+    def loss_curve(self) -> np.ndarray:
+        """The loss model's curve (importance "output": add_loss_curves set it)."""
+        if self.curve is None:
+            raise GacError(f"{self.name} has no loss-model curve: analyze it with importance 'output'")
+        return self.curve
+
     def options(self) -> tuple[np.ndarray, np.ndarray]:
         """(predicted loss, parameters) of rank 0..max_dim, then dense when the group allows it."""
-        return lowrank_options(self.curve, self.in_features, self.out_features, self.group.allows_dense)
+        return lowrank_options(self.loss_curve, self.in_features, self.out_features, self.group.allows_dense)
 
     def loss_gains(self, dim: int, candidates: list[int]) -> list[float] | None:
-        """The loss model's quality (quality_values) at each candidate, relative to d*: one model for both objectives."""
+        """The loss model's quality (quality_values) at each candidate, relative to d*: one model for both
+        objectives."""
         if self.curve is None:
             return None
         at_dim, *at_candidates = curve_quality(self.curve, [dim, *candidates])
@@ -137,7 +166,7 @@ class LowRankUnit(Unit):
         carries."""
         if self.curve is not None:
             return curve_quality(self.curve, candidates)
-        energy = self.svd.energy_fraction.double().cpu().numpy()  # share of ||W S||^2 per singular direction
+        energy = self.spectrum.energy_fraction.double().cpu().numpy()  # share of ||W S||^2 per singular direction
         return energy_quality(energy, self.score * self.numel, candidates)
 
     @property
@@ -156,12 +185,13 @@ class LowRankUnit(Unit):
         if self.curve is not None:
             losses, costs = self.options()
             return slope_at(losses, costs, min(rank, self.max_dim), SLOPE_SPAN)
-        energy = self.svd.energy_fraction
+        energy = self.spectrum.energy_fraction
         return self.score * self.numel * float(energy[min(rank, energy.numel() - 1)]) / self.params_per_dim
 
 
-class Compressor:
-    """What every compressor shares: its config, its importance proxy, materialization through surgery."""
+class Compressor(Generic[GroupT, UnitT]):
+    """What every compressor shares: its config, its importance proxy, materialization through surgery. GroupT: the
+    kind of group it resizes; UnitT: the unit analyze makes of each."""
 
     name = "compressor"
     own_xtx = False  # whether the cut itself needs X^T X (whitening)
@@ -185,7 +215,10 @@ class Compressor:
         own."""
         return getattr(self.config, "importance", None)
 
-    measures_sensitivity = False  # whether analyze runs the whole model once per weight (LowRankCompressor's)
+    @property
+    def measures_sensitivity(self) -> bool:
+        """Whether analyze runs the whole model once per weight (LowRankCompressor's may)."""
+        return False
 
     @property
     def needs_windows(self) -> bool:
@@ -194,21 +227,39 @@ class Compressor:
 
         return self.proxy in (*GRADIENT_PROXIES, OUTPUT)
 
-    def groups(self, model) -> list[DimGroup]:
+    def groups(self, model) -> Sequence[GroupT]:
         raise NotImplementedError
 
-    def cut(self, unit: Unit, dim: int):
+    def analyze(
+        self,
+        model,
+        groups: Sequence[GroupT],
+        stats: dict,
+        *,
+        probe=None,
+        keep: float = 0.85,
+        progress: bool = True,
+        windows=None,
+    ) -> list[UnitT]:
+        """One unit per group: its importance and, where the compressor has one, its loss model."""
         raise NotImplementedError
 
-    def normalize(self, units: list[Unit], scores) -> list[Unit]:
+    def allocate(self, units: list[UnitT], budget: int) -> dict[str, int | None]:
+        """The compressor's own (unaligned) dims d* under `budget` parameters; None keeps a group whole."""
+        raise NotImplementedError
+
+    def cut(self, unit: UnitT, dim: int):
+        raise NotImplementedError
+
+    def normalize(self, units: list[UnitT], scores) -> list[UnitT]:
         """Scores per parameter made relative (mean 1 over `units`)."""
         return normalize_scores(units, scores)
 
-    def factorize_units(self, model, units: list[Unit], stats: dict) -> None:
+    def factorize_units(self, model, units: list[UnitT], stats: dict) -> None:
         """What `cut` needs beyond the units' importance (the low-rank factors), from the weights and calibration
         statistics of the units' layer. Nothing for compressors whose units hold all they cut by."""
 
-    def cut_state(self, model, units: list[Unit]) -> dict:
+    def cut_state(self, model, units: list[UnitT]) -> dict:
         """{key: tensor}: what `cut` needs beyond what release_factors keeps, for every dim selection may ask. A
         compressor that overrides factorize_units overrides this too; empty for units that hold all they cut by."""
         return {}
@@ -218,20 +269,20 @@ class Compressor:
         (gac.pipelines.memory.Shapes): what the memory forecast counts for the layer-wise factor cache."""
         return 0
 
-    def load_cut_state(self, units: list[Unit], tensors: dict) -> None:
+    def load_cut_state(self, units: list[UnitT], tensors: dict) -> None:
         """Give `units` back what cut_state returned (the tensors may be read from disk)."""
 
-    def release_factors(self, units: list[Unit]) -> None:
+    def release_factors(self, units: list[UnitT]) -> None:
         """Drop what factorize_units computed, keeping what selection reads (spectra, curves, importances)."""
 
-    def materialize(self, model, units: list[Unit], dims: dict) -> dict:
+    def materialize(self, model, units: list[UnitT], dims: dict) -> dict:
         """Cut every unit whose dim is not None into `model`, in place; returns the model's saved structure."""
         from gac.models.structure import structure_of
 
         self.materialize_units(model, units, dims)
         return structure_of(model)
 
-    def built(self, model, units: list[Unit], dims: dict):
+    def built(self, model, units: list[UnitT], dims: dict):
         """A copy of `model` cut to `dims`, in eval mode; `model` itself is left as it is (a variant to time or
         evaluate beside it)."""
         import copy
@@ -240,7 +291,7 @@ class Compressor:
         self.materialize_units(copied, units, dims)
         return copied.eval()
 
-    def materialize_units(self, model, units: list[Unit], dims: dict) -> None:
+    def materialize_units(self, model, units: list[UnitT], dims: dict) -> None:
         """Cut every unit whose dim is not None into `model`, in place (through gac.models.surgery); a unit whose
         group changes the model even whole (DimGroup.changes_whole: experts dropped) is cut at its max_dim."""
         from gac.models import surgery
@@ -256,7 +307,7 @@ class Compressor:
         surgery.apply(model, cuts)
 
 
-def normalize_scores(units: list[Unit], scores) -> list[Unit]:
+def normalize_scores(units: list[UnitT], scores) -> list[UnitT]:
     """Set each unit's score to its share of the mean (mean 1 over the units)."""
     mean = float(np.mean(scores)) or 1.0
     for u, s in zip(units, scores):
@@ -264,13 +315,13 @@ def normalize_scores(units: list[Unit], scores) -> list[Unit]:
     return units
 
 
-class LowRankCompressor(Compressor):
+class LowRankCompressor(Compressor[RankGroup, LowRankUnit]):
     """Factorize every compressible linear as b(a(x)). Subclasses define the input scaling and the importance."""
 
     name = "lowrank"
     factorizes = True
 
-    def groups(self, model) -> list[RankGroup]:
+    def groups(self, model) -> Sequence[RankGroup]:
         return groups_of(model, "rank")
 
     # --- what subclasses change -------------------------------------------------------------
@@ -278,13 +329,13 @@ class LowRankCompressor(Compressor):
         """Per-input-channel scale applied before the SVD (None: plain SVD)."""
         return None
 
-    def importance(self, model, units: list[LowRankUnit], stats: dict, probe, keep: float,
-                   progress: bool) -> list[float]:
+    def importance(
+        self, model, units: list[LowRankUnit], stats: dict, probe, keep: float, progress: bool
+    ) -> list[float]:
         """Importance per parameter of each weight, before normalization. Default: weight magnitude."""
         return [float(model.get_submodule(u.group.linear).weight.detach().float().pow(2).mean()) for u in units]
 
-    def measured_sensitivity(self, model, units: list[LowRankUnit], probe, keep: float,
-                             progress: bool) -> list[float]:
+    def measured_sensitivity(self, model, units: list[LowRankUnit], probe, keep: float, progress: bool) -> list[float]:
         """ASVD's sensitivity: the calibration-loss rise when a weight alone is truncated, per unit of its lost
         (scaled) spectral energy, spread over the weight's parameters."""
         from gac.compressors.sensitivity import loss_per_energy
@@ -299,11 +350,19 @@ class LowRankCompressor(Compressor):
         return self.proxy is None and type(self).importance is not LowRankCompressor.importance
 
     # --- shared -------------------------------------------------------------------------------
-    def analyze(self, model, groups: list[RankGroup], stats: dict, *, probe=None, keep: float = 0.85,
-                progress: bool = True, windows=None) -> list[LowRankUnit]:
+    def analyze(
+        self,
+        model,
+        groups: Sequence[RankGroup],
+        stats: dict,
+        *,
+        probe=None,
+        keep: float = 0.85,
+        progress: bool = True,
+        windows=None,
+    ) -> list[LowRankUnit]:
         """Scaled SVD of every weight and its importance (probe: a short calibration window for measured
         importance; keep: 1 - ratio; windows: the calibration windows, for a gradient-based proxy)."""
-        from tqdm.auto import tqdm
 
         from gac.calibration.importance import OUTPUT
 
@@ -311,14 +370,16 @@ class LowRankCompressor(Compressor):
         self.factorize_units(model, units, stats, progress=progress)
         if self.proxy == OUTPUT:
             add_loss_curves(model, units, stats, windows, progress)
-            scores = [float(u.curve[0]) / u.numel for u in units]  # predicted loss of the weight removed, per param
+            # predicted loss of the weight removed, per param
+            scores = [float(u.loss_curve[0]) / u.numel for u in units]
         elif self.proxy is None:
             scores = self.importance(model, units, stats, probe, keep, progress)
         else:
             from gac.calibration.importance import weight_scores
 
-            scores = weight_scores(self.proxy, model, linears_of(groups), stats=stats, windows=windows,
-                                   progress=progress)
+            scores = weight_scores(
+                self.proxy, model, linears_of(groups), stats=stats, windows=windows, progress=progress
+            )
         return self.normalize(units, scores)
 
     def factorize_units(self, model, units: list[LowRankUnit], stats: dict, progress: bool = False) -> None:
@@ -331,8 +392,12 @@ class LowRankCompressor(Compressor):
 
         device = model.get_submodule(units[0].group.linear).weight.device if units else "cpu"
         with tqdm(total=len(units), desc=f"{self.name}: factorizing", unit="weight", disable=not progress) as bar:
-            for u, svd in zip(units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work,
-                                                      on_done=bar.update, device=device)):
+            for u, svd in zip(
+                units,
+                map_side_by_side(
+                    factorize, units, cost=lambda u: u.factorization_work, on_done=bar.update, device=device
+                ),
+            ):
                 u.svd = svd
 
     def cut_state(self, model, units: list[LowRankUnit]) -> dict:
@@ -341,7 +406,7 @@ class LowRankCompressor(Compressor):
         state = {}
         for u in units:
             dtype = model.get_submodule(u.group.linear).weight.dtype
-            A, B = max_rank_factors(u.svd, u.max_dim)
+            A, B = max_rank_factors(u.spectrum, u.max_dim)
             state[f"{u.name}.A"], state[f"{u.name}.B"] = A.to(dtype), B.to(dtype)
         return state
 
@@ -368,7 +433,7 @@ class LowRankCompressor(Compressor):
         if all(u.curve is not None for u in units):
             return allocate_by_loss_model(units, budget)
         ranks = allocate_ranks(
-            [u.svd.energy_fraction.cpu().numpy() for u in units],
+            [u.spectrum.energy_fraction.cpu().numpy() for u in units],
             [u.score for u in units],
             [(u.out_features, u.in_features) for u in units],
             budget,
@@ -382,10 +447,12 @@ class LowRankCompressor(Compressor):
         the one at max_dim in the last bits."""
         from gac.models.surgery import Factors
 
-        A, B = unit.factors or max_rank_factors(unit.svd, max(dim, unit.max_dim))
+        A, B = unit.factors or max_rank_factors(unit.spectrum, max(dim, unit.max_dim))
         if dim > A.shape[0]:
-            raise GacError(f"{unit.name}: rank {dim} is above the {A.shape[0]} its factors were cached at (the "
-                           "largest rank that saves parameters): keep the weight dense instead")
+            raise GacError(
+                f"{unit.name}: rank {dim} is above the {A.shape[0]} its factors were cached at (the "
+                "largest rank that saves parameters): keep the weight dense instead"
+            )
         # copies: a view would keep every weight's max-rank factors alive until the whole model is cut
         return Factors(A[:dim].clone(), B[:, :dim].clone())
 
@@ -413,14 +480,14 @@ def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progr
         raise GacError("importance 'output' needs X^T X from calibration: calibrate with xtx=compressor.needs_xtx")
 
     def curve(u: LowRankUnit) -> np.ndarray:
-        g, svd, linear_stats = u.group, u.svd, stats[u.group.linear]
+        g, svd, linear_stats = u.group, u.spectrum, stats[u.group.linear]
+        U, Vh = svd.vectors()
         # C = X^T X / tokens, applied to Q [k, k] instead of to X^T X [in, in]: no second [in, in] float64 copy
         # (1.6 GiB for a 14336-wide input)
-        s, P, Q = truncation_factors(svd.U, svd.S, svd.Vh, svd.scale, linear_stats.xtx,
-                                     fishers[g.linear][g.rows].to(svd.U.device))
+        s, P, Q = truncation_factors(U, svd.S, Vh, svd.scale, linear_stats.xtx, fishers[g.linear][g.rows].to(U.device))
         return lowrank_loss_curve(s, P, Q / max(linear_stats.tokens, 1), u.max_dim)
 
-    device = units[0].svd.U.device if units else "cpu"
+    device = units[0].spectrum.vectors()[0].device if units else "cpu"
     for u, c in zip(units, map_side_by_side(curve, units, cost=lambda u: u.factorization_work, device=device)):
         u.curve = c
     log.info("loss model: %d curves in %.1f s", len(units), time.perf_counter() - start)
@@ -437,5 +504,14 @@ def allocate_by_loss_model(units: list[LowRankUnit], budget: int) -> dict[str, i
     return {u.name: (DENSE if j > u.max_dim else int(j)) for u, j in zip(units, picks)}
 
 
-__all__ = ["DENSE", "Compressor", "LowRankCompressor", "LowRankUnit", "Unit", "add_loss_curves",
-           "allocate_by_loss_model", "max_rank_factors", "normalize_scores"]
+__all__ = [
+    "DENSE",
+    "Compressor",
+    "LowRankCompressor",
+    "LowRankUnit",
+    "Unit",
+    "add_loss_curves",
+    "allocate_by_loss_model",
+    "max_rank_factors",
+    "normalize_scores",
+]

@@ -18,10 +18,16 @@ class ScaledSVD:
     S is diag(scale) for a per-channel scale [in] (ASVD), or a lower-triangular whitening matrix [in, in]
     (SVD-LLM), or None (plain SVD)."""
 
-    U: torch.Tensor  # [out, k]
+    U: torch.Tensor | None  # [out, k]; None once released (gac.compressors.base: the spectrum kept alone)
     S: torch.Tensor  # [k], descending
-    Vh: torch.Tensor  # [k, in]
+    Vh: torch.Tensor | None  # [k, in]; None once released
     scale: torch.Tensor | None  # [in] (diagonal), [in, in] (lower-triangular) or None
+
+    def vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(U, Vh), which a released SVD (the spectrum alone) no longer has."""
+        if self.U is None or self.Vh is None:
+            raise ValueError("this SVD's singular vectors were released: only its spectrum is left")
+        return self.U, self.Vh
 
     @property
     def energy_fraction(self) -> torch.Tensor:
@@ -73,8 +79,9 @@ def gram32_holds(S: torch.Tensor, rank: int | None = None) -> bool:
     return torch.finfo(torch.float32).eps * float(S[0] / S[k]) ** 2 <= GRAM32_TOLERANCE
 
 
-def scaled_svd(weight: torch.Tensor, scale: torch.Tensor | None = None, method: str = "svd",
-               max_rank: int | None = None) -> ScaledSVD:
+def scaled_svd(
+    weight: torch.Tensor, scale: torch.Tensor | None = None, method: str = "svd", max_rank: int | None = None
+) -> ScaledSVD:
     """SVD of weight @ S in float32: S = diag(scale) for a positive per-input-channel scale [in] (ASVD), or a
     lower-triangular whitening matrix [in, in] (SVD-LLM, from `whiten`). method "svd": torch.linalg.svd (LAPACK);
     "gram": from the eigendecomposition of the smaller Gram matrix in float64 (`gram_svd`); "gram32": the same in
@@ -114,9 +121,10 @@ def factorize_from_svd(svd: ScaledSVD, rank: int) -> tuple[torch.Tensor, torch.T
     """Rank-r factors (A [r, in], B [out, r]) with W ~= B @ A; sqrt(S) is split between both sides."""
     if not 1 <= rank <= svd.S.numel():
         raise ValueError(f"rank {rank} outside [1, {svd.S.numel()}]")
+    U, Vh = svd.vectors()
     root = svd.S[:rank].sqrt()  # [r]
-    B = svd.U[:, :rank] * root  # [out, r]
-    A = root[:, None] * svd.Vh[:rank]  # [r, in]
+    B = U[:, :rank] * root  # [out, r]
+    A = root[:, None] * Vh[:rank]  # [r, in]
     if svd.scale is not None and svd.scale.dim() == 1:
         A = A / svd.scale  # undo the input scaling: W S = B A'  =>  W = B (A' S^-1)
     elif svd.scale is not None:

@@ -16,6 +16,8 @@ holds for asvd, svd_llm and palu (and would for any other factorization given it
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import torch
 
@@ -23,8 +25,14 @@ from gac.calibration.gram import Gram
 from gac.compressors.allocation import greedy_steps
 
 
-def truncation_factors(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, scale: torch.Tensor | None,
-                       gram: Gram, out_fisher: torch.Tensor | None = None):
+def truncation_factors(
+    U: torch.Tensor,
+    S: torch.Tensor,
+    Vh: torch.Tensor,
+    scale: torch.Tensor | None,
+    gram: Gram,
+    out_fisher: torch.Tensor | None = None,
+):
     """(s [k], P [k, k], Q [k, k]) in float64 for the curve of the factorization W S = U diag(S) Vh.
 
     scale: None, [in] (W S = W diag(scale)) or [in, in] lower-triangular (W S = W @ scale).
@@ -77,8 +85,9 @@ def lower_hull(costs: np.ndarray, losses: np.ndarray, start: int = 0) -> list[in
     return hull
 
 
-def allocate_by_curves(curves: list[np.ndarray], costs: list[np.ndarray], budget: float,
-                       start: list[int] | None = None) -> list[int]:
+def allocate_by_curves(
+    curves: list[np.ndarray], costs: list[np.ndarray], budget: float, start: list[int] | None = None
+) -> list[int]:
     """Choose one option per unit minimizing the summed predicted loss under a parameter budget.
 
     curves[i][j]: predicted loss of unit i at option j; costs[i][j]: its parameters (increasing in j).
@@ -94,8 +103,8 @@ def allocate_by_curves(curves: list[np.ndarray], costs: list[np.ndarray], budget
         raise ValueError(f"the smallest options cost {used:.0f} > budget {budget:.0f}")
     hulls = [lower_hull(np.asarray(costs[i], float), np.asarray(curves[i], float), start[i]) for i in range(n)]
     # the hull's segments are steps with non-increasing loss decrease per parameter: the one greedy allocator
-    gains = [np.array([float(curves[i][a] - curves[i][b]) for a, b in zip(h, h[1:])]) for i, h in enumerate(hulls)]
-    steps = [np.array([costs[i][b] - costs[i][a] for a, b in zip(h, h[1:])]) for i, h in enumerate(hulls)]
+    gains = [np.array([float(curves[i][a] - curves[i][b]) for a, b in pairwise(h)]) for i, h in enumerate(hulls)]
+    steps = [np.array([costs[i][b] - costs[i][a] for a, b in pairwise(h)]) for i, h in enumerate(hulls)]
     taken = greedy_steps(gains, steps, used, budget)
     pos = [h[t] for h, t in zip(hulls, taken)]
     used = float(sum(costs[i][pos[i]] for i in range(n)))
@@ -103,12 +112,12 @@ def allocate_by_curves(curves: list[np.ndarray], costs: list[np.ndarray], budget
     while True:
         best = None
         for i in range(n):
-            c, l = costs[i], curves[i]
+            c, loss = costs[i], curves[i]
             for j in range(pos[i] + 1, len(c)):
                 dc = float(c[j] - c[pos[i]])
                 if used + dc > budget:
                     break
-                gain = float(l[pos[i]] - l[j])
+                gain = float(loss[pos[i]] - loss[j])
                 if gain > 0 and (best is None or gain / max(dc, 1e-12) > best[0]):
                     best = (gain / max(dc, 1e-12), i, j, dc)
         if best is None:

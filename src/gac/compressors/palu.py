@@ -7,6 +7,7 @@ and GEMM shapes are what change."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gac.compressors.base import LowRankCompressor, LowRankUnit, add_loss_curves, normalize_scores
@@ -37,7 +38,7 @@ class PaluCompressor(LowRankCompressor):
     def proxy(self) -> str:
         return self.config.importance
 
-    def groups(self, model) -> list[HeadRankGroup]:
+    def groups(self, model) -> Sequence[HeadRankGroup]:
         return groups_of(model, "head_rank", heads_per_group=self.config.group_size)
 
     def analyze(self, model, groups, stats, *, probe=None, keep=0.85, progress=True, windows=None):
@@ -48,7 +49,7 @@ class PaluCompressor(LowRankCompressor):
         self.factorize_units(model, units, stats)
         if self.proxy == OUTPUT:
             add_loss_curves(model, units, stats, windows, progress)
-            scores = [float(u.curve[0]) / u.numel for u in units]  # predicted loss of the group removed, per param
+            scores = [float(u.loss_curve[0]) / u.numel for u in units]  # predicted loss of the group removed, per param
         else:
             measured = measure(self.proxy, model, linears, stats=stats, windows=windows, progress=progress)
             scores = [float(measured[u.group.linear].out[u.group.rows].double().sum()) / u.numel for u in units]
@@ -77,8 +78,9 @@ class PaluCompressor(LowRankCompressor):
             w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [rows, hidden]
             return scaled_svd(w, whitened[u.group.linear], self.factorization, u.max_dim)
 
-        for u, svd in zip(units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work,
-                                                  device=device)):
+        for u, svd in zip(
+            units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work, device=device)
+        ):
             u.svd = svd
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -18,7 +20,15 @@ from gac.compressors.base import Compressor, Unit, normalize_scores
 from gac.compressors.quality import pruned_quality
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
-from gac.models.groups import DimGroup, check_heads_prunable, groups_of, linears_of
+from gac.models.groups import (
+    DimGroup,
+    ExpertWidthGroup,
+    HeadGroup,
+    WidthGroup,
+    check_heads_prunable,
+    groups_of,
+    linears_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +40,7 @@ def parse_layers(spec) -> tuple[int, ...] | str | None:
     if spec is None or spec == "all":
         return spec
     if isinstance(spec, str):
-        out = []
+        out: list[int] = []
         try:
             for part in filter(None, (p.strip() for p in spec.split(","))):
                 lo, _, hi = part.partition("-")
@@ -61,8 +71,10 @@ class PruneConfig:
         object.__setattr__(self, "layers", parse_layers(self.layers))
         f = self.drop_experts
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
-            raise GacError(f"--drop-experts {f!r} is outside [0, 1): pass the share of each MoE layer's experts to "
-                           "drop, e.g. --drop-experts 0.25")
+            raise GacError(
+                f"--drop-experts {f!r} is outside [0, 1): pass the share of each MoE layer's experts to "
+                "drop, e.g. --drop-experts 0.25"
+            )
 
 
 def experts_dropped(fraction: float, num_experts: int) -> int:
@@ -106,13 +118,15 @@ class PrunedUnit(Unit):
 class MLPUnit(PrunedUnit):
     """A layer's MLP width group; dim = kept intermediate channels (producer rows, consumer columns)."""
 
-    channel_importance: np.ndarray | None = None  # [intermediate] float64
+    group: WidthGroup
+    channel_importance: np.ndarray = field(kw_only=True)  # [intermediate] float64
 
     @classmethod
     def scored(cls, group, scores):
         parts = group.parts  # a fused gate_up: each channel's gate row and up row
-        imp = (sum(_vec(scores[n].out).reshape(parts, -1).sum(0) for n in group.producers)
-               + sum(_vec(scores[n].inp) for n in group.consumers))
+        imp = sum(_vec(scores[n].out).reshape(parts, -1).sum(0) for n in group.producers) + sum(
+            _vec(scores[n].inp) for n in group.consumers
+        )
         return cls(group, channel_importance=imp)  # [intermediate]
 
     @property
@@ -135,8 +149,9 @@ class MLPUnit(PrunedUnit):
 class AttentionUnit(PrunedUnit):
     """A layer's attention head group (gac.models.groups.HeadGroup: whole KV groups, or query heads per group)."""
 
-    head_importance: np.ndarray | None = None  # [num_heads] q rows + o columns of each query head
-    kv_importance: np.ndarray | None = None  # [num_kv_heads] k and v rows of each KV head
+    group: HeadGroup
+    head_importance: np.ndarray = field(kw_only=True)  # [num_heads] q rows + o columns of each query head
+    kv_importance: np.ndarray = field(kw_only=True)  # [num_kv_heads] k and v rows of each KV head
 
     @classmethod
     def scored(cls, group, scores):
@@ -182,7 +197,8 @@ class ExpertsUnit(PrunedUnit):
     expert its own best ones. A group dropping experts (--drop-experts) keeps its most important ones: the width's
     steps and the cut are over those alone."""
 
-    channel_importance: np.ndarray | None = None  # [E, intermediate] float64
+    group: ExpertWidthGroup
+    channel_importance: np.ndarray = field(kw_only=True)  # [E, intermediate] float64
     experts: torch.Tensor | None = None  # the experts kept, ascending (None: every one)
 
     @classmethod
@@ -217,7 +233,7 @@ class ExpertsUnit(PrunedUnit):
         return KeepExperts(channels, self.experts)
 
 
-UNITS = {"mlp": MLPUnit, "heads": AttentionUnit, "experts": ExpertsUnit}  # group kind -> its pruned unit
+UNITS: dict[str, type[PrunedUnit]] = {"mlp": MLPUnit, "heads": AttentionUnit, "experts": ExpertsUnit}  # kind -> unit
 
 
 def _top(importance: np.ndarray, k: int) -> torch.Tensor:
@@ -227,8 +243,9 @@ def _top(importance: np.ndarray, k: int) -> torch.Tensor:
 
 
 # --- how much to keep: pure numpy --------------------------------------------------------------------------
-def allocate_steps(gains: list[np.ndarray], step_costs: list[int], min_steps: list[int], fixed: list[int],
-                   budget: int) -> list[int]:
+def allocate_steps(
+    gains: list[np.ndarray], step_costs: list[int], min_steps: list[int], fixed: list[int], budget: int
+) -> list[int]:
     """Greedy global allocation of steps (channels, heads, groups) by importance per parameter
     (gac.compressors.allocation.greedy_steps).
 
@@ -253,7 +270,7 @@ def scaled_step_gains(u) -> np.ndarray:
     return u.step_gains() * (u.score * u.numel / total if total > 0 else 0.0)
 
 
-class PruneCompressor(Compressor):
+class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
     """Structured pruning of MLP channels and attention heads in the chosen layers."""
 
     name = "prune"
@@ -263,8 +280,10 @@ class PruneCompressor(Compressor):
         layers = self.config.layers
         if layers is None:
             if n < 3:
-                raise GacError(f"the model has {n} layers and the first and last are kept by default: "
-                               "choose the layers to prune, e.g. --prune-layers all")
+                raise GacError(
+                    f"the model has {n} layers and the first and last are kept by default: "
+                    "choose the layers to prune, e.g. --prune-layers all"
+                )
             return list(range(1, n - 1))
         if layers == "all":
             return list(range(n))
@@ -275,9 +294,10 @@ class PruneCompressor(Compressor):
     def groups(self, model) -> list[DimGroup]:
         """Per pruned layer its MLP width group (an MoE layer: its expert width), then (unless head_mode none) its
         attention head group."""
-        out = []
+        out: list[DimGroup] = []
         for i in self._layers(model.config):
-            out += groups_of(model, "mlp", layers=[i]) + groups_of(model, "experts", layers=[i])
+            out += groups_of(model, "mlp", layers=[i])
+            out += groups_of(model, "experts", layers=[i])
             if self.config.head_mode != "none":
                 heads = groups_of(model, "heads", layers=[i], mode=self.config.head_mode)
                 check_heads_prunable(model, heads[0])
@@ -294,53 +314,82 @@ class PruneCompressor(Compressor):
         adapter, f = adapter_for(config), self.config.drop_experts
         moe = [i for i in range(adapter.layer_count(config)) if adapter.is_moe_layer(config, i)]
         if not moe:
-            raise GacError(f"--drop-experts drops experts of mixture-of-experts layers, and this "
-                           f"{adapter.model_type} model has none: drop --drop-experts, or pass a mixture-of-experts "
-                           "model")
+            raise GacError(
+                f"--drop-experts drops experts of mixture-of-experts layers, and this "
+                f"{adapter.model_type} model has none: drop --drop-experts, or pass a mixture-of-experts "
+                "model"
+            )
         pruned = set(self._layers(config))
         missing = [i for i in moe if i not in pruned]
         if missing:
-            raise GacError(f"--drop-experts drops experts in every MoE layer (a model holds one expert count), but "
-                           f"the pruned layers leave out MoE layer{'s' if len(missing) > 1 else ''} "
-                           f"{', '.join(map(str, missing))}: pass --prune-layers all, or name every MoE layer")
+            raise GacError(
+                f"--drop-experts drops experts in every MoE layer (a model holds one expert count), but "
+                f"the pruned layers leave out MoE layer{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(map(str, missing))}: pass --prune-layers all, or name every MoE layer"
+            )
         num_experts, _, top_k = adapter.expert_geometry(config)
         k = experts_dropped(f, num_experts)
         if num_experts - k < top_k:
             most = num_experts - top_k
-            fix = (f"pass --drop-experts {most / num_experts:g} or lower" if most else "drop --drop-experts")
-            raise GacError(f"--drop-experts {f:g} drops {k} of the {num_experts} experts of each MoE layer, leaving "
-                           f"fewer than the {top_k} each token is routed to (num_experts_per_tok): {fix}")
+            fix = f"pass --drop-experts {most / num_experts:g} or lower" if most else "drop --drop-experts"
+            raise GacError(
+                f"--drop-experts {f:g} drops {k} of the {num_experts} experts of each MoE layer, leaving "
+                f"fewer than the {top_k} each token is routed to (num_experts_per_tok): {fix}"
+            )
         if k == 0:
-            log.warning("--drop-experts %g drops round(%g x %d) = 0 experts per MoE layer: nothing dropped", f, f,
-                        num_experts)
+            log.warning(
+                "--drop-experts %g drops round(%g x %d) = 0 experts per MoE layer: nothing dropped", f, f, num_experts
+            )
             return groups
-        return [g.dropping(k) if g.kind == "experts" else g for g in groups]
+        # KIND_TYPES["experts"] is ExpertWidthGroup
+        return [cast(ExpertWidthGroup, g).dropping(k) if g.kind == "experts" else g for g in groups]
 
-    def analyze(self, model, groups: list[DimGroup], stats: dict, *, probe=None, keep: float = 0.85,
-                progress: bool = True, windows=None) -> list[Unit]:
+    def analyze(
+        self,
+        model,
+        groups: Sequence[DimGroup],
+        stats: dict,
+        *,
+        probe=None,
+        keep: float = 0.85,
+        progress: bool = True,
+        windows=None,
+    ) -> list[PrunedUnit]:
         """An MLP or attention unit per group, its channels and heads scored by the proxy."""
-        scores = measure(self.config.importance, model, linears_of(groups), stats=stats, windows=windows,
-                         progress=progress)
+        scores = measure(
+            self.config.importance, model, linears_of(groups), stats=stats, windows=windows, progress=progress
+        )
 
         units = [UNITS[g.kind].scored(g, scores) for g in groups]
         return normalize_scores(units, [u.total_importance / u.numel for u in units])
 
-    def allocate(self, units: list, budget: int) -> dict[str, int | None]:
+    def allocate(self, units: list[PrunedUnit], budget: int) -> dict[str, int | None]:
         """Kept widths under the budget (None: the unit keeps everything), steps handed out by importance."""
         gains = [scaled_step_gains(u) for u in units]
-        steps = allocate_steps(gains, [u.dim_step * u.params_per_dim for u in units],
-                               [u.min_dim // u.dim_step for u in units], [u.fixed_params for u in units], budget)
-        dims, floored = {}, []
+        steps = allocate_steps(
+            gains,
+            [u.dim_step * u.params_per_dim for u in units],
+            [u.min_dim // u.dim_step for u in units],
+            [u.fixed_params for u in units],
+            budget,
+        )
+        dims: dict[str, int | None] = {}
+        floored: list[PrunedUnit] = []
         for u, s in zip(units, steps):
             dim = s * u.dim_step
             dims[u.name] = None if dim >= u.max_dim else dim
             if u.group.removes_heads and dim == u.min_dim < u.max_dim:
                 floored.append(u)
         if floored:  # one line for all of them: a deep cut floors most layers at once
-            log.warning("%d attention layer%s keep%s the minimum (%s): no ratio can remove more heads there (%s)",
-                        len(floored), "s" if len(floored) > 1 else "", "" if len(floored) > 1 else "s",
-                        "one KV group" if floored[0].group.mode == "group" else "one query head per group",
-                        ", ".join(u.name for u in floored[:3]) + (", ..." if len(floored) > 3 else ""))
+            log.warning(
+                "%d attention layer%s keep%s the minimum (%s): no ratio can remove more heads there (%s)",
+                len(floored),
+                "s" if len(floored) > 1 else "",
+                "" if len(floored) > 1 else "s",
+                # a group that removes heads is a HeadGroup
+                "one KV group" if cast(HeadGroup, floored[0].group).mode == "group" else "one query head per group",
+                ", ".join(u.name for u in floored[:3]) + (", ..." if len(floored) > 3 else ""),
+            )
         return dims
 
     def cut(self, unit: PrunedUnit, dim: int):

@@ -8,8 +8,12 @@ import datetime
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +34,10 @@ class BenchConfig:
     def __post_init__(self):
         points = tuple(tuple(p) for p in self.points)
         if not points or any(len(p) != 2 or min(p) < 1 for p in points):
-            raise GacError(f"bad bench points {self.points!r}: give (batch, seq) pairs of positive integers, "
-                           f"e.g. --points 1x128,1x512")
+            raise GacError(
+                f"bad bench points {self.points!r}: give (batch, seq) pairs of positive integers, "
+                f"e.g. --points 1x128,1x512"
+            )
         object.__setattr__(self, "points", points)
         batches = tuple(self.decode_batches)
         if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
@@ -40,8 +46,10 @@ class BenchConfig:
         if self.decode_context < 1:
             raise GacError(f"decode context {self.decode_context} must be at least 1 token")
         if self.warmup < 0 or self.rounds < 1 or self.decode_rounds < 1:
-            raise GacError(f"warmup {self.warmup} must be >= 0 and rounds {self.rounds}, {self.decode_rounds} "
-                           f">= 1, e.g. --rounds 10")
+            raise GacError(
+                f"warmup {self.warmup} must be >= 0 and rounds {self.rounds}, {self.decode_rounds} "
+                f">= 1, e.g. --rounds 10"
+            )
 
 
 def point_key(batch: int, seq: int) -> str:
@@ -65,14 +73,16 @@ def _split_aa(timings: dict, first: str) -> tuple[dict, dict | None]:
     return rows, (None if twin is None else {"a": rows[first], "b": _timing_dict(twin)})
 
 
-def _placement(models: dict) -> tuple[object, object]:
+def _placement(models: dict) -> tuple[torch.device, torch.dtype]:
     """(input device, dtype) shared by every model; mixing them would make the ratios meaningless."""
     from gac.checkpoint.placement import input_device
 
     seen = {(input_device(m), next(m.parameters()).dtype) for m in models.values()}
     if len(seen) != 1:
-        raise GacError(f"models are on different devices or dtypes ({sorted(map(str, seen))}): "
-                       f"load them all with the same --device and --dtype")
+        raise GacError(
+            f"models are on different devices or dtypes ({sorted(map(str, seen))}): "
+            f"load them all with the same --device and --dtype"
+        )
     return next(iter(seen))
 
 
@@ -98,9 +108,15 @@ def bench(models: dict, cfg: BenchConfig = BenchConfig(), held_out: dict | None 
         raise GacError("nothing to bench: give at least one model")
     device, dtype = _placement(models)
     dispatched = [name for name, m in models.items() if is_dispatched(m)]
-    lat = LatencyConfig(batch=1, decode_context=cfg.decode_context, warmup=cfg.warmup,
-                        prefill_rounds=cfg.rounds, decode_rounds=cfg.decode_rounds, seed=cfg.seed,
-                        cuda_graphs=not dispatched)  # one timing method for all, so the ratios compare alike
+    lat = LatencyConfig(
+        batch=1,
+        decode_context=cfg.decode_context,
+        warmup=cfg.warmup,
+        prefill_rounds=cfg.rounds,
+        decode_rounds=cfg.decode_rounds,
+        seed=cfg.seed,
+        cuda_graphs=not dispatched,
+    )  # one timing method for all, so the ratios compare alike
     first = next(iter(models))
     timed = {**models, first + AA_SUFFIX: models[first]} if cfg.aa else dict(models)
     points, decode_points = [], []
@@ -109,30 +125,48 @@ def bench(models: dict, cfg: BenchConfig = BenchConfig(), held_out: dict | None 
         rows, aa = _split_aa(prefill_timings(timed, batch, seq, lat), first)
         points.append({"batch": batch, "seq": seq, "results": rows, **({"aa": aa} if aa else {})})
     for batch in cfg.decode_batches:
-        log.info("decode at batch %d after %d tokens: timing %s side by side", batch, cfg.decode_context,
-                 ", ".join(timed))
+        log.info(
+            "decode at batch %d after %d tokens: timing %s side by side", batch, cfg.decode_context, ", ".join(timed)
+        )
         rows, aa = _split_aa(decode_timings(timed, dataclasses.replace(lat, batch=batch)), first)
-        decode_points.append({"batch": batch, "context": cfg.decode_context, "results": rows,
-                              **({"aa": aa} if aa else {})})
+        decode_points.append(
+            {"batch": batch, "context": cfg.decode_context, "results": rows, **({"aa": aa} if aa else {})}
+        )
     result = {
-        "device": str(device), "device_name": device_name(device), "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "device": str(device),
+        "device_name": device_name(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "config": dataclasses.asdict(cfg), "models": list(models),
-        "points": points, "decode": decode_points[0]["results"], "decode_points": decode_points,
+        "config": dataclasses.asdict(cfg),
+        "models": list(models),
+        "points": points,
+        "decode": decode_points[0]["results"],
+        "decode_points": decode_points,
     }
     result["aa_floor_pct"] = aa_floor_pct(result)
     result["ratios_vs_first"] = ratios_vs_first(result)
     result["placement"] = {name: placement_summary(m) for name, m in models.items()}
-    result["eager_note"] = None if not dispatched else (
-        f"{', '.join(dispatched)} placed by accelerate: the times include its moves of activations and offloaded "
-        "weights between devices" + ("; every model timed eagerly, not from CUDA graphs (which cannot capture "
-                                     "those moves)" if device.type == "cuda" else ""))
+    result["eager_note"] = (
+        None
+        if not dispatched
+        else (
+            f"{', '.join(dispatched)} placed by accelerate: the times include its moves of activations and offloaded "
+            "weights between devices"
+            + (
+                "; every model timed eagerly, not from CUDA graphs (which cannot capture those moves)"
+                if device.type == "cuda"
+                else ""
+            )
+        )
+    )
     if held_out is not None:
         from gac.evaluate.perplexity import perplexity
 
-        result["ppl"] = {name: perplexity(m, held_out[name], desc=f"perplexity {name}", progress=False)
-                         for name, m in models.items()}
+        result["ppl"] = {
+            name: perplexity(m, held_out[name], desc=f"perplexity {name}", progress=False) for name, m in models.items()
+        }
     return result
 
 
@@ -151,9 +185,11 @@ def ratios_vs_first(result: dict) -> dict:
         return row[name]["median_ms"] / ref if ref > 0 else float("nan")
 
     return {
-        name: {"prefill": {point_key(p["batch"], p["seq"]): ratio(p["results"], name) for p in result["points"]},
-               "decode": ratio(result["decode"], name),
-               "decode_by_batch": {str(d["batch"]): ratio(d["results"], name) for d in _decode_points(result)}}
+        name: {
+            "prefill": {point_key(p["batch"], p["seq"]): ratio(p["results"], name) for p in result["points"]},
+            "decode": ratio(result["decode"], name),
+            "decode_by_batch": {str(d["batch"]): ratio(d["results"], name) for d in _decode_points(result)},
+        }
         for name in names
     }
 
@@ -215,22 +251,39 @@ def bench_table_markdown(result: dict) -> str:
         cells = [f"{r['prefill'][k]:.3f}" for k in keys] + [f"{by_batch[str(d['batch'])]:.3f}" for d in decodes]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if result.get("ppl"):
-        lines += ["", "Perplexity on held-out windows: " + ", ".join(f"{n} {v:.3f}" for n, v in result["ppl"].items())
-                  + "."]
+        lines += [
+            "",
+            "Perplexity on held-out windows: " + ", ".join(f"{n} {v:.3f}" for n, v in result["ppl"].items()) + ".",
+        ]
     placed = {n: p for n, p in (result.get("placement") or {}).items() if p}
     if placed:
-        lines += ["", "Placement (accelerate's device map, modules per device): "
-                  + "; ".join(f"{n}: {placement_text(p)}" for n, p in placed.items()) + "."]
+        lines += [
+            "",
+            "Placement (accelerate's device map, modules per device): "
+            + "; ".join(f"{n}: {placement_text(p)}" for n, p in placed.items())
+            + ".",
+        ]
     if result.get("eager_note"):
         lines += ["", f"Note: {result['eager_note']}."]
     floor = result.get("aa_floor_pct")
     if floor is not None:
-        per = [f"{point_key(p['batch'], p['seq'])} {p['aa']['b']['median_ms'] / p['aa']['a']['median_ms']:.3f}"
-               for p in result["points"] if p.get("aa")]
-        per += [f"decode b{d['batch']} {d['aa']['b']['median_ms'] / d['aa']['a']['median_ms']:.3f}"
-                for d in decodes if d.get("aa")]
-        lines += ["", (f"A/A control ({names[0]} timed twice in the same rounds): ratios {', '.join(per)}; noise "
-                       f"floor {floor:.1f}% (differences smaller than this are noise).")]
+        per = [
+            f"{point_key(p['batch'], p['seq'])} {p['aa']['b']['median_ms'] / p['aa']['a']['median_ms']:.3f}"
+            for p in result["points"]
+            if p.get("aa")
+        ]
+        per += [
+            f"decode b{d['batch']} {d['aa']['b']['median_ms'] / d['aa']['a']['median_ms']:.3f}"
+            for d in decodes
+            if d.get("aa")
+        ]
+        lines += [
+            "",
+            (
+                f"A/A control ({names[0]} timed twice in the same rounds): ratios {', '.join(per)}; noise "
+                f"floor {floor:.1f}% (differences smaller than this are noise)."
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -250,8 +303,12 @@ def plot_latency_vs_seq(result: dict, path: str | Path) -> Path:
     for name in result["decode"]:
         med = [p["results"][name]["median_ms"] for p in points]
         ax.plot(seqs, med, marker="o", label=name)
-        ax.fill_between(seqs, [p["results"][name]["p10_ms"] for p in points],
-                        [p["results"][name]["p90_ms"] for p in points], alpha=0.2)
+        ax.fill_between(
+            seqs,
+            [p["results"][name]["p10_ms"] for p in points],
+            [p["results"][name]["p90_ms"] for p in points],
+            alpha=0.2,
+        )
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("prefill latency, median ms (band: p10-p90)")
     if len(seqs) > 1 and seqs[-1] / seqs[0] >= 8:
@@ -261,8 +318,11 @@ def plot_latency_vs_seq(result: dict, path: str | Path) -> Path:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title(f"prefill, batch {batch}: {result['device_name']}, {result['dtype']}, {result['threads']} threads, "
-                 f"torch {result['torch']}, {result['date'][:10]}", fontsize=9)
+    ax.set_title(
+        f"prefill, batch {batch}: {result['device_name']}, {result['dtype']}, {result['threads']} threads, "
+        f"torch {result['torch']}, {result['date'][:10]}",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, format="png")

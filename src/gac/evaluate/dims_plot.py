@@ -28,9 +28,16 @@ def plot_dims(result: InspectResult, path) -> None:
         for cat in cats:
             pts = [d for d in result.dims if d.kind == kind and _category(d, result.alignments) == cat]
             if pts:
-                ax.scatter([(d.layer or 0) + offsets[kind] for d in pts], [d.value for d in pts], s=22,
-                           marker=markers[kind], c=colours[cat], alpha=0.8, label=f"{kind}: {cat}",
-                           edgecolors="none")
+                ax.scatter(
+                    [(d.layer or 0) + offsets[kind] for d in pts],
+                    [d.value for d in pts],
+                    s=22,
+                    marker=markers[kind],
+                    c=colours[cat],
+                    alpha=0.8,
+                    label=f"{kind}: {cat}",
+                    edgecolors="none",
+                )
     shares = ", ".join(f"{100 * s:.0f}% not /{a}" for a, s in result.share_misaligned.items())
     ax.set_title(f"Compressible dims by layer ({result.judged_over} dims judged: {shares})")
     ax.set_xlabel("layer")

@@ -71,13 +71,18 @@ def decode_call(model, batch: int, context: int, seed: int = 0) -> Callable[[], 
         model(ids[:, :context], **kw, use_cache=True, logits_to_keep=1)
     # Each static layer counts the tokens it holds on the device; rewinding the counters before every step keeps
     # the step at position `context` (a device op, so a CUDA graph replays it too).
-    counters = [c for c in (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", ()))
-                if isinstance(c, torch.Tensor)]
+    counters = [
+        c
+        for c in (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", ()))
+        if isinstance(c, torch.Tensor)
+    ]
     if not counters:
         import transformers
 
-        raise GacError(f"transformers {transformers.__version__}'s StaticCache keeps no per-layer position counter: "
-                       "decode timing needs transformers 5.x (pip install -U transformers)")
+        raise GacError(
+            f"transformers {transformers.__version__}'s StaticCache keeps no per-layer position counter: "
+            "decode timing needs transformers 5.x (pip install -U transformers)"
+        )
     step = ids[:, context:]  # [B, 1]
     position = torch.tensor([context], device=device)
 
@@ -96,15 +101,17 @@ def _graph_calls(cfg: LatencyConfig) -> int:
 def prefill_timings(models: dict, batch: int, seq: int, cfg: LatencyConfig) -> dict[str, Timing]:
     device = input_device(next(iter(models.values())))
     calls = {name: prefill_call(m, batch, seq, cfg.seed) for name, m in models.items()}
-    return time_interleaved(calls, device=device, warmup=cfg.warmup, rounds=cfg.prefill_rounds,
-                            graph_calls=_graph_calls(cfg))
+    return time_interleaved(
+        calls, device=device, warmup=cfg.warmup, rounds=cfg.prefill_rounds, graph_calls=_graph_calls(cfg)
+    )
 
 
 def decode_timings(models: dict, cfg: LatencyConfig) -> dict[str, Timing]:
     device = input_device(next(iter(models.values())))
     calls = {name: decode_call(m, cfg.batch, cfg.decode_context, cfg.seed) for name, m in models.items()}
-    return time_interleaved(calls, device=device, warmup=cfg.warmup, rounds=cfg.decode_rounds,
-                            graph_calls=_graph_calls(cfg))
+    return time_interleaved(
+        calls, device=device, warmup=cfg.warmup, rounds=cfg.decode_rounds, graph_calls=_graph_calls(cfg)
+    )
 
 
 def measure_latency(models: dict, cfg: LatencyConfig = LatencyConfig()) -> dict[str, dict[str, float]]:

@@ -75,10 +75,14 @@ class LayerLatency:
 
     def method(self) -> dict:
         """report.json's latency_method for these figures."""
-        return {"method": "per_layer", "layers_timed": sorted(self.timings), "depth": self.depth,
-                "how": "each variant's decoder layer timed alone in its model, side by side with the others and "
-                       "with a pass-through in its place; layer time = difference, summed over the layers timed "
-                       "and scaled by depth, plus the pass-through's time (embeddings, final norm, head)"}
+        return {
+            "method": "per_layer",
+            "layers_timed": sorted(self.timings),
+            "depth": self.depth,
+            "how": "each variant's decoder layer timed alone in its model, side by side with the others and "
+            "with a pass-through in its place; layer time = difference, summed over the layers timed "
+            "and scaled by depth, plus the pass-through's time (embeddings, final norm, head)",
+        }
 
 
 WHOLE_MODEL = {"method": "whole_model", "how": "every variant timed whole on the device, side by side"}

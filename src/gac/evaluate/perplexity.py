@@ -9,8 +9,9 @@ from tqdm.auto import tqdm
 
 
 @torch.inference_mode()
-def perplexity(model, windows: torch.Tensor, *, batch_size: int = 4, desc: str = "perplexity",
-               progress: bool = True) -> float:
+def perplexity(
+    model, windows: torch.Tensor, *, batch_size: int = 4, desc: str = "perplexity", progress: bool = True
+) -> float:
     """exp(mean next-token NLL) over all predicted tokens of windows [n, seq]."""
     from gac.checkpoint.placement import input_device
 
@@ -20,8 +21,9 @@ def perplexity(model, windows: torch.Tensor, *, batch_size: int = 4, desc: str =
         batch = batch.to(device)
         logits = model(batch, use_cache=False).logits[:, :-1].float()  # [B, S-1, V]
         target = batch[:, 1:]  # [B, S-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                                 reduction="sum")
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum"
+        )
         nll += float(loss)
         count += target.numel()
     return math.exp(nll / count)

@@ -119,8 +119,11 @@ def report_markdown(r: dict) -> str:
         f"# gac compress: {r['model']}, {r['compressor']}, {goal}",
         "",
         f"device {r['device']} ({r.get('device_name', '')}), dtype {r['dtype']}, alignment {r['alignment']}; "
-        + (f"no parameter budget (the latency objective); {r['compressible_params']:,} compressible parameters."
-           if obj else f"budget {r['budget_params']:,} of {r['compressible_params']:,} compressible parameters."),
+        + (
+            f"no parameter budget (the latency objective); {r['compressible_params']:,} compressible parameters."
+            if obj
+            else f"budget {r['budget_params']:,} of {r['compressible_params']:,} compressible parameters."
+        ),
         "",
         f"| variant | params | {size_col} | aligned | ppl | prefill ms | decode ms/token | prefill vs unaligned |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -141,17 +144,24 @@ def report_markdown(r: dict) -> str:
     if r.get("experts_kept"):
         counts = sorted(set(r["experts_kept"].values()))
         options = r.get("compressor_options") or {}
-        lines += ["", f"Experts: each of the {len(r['experts_kept'])} MoE layers kept "
-                  f"{', '.join(map(str, counts))} experts (--drop-experts {options.get('drop_experts', '?')}: its "
-                  "least important dropped whole, with their router rows)."]
+        lines += [
+            "",
+            f"Experts: each of the {len(r['experts_kept'])} MoE layers kept "
+            f"{', '.join(map(str, counts))} experts (--drop-experts {options.get('drop_experts', '?')}: its "
+            "least important dropped whole, with their router rows).",
+        ]
     lines += _auto_lines(r.get("auto"))
     lines += [
         "",
         f"Latency: median of {r.get('latency', {}).get('prefill_rounds', '?')} interleaved prefill runs "
         f"(batch {r.get('latency', {}).get('batch', '?')}, {r.get('latency', {}).get('prefill_tokens', '?')} tokens) "
         f"and {r.get('latency', {}).get('decode_rounds', '?')} decode steps; ± is the 10-90 percentile spread"
-        + (f" (per layer: {r['latency_method']['how']}; layers timed {r['latency_method']['layers_timed']} of "
-           f"{r['latency_method']['depth']})." if (r.get("latency_method") or {}).get("method") == "per_layer" else "."),
+        + (
+            f" (per layer: {r['latency_method']['how']}; layers timed {r['latency_method']['layers_timed']} of "
+            f"{r['latency_method']['depth']})."
+            if (r.get("latency_method") or {}).get("method") == "per_layer"
+            else "."
+        ),
         f"Perplexity: {r.get('eval_tokens', '?')} held-out tokens, the same windows for every variant.",
         f"Saved variant: {r.get('saved_variant', '?')}.",
     ]
@@ -159,41 +169,65 @@ def report_markdown(r: dict) -> str:
         lines.append(f"Pipeline: {r['pipeline']} ({r['pipeline_choice']['reason']}).")
     if r.get("heal"):
         h = r["heal"]
-        texts = ", ".join(f"{h['texts'][k]} {h['ppl']['before'][k]:.2f} -> {h['ppl']['after'][k]:.2f} (original "
-                          f"{h['ppl']['original'][k]:.2f})" for k in h["ppl"]["before"])
-        lines.append(f"Healed by distillation from the original after the figures above ({h['run']['tokens']:,} "
-                     f"tokens, {h['run']['seconds']:.0f} s): perplexity {texts}.")
+        texts = ", ".join(
+            f"{h['texts'][k]} {h['ppl']['before'][k]:.2f} -> {h['ppl']['after'][k]:.2f} (original "
+            f"{h['ppl']['original'][k]:.2f})"
+            for k in h["ppl"]["before"]
+        )
+        lines.append(
+            f"Healed by distillation from the original after the figures above ({h['run']['tokens']:,} "
+            f"tokens, {h['run']['seconds']:.0f} s): perplexity {texts}."
+        )
     if r.get("quantization"):
         q = r["quantization"]
-        lines.append(f"Quantized after the figures above ({q['label']}, vLLM's {q['rule']['device']} kernel "
-                     f"{q['rule']['kernel']}): {q['quantized']} linears quantized, {q['unquantized']} left "
-                     "unquantized (quantize.json lists every linear).")
+        lines.append(
+            f"Quantized after the figures above ({q['label']}, vLLM's {q['rule']['device']} kernel "
+            f"{q['rule']['kernel']}): {q['quantized']} linears quantized, {q['unquantized']} left "
+            "unquantized (quantize.json lists every linear)."
+        )
     if obj:
-        lines += ["", f"Latency objective at {obj['phase']} {obj['shape']} (interleaved with the baseline and an A/A twin):"]
+        lines += [
+            "",
+            f"Latency objective at {obj['phase']} {obj['shape']} (interleaved with the baseline and an A/A twin):",
+        ]
         for name in ("baseline", "gac"):
             x = v.get(name, {})
             if x.get("measured_ms") is not None:
-                lines.append(f"- {name}: predicted {x['predicted_ms']:.2f} ms, measured {x['measured_ms']:.2f} ms "
-                             f"({x['prediction_error_pct']:+.1f}%)")
+                lines.append(
+                    f"- {name}: predicted {x['predicted_ms']:.2f} ms, measured {x['measured_ms']:.2f} ms "
+                    f"({x['prediction_error_pct']:+.1f}%)"
+                )
         lo = r.get("latency_objective", {})
         margin = f" and its {100 * obj['margin']:g}% margin" if obj.get("margin") else ""
-        lines.append(f"- measured speedup {lo.get('measured_speedup', float('nan')):.3f}x against {obj['speedup']}x{margin} "
-                     f"({'reached' if lo.get('reached') else 'short'}; A/A floor {lo.get('aa_floor_pct', float('nan')):.1f}%, "
-                     f"{len(lo.get('rounds', []))} round(s))")
+        lines.append(
+            f"- measured speedup {lo.get('measured_speedup', float('nan')):.3f}x against {obj['speedup']}x{margin} "
+            f"({'reached' if lo.get('reached') else 'short'}; A/A floor {lo.get('aa_floor_pct', float('nan')):.1f}%, "
+            f"{len(lo.get('rounds', []))} round(s))"
+        )
         if lo.get("line"):
-            lines.append(f"- kept a line round: the line through its stream's timings puts it at "
-                         f"{lo['line_speedup']:.3f}x")
+            lines.append(
+                f"- kept a line round: the line through its stream's timings puts it at {lo['line_speedup']:.3f}x"
+            )
         journal = lo.get("journal") or {}
         if journal.get("replayed"):
-            lines.append(f"- {journal['replayed']} of {journal['replayed'] + journal['measured']} timings replayed as "
-                         f"this machine recorded them ({journal['path']}; `--retime` times afresh)")
+            lines.append(
+                f"- {journal['replayed']} of {journal['replayed'] + journal['measured']} timings replayed as "
+                f"this machine recorded them ({journal['path']}; `--retime` times afresh)"
+            )
         guard = lo.get("guard", {})
         if "parameter" in guard:
-            lines.append("- guard: kept the " + guard["kept"] + " stream's model; " + "; ".join(
-                f"{s}: {kept_round(lo, s).get('measured_speedup', float('nan')):.3f}x, "
-                f"{'reached' if g['reached'] else 'short'}" + (f", held-back loss {g['loss']:.4f}" if g["loss"] is not
-                                                               None else "")
-                for s, g in guard.items() if s != "kept"))
+            lines.append(
+                "- guard: kept the "
+                + guard["kept"]
+                + " stream's model; "
+                + "; ".join(
+                    f"{s}: {kept_round(lo, s).get('measured_speedup', float('nan')):.3f}x, "
+                    f"{'reached' if g['reached'] else 'short'}"
+                    + (f", held-back loss {g['loss']:.4f}" if g["loss"] is not None else "")
+                    for s, g in guard.items()
+                    if s != "kept"
+                )
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -201,9 +235,14 @@ def _target_lines(t: dict | None) -> list[str]:
     """Which dims the deployment target constrained, and why (report.json's "target")."""
     if not t:
         return []
-    lines = ["", f"Target {t['name']}: {t['met']} of {t['constrained']} constrained dims meet it in the gac variant "
-             f"({t.get('unaligned_met', '?')} in the unaligned one). Why: {t['why']}.", "",
-             "| group | kind | multiple | dim | row lengths | met |", "|---|---|---:|---:|---|---|"]
+    lines = [
+        "",
+        f"Target {t['name']}: {t['met']} of {t['constrained']} constrained dims meet it in the gac variant "
+        f"({t.get('unaligned_met', '?')} in the unaligned one). Why: {t['why']}.",
+        "",
+        "| group | kind | multiple | dim | row lengths | met |",
+        "|---|---|---:|---:|---|---|",
+    ]
     for name, g in t["groups"].items():
         met = "yes" if g["met"] else f"no{': ' + g['unattainable'] if 'unattainable' in g else ''}"
         multiple, lengths = g["multiple"], g["row_lengths"]
@@ -213,8 +252,10 @@ def _target_lines(t: dict | None) -> list[str]:
     return lines
 
 
-STREAMS = ("; in brackets, the loss of each closed-loop stream that reached the target (the guard keeps the lower, "
-           "as auto does)")
+STREAMS = (
+    "; in brackets, the loss of each closed-loop stream that reached the target (the guard keeps the lower, "
+    "as auto does)"
+)
 
 
 def _auto_lines(a: dict | None) -> list[str]:
@@ -223,20 +264,28 @@ def _auto_lines(a: dict | None) -> list[str]:
     if not a:
         return []
     timed = "removed_params" not in a  # --speedup: one measured target; --ratio: the same parameters removed
-    speed = (" predicted speedup |", " measured speedup |", "---:|---:|") if timed else ("", " prefill speedup |",
-                                                                                          "---:|")
-    target = (" Speedups: the closed loop's, at its phase and shape." if timed else
-              f" Every compressor removes the same {a['removed_params']:,} parameters (ratio {a['ratio']} of the "
-              f"{a['compressible_params']:,} that any of them may touch), at its own ratio of its own compressible "
-              "weights; prefill speedup: the built models timed beside the original.")
-    lines = ["", f"Compressor auto: kept {a['kept']} ({a['why']}).{target} Loss: the increase of the mean next-token "
-             f"loss over the original in nats per token, measured on {a['held_back_windows']} held-back calibration "
-             f"windows (never the evaluation text){STREAMS if timed else ''}. Params: of the "
-             f"{a['compressible_params']:,} that any compressor may touch, those a compressor leaves whole counted at "
-             "full size.", "",
-             f"| compressor |{'' if timed else ' own ratio |'} predicted loss | predicted from | predicted params |"
-             f"{speed[0]} measured loss | measured params |{speed[1]} status |",
-             f"|---|{'' if timed else '---:|'}---:|---|---:|---:|---:|{speed[2]}---|"]
+    speed = (
+        (" predicted speedup |", " measured speedup |", "---:|---:|") if timed else ("", " prefill speedup |", "---:|")
+    )
+    target = (
+        " Speedups: the closed loop's, at its phase and shape."
+        if timed
+        else f" Every compressor removes the same {a['removed_params']:,} parameters (ratio {a['ratio']} of the "
+        f"{a['compressible_params']:,} that any of them may touch), at its own ratio of its own compressible "
+        "weights; prefill speedup: the built models timed beside the original."
+    )
+    lines = [
+        "",
+        f"Compressor auto: kept {a['kept']} ({a['why']}).{target} Loss: the increase of the mean next-token "
+        f"loss over the original in nats per token, measured on {a['held_back_windows']} held-back calibration "
+        f"windows (never the evaluation text){STREAMS if timed else ''}. Params: of the "
+        f"{a['compressible_params']:,} that any compressor may touch, those a compressor leaves whole counted at "
+        "full size.",
+        "",
+        f"| compressor |{'' if timed else ' own ratio |'} predicted loss | predicted from | predicted params |"
+        f"{speed[0]} measured loss | measured params |{speed[1]} status |",
+        f"|---|{'' if timed else '---:|'}---:|---|---:|---:|---:|{speed[2]}---|",
+    ]
     for name, c in a["candidates"].items():
         p, m = c["predicted"] or {}, c["measured"] or {}
         cells = [name] + ([] if timed else [_fmt(c.get("ratio"), ".4f")])
@@ -244,9 +293,12 @@ def _auto_lines(a: dict | None) -> list[str]:
         if timed:
             cells.append(_fmt(p.get("speedup"), ".3f"))
         streams = ", ".join(f"{s} {loss:+.4f}" for s, loss in m.get("streams", {}).items())  # the guard's
-        cells += [_fmt(m.get("loss"), "+.4f") + (f" ({streams})" if streams else ""), _fmt(m.get("params"), ","),
-                  _fmt(m.get("speedup"), ".3f") + ("" if m.get("reached") is None else
-                                                   " (reached)" if m["reached"] else " (short)")]
+        cells += [
+            _fmt(m.get("loss"), "+.4f") + (f" ({streams})" if streams else ""),
+            _fmt(m.get("params"), ","),
+            _fmt(m.get("speedup"), ".3f")
+            + ("" if m.get("reached") is None else " (reached)" if m["reached"] else " (short)"),
+        ]
         cells.append(c["status"] + (f": {c['why']}" if c.get("why") else ""))
         lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
     return lines

@@ -23,9 +23,16 @@ class EngineConfig:
 def open_gguf(path: Path, cfg: EngineConfig = EngineConfig(), *, logits_all: bool = True):
     """A llama_cpp.Llama for `path` (closed on exit); logits_all keeps every position's logits."""
     llama_cpp = llama_cpp_module()
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=cfg.n_ctx, n_batch=cfg.n_ctx, n_ubatch=cfg.n_ctx,
-                          n_threads=cfg.threads, n_threads_batch=cfg.threads, logits_all=logits_all,
-                          verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=cfg.n_ctx,
+        n_batch=cfg.n_ctx,
+        n_ubatch=cfg.n_ctx,
+        n_threads=cfg.threads,
+        n_threads_batch=cfg.threads,
+        logits_all=logits_all,
+        verbose=False,
+    )
     try:
         yield llm
     finally:
@@ -69,5 +76,7 @@ def timed_round(llm, prompt, decode_tokens: int) -> dict:
     perf = llama_cpp.llama_perf_context(ctx)
     if perf.n_p_eval <= 0 or perf.n_eval <= 0:
         raise RuntimeError(f"llama.cpp reported no timings (n_p_eval {perf.n_p_eval}, n_eval {perf.n_eval})")
-    return {"prefill_tok_s": 1000.0 * perf.n_p_eval / perf.t_p_eval_ms,
-            "decode_tok_s": 1000.0 * perf.n_eval / perf.t_eval_ms}
+    return {
+        "prefill_tok_s": 1000.0 * perf.n_p_eval / perf.t_p_eval_ms,
+        "decode_tok_s": 1000.0 * perf.n_eval / perf.t_eval_ms,
+    }

@@ -9,7 +9,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gac.errors import GacError
 from gac.export.quantize import check_type
@@ -39,8 +39,10 @@ class ExportConfig:
             raise GacError(f"unknown format {self.format!r}: use one of {', '.join(FORMATS)}")
         check_type(self.type)
         if self.format == "hf" and (self.type != "f16" or self.report):
-            raise GacError("--type and --report are for --format gguf: an HF directory keeps the weights as loaded "
-                           "(float32); drop them")
+            raise GacError(
+                "--type and --report are for --format gguf: an HF directory keeps the weights as loaded "
+                "(float32); drop them"
+            )
         if self.format == "hf" and self.pad_mlp:
             raise GacError("--pad-mlp is for --format gguf: an HF directory keeps each layer's own MLP width; drop it")
 
@@ -76,8 +78,10 @@ def check_model_dir(spec: str) -> Path:
     """`spec` as a path; a directory must hold a model (config.json), checked before anything is loaded."""
     path = Path(spec).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
-        raise GacError(f"{spec} is neither a gac output nor a model directory (no config.json): pass a "
-                       "directory `gac compress` wrote, a Hugging Face model directory or a .gguf")
+        raise GacError(
+            f"{spec} is neither a gac output nor a model directory (no config.json): pass a "
+            "directory `gac compress` wrote, a Hugging Face model directory or a .gguf"
+        )
     return path
 
 
@@ -88,13 +92,14 @@ def check_source(spec: str) -> None:
     from gac.compressors import REGISTRY, make_compressor
 
     path = check_model_dir(spec)
-    if path.is_dir():
-        if is_gac_dir(path):
-            compressor = (read_plan(path).get("compressor") or {}).get("name")
-            if compressor in REGISTRY and make_compressor(compressor).factorizes:
-                raise GacError(f"{spec} was compressed with {compressor}, a low-rank (factorized) model that no "
-                               "llama.cpp architecture can represent: export a pruned model (`gac compress "
-                               "--compressor prune`) or serve this one with transformers (gac.load)")
+    if path.is_dir() and is_gac_dir(path):
+        compressor = (read_plan(path).get("compressor") or {}).get("name")
+        if compressor in REGISTRY and make_compressor(compressor).factorizes:
+            raise GacError(
+                f"{spec} was compressed with {compressor}, a low-rank (factorized) model that no "
+                "llama.cpp architecture can represent: export a pruned model (`gac compress "
+                "--compressor prune`) or serve this one with transformers (gac.load)"
+            )
 
 
 def write_f16(loaded: LoadedModel, path: Path, *, pad_mlp: bool = False) -> Geometry:
@@ -134,9 +139,8 @@ def export(cfg: ExportConfig) -> ExportResult:
     from gac.checkpoint.loading import load_model
     from gac.export.gguf_writer import check_exportable
     from gac.export.quantize import llama_cpp_module, quantize, tensor_types, type_report
-    from gac.io.atomic import write_file, write_text
-
     from gac.io import validate
+    from gac.io.atomic import write_file, write_text
 
     validate.not_quantized(cfg.model, "export")
     out = check_output(cfg.out, cfg.force)
@@ -147,7 +151,7 @@ def export(cfg: ExportConfig) -> ExportResult:
         llama_cpp_module()  # installed, or one line, before the model is loaded
     loaded = load_model(cfg.model, dtype="float32", device="cpu")
     check_exportable(loaded.model, pad_mlp=cfg.pad_mlp)
-    state = {}
+    state: dict[str, Any] = {}  # what the write leaves: the geometry, the quantizer's fallbacks
 
     def write(tmp: Path) -> None:
         if cfg.type == "f16":
@@ -162,9 +166,18 @@ def export(cfg: ExportConfig) -> ExportResult:
     write_file(out, write)
     geo = state["geo"]
     report = type_report(tensor_types(out, state["fallbacks"], geo), cfg.type)
-    report = {"file": str(out), "bytes": out.stat().st_size, "arch": geo.arch, "source": loaded.source,
-              "hidden": geo.hidden, "ff": list(geo.ff), "heads": list(geo.heads), "kv_heads": list(geo.kv_heads),
-              **({"model_ff": list(geo.model_ff)} if geo.model_ff else {}), **report}
+    report = {
+        "file": str(out),
+        "bytes": out.stat().st_size,
+        "arch": geo.arch,
+        "source": loaded.source,
+        "hidden": geo.hidden,
+        "ff": list(geo.ff),
+        "heads": list(geo.heads),
+        "kv_heads": list(geo.kv_heads),
+        **({"model_ff": list(geo.model_ff)} if geo.model_ff else {}),
+        **report,
+    }
     if cfg.report:
         write_text(cfg.report, json.dumps(report, indent=2), flag="--report")
     return ExportResult(out, geo.arch, report)

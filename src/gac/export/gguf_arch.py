@@ -52,8 +52,10 @@ class LlamaArch:
             raise GacError("GGUF export handles bias-free llama-layout models only: this one has projection biases")
         rope = rope_of(config)
         if rope.get("rope_type", "default") not in ("default", None):
-            raise GacError(f"GGUF export handles the default rope only, not {rope.get('rope_type')!r}: "
-                           "convert this model with llama.cpp's convert_hf_to_gguf.py")
+            raise GacError(
+                f"GGUF export handles the default rope only, not {rope.get('rope_type')!r}: "
+                "convert this model with llama.cpp's convert_hf_to_gguf.py"
+            )
 
     def add_metadata(self, w, config, geo) -> None:
         _add_shape(w, config, geo, uniform=geo.uniform)
@@ -77,9 +79,11 @@ class Gemma3Arch:
     def check(self, config, geo) -> None:
         fix = "serve this model with transformers (gac.load)"
         if len(set(geo.heads)) > 1 or len(set(geo.kv_heads)) > 1:
-            raise GacError(f"llama.cpp's gemma3 graph needs the same head counts in every layer, but pruning left "
-                           f"{sorted(set(zip(geo.heads, geo.kv_heads)))} (query, KV) heads: compress with "
-                           f"`--head-mode none` (MLP channels only) or {fix}")
+            raise GacError(
+                f"llama.cpp's gemma3 graph needs the same head counts in every layer, but pruning left "
+                f"{sorted(set(zip(geo.heads, geo.kv_heads)))} (query, KV) heads: compress with "
+                f"`--head-mode none` (MLP channels only) or {fix}"
+            )
         if getattr(config, "attention_bias", False):
             raise GacError(f"llama.cpp's gemma3 graph has no projection biases, and this model has them: {fix}")
         act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
@@ -87,28 +91,34 @@ class Gemma3Arch:
             raise GacError(f"llama.cpp's gemma3 graph runs the tanh GELU, not this model's {act!r}: {fix}")
         for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
             if getattr(config, cap, None):
-                raise GacError(f"llama.cpp's gemma3 graph has no {cap.replace('_', ' ')} ({getattr(config, cap)}): "
-                               f"{fix}")
+                raise GacError(
+                    f"llama.cpp's gemma3 graph has no {cap.replace('_', ' ')} ({getattr(config, cap)}): {fix}"
+                )
         if "sliding_attention" not in config.layer_types:  # llama.cpp aborts the process on such a file
-            raise GacError(f"llama.cpp's gemma3 graph needs at least one sliding-window layer, and this model has "
-                           f"none: {fix}")
+            raise GacError(
+                f"llama.cpp's gemma3 graph needs at least one sliding-window layer, and this model has none: {fix}"
+            )
         if getattr(config, "use_bidirectional_attention", False):
             raise GacError(f"this Gemma 3 attends both ways (an embedding model), llama.cpp's gemma3 causally: {fix}")
         want = float(config.query_pre_attn_scalar) ** -0.5
         got = self._attention_scale(geo)
         if not math.isclose(want, got, rel_tol=1e-6):
-            raise GacError(f"llama.cpp's gemma3 graph scales queries by {got:.6g}, this model by "
-                           f"query_pre_attn_scalar ** -0.5 = {want:.6g}: {fix}")
+            raise GacError(
+                f"llama.cpp's gemma3 graph scales queries by {got:.6g}, this model by "
+                f"query_pre_attn_scalar ** -0.5 = {want:.6g}: {fix}"
+            )
         for kind, rope in self._ropes(config).items():
             allowed = ("default", "linear") if kind == "full_attention" else ("default",)
             if rope.get("rope_type", "default") not in allowed:
-                raise GacError(f"llama.cpp's gemma3 graph runs {' or '.join(allowed)} rope on {kind} layers, not "
-                               f"{rope.get('rope_type')!r}: {fix}")
+                raise GacError(
+                    f"llama.cpp's gemma3 graph runs {' or '.join(allowed)} rope on {kind} layers, not "
+                    f"{rope.get('rope_type')!r}: {fix}"
+                )
 
     @staticmethod
     def _attention_scale(geo) -> float:
         # llama.cpp's loader: 1/sqrt(head_dim), but 1/sqrt(hidden / heads) when the model has 62 layers (the 27B)
-        return (geo.hidden / geo.heads[0]) ** -0.5 if len(geo.ff) == 62 else geo.head_dim ** -0.5
+        return (geo.hidden / geo.heads[0]) ** -0.5 if len(geo.ff) == 62 else geo.head_dim**-0.5
 
     @staticmethod
     def _ropes(config) -> dict[str, dict]:

@@ -59,17 +59,21 @@ def check_exportable(model, *, pad_mlp: bool = False) -> None:
 
     arch = _arch(model)
     if any(is_lowrank(m) or is_grouped_lowrank(m) for m in model.modules()):
-        raise GacError("this model has low-rank (factorized) projections, which no llama.cpp architecture can "
-                       "represent: export a pruned model (`gac compress --compressor prune`) or serve this one "
-                       "with transformers (gac.load)")
+        raise GacError(
+            "this model has low-rank (factorized) projections, which no llama.cpp architecture can "
+            "represent: export a pruned model (`gac compress --compressor prune`) or serve this one "
+            "with transformers (gac.load)"
+        )
     geo = geometry(model)
     arch.check(text_config(model.config), geo)
     widths = sorted(set(geo.ff))
     if arch.one_mlp_width and len(widths) > 1 and not pad_mlp:
-        raise GacError(f"llama.cpp's {geo.arch} architecture holds one MLP width for every layer, but this model's "
-                       f"layers have {len(widths)} ({widths[0]}-{widths[-1]}): pass --pad-mlp to write every layer "
-                       f"at {widths[-1]} with zero channels (the same outputs, but no smaller than the widest layer), "
-                       "or serve this model with transformers (gac.load)")
+        raise GacError(
+            f"llama.cpp's {geo.arch} architecture holds one MLP width for every layer, but this model's "
+            f"layers have {len(widths)} ({widths[0]}-{widths[-1]}): pass --pad-mlp to write every layer "
+            f"at {widths[-1]} with zero channels (the same outputs, but no smaller than the widest layer), "
+            "or serve this model with transformers (gac.load)"
+        )
 
 
 def geometry(model) -> Geometry:
@@ -81,8 +85,15 @@ def geometry(model) -> Geometry:
     geo = adapter.geometry(config)
     widths = [g.dim for g in groups_of(model, "mlp")]
     heads = groups_of(model, "heads")
-    out = Geometry(adapter.hidden_size(config), geo.head_dim, tuple(widths), tuple(h.live_heads for h in heads),
-                   tuple(h.live_kv_heads for h in heads), adapter.intermediate_size(config), geo.num_heads)
+    out = Geometry(
+        adapter.hidden_size(config),
+        geo.head_dim,
+        tuple(widths),
+        tuple(h.live_heads for h in heads),
+        tuple(h.live_kv_heads for h in heads),
+        adapter.intermediate_size(config),
+        geo.num_heads,
+    )
     return replace(out, arch=_arch(model).name(out))
 
 
@@ -111,7 +122,9 @@ def tensors(model, geo: Geometry) -> dict[str, np.ndarray]:
     adapter = adapter_for(config)
     arch = _arch(model)
     names = adapter.gguf_names(config)
-    rotary, rows, cols = {}, {}, {}  # q/k: heads to permute; MLP producers / consumers: width to pad to
+    rotary: dict[str, int] = {}  # q/k: heads to permute
+    rows: dict[str, int] = {}  # MLP producers / consumers: width to pad to
+    cols: dict[str, int] = {}
     for layer in adapter.layers(config):
         if arch.permute_qk:
             rotary[layer.q] = geo.heads[layer.index]
@@ -157,8 +170,12 @@ def write_gguf(model, path: Path, *, tokenizer_fields, name: str, pad_mlp: bool 
     geo = geometry(model)
     if arch.one_mlp_width and len(set(geo.ff)) > 1:
         geo = padded(geo)
-        log.warning("llama.cpp's %s holds one MLP width: every layer written at %d, zero-padded from %s", geo.arch,
-                    geo.ff[0], list(geo.model_ff))
+        log.warning(
+            "llama.cpp's %s holds one MLP width: every layer written at %d, zero-padded from %s",
+            geo.arch,
+            geo.ff[0],
+            list(geo.model_ff),
+        )
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its INFO lines name the hidden temporary file
     w = gguf.GGUFWriter(str(path), geo.arch)
     w.add_name(name)

@@ -13,12 +13,18 @@ from pathlib import Path
 from gac.errors import GacError
 
 # --type -> llama.cpp's file type (enum llama_ftype); f16 is written directly, without the quantizer
-FTYPES = {"f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-          "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+FTYPES = {
+    "f16": "LLAMA_FTYPE_MOSTLY_F16",
+    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+    "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+}
 INSTALL = "pip install 'gac[llamacpp]' (or `bash scripts/setup.sh llamacpp`)"
 # llama.cpp's message (llama-quant.cpp, tensor_type_fallback), printed in pieces through its log callback
-_FALLBACK = re.compile(r"warning: (\S+)\s+- ncols\s+(\d+) not divisible by\s+(\d+) \(required for type\s+(\S+)\)"
-                       r"[^\n]*?-> falling back to\s+(\S+)")
+_FALLBACK = re.compile(
+    r"warning: (\S+)\s+- ncols\s+(\d+) not divisible by\s+(\d+) \(required for type\s+(\S+)\)"
+    r"[^\n]*?-> falling back to\s+(\S+)"
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,10 @@ def quantize(src: Path, dst: Path, type_: str, *, threads: int = 0) -> list[dict
         last = next((m.strip() for m in reversed(messages) if m.strip()), "no message")
         raise GacError(f"llama.cpp could not quantize {src.name} to {type_} ({last[:200]}): check the f16 export")
     text = "".join(messages)
-    return [{"name": m[1], "row_length": int(m[2]), "block": int(m[3]), "wanted": m[4], "got": m[5]}
-            for m in _FALLBACK.finditer(text)]
+    return [
+        {"name": m[1], "row_length": int(m[2]), "block": int(m[3]), "wanted": m[4], "got": m[5]}
+        for m in _FALLBACK.finditer(text)
+    ]
 
 
 def tensor_types(path: Path, fallbacks: list[dict], geo) -> list[TensorType]:
@@ -104,5 +112,10 @@ def type_report(types: list[TensorType], requested: str) -> dict:
     counts = dict(Counter(t.type for t in types))
     fallbacks = [asdict(t) | {"row_length": t.row_length} for t in types if t.wanted is not None]
     by_cause = dict(Counter(f["cause"] for f in fallbacks))
-    return {"requested": requested, "types": counts, "fallbacks": fallbacks, "fallbacks_by_cause": by_cause,
-            "tensors": [{"name": t.name, "shape": list(t.shape), "type": t.type} for t in types]}
+    return {
+        "requested": requested,
+        "types": counts,
+        "fallbacks": fallbacks,
+        "fallbacks_by_cause": by_cause,
+        "tensors": [{"name": t.name, "shape": list(t.shape), "type": t.type} for t in types],
+    }

@@ -51,8 +51,10 @@ def fields_from_gguf(path: Path) -> Callable:
     def add(writer, vocab_size: int) -> None:
         n = len(fields["tokenizer.ggml.tokens"][0])
         if n != vocab_size:
-            raise GacError(f"the source GGUF's tokenizer has {n} tokens but the model {vocab_size} embeddings: "
-                           "export the model with its own tokenizer")
+            raise GacError(
+                f"the source GGUF's tokenizer has {n} tokens but the model {vocab_size} embeddings: "
+                "export the model with its own tokenizer"
+            )
         for key, (value, types) in fields.items():
             if types[0] == gguf.GGUFValueType.ARRAY:
                 writer.add_key_value(key, value, types[0], sub_type=types[-1])
@@ -69,6 +71,7 @@ def fields_from_hf(directory: Path) -> Callable:
     from gguf.vocab import BpeVocab, LlamaHfVocab, SpecialVocab
 
     directory = Path(directory)
+    vocab: BpeVocab | LlamaHfVocab
     try:
         vocab, model = BpeVocab(directory), "gpt2"
     except FileNotFoundError:  # no tokenizer.json, or not a byte-level one
@@ -104,14 +107,21 @@ def fields_from_hf(directory: Path) -> Callable:
             writer.add_add_space_prefix(_adds_space_prefix(directory))
         special.add_to_gguf(writer, quiet=True)
 
-    log.info("tokenizer: %d %s tokens from %s, llama.cpp's %r tokenizer", vocab.vocab_size,
-             "byte-level BPE" if model == "gpt2" else "SentencePiece-style BPE", directory, model)
+    log.info(
+        "tokenizer: %d %s tokens from %s, llama.cpp's %r tokenizer",
+        vocab.vocab_size,
+        "byte-level BPE" if model == "gpt2" else "SentencePiece-style BPE",
+        directory,
+        model,
+    )
     return add
 
 
 def _unsupported(directory: Path, e: Exception) -> str:
-    return (f"{directory}: GGUF export carries BPE tokenizers (tokenizer.json: byte-level, or SentencePiece-style "
-            f"with byte fallback) or a source GGUF's tokenizer; this one is neither ({e})")
+    return (
+        f"{directory}: GGUF export carries BPE tokenizers (tokenizer.json: byte-level, or SentencePiece-style "
+        f"with byte fallback) or a source GGUF's tokenizer; this one is neither ({e})"
+    )
 
 
 def _sentencepiece_fields(directory: Path) -> Callable:
@@ -160,8 +170,11 @@ def _adds_space_prefix(directory: Path) -> bool:
     for step in [*steps(spec.get("normalizer")), *steps(spec.get("pre_tokenizer"))]:
         if step.get("type") == "Prepend":
             return True
-        if step.get("type") == "Metaspace" and step.get("prepend_scheme", "always") != "never" \
-                and step.get("add_prefix_space", True):
+        if (
+            step.get("type") == "Metaspace"
+            and step.get("prepend_scheme", "always") != "never"
+            and step.get("add_prefix_space", True)
+        ):
             return True
     return False
 

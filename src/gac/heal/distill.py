@@ -100,12 +100,20 @@ class DistillResult:
     lr: float = 0.0  # the peak learning rate it started with
 
     def to_json(self) -> dict:
-        return {"steps": self.steps, "tokens": self.tokens, "stopped": self.stopped, "best_step": self.best_step,
-                "backoffs": self.backoffs,
-                "held_out_loss": [[s, round(v, 5)] for s, v in self.held_out_loss],
-                "train_loss": [[s, round(v, 5)] for s, v in self.train_loss], "seconds": round(self.seconds, 1),
-                "cpu_seconds": round(self.cpu_seconds, 1),
-                "trainable_params": self.trainable_params, "precision": self.precision, "lr": self.lr}
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "stopped": self.stopped,
+            "best_step": self.best_step,
+            "backoffs": self.backoffs,
+            "held_out_loss": [[s, round(v, 5)] for s, v in self.held_out_loss],
+            "train_loss": [[s, round(v, 5)] for s, v in self.train_loss],
+            "seconds": round(self.seconds, 1),
+            "cpu_seconds": round(self.cpu_seconds, 1),
+            "trainable_params": self.trainable_params,
+            "precision": self.precision,
+            "lr": self.lr,
+        }
 
 
 def trainable_parameters(model, original=None, which: str = "all") -> list[torch.nn.Parameter]:
@@ -114,8 +122,12 @@ def trainable_parameters(model, original=None, which: str = "all") -> list[torch
     decoder. "changed": of those, every vector (norms, biases) and every matrix the compression changed, that is one
     `original` has no tensor of the same name, shape and values for (factor pairs, pruned weights): the weights it left
     as they were keep the original's values and cost no weight gradients or optimizer state."""
-    frozen = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
-              for p in m.parameters()}
+    frozen = {
+        id(p)
+        for m in (model.get_input_embeddings(), model.get_output_embeddings())
+        if m is not None
+        for p in m.parameters()
+    }
     params = [(n, p) for n, p in model.named_parameters() if id(p) not in frozen]
     if which == "all":
         return [p for _, p in params]
@@ -132,11 +144,13 @@ def loss_name(config: dict) -> str:
     """The loss a run trained on, in words, from its config (DistillConfig's fields, as heal.json records them)."""
     hidden = config.get("hidden_weight", 0)
     return f"KL + {config.get('ce_weight', 0):g} x cross-entropy" + (
-        f" + {hidden:g} x hidden-state error" if hidden else "")
+        f" + {hidden:g} x hidden-state error" if hidden else ""
+    )
 
 
-def distillation_loss(student_out, teacher_out, hidden_weight: float, tokens=None,
-                      ce_weight: float = 0.0) -> torch.Tensor:
+def distillation_loss(
+    student_out, teacher_out, hidden_weight: float, tokens=None, ce_weight: float = 0.0
+) -> torch.Tensor:
     """KL(teacher || student) of the next-token distributions, mean per token; plus hidden_weight x the mean over
     layers of each layer output's squared error relative to the teacher's mean square; plus ce_weight x the
     student's cross-entropy on the next tokens of `tokens` [B, S] (the windows both models read)."""
@@ -180,8 +194,9 @@ def _back_off(params, best_state, opt, sched, factor: float) -> None:
 
 
 @torch.inference_mode()
-def held_out_loss(student, teacher, windows: torch.Tensor, batch: int, dtype: torch.dtype = torch.float32,
-                  ce_weight: float = 0.0) -> float:
+def held_out_loss(
+    student, teacher, windows: torch.Tensor, batch: int, dtype: torch.dtype = torch.float32, ce_weight: float = 0.0
+) -> float:
     """The distillation loss (no hidden-state term) per token on windows [n, seq] never trained on: the
     early-stopping loss."""
     device = next(student.parameters()).device
@@ -189,14 +204,16 @@ def held_out_loss(student, teacher, windows: torch.Tensor, batch: int, dtype: to
     for chunk in windows.split(batch):
         chunk = chunk.to(device)
         with autocast(device, dtype):
-            loss = distillation_loss(student(chunk, use_cache=False), teacher(chunk, use_cache=False), 0.0, chunk,
-                                     ce_weight)
+            loss = distillation_loss(
+                student(chunk, use_cache=False), teacher(chunk, use_cache=False), 0.0, chunk, ce_weight
+            )
         total += float(loss) * chunk.numel()
     return total / windows.numel()
 
 
-def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: DistillConfig,
-            progress: bool = True) -> DistillResult:
+def distill(
+    student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: DistillConfig, progress: bool = True
+) -> DistillResult:
     """Train `student` in place to match `teacher` on token windows `train` [n, seq]; every cfg.eval_every steps its
     distillation loss on `val` [m, seq] (held_out_loss; never trained on) is measured and the best tensors are kept;
     an evaluation without improvement brings the best tensors back at cfg.backoff times the learning rate, and
@@ -210,16 +227,25 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
     steps = cfg.steps(train.shape[1])
     dtype = cfg.compute_dtype(device)
     if cfg.precision == "auto" and dtype == torch.float32 and device.type == "cpu":
-        log.info("healing in float32: this CPU has no native bf16 (AVX512-BF16 or AMX), with which a step runs 1.8x "
-                 "faster (docs/results/healing.md); --heal-tokens sets the budget")
+        log.info(
+            "healing in float32: this CPU has no native bf16 (AVX512-BF16 or AMX), with which a step runs 1.8x "
+            "faster (docs/results/healing.md); --heal-tokens sets the budget"
+        )
     best = held_out_loss(student.eval(), teacher, val, cfg.batch, dtype, cfg.ce_weight)
     # fused: one kernel for all tensors, a fraction of foreach's time a step
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, steps, cfg.warmup))
     gen = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []
-    result = DistillResult(steps=0, tokens=0, stopped="budget", best_step=0, lr=cfg.lr,
-                           trainable_params=sum(p.numel() for p in params), precision=str(dtype).split(".")[-1])
+    result = DistillResult(
+        steps=0,
+        tokens=0,
+        stopped="budget",
+        best_step=0,
+        lr=cfg.lr,
+        trainable_params=sum(p.numel() for p in params),
+        precision=str(dtype).split(".")[-1],
+    )
     result.held_out_loss.append((0, best))
     best_state = [p.detach().clone() for p in params]
     start, cpu_start, stale = time.perf_counter(), time.process_time(), 0
@@ -229,14 +255,19 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
         for step in bar:
             if len(order) < cfg.batch:
                 order += torch.randperm(train.shape[0], generator=gen).tolist()
-            batch = train[order[:cfg.batch]].to(device)  # [B, S]
-            del order[:cfg.batch]
+            batch = train[order[: cfg.batch]].to(device)  # [B, S]
+            del order[: cfg.batch]
             with torch.no_grad(), autocast(device, dtype):
                 teacher_out = teacher(batch, use_cache=False, output_hidden_states=hidden)
             student.train()
             with autocast(device, dtype):
-                loss = distillation_loss(student(batch, use_cache=False, output_hidden_states=hidden), teacher_out,
-                                         cfg.hidden_weight, batch, cfg.ce_weight)
+                loss = distillation_loss(
+                    student(batch, use_cache=False, output_hidden_states=hidden),
+                    teacher_out,
+                    cfg.hidden_weight,
+                    batch,
+                    cfg.ce_weight,
+                )
             del teacher_out
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -244,9 +275,10 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
             sched.step()
             opt.zero_grad(set_to_none=True)
             result.steps, result.tokens = step + 1, result.tokens + batch.numel()
-            loss = float(loss.detach())
-            result.train_loss.append((step + 1, loss))
-            bar.set_postfix(loss=f"{loss:.4f}", held_out=f"{best:.4f}")
+            step_loss = float(loss.detach())
+            del loss  # the step's graph goes with it
+            result.train_loss.append((step + 1, step_loss))
+            bar.set_postfix(loss=f"{step_loss:.4f}", held_out=f"{best:.4f}")
             if (step + 1) % cfg.eval_every and step + 1 < steps:
                 continue
             value = held_out_loss(student.eval(), teacher, val, cfg.batch, dtype, cfg.ce_weight)
@@ -270,4 +302,3 @@ def distill(student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: Disti
         del opt, best_state
     result.seconds, result.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     return result
-

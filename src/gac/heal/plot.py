@@ -31,8 +31,10 @@ def plot_heal(report: dict, path) -> None:
     for i, step in enumerate(run["backoffs"]):
         loss_ax.axvline(step, ls=":", color="grey", label=None if i else "backoff: best tensors back, lower lr")
     loss_ax.axvline(run["best_step"], ls="--", color="#2ca02c", label=f"kept: step {run['best_step']}")
-    loss_ax.set_title(f"{loss_name(config)} per token: {run['steps']} steps, {run['tokens']:,} tokens, "
-                      f"{run['seconds']:.0f} s", fontsize=10)
+    loss_ax.set_title(
+        f"{loss_name(config)} per token: {run['steps']} steps, {run['tokens']:,} tokens, {run['seconds']:.0f} s",
+        fontsize=10,
+    )
     loss_ax.set_xlabel("step")
     loss_ax.set_ylabel("loss")
     loss_ax.grid(True, alpha=0.25)
@@ -41,8 +43,9 @@ def plot_heal(report: dict, path) -> None:
     keys = list(ratio["before"])  # the held-out text, then each unlike text
     x = range(len(keys))
     for offset, when, colour in ((-0.2, "before", "#bbbbbb"), (0.2, "after", "#1f77b4")):
-        bars = ppl_ax.bar([i + offset for i in x], [ratio[when][k] for k in keys], width=0.38, color=colour,
-                          label=f"{when} healing")
+        bars = ppl_ax.bar(
+            [i + offset for i in x], [ratio[when][k] for k in keys], width=0.38, color=colour, label=f"{when} healing"
+        )
         ppl_ax.bar_label(bars, fmt="%.2fx", fontsize=7)
     ppl_ax.axhline(1.0, color="black", lw=0.8, label="original")
     ppl_ax.set_xticks(list(x), [textwrap.fill(names[k], 18) for k in keys], fontsize=8)

@@ -44,9 +44,14 @@ class HealConfig:
         """The texts' token windows (gac.heal.texts.HealTexts): read before any model, so a bad text fails first."""
         from gac.heal.texts import heal_windows
 
-        return heal_windows(tokenizer, heal_file=self.heal_file, eval_file=self.text.eval_file,
-                            unlike_file=self.unlike_file, seq_len=self.text.seq_len,
-                            eval_windows=self.text.eval_windows)
+        return heal_windows(
+            tokenizer,
+            heal_file=self.heal_file,
+            eval_file=self.text.eval_file,
+            unlike_file=self.unlike_file,
+            seq_len=self.text.seq_len,
+            eval_windows=self.text.eval_windows,
+        )
 
 
 @dataclass
@@ -61,8 +66,10 @@ def original_of(model_dir: Path, plan: dict) -> str:
         plan = plan["source_plan"]
     original = plan.get("source_model")
     if not isinstance(original, str) or not original:
-        raise GacError(f"{model_dir}/gac_plan.json records no original model: pass the model it was compressed from "
-                       "with --original")
+        raise GacError(
+            f"{model_dir}/gac_plan.json records no original model: pass the model it was compressed from "
+            "with --original"
+        )
     return original
 
 
@@ -73,20 +80,26 @@ def _check_original(original: str, model_dir: Path, given: bool) -> None:
     looks_local = original.startswith((".", "/", "~")) or original.count("/") != 1 or path.exists()
     if original not in EMBEDDED and looks_local and not path.exists():
         where = "--original" if given else f"{model_dir}/gac_plan.json"
-        raise GacError(f"the original model {original} named by {where} is not found: pass the uncompressed model "
-                       "it was made from with --original")
+        raise GacError(
+            f"the original model {original} named by {where} is not found: pass the uncompressed model "
+            "it was made from with --original"
+        )
 
 
 def _check_teacher(teacher, student, original: str) -> None:
     from gac.models.groups import compressed_dims_of
 
     if compressed_dims_of(teacher):
-        raise GacError(f"the original model {original} is itself compressed: pass the uncompressed model the output "
-                       "was made from with --original")
+        raise GacError(
+            f"the original model {original} is itself compressed: pass the uncompressed model the output "
+            "was made from with --original"
+        )
     keys = ("vocab_size", "hidden_size", "num_hidden_layers")
     if any(getattr(teacher.config, k, None) != getattr(student.config, k, None) for k in keys):
-        raise GacError(f"the original model {original} does not match the compressed one ({', '.join(keys)} differ): "
-                       "pass the model it was made from with --original")
+        raise GacError(
+            f"the original model {original} does not match the compressed one ({', '.join(keys)} differ): "
+            "pass the model it was made from with --original"
+        )
 
 
 def _tokenizer(path: Path):
@@ -95,8 +108,9 @@ def _tokenizer(path: Path):
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
-        raise GacError(f"{path} has no readable tokenizer: re-run `gac compress`, which saves one beside the model") \
-            from None
+        raise GacError(
+            f"{path} has no readable tokenizer: re-run `gac compress`, which saves one beside the model"
+        ) from None
 
 
 def _shape(model) -> tuple:
@@ -121,25 +135,39 @@ def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
     before = texts.perplexities(student, "before", cfg.progress)
     start = time.perf_counter()
     if cfg.samples:
-        texts = texts.with_samples(sample_windows(teacher, cfg.samples, cfg.text.seq_len, seed=cfg.distill.seed,
-                                                  dtype=cfg.distill.compute_dtype(cfg.device),
-                                                  progress=cfg.progress))
+        texts = texts.with_samples(
+            sample_windows(
+                teacher,
+                cfg.samples,
+                cfg.text.seq_len,
+                seed=cfg.distill.seed,
+                dtype=cfg.distill.compute_dtype(cfg.device),
+                progress=cfg.progress,
+            )
+        )
     sampling_seconds = time.perf_counter() - start
     run = distill(student, teacher, texts.train, texts.val, cfg.distill, progress=cfg.progress)
     after = texts.perplexities(student, "after", cfg.progress)  # sampled windows join training only
     if _shape(student) != shape:
         raise RuntimeError("healing changed the model's structure or parameter count")
     return {
-        "texts": {**texts.names, "train_windows": texts.train.shape[0], "val_windows": texts.val.shape[0],
-                  "sampled_windows": texts.sampled, "sampling_seconds": round(sampling_seconds, 1),
-                  "dropped_windows": texts.dropped, "seq_len": cfg.text.seq_len,
-                  "eval_tokens": {k: w.numel() for k, w in evaluated.items()}},
-        "config": {k: v for k, v in vars(cfg.distill).items()},
+        "texts": {
+            **texts.names,
+            "train_windows": texts.train.shape[0],
+            "val_windows": texts.val.shape[0],
+            "sampled_windows": texts.sampled,
+            "sampling_seconds": round(sampling_seconds, 1),
+            "dropped_windows": texts.dropped,
+            "seq_len": cfg.text.seq_len,
+            "eval_tokens": {k: w.numel() for k, w in evaluated.items()},
+        },
+        "config": dict(vars(cfg.distill)),
         "run": run.to_json(),
         "params": shape[1],
         "ppl": {"original": original, "before": before, "after": after},
-        "ratio_to_original": {when: {k: v[k] / original[k] for k in v} for when, v in
-                              (("before", before), ("after", after))},
+        "ratio_to_original": {
+            when: {k: v[k] / original[k] for k in v} for when, v in (("before", before), ("after", after))
+        },
     }
 
 
@@ -154,7 +182,6 @@ def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
     from gac.checkpoint.gac_dir import MODELING_HASH, check_out_dir, is_gac_dir, load, plan_record, read_plan, save
     from gac.checkpoint.loading import load_model
     from gac.heal.plot import PLOT_FILE, heal_png
-
     from gac.io import validate
 
     validate.not_quantized(model, "heal")  # healing trains float weights: heal first, then quantize
@@ -171,11 +198,26 @@ def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
     _check_teacher(teacher, loaded.model, original)
     report = {"model": str(model), "original": original, **heal_model(loaded.model, teacher, texts, cfg)}
     del teacher
-    kept = {k: v for k, v in plan.items() if k not in ("gac_plan", "variant", "source_model", "alignment", "dims",
-                                                       "versions", "healed", MODELING_HASH)}
+    kept = {
+        k: v
+        for k, v in plan.items()
+        if k not in ("gac_plan", "variant", "source_model", "alignment", "dims", "versions", "healed", MODELING_HASH)
+    }
     summary = healed_summary(original, report)
-    new_plan = plan_record(variant=plan.get("variant"), source_model=plan.get("source_model"),
-                           alignment=plan.get("alignment"), dims=plan.get("dims"), **kept, healed=summary)
-    saved = save(loaded.model, loaded.tokenizer, out, plan=new_plan,
-                 extra_files={HEAL_FILE: json.dumps(report, indent=2), PLOT_FILE: heal_png(report)}, force=cfg.force)
+    new_plan = plan_record(
+        variant=plan.get("variant"),
+        source_model=plan.get("source_model"),
+        alignment=plan.get("alignment"),
+        dims=plan.get("dims"),
+        **kept,
+        healed=summary,
+    )
+    saved = save(
+        loaded.model,
+        loaded.tokenizer,
+        out,
+        plan=new_plan,
+        extra_files={HEAL_FILE: json.dumps(report, indent=2), PLOT_FILE: heal_png(report)},
+        force=cfg.force,
+    )
     return HealOutput(saved, report)

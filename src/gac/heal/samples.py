@@ -26,15 +26,23 @@ class _Ticks(LogitsProcessor):
 
 
 @torch.inference_mode()
-def sample_windows(model, n: int, seq_len: int, *, seed: int, dtype: torch.dtype = torch.float32,
-                   progress: bool = True) -> torch.Tensor:
+def sample_windows(
+    model, n: int, seq_len: int, *, seed: int, dtype: torch.dtype = torch.float32, progress: bool = True
+) -> torch.Tensor:
     """[n, seq_len] token windows drawn from `model`: each starts at a token drawn uniformly from the vocabulary and
     goes on with tokens sampled from the model's own next-token distribution (temperature 1, no truncation, no end
     of sequence), in `dtype` matmuls. The same seed gives the same windows."""
     device = next(model.parameters()).device
     eos = model.generation_config.eos_token_id
-    how = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=seq_len - 1,
-                           min_new_tokens=seq_len - 1, pad_token_id=eos[0] if isinstance(eos, list) else eos)
+    how = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=seq_len - 1,
+        min_new_tokens=seq_len - 1,
+        pad_token_id=eos[0] if isinstance(eos, list) else eos,
+    )
     bar = tqdm(total=n * seq_len, desc="sampling healing text from the original", unit="tok", disable=not progress)
     windows = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -43,8 +51,12 @@ def sample_windows(model, n: int, seq_len: int, *, seed: int, dtype: torch.dtype
             first = torch.randint(0, model.config.vocab_size, (min(BATCH, n - start), 1), device=device)
             bar.update(first.numel())
             with autocast(device, dtype):
-                out = model.generate(first, attention_mask=torch.ones_like(first), generation_config=how,
-                                     logits_processor=LogitsProcessorList([_Ticks(bar)]))
+                out = model.generate(
+                    first,
+                    attention_mask=torch.ones_like(first),
+                    generation_config=how,
+                    logits_processor=LogitsProcessorList([_Ticks(bar)]),
+                )
             windows.append(out[:, :seq_len].cpu())  # [b, seq_len]
     bar.close()
     return torch.cat(windows)

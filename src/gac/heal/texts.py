@@ -38,8 +38,10 @@ class HealTexts:
         """{id: perplexity of `model`} on every evaluation text (`who` names it in the progress bars)."""
         from gac.evaluate.perplexity import perplexity
 
-        return {k: perplexity(model, w, desc=f"perplexity {who} {k}", progress=progress)
-                for k, w in self.evaluated().items()}
+        return {
+            k: perplexity(model, w, desc=f"perplexity {who} {k}", progress=progress)
+            for k, w in self.evaluated().items()
+        }
 
     def cached_perplexities(self, model, who: str = "model", progress: bool = True) -> dict:
         """perplexities(), measured once for a model's tensors on these windows (with this torch, on this device) and
@@ -61,19 +63,27 @@ class HealTexts:
             log.warning("could not cache the perplexities: %s", e)
         return ppl
 
-    def with_samples(self, windows: torch.Tensor) -> "HealTexts":
+    def with_samples(self, windows: torch.Tensor) -> HealTexts:
         """These texts with `windows` [n, seq] sampled from the original beside the healing text's (less any that
         share a passage with the evaluation windows, as the healing text's): the last VAL_WINDOWS of them join the
         early-stopping windows, so stopping weighs both."""
         shared = sharing(windows, self.evaluated().values())
         windows = windows[~shared]
         if windows.shape[0] <= VAL_WINDOWS:
-            raise GacError(f"{windows.shape[0]} of the windows sampled from the original are apart from the "
-                           "evaluation text, too few to heal on: pass --heal-samples 0 or a larger count")
+            raise GacError(
+                f"{windows.shape[0]} of the windows sampled from the original are apart from the "
+                "evaluation text, too few to heal on: pass --heal-samples 0 or a larger count"
+            )
         train, val = windows[:-VAL_WINDOWS], windows[-VAL_WINDOWS:]
         names = {**self.names, "train": f"{self.names['train']} + {train.shape[0]} windows sampled from the original"}
-        return replace(self, train=torch.cat([self.train, train]), val=torch.cat([self.val, val]), names=names,
-                       sampled=self.sampled + train.shape[0], dropped=self.dropped + int(shared.sum()))
+        return replace(
+            self,
+            train=torch.cat([self.train, train]),
+            val=torch.cat([self.val, val]),
+            names=names,
+            sampled=self.sampled + train.shape[0],
+            dropped=self.dropped + int(shared.sum()),
+        )
 
 
 def _fingerprint(model, windows: dict) -> str:
@@ -89,9 +99,9 @@ def _fingerprint(model, windows: dict) -> str:
 
 def _runs(windows: torch.Tensor, stride: int) -> set:
     """Every OVERLAP_TOKENS-long token run of each window [n, seq] starting at multiples of `stride`."""
-    out = set()
+    out: set[tuple[int, ...]] = set()
     for row in windows.tolist():
-        out.update(tuple(row[i:i + OVERLAP_TOKENS]) for i in range(0, len(row) - OVERLAP_TOKENS + 1, stride))
+        out.update(tuple(row[i : i + OVERLAP_TOKENS]) for i in range(0, len(row) - OVERLAP_TOKENS + 1, stride))
     return out
 
 
@@ -103,8 +113,9 @@ def sharing(windows: torch.Tensor, evaluation: Iterable[torch.Tensor]) -> torch.
     return torch.tensor([bool(_runs(w[None], 1) & seen) for w in windows], dtype=torch.bool)
 
 
-def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unlike_file: str | None,
-                 seq_len: int, eval_windows: int) -> HealTexts:
+def heal_windows(
+    tokenizer, *, heal_file: str | None, eval_file: str | None, unlike_file: str | None, seq_len: int, eval_windows: int
+) -> HealTexts:
     """Windows of the healing text (`heal_file`, or by default the standard library's sources then the calibration text,
     SOURCES_SHARE times its tokens of sources) less any that share text with the evaluation windows, its last
     VAL_WINDOWS set aside for early stopping; the held-out evaluation windows (the default held-out docs, or
@@ -114,11 +125,12 @@ def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unl
 
     calib, docs = pydoc_split()
     held_text = read_text(eval_file, "--eval-file") if eval_file else docs
-    unlike_named = ({"unlike": (unlike_file, read_text(unlike_file, "--unlike-file"))} if unlike_file
-                    else unlike_texts())
+    unlike_named = {"unlike": (unlike_file, read_text(unlike_file, "--unlike-file"))} if unlike_file else unlike_texts()
     held_out = token_windows(tokenizer, held_text, seq_len, eval_windows, what="evaluation")
-    unlike = {key: token_windows(tokenizer, text, seq_len, eval_windows, what=name)
-              for key, (name, text) in unlike_named.items()}
+    unlike = {
+        key: token_windows(tokenizer, text, seq_len, eval_windows, what=name)
+        for key, (name, text) in unlike_named.items()
+    }
     train_name = heal_file or "calibration text (Python docs) + standard-library sources"
     if heal_file:
         windows = token_windows(tokenizer, read_text(heal_file, "--heal-file"), seq_len, 1 << 30, what="healing")
@@ -126,19 +138,26 @@ def heal_windows(tokenizer, *, heal_file: str | None, eval_file: str | None, unl
         docs_windows = token_windows(tokenizer, calib, seq_len, 1 << 30, what="calibration")
         sources = stdlib_sources(tokenizer, int(SOURCES_SHARE * docs_windows.numel()))
         try:
-            windows = torch.cat([token_windows(tokenizer, sources, seq_len, 1 << 30, what="standard-library source"),
-                                 docs_windows])
+            windows = torch.cat(
+                [token_windows(tokenizer, sources, seq_len, 1 << 30, what="standard-library source"), docs_windows]
+            )
         except GacError:  # a distribution without its sources (bytecode only): the docs alone
-            log.warning("this Python carries no standard-library sources to heal on beside the docs: healing on the "
-                        "docs alone")
+            log.warning(
+                "this Python carries no standard-library sources to heal on beside the docs: healing on the docs alone"
+            )
             windows, train_name = docs_windows, "calibration text (Python docs)"
     shared = sharing(windows, [held_out, *unlike.values()])
     windows = windows[~shared]
     need = VAL_WINDOWS + MIN_TRAIN_WINDOWS
     if windows.shape[0] < need:
-        raise GacError(f"the healing text gives {windows.shape[0]} windows of {seq_len} tokens apart from the "
-                       f"evaluation text, fewer than the {need} healing needs: pass a longer --heal-file or a smaller "
-                       "--seq-len")
-    names = {"train": train_name,
-             "held_out": eval_file or "held-out Python docs", **{k: name for k, (name, _) in unlike_named.items()}}
+        raise GacError(
+            f"the healing text gives {windows.shape[0]} windows of {seq_len} tokens apart from the "
+            f"evaluation text, fewer than the {need} healing needs: pass a longer --heal-file or a smaller "
+            "--seq-len"
+        )
+    names = {
+        "train": train_name,
+        "held_out": eval_file or "held-out Python docs",
+        **{k: name for k, (name, _) in unlike_named.items()},
+    }
     return HealTexts(windows[:-VAL_WINDOWS], windows[-VAL_WINDOWS:], held_out, unlike, names, int(shared.sum()))

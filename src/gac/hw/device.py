@@ -39,8 +39,9 @@ def check_device(device):
     if dev.type not in ("cpu", "cuda"):
         raise GacError(f"unknown device {device!r} (gac runs on cpu and cuda): use cpu or cuda[:N]")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise GacError(f"device {device!r} asked for but CUDA is not available here (torch {torch.__version__}): "
-                       "use --device cpu")
+        raise GacError(
+            f"device {device!r} asked for but CUDA is not available here (torch {torch.__version__}): use --device cpu"
+        )
     return dev
 
 

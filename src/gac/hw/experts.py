@@ -37,10 +37,21 @@ def loaded_implementation() -> str:
     transformers at each call."""
     import transformers
 
-    small = dict(vocab_size=8, hidden_size=8, intermediate_size=8, moe_intermediate_size=8, num_hidden_layers=1,
-                 num_attention_heads=1, num_key_value_heads=1, head_dim=8, num_experts=2, num_experts_per_tok=1)
+    # head_dim is taken through the config's **kwargs, which its dataclass signature leaves out
+    small = transformers.Qwen3MoeConfig(  # type: ignore[call-arg]
+        vocab_size=8,
+        hidden_size=8,
+        intermediate_size=8,
+        moe_intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=8,
+        num_experts=2,
+        num_experts_per_tok=1,
+    )
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(transformers.Qwen3MoeConfig(**small))
+        model = transformers.AutoModelForCausalLM.from_config(small)
     return model.config._experts_implementation
 
 
@@ -53,9 +64,14 @@ class ExpertsKernel:
         import transformers
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-        config = transformers.Qwen3MoeConfig(hidden_size=shape["hidden"], moe_intermediate_size=dim,
-                                             num_experts=shape["experts"], num_experts_per_tok=shape["top_k"])
+        config = transformers.Qwen3MoeConfig(
+            hidden_size=shape["hidden"],
+            moe_intermediate_size=dim,
+            num_experts=shape["experts"],
+            num_experts_per_tok=shape["top_k"],
+        )
         config._experts_implementation = loaded_implementation()
+        self.config = config  # the module's own (transformers' experts hold the config they were built with)
         with torch.device("meta"):
             self.module = Qwen3MoeExperts(config)
         self.names = tuple(name for name, _ in self.module.named_parameters())  # gate_up, then down, as declared
@@ -63,7 +79,7 @@ class ExpertsKernel:
 
     @property
     def implementation(self) -> str:
-        return self.module.config._experts_implementation
+        return self.config._experts_implementation
 
     def fit(self, args: tuple) -> str:
         """The implementation that runs these inputs: the eager loop at a width gac's models run that way
@@ -71,14 +87,14 @@ class ExpertsKernel:
         float32 too), else the loaded model's, tried once, or the eager loop where that one refuses them (torch's
         grouped GEMM and expert rows that are not 16 bytes)."""
         if args[-1].shape[-1] % GROUPED_MM_ROW:
-            self.module.config._experts_implementation = "eager"
+            self.config._experts_implementation = "eager"
             return self.implementation
         try:
             with torch.inference_mode():
                 self(*args)
         except RuntimeError as e:
             logger.info("experts at width %d: %s: timing the eager loop", args[-1].shape[-1], str(e).splitlines()[0])
-            self.module.config._experts_implementation = "eager"
+            self.config._experts_implementation = "eager"
         return self.implementation
 
     def __call__(self, x, gate_up, down):

@@ -26,9 +26,16 @@ def _draw_entry(ax, entry: Mapping, alignment: int) -> None:
     dims, ms = [entry["dims"][i] for i in timed], [entry["ms"][i] for i in timed]
     ax.plot(dims, ms, color="0.6", lw=0.8, zorder=1)
     if "p10_ms" in entry and "p90_ms" in entry:
-        ax.fill_between(dims, [entry["p10_ms"][i] for i in timed], [entry["p90_ms"][i] for i in timed], color="0.85",
-                        step=None, zorder=0, label="p10-p90")
-    for d in (entry.get("refused") or {}):
+        ax.fill_between(
+            dims,
+            [entry["p10_ms"][i] for i in timed],
+            [entry["p90_ms"][i] for i in timed],
+            color="0.85",
+            step=None,
+            zorder=0,
+            label="p10-p90",
+        )
+    for d in entry.get("refused") or {}:
         ax.axvline(int(d), color="black", lw=0.5, ls=":", zorder=0)
     groups = {
         "other": [(d, t) for d, t in zip(dims, ms) if d % alignment],
@@ -68,8 +75,10 @@ def plot_profile(
         by_op.setdefault(entry["op"], []).append(entry)
 
     get = profile.get
-    header = (f"{get('device_name', '?')}, {get('dtype', '?')}, {get('threads', '?')} threads, "
-              f"torch {get('torch', '?')}, {str(get('date', ''))[:10]}")
+    header = (
+        f"{get('device_name', '?')}, {get('dtype', '?')}, {get('threads', '?')} threads, "
+        f"torch {get('torch', '?')}, {str(get('date', ''))[:10]}"
+    )
     paths = []
     for op, entries in by_op.items():
         fig, axes = plt.subplots(len(entries), 1, figsize=(10, 3.6 * len(entries)), squeeze=False)

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,9 @@ import torch.nn.functional as F
 from gac.errors import GacError
 from gac.hw.device import check_device, device_name, dtype_name, torch_dtype
 from gac.hw.timing import cpu_threads, time_callable, time_interleaved
+
+if TYPE_CHECKING:
+    from gac.hw.experts import ExpertsKernel
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +78,11 @@ class FixedSizes:
                 raise GacError(f"{name} must be a positive integer, got {value!r}")
         if self.kv_heads is not None and self.q_per_kv is not None:
             raise GacError("give SDPA's kv_heads or q_per_kv, not both")
-        if None not in (self.experts, self.top_k) and self.top_k > self.experts:
-            raise GacError(f"top_k {self.top_k} is more than the {self.experts} experts: a token is routed to at "
-                           "most every expert, e.g. --experts 128 --top-k 8")
+        if self.experts is not None and self.top_k is not None and self.top_k > self.experts:
+            raise GacError(
+                f"top_k {self.top_k} is more than the {self.experts} experts: a token is routed to at "
+                "most every expert, e.g. --experts 128 --top-k 8"
+            )
 
     @classmethod
     def of(cls, op: str, shape: Mapping[str, int]) -> FixedSizes | None:
@@ -121,18 +127,24 @@ class SweepSpec:
             if not values or any(int(v) != v or v < 1 for v in values):
                 raise GacError(f"{name} must be a non-empty list of positive integers, got {list(values)[:8]}")
         if max(self.head_dims) > MAX_HEAD_DIM:
-            raise GacError(f"SDPA head_dim {max(self.head_dims)} is not supported (at most {MAX_HEAD_DIM}): sweep "
-                           "head dims with e.g. --head-dims 64:256:8 and GEMM dims with --dims")
+            raise GacError(
+                f"SDPA head_dim {max(self.head_dims)} is not supported (at most {MAX_HEAD_DIM}): sweep "
+                "head dims with e.g. --head-dims 64:256:8 and GEMM dims with --dims"
+            )
         if self.repeats < 1 or self.warmup < 0 or self.buffers < 1 or self.chunk < 1:
             raise GacError("repeats, buffers and chunk must be >= 1 and warmup >= 0")
         if "sdpa_heads" in self.ops:
             kv_unit = self.sizes.kv_heads or self.sizes.q_per_kv or 1
             if self.sizes.head_dim is None or any(h % kv_unit for h in self.dims):
-                raise GacError(f"an SDPA heads sweep needs a head_dim and query heads that are multiples of "
-                               f"{kv_unit} (the KV heads or query heads per KV head), got {list(self.dims)[:8]}")
+                raise GacError(
+                    f"an SDPA heads sweep needs a head_dim and query heads that are multiples of "
+                    f"{kv_unit} (the KV heads or query heads per KV head), got {list(self.dims)[:8]}"
+                )
         if "experts" in self.ops and None in (self.sizes.experts, self.sizes.top_k):
-            raise GacError("an experts sweep needs the layer's experts and experts per token: give them, e.g. "
-                           "--experts 128 --top-k 8 (and its --hidden)")
+            raise GacError(
+                "an experts sweep needs the layer's experts and experts per token: give them, e.g. "
+                "--experts 128 --top-k 8 (and its --hidden)"
+            )
 
     @classmethod
     def quick(cls, m: int = 1024) -> SweepSpec:
@@ -167,12 +179,23 @@ def _entry_shape(op: str, m: int, sizes: FixedSizes) -> dict[str, int]:
     if op == "lowrank":
         return {"in": sizes.lowrank_in, "out": sizes.lowrank_out}
     if op == "experts":
-        return {"hidden": sizes.hidden, "experts": sizes.experts, "top_k": sizes.top_k}
+        return {
+            "hidden": sizes.hidden,
+            "experts": _given(sizes.experts, "experts"),
+            "top_k": _given(sizes.top_k, "top_k"),
+        }
     seq = m if m > 1 else sizes.context
     if op == "sdpa_heads":
         kv = {"kv_heads": sizes.kv_heads} if sizes.kv_heads else {"q_per_kv": sizes.q_per_kv or 1}
-        return {"batch": sizes.batch, "head_dim": sizes.head_dim, "seq": seq, **kv}
+        return {"batch": sizes.batch, "head_dim": _given(sizes.head_dim, "head_dim"), "seq": seq, **kv}
     return {"batch": sizes.batch, "heads": sizes.heads, "seq": seq}
+
+
+def _given(size: int | None, name: str) -> int:
+    """A size the sweep needs, which SweepSpec's checks have already required."""
+    if size is None:
+        raise GacError(f"this sweep needs its {name}: give it in the sweep's sizes")
+    return size
 
 
 def _tensor_shapes(op: str, m: int, dim: int, shape: Mapping[str, int]) -> list[tuple[int, ...]]:
@@ -229,7 +252,7 @@ def _backend(op: str, kernel: Callable, args: tuple, device: torch.device) -> st
     plain GEMM."""
     if op in ("sdpa", "sdpa_heads"):
         return _first_sdpa_backend(kernel, args, device)
-    return kernel.fit(args) if op == "experts" else None
+    return cast("ExpertsKernel", kernel).fit(args) if op == "experts" else None  # _kernel's for "experts"
 
 
 def _sdpa_context(backend: str | None):
@@ -294,9 +317,12 @@ def last_level_cache_bytes() -> int:
     sizes = []
     for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         try:
-            number, unit = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip()).groups()
-        except (OSError, AttributeError):
+            match = re.fullmatch(r"(\d+)([KMG]?)", f.read_text().strip())
+        except OSError:
             continue
+        if match is None:
+            continue
+        number, unit = match.groups()
         sizes.append(int(number) << {"": 0, "K": 10, "M": 20, "G": 30}[unit])
     return max(sizes, default=32 << 20)
 
@@ -311,8 +337,9 @@ def cpu_chunk_copies(chunk_bytes: int, llc_bytes: int | None = None) -> int:
     return int(min(MAX_COPIES, max(1, -(-want // max(chunk_bytes, 1)))))
 
 
-def _build_point(op: str, m: int, dim: int, shape, *, device, dtype, buffers: int, gen,
-                 copies: int | None = None) -> _Point:
+def _build_point(
+    op: str, m: int, dim: int, shape, *, device, dtype, buffers: int, gen, copies: int | None = None
+) -> _Point:
     """`copies` input sets (default: _copies), the first random, the rest its clones (the values do not matter to
     the time, only that each copy has its own memory)."""
     shapes = _tensor_shapes(op, m, dim, shape)
@@ -364,17 +391,25 @@ def _chunk_size(op, m, dims, shape, spec, *, device, dtype) -> int:
 
 def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
     shape = _entry_shape(op, m, spec.sizes)
-    ms, p10, p90, backends, methods, n_copies = [], [], [], [], set(), set()
+    ms: list[float | None] = []
+    p10: list[float | None] = []
+    p90: list[float | None] = []
+    backends: list[str | None] = []
+    methods: set[str] = set()
+    n_copies: set[int] = set()
     refused: dict[str, str] = {}  # {dim: why} of the shapes a quantized kernel refused
     chunk_size = _chunk_size(op, m, dims, shape, spec, device=device, dtype=dtype)  # bounded memory
     for start in range(0, len(dims), chunk_size):
         chunk = dims[start : start + chunk_size]
         copies = None  # CUDA: per dim (_copies)
         if device.type == "cpu":
-            copies = cpu_chunk_copies(sum(_set_bytes(_tensor_shapes(op, m, d, shape), _input_dtype(op, dtype))
-                                          for d in chunk))
-        points = {d: _build_point(op, m, d, shape, device=device, dtype=dtype, buffers=spec.buffers, gen=gen,
-                                  copies=copies) for d in chunk}
+            copies = cpu_chunk_copies(
+                sum(_set_bytes(_tensor_shapes(op, m, d, shape), _input_dtype(op, dtype)) for d in chunk)
+            )
+        points = {
+            d: _build_point(op, m, d, shape, device=device, dtype=dtype, buffers=spec.buffers, gen=gen, copies=copies)
+            for d in chunk
+        }
         for d in list(points):
             if (why := _refusal(op, points[d])) is not None:
                 refused[str(d)] = why
@@ -388,12 +423,18 @@ def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
         graph_calls = max(8, max(p.copies for p in points.values())) if device.type == "cuda" else 0
         for backend, fns in by_backend.items():  # pinned once per group, outside the timed calls
             with _sdpa_context(backend):
-                timings.update(time_interleaved(fns, device=device, warmup=spec.warmup, rounds=spec.repeats,
-                                                graph_calls=graph_calls))
+                timings.update(
+                    time_interleaved(
+                        fns, device=device, warmup=spec.warmup, rounds=spec.repeats, graph_calls=graph_calls
+                    )
+                )
         n_copies.update(p.copies for p in points.values())
         for d in chunk:
             if str(d) in refused:  # no time: the kernel does not run this shape
-                ms.append(None), p10.append(None), p90.append(None), backends.append(None)
+                ms.append(None)
+                p10.append(None)
+                p90.append(None)
+                backends.append(None)
                 continue
             t = timings[str(d)]
             methods.add(t.method)
@@ -403,9 +444,18 @@ def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
             backends.append(points[d].backend)
         del points, by_backend  # free this chunk's input sets before the next is built
         bar.update(len(chunk))
-    entry = {"op": op, "shape": shape, "m": m, "backend": max(set(backends), key=backends.count),
-             "dims": list(dims), "ms": ms, "p10_ms": p10, "p90_ms": p90, "timing": "+".join(sorted(methods)),
-             "copies": max(n_copies, default=0)}  # input sets rotated per dim (the most of any chunk)
+    entry = {
+        "op": op,
+        "shape": shape,
+        "m": m,
+        "backend": max(set(backends), key=backends.count),
+        "dims": list(dims),
+        "ms": ms,
+        "p10_ms": p10,
+        "p90_ms": p90,
+        "timing": "+".join(sorted(methods)),
+        "copies": max(n_copies, default=0),
+    }  # input sets rotated per dim (the most of any chunk)
     if refused:
         entry["refused"] = refused
     if len(set(backends)) > 1:
@@ -417,8 +467,9 @@ def _estimate_s(spec: SweepSpec, *, device, dtype, gen) -> float:
     """Seconds the sweep should take, from timing the middle point of each op entry once."""
     total = 0.0
     for op, m, dims in _entries(spec):
-        point = _build_point(op, m, dims[len(dims) // 2], _entry_shape(op, m, spec.sizes),
-                             device=device, dtype=dtype, buffers=1, gen=gen)
+        point = _build_point(
+            op, m, dims[len(dims) // 2], _entry_shape(op, m, spec.sizes), device=device, dtype=dtype, buffers=1, gen=gen
+        )
         if _refusal(op, point) is not None:
             continue  # a shape the kernel refuses takes no time
         per_call = time_callable(point.fn, device=device, warmup=1, repeats=2).median_ms
@@ -448,8 +499,13 @@ def _warn_if_busy(device: torch.device, threads: int) -> None:
     cores = os.cpu_count() or 1
     busy = _busy_cores() if device.type == "cpu" else None
     if busy is not None and busy + threads > cores + 0.3:
-        logger.warning("other processes keep %.1f of %d cores busy and %d threads were asked: CPU timings will "
-                       "be noisy; profile on an idle machine or pass fewer threads", busy, cores, threads)
+        logger.warning(
+            "other processes keep %.1f of %d cores busy and %d threads were asked: CPU timings will "
+            "be noisy; profile on an idle machine or pass fewer threads",
+            busy,
+            cores,
+            threads,
+        )
 
 
 def resolve_spec(spec: SweepSpec | None) -> SweepSpec:
@@ -467,14 +523,16 @@ def run_profile(spec: SweepSpec | None, *, device: str = "cpu", dtype: str = "fl
     gen = torch.Generator(device=dev).manual_seed(0)
     entries = _entries(spec)
     n_points = sum(len(dims) for _, _, dims in entries)
-    _warn_if_busy(dev, spec.threads)
+    _warn_if_busy(dev, spec.threads if spec.threads is not None else torch.get_num_threads())
     t0 = time.perf_counter()
     with cpu_threads(spec.threads) as threads:
         estimate = _estimate_s(spec, device=dev, dtype=torch_dtype(name), gen=gen)
         logger.info("profiling %d points on %s (%s), about %.0f s", n_points, device_name(dev), name, estimate)
         with tqdm(total=n_points, desc=f"profile (~{estimate:.0f}s)", unit="pt", disable=not progress) as bar:
-            ops = [_sweep_entry(op, m, dims, spec, device=dev, dtype=torch_dtype(name), gen=gen, bar=bar)
-                   for op, m, dims in entries]
+            ops = [
+                _sweep_entry(op, m, dims, spec, device=dev, dtype=torch_dtype(name), gen=gen, bar=bar)
+                for op, m, dims in entries
+            ]
     return {
         "gac_profile": PROFILE_VERSION,
         "device": dev.type,
@@ -555,8 +613,12 @@ def current_method(profile: Mapping) -> bool:
     """Whether a (cached) profile was swept the way this version sweeps (SWEEP_METHOD; profiles before it: 1)."""
     if profile.get("sweep_method", 1) == SWEEP_METHOD:
         return True
-    logger.info("the cached sweep was measured by method %s, not %s (operands rotated past the cache on CPU too): "
-                "measuring again", profile.get("sweep_method", 1), SWEEP_METHOD)
+    logger.info(
+        "the cached sweep was measured by method %s, not %s (operands rotated past the cache on CPU too): "
+        "measuring again",
+        profile.get("sweep_method", 1),
+        SWEEP_METHOD,
+    )
     return False
 
 

@@ -10,14 +10,25 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import NoReturn
 
 from gac.errors import GacError
 
 log = logging.getLogger(__name__)
 
 PROFILE_VERSION = 1
-OPS = ("gemm_n", "gemm_k", "sdpa", "lowrank", "sdpa_heads", "experts",  # gac.hw.profile.ALL_OPS, torch-free
-       "int8_n", "int8_k", "fp8_n", "fp8_k")
+OPS = (
+    "gemm_n",
+    "gemm_k",
+    "sdpa",
+    "lowrank",
+    "sdpa_heads",
+    "experts",  # gac.hw.profile.ALL_OPS, torch-free
+    "int8_n",
+    "int8_k",
+    "fp8_n",
+    "fp8_k",
+)
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
 REGENERATE = "re-measure it with `gac profile --out FILE`"
@@ -33,18 +44,19 @@ def _positive_ms(x) -> bool:
 
 def check_profile(profile, path) -> dict:
     """`profile` (parsed JSON) if it is a well-formed gac profile; else a one-line GacError naming the field."""
-    def bad(what: str):
+
+    def bad(what: str) -> NoReturn:
         raise GacError(f"profile {path}: {what}: {REGENERATE}")
 
     if not isinstance(profile, dict) or "gac_profile" not in profile:
-        raise GacError(f"{path} is not a gac profile (no \"gac_profile\" key): pass a file written by `gac profile`")
+        raise GacError(f'{path} is not a gac profile (no "gac_profile" key): pass a file written by `gac profile`')
     if profile["gac_profile"] != PROFILE_VERSION:
         bad(f"format {profile['gac_profile']!r}, this gac reads {PROFILE_VERSION}")
     ops = profile.get("ops")
     if not isinstance(ops, list):
-        bad("\"ops\" must be a list of sweeps")
+        bad('"ops" must be a list of sweeps')
     if not ops:
-        bad("no measurements (empty \"ops\")")
+        bad('no measurements (empty "ops")')
     for i, e in enumerate(ops):
         where = f"op entry {i}"
         if not isinstance(e, dict) or not {"op", "m", "dims", "ms"} <= e.keys():
@@ -52,17 +64,16 @@ def check_profile(profile, path) -> dict:
         if e["op"] not in OPS:
             bad(f"{where}: unknown op {e['op']!r} (one of {', '.join(OPS)})")
         if not (_int(e["m"]) and e["m"] >= 1):
-            bad(f"{where}: \"m\" must be a positive integer, got {e['m']!r}")
-        if "shape" in e and not (isinstance(e["shape"], dict)
-                                 and all(_int(v) and v >= 1 for v in e["shape"].values())):
-            bad(f"{where}: \"shape\" must map names to positive integers")
+            bad(f'{where}: "m" must be a positive integer, got {e["m"]!r}')
+        if "shape" in e and not (isinstance(e["shape"], dict) and all(_int(v) and v >= 1 for v in e["shape"].values())):
+            bad(f'{where}: "shape" must map names to positive integers')
         dims, ms = e["dims"], e["ms"]
         if not isinstance(dims, list) or not dims or not all(_int(d) and d >= 1 for d in dims):
-            bad(f"{where}: \"dims\" must be a non-empty list of positive integers")
+            bad(f'{where}: "dims" must be a non-empty list of positive integers')
         if len(set(dims)) != len(dims):
-            bad(f"{where}: \"dims\" has duplicates")
+            bad(f'{where}: "dims" has duplicates')
         if not isinstance(ms, list) or len(ms) != len(dims):
-            bad(f"{where} is malformed: \"ms\" must be a list as long as \"dims\" ({len(dims)})")
+            bad(f'{where} is malformed: "ms" must be a list as long as "dims" ({len(dims)})')
         refused = e.get("refused") or {}  # a quantized kernel's refused shapes: no latency
         for d, t in zip(dims, ms):
             if t is None and str(d) in refused:
@@ -70,21 +81,23 @@ def check_profile(profile, path) -> dict:
             if not _positive_ms(t):
                 bad(f"{where}: latency at dim {d} is {t!r}; latencies must be finite positive numbers")
         for key in ("p10_ms", "p90_ms"):
-            if key in e and not (isinstance(e[key], list) and len(e[key]) == len(dims)
-                                 and all(_positive_ms(t) or (t is None and str(d) in refused)
-                                         for d, t in zip(dims, e[key]))):
-                bad(f"{where}: \"{key}\" must be finite positive numbers, one per dim")
+            if key in e and not (
+                isinstance(e[key], list)
+                and len(e[key]) == len(dims)
+                and all(_positive_ms(t) or (t is None and str(d) in refused) for d, t in zip(dims, e[key]))
+            ):
+                bad(f'{where}: "{key}" must be finite positive numbers, one per dim')
     if profile.get("dtype") not in DTYPES:
-        bad(f"\"dtype\" is {profile.get('dtype')!r}, not one of {', '.join(DTYPES)}")
+        bad(f'"dtype" is {profile.get("dtype")!r}, not one of {", ".join(DTYPES)}')
     if profile.get("device") not in DEVICES:
-        bad(f"\"device\" is {profile.get('device')!r}, not one of {', '.join(DEVICES)}")
+        bad(f'"device" is {profile.get("device")!r}, not one of {", ".join(DEVICES)}')
     for key in ("device_name", "torch", "date"):
         if key in profile and not isinstance(profile[key], str):
-            bad(f"\"{key}\" must be a string, got {type(profile[key]).__name__}")
+            bad(f'"{key}" must be a string, got {type(profile[key]).__name__}')
     if "threads" in profile and not (_int(profile["threads"]) and profile["threads"] >= 1):
-        bad(f"\"threads\" must be a positive integer, got {profile['threads']!r}")
+        bad(f'"threads" must be a positive integer, got {profile["threads"]!r}')
     if "spec" in profile and not isinstance(profile["spec"], dict):
-        bad("\"spec\" must be an object")
+        bad('"spec" must be an object')
     return profile
 
 
@@ -102,5 +115,7 @@ def check_profile_matches(profile: dict, path, *, device: str, dtype: str, allow
     if allow:
         log.warning("%s; using it anyway (--allow-profile-mismatch)", what)
         return
-    raise GacError(f"{what}: measure one with `gac profile --device {used_type} --dtype {dtype}`, or pass "
-                   "--allow-profile-mismatch to use it anyway")
+    raise GacError(
+        f"{what}: measure one with `gac profile --device {used_type} --dtype {dtype}`, or pass "
+        "--allow-profile-mismatch to use it anyway"
+    )

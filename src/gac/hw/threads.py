@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-
 WORKERS = 2  # weights at once: each holds its own SVD or loss-model work (pipelines/memory.py counts them)
 
 
@@ -40,8 +39,14 @@ def kernel_threads(n: int):
         torch.set_num_threads(saved)
 
 
-def map_side_by_side(fn: Callable, items: Iterable, *, cost: Callable | None = None,
-                     on_done: Callable[[], None] | None = None, device: str | torch.device = "cpu") -> list:
+def map_side_by_side(
+    fn: Callable,
+    items: Iterable,
+    *,
+    cost: Callable | None = None,
+    on_done: Callable[[], None] | None = None,
+    device: str | torch.device = "cpu",
+) -> list:
     """[fn(item) for item in items], computed by `workers()` threads that share torch's intra-op threads between
     them (one each on a 2-core machine); results in the items' order, the first exception raised. on_done is
     called after each item (a progress bar's update). device: where fn's kernels run (see workers()).

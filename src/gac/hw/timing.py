@@ -65,7 +65,7 @@ class _Clock:
 
     def __init__(self, device: str | torch.device):
         self.cuda = _is_cuda(device)
-        self._pending: list[tuple[list[float], object, object, int]] = []
+        self._pending: list[tuple[list[float], torch.cuda.Event, torch.cuda.Event, int]] = []
 
     def run(self, fn: Callable[[], object], sink: list[float], host: list[float], per: int = 1) -> None:
         t0 = time.perf_counter()
@@ -127,7 +127,11 @@ def _sync(device: str | torch.device) -> None:
 
 
 def time_callable(
-    fn: Callable[[], object], *, device: str | torch.device = "cpu", warmup: int = 3, repeats: int = 20,
+    fn: Callable[[], object],
+    *,
+    device: str | torch.device = "cpu",
+    warmup: int = 3,
+    repeats: int = 20,
     graph_calls: int = 0,
 ) -> Timing:
     """Median (and spread) of `repeats` calls of `fn` after `warmup` untimed calls, under inference_mode."""
@@ -167,8 +171,10 @@ def time_interleaved(
             for name, (fn, per, _) in timed.items():
                 clock.run(fn, samples[name], host[name], per)
         clock.flush()
-    return {name: Timing.from_samples(samples[name], timed[name][2], host[name] if timed[name][2] == "events" else None)
-            for name in fns}
+    return {
+        name: Timing.from_samples(samples[name], timed[name][2], host[name] if timed[name][2] == "events" else None)
+        for name in fns
+    }
 
 
 @contextlib.contextmanager

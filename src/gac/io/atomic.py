@@ -105,7 +105,7 @@ def io_failure(e: BaseException) -> str | None:
     return os.strerror(int(code.group(1))) if code else None
 
 
-def _oserror(path, reason: str, flag: str) -> GacError:
+def _oserror(path, reason: str | None, flag: str) -> GacError:
     return GacError(f"cannot write {path} ({reason}): free space or choose another {flag}")
 
 
@@ -169,7 +169,7 @@ def remove_stale_partials(parent: Path) -> list[Path]:
     """Remove the `.*.partial` directories in `parent` whose writer (a process on this host) is gone, as a killed
     run leaves them; log each one found, removed or left (a writer still running, another host's, an earlier
     gac's without a writer in its name). Returns the removed ones."""
-    removed = []
+    removed: list[Path] = []
     try:
         found = sorted(p for p in Path(parent).glob(".*.partial") if p.is_dir() and not p.is_symlink())
     except OSError:
@@ -178,8 +178,9 @@ def remove_stale_partials(parent: Path) -> list[Path]:
     for p in found:
         writer = _writer_of(p.name)
         if writer is None:
-            log.warning("%s: left by an earlier interrupted run of unknown writer; remove it if no run is writing "
-                        "there", p)
+            log.warning(
+                "%s: left by an earlier interrupted run of unknown writer; remove it if no run is writing there", p
+            )
         elif writer[0] != here:
             log.warning("%s: left, written by host %s", p, writer[0])
         elif os.name != "posix":  # os.kill(pid, 0) would end the process there, not ask about it
@@ -189,8 +190,11 @@ def remove_stale_partials(parent: Path) -> list[Path]:
         else:
             shutil.rmtree(p, ignore_errors=True)
             if p.exists():  # another user's, say
-                log.warning("%s: left by a killed run (pid %d is gone) but could not be removed: remove it by hand",
-                            p, writer[1])
+                log.warning(
+                    "%s: left by a killed run (pid %d is gone) but could not be removed: remove it by hand",
+                    p,
+                    writer[1],
+                )
             else:
                 removed.append(p)
                 log.warning("removed %s, left by a killed run (pid %d is gone)", p, writer[1])

@@ -25,11 +25,17 @@ TEXT_LIMIT = 256 * 2**20  # bytes of calibration/evaluation text read at most
 JSON_LIMIT = 64 * 2**20  # bytes of a plan or profile read at most
 JSON_DEPTH = 64  # nesting depth of a plan or profile JSON
 
-_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
 
 
 # ---------------------------------------------------------------------------------------------------- options
+
 
 def integer(value, flag: str, *, minimum: int = 1, maximum: int | None = None, example: int | None = None) -> int:
     """`value` as an int in [minimum, maximum], or GacError naming the flag and a valid example."""
@@ -49,12 +55,17 @@ def real(value, flag: str, *, low: float | None = None, high: float | None = Non
         x = math.nan
     if math.isfinite(x) and (low is None or x > low) and (high is None or x < high):
         return x
-    where = {(True, True): f" in ({low}, {high})", (True, False): f" > {low}",
-             (False, True): f" < {high}", (False, False): ""}[(low is not None, high is not None)]
+    where = {
+        (True, True): f" in ({low}, {high})",
+        (True, False): f" > {low}",
+        (False, True): f" < {high}",
+        (False, False): "",
+    }[(low is not None, high is not None)]
     raise GacError(f"bad {flag} {value!r}: give a finite number{where}, e.g. {flag} {example}")
 
 
 # ------------------------------------------------------------------------------------------------ input files
+
 
 def _regular_file(path, what: str, flag: str) -> Path:
     p = Path(path).expanduser()
@@ -100,8 +111,10 @@ def decode_text(data: bytes, p, what: str) -> str:
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise GacError(f"{what} {p} is not UTF-8 (invalid byte at offset {e.start}): convert it, e.g. "
-                           f"`iconv -f LATIN1 -t UTF-8 {p} > {Path(p).stem}.utf8.txt`, and pass that") from None
+            raise GacError(
+                f"{what} {p} is not UTF-8 (invalid byte at offset {e.start}): convert it, e.g. "
+                f"`iconv -f LATIN1 -t UTF-8 {p} > {Path(p).stem}.utf8.txt`, and pass that"
+            ) from None
     raise GacError(f"{what} {p} starts with a Unicode BOM but does not decode: pass a UTF-8 text file")
 
 
@@ -156,6 +169,7 @@ def read_json(path, what: str, flag: str, *, limit: int = JSON_LIMIT, fix: str =
 
 # ----------------------------------------------------------------------------------------------- output paths
 
+
 def _nearest_existing(p: Path) -> Path:
     q = p
     while not q.exists() and q != q.parent:
@@ -200,8 +214,9 @@ def weights_size(spec: str) -> int:
     if p.is_file():
         return p.stat().st_size
     if p.is_dir():
-        return sum(f.stat().st_size for f in p.iterdir() if f.suffix in (".safetensors", ".bin", ".gguf")
-                   and f.is_file())
+        return sum(
+            f.stat().st_size for f in p.iterdir() if f.suffix in (".safetensors", ".bin", ".gguf") and f.is_file()
+        )
     return 0
 
 
@@ -216,8 +231,10 @@ def enough_space(path, need: int, flag: str = "--out") -> None:
     except OSError:
         return
     if free < need:
-        raise GacError(f"not enough space for {path}: {free / 2**20:.0f} MiB free on {base}, about "
-                       f"{need / 2**20:.0f} MiB needed: free space or choose another {flag}")
+        raise GacError(
+            f"not enough space for {path}: {free / 2**20:.0f} MiB free on {base}, about "
+            f"{need / 2**20:.0f} MiB needed: free space or choose another {flag}"
+        )
 
 
 def output_dir(path, flag: str = "--out", *, force: bool = False) -> Path:
@@ -234,6 +251,7 @@ def output_file(path, flag: str) -> Path:
 
 # ----------------------------------------------------------------------------------------------- model specs
 
+
 def local_model_typo(spec: str) -> None:
     """A spec that looks like a relative path (./x, x/y/z, ../x) but is not there: a typo, not a hub id."""
     p = Path(spec).expanduser()
@@ -241,16 +259,19 @@ def local_model_typo(spec: str) -> None:
         return
     looks_local = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or spec.endswith(("/", ".gguf"))
     if looks_local:
-        raise GacError(f"model {spec!r} not found: no such file or directory; pass an existing path (hub ids "
-                       "look like org/name)")
+        raise GacError(
+            f"model {spec!r} not found: no such file or directory; pass an existing path (hub ids look like org/name)"
+        )
 
 
 def not_a_gac_output(spec: str, flag: str = "--model") -> None:
     """gac compress reads an original model; a gac output is already compressed."""
     p = Path(spec).expanduser()
     if p.is_dir() and ((p / "gac_plan.json").exists() or (p / "modeling_gac.py").exists()):
-        raise GacError(f"{spec} is a gac output (already compressed): pass the original model to {flag} "
-                       "(its source_model is in gac_plan.json); to fix its dims use `gac repair`")
+        raise GacError(
+            f"{spec} is a gac output (already compressed): pass the original model to {flag} "
+            "(its source_model is in gac_plan.json); to fix its dims use `gac repair`"
+        )
 
 
 def quantization_of(path) -> dict | None:
@@ -269,5 +290,7 @@ def not_quantized(spec: str, verb: str) -> None:
     """A quantized directory is an end product: refused as the input of a verb that rewrites weights."""
     q = quantization_of(spec)
     if q is not None:
-        raise GacError(f"{spec} is already quantized ({q.get('quant_method', 'quantization_config')} in its "
-                       f"config.json): pass the unquantized model it was made from to {verb}")
+        raise GacError(
+            f"{spec} is already quantized ({q.get('quant_method', 'quantization_config')} in its "
+            f"config.json): pass the unquantized model it was made from to {verb}"
+        )

@@ -51,17 +51,32 @@ class Layout:
 LLAMA = Layout()
 PHI = Layout(o="dense", producers=("fc1",), consumers=("fc2",), per_head_norm="q_layernorm")  # ungated MLP
 # fused projections (Phi-3, Phi-4-mini): q, k and v are rows of one qkv_proj, gate and up the two halves of gate_up_proj
-PHI3 = Layout(q="qkv_proj", k="qkv_proj", v="qkv_proj", producers=("gate_up_proj",), producer_parts=2,
-              per_head_norm=None)
+PHI3 = Layout(
+    q="qkv_proj", k="qkv_proj", v="qkv_proj", producers=("gate_up_proj",), producer_parts=2, per_head_norm=None
+)
 GEMMA3 = Layout(layers_path="model.language_model.layers")  # a multimodal checkpoint's language model (text_config)
 QWEN3_MOE = Layout(experts="experts")  # sparse layers' MLP is experts + router; mlp_only_layers keep a dense MLP
-MIXTRAL = Layout(experts="experts", expert_count="num_local_experts", expert_width="intermediate_size",
-                 expert_checkpoint=("w1", "w3", "w2"), checkpoint_mlp="block_sparse_moe", per_head_norm=None)
+MIXTRAL = Layout(
+    experts="experts",
+    expert_count="num_local_experts",
+    expert_width="intermediate_size",
+    expert_checkpoint=("w1", "w3", "w2"),
+    checkpoint_mlp="block_sparse_moe",
+    per_head_norm=None,
+)
 # gpt-oss: experts [E, in, out] with gate and up interleaved and biased, saved fused; per-head attention sinks
-GPT_OSS = Layout(experts="experts", expert_count="num_local_experts", expert_width="intermediate_size",
-                 expert_checkpoint=None, expert_transposed=True, expert_interleaved=True,
-                 expert_biases=("gate_up_proj_bias", "down_proj_bias"), per_head_norm=None, head_parameters=("sinks",),
-                 router="router")
+GPT_OSS = Layout(
+    experts="experts",
+    expert_count="num_local_experts",
+    expert_width="intermediate_size",
+    expert_checkpoint=None,
+    expert_transposed=True,
+    expert_interleaved=True,
+    expert_biases=("gate_up_proj_bias", "down_proj_bias"),
+    per_head_norm=None,
+    head_parameters=("sinks",),
+    router="router",
+)
 OLMOE = Layout(experts="experts", expert_width="intermediate_size")  # its q norm spans all heads: MLP only
 
 
@@ -80,18 +95,27 @@ class GgufNames:
     o: str = "attn_output"
     producers: tuple[str, ...] = ("ffn_gate", "ffn_up")
     consumers: tuple[str, ...] = ("ffn_down",)
-    layer_norms: tuple[tuple[str, str], ...] = (("input_layernorm", "attn_norm"),
-                                                ("post_attention_layernorm", "ffn_norm"))
+    layer_norms: tuple[tuple[str, str], ...] = (
+        ("input_layernorm", "attn_norm"),
+        ("post_attention_layernorm", "ffn_norm"),
+    )
     model: tuple[tuple[str, str], ...] = (("embed_tokens", "token_embd"), ("norm", "output_norm"))
     head: tuple[tuple[str, str], ...] = (("lm_head", "output"),)
 
 
 # Gemma 3 norms its attention output and its MLP input and output apart (sandwich norms), and q/k per head; llama.cpp
 # calls the pre-MLP norm ffn_norm, as llama's post-attention one
-GEMMA3_GGUF = GgufNames(arch="gemma3", layer_norms=(
-    ("input_layernorm", "attn_norm"), ("self_attn.q_norm", "attn_q_norm"), ("self_attn.k_norm", "attn_k_norm"),
-    ("post_attention_layernorm", "post_attention_norm"), ("pre_feedforward_layernorm", "ffn_norm"),
-    ("post_feedforward_layernorm", "post_ffw_norm")))
+GEMMA3_GGUF = GgufNames(
+    arch="gemma3",
+    layer_norms=(
+        ("input_layernorm", "attn_norm"),
+        ("self_attn.q_norm", "attn_q_norm"),
+        ("self_attn.k_norm", "attn_k_norm"),
+        ("post_attention_layernorm", "post_attention_norm"),
+        ("pre_feedforward_layernorm", "ffn_norm"),
+        ("post_feedforward_layernorm", "post_ffw_norm"),
+    ),
+)
 
 # model_type -> llama.cpp's architecture and names: llama and mistral run as `llama` (`deci` when layers differ),
 # Gemma 3 as `gemma3` (a multimodal checkpoint: its language model, as llama.cpp's converter writes it)
@@ -109,15 +133,34 @@ class VllmNames:
 
 
 # model_type -> vLLM's names, for the families gac's vLLM plugin serves (gac.serve.vllm_model has a Gac<model_class>)
-VLLM_FAMILIES = {"llama": VllmNames(), "mistral": VllmNames("MistralForCausalLM"),
-                 "qwen2": VllmNames("Qwen2ForCausalLM"), "qwen3": VllmNames("Qwen3ForCausalLM"),
-                 "gemma3_text": VllmNames("Gemma3ForCausalLM"), "phi3": VllmNames("Phi3ForCausalLM"),
-                 "qwen3_moe": VllmNames("Qwen3MoeForCausalLM"), "mixtral": VllmNames("MixtralForCausalLM")}
+VLLM_FAMILIES = {
+    "llama": VllmNames(),
+    "mistral": VllmNames("MistralForCausalLM"),
+    "qwen2": VllmNames("Qwen2ForCausalLM"),
+    "qwen3": VllmNames("Qwen3ForCausalLM"),
+    "gemma3_text": VllmNames("Gemma3ForCausalLM"),
+    "phi3": VllmNames("Phi3ForCausalLM"),
+    "qwen3_moe": VllmNames("Qwen3MoeForCausalLM"),
+    "mixtral": VllmNames("MixtralForCausalLM"),
+}
 
 # model_type -> layout. Each needs a transformers `<Name>ForCausalLM` (see modeling_gac.py).
-FAMILIES = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA, "granite": LLAMA, "olmo2": LLAMA,
-            "phi": PHI, "qwen3_moe": QWEN3_MOE, "mixtral": MIXTRAL, "gpt_oss": GPT_OSS, "olmoe": OLMOE,
-            "gemma3_text": LLAMA, "gemma3": GEMMA3, "phi3": PHI3}
+FAMILIES = {
+    "llama": LLAMA,
+    "qwen2": LLAMA,
+    "qwen3": LLAMA,
+    "mistral": LLAMA,
+    "granite": LLAMA,
+    "olmo2": LLAMA,
+    "phi": PHI,
+    "qwen3_moe": QWEN3_MOE,
+    "mixtral": MIXTRAL,
+    "gpt_oss": GPT_OSS,
+    "olmoe": OLMOE,
+    "gemma3_text": LLAMA,
+    "gemma3": GEMMA3,
+    "phi3": PHI3,
+}
 
 
 @dataclass(frozen=True)
@@ -174,9 +217,11 @@ class LayerModules:
         if not self.expert_weights:
             return {}
         gate_up, down = self.expert_weights
-        shapes = ({gate_up: (num_experts, hidden, 2 * width), down: (num_experts, width, hidden)}
-                  if self.expert_transposed else
-                  {gate_up: (num_experts, 2 * width, hidden), down: (num_experts, hidden, width)})
+        shapes: dict[str, tuple[int, ...]] = (
+            {gate_up: (num_experts, hidden, 2 * width), down: (num_experts, width, hidden)}
+            if self.expert_transposed
+            else {gate_up: (num_experts, 2 * width, hidden), down: (num_experts, hidden, width)}
+        )
         if self.expert_biases:
             gate_up_bias, down_bias = self.expert_biases
             shapes |= {gate_up_bias: (num_experts, 2 * width), down_bias: (num_experts, hidden)}
@@ -184,10 +229,13 @@ class LayerModules:
 
     def shapes(self, hidden: int, q_width: int, kv_width: int, mlp_width: int) -> dict[str, tuple[int, int]]:
         """{linear: (out_features, in_features)} of every dense projection at these widths."""
-        qkv = ({self.q: (q_width + 2 * kv_width, hidden)} if self.fused_qkv else
-               {self.q: (q_width, hidden), self.k: (kv_width, hidden), self.v: (kv_width, hidden)})
-        producers = {n: (self.producer_parts * mlp_width, hidden) for n in self.producers}
-        return {**qkv, self.o: (hidden, q_width), **producers, **{n: (hidden, mlp_width) for n in self.consumers}}
+        qkv = (
+            {self.q: (q_width + 2 * kv_width, hidden)}
+            if self.fused_qkv
+            else {self.q: (q_width, hidden), self.k: (kv_width, hidden), self.v: (kv_width, hidden)}
+        )
+        producers = dict.fromkeys(self.producers, (self.producer_parts * mlp_width, hidden))
+        return {**qkv, self.o: (hidden, q_width), **producers, **dict.fromkeys(self.consumers, (hidden, mlp_width))}
 
 
 @dataclass(frozen=True)
@@ -205,17 +253,40 @@ class Adapter:
         prefix = self.layer_prefix(i)
         attn, mlp = f"{prefix}.{lay.attention}", f"{prefix}.{lay.mlp}"
         q, k, v, o = (f"{attn}.{p}" for p in lay.attention_projections)
-        heads = {"head_parameters": tuple(f"{attn}.{p}" for p in lay.head_parameters)}
+        head_parameters = tuple(f"{attn}.{p}" for p in lay.head_parameters)
         if self.is_moe_layer(config, i):
             experts = f"{mlp}.{lay.experts}"
-            return LayerModules(i, attn, q, k, v, o, mlp, (), (), experts,
-                                tuple(f"{experts}.{w}" for w in lay.expert_weights),
-                                expert_biases=tuple(f"{experts}.{b}" for b in lay.expert_biases or ()),
-                                expert_transposed=lay.expert_transposed, expert_interleaved=lay.expert_interleaved,
-                                router=f"{mlp}.{lay.router}",
-                                **heads)
-        return LayerModules(i, attn, q, k, v, o, mlp, tuple(f"{mlp}.{p}" for p in lay.producers),
-                            tuple(f"{mlp}.{p}" for p in lay.consumers), producer_parts=lay.producer_parts, **heads)
+            return LayerModules(
+                i,
+                attn,
+                q,
+                k,
+                v,
+                o,
+                mlp,
+                (),
+                (),
+                experts,
+                tuple(f"{experts}.{w}" for w in lay.expert_weights),
+                expert_biases=tuple(f"{experts}.{b}" for b in lay.expert_biases or ()),
+                expert_transposed=lay.expert_transposed,
+                expert_interleaved=lay.expert_interleaved,
+                router=f"{mlp}.{lay.router}",
+                head_parameters=head_parameters,
+            )
+        return LayerModules(
+            i,
+            attn,
+            q,
+            k,
+            v,
+            o,
+            mlp,
+            tuple(f"{mlp}.{p}" for p in lay.producers),
+            tuple(f"{mlp}.{p}" for p in lay.consumers),
+            producer_parts=lay.producer_parts,
+            head_parameters=head_parameters,
+        )
 
     def is_moe_layer(self, config, i: int) -> bool:
         """Whether decoder layer i's MLP is a mixture of experts (Qwen3-MoE keeps `mlp_only_layers` dense and makes
@@ -229,8 +300,11 @@ class Adapter:
     def expert_geometry(self, config) -> tuple[int, int, int]:
         """(experts per MoE layer, expert width, experts routed per token)."""
         config = text_config(config)
-        return (getattr(config, self.layout.expert_count), getattr(config, self.layout.expert_width),
-                config.num_experts_per_tok)
+        return (
+            getattr(config, self.layout.expert_count),
+            getattr(config, self.layout.expert_width),
+            config.num_experts_per_tok,
+        )
 
     def model_name(self, checkpoint_name: str) -> str:
         """The model's name for a checkpoint tensor (Mixtral's checkpoints call the MLP block block_sparse_moe)."""
@@ -249,8 +323,10 @@ class Adapter:
         gate, up, down = lay.expert_checkpoint
         gate_up, fused_down = layer.expert_weights
         each = [f"{self.layer_prefix(layer.index)}.{lay.checkpoint_mlp}.{lay.experts}.{e}" for e in range(num_experts)]
-        return {gate_up: [(f"{x}.{gate}.weight", f"{x}.{up}.weight") for x in each],
-                fused_down: [(f"{x}.{down}.weight",) for x in each]}
+        return {
+            gate_up: [(f"{x}.{gate}.weight", f"{x}.{up}.weight") for x in each],
+            fused_down: [(f"{x}.{down}.weight",) for x in each],
+        }
 
     def layer_prefix(self, i: int) -> str:
         """The module path of decoder layer i, e.g. model.layers.3."""
@@ -285,8 +361,10 @@ class Adapter:
         """llama.cpp's architecture and names for this family; a family llama.cpp cannot run is one line."""
         names = GGUF_FAMILIES.get(self.model_type)
         if names is None:
-            raise GacError(f"GGUF export supports the {', '.join(GGUF_FAMILIES)} families, not {self.model_type!r}: "
-                           "serve this model with transformers (gac.load) instead")
+            raise GacError(
+                f"GGUF export supports the {', '.join(GGUF_FAMILIES)} families, not {self.model_type!r}: "
+                "serve this model with transformers (gac.load) instead"
+            )
         return names
 
     def gguf_names(self, config) -> dict[str, str]:
@@ -297,9 +375,14 @@ class Adapter:
         out = {f"{decoder}.{hf}": gg for hf, gg in names.model} | dict(names.head)
         for layer in self.layers(config):
             blk = f"blk.{layer.index}"
-            pairs = [(layer.q, names.q), (layer.k, names.k), (layer.v, names.v), (layer.o, names.o),
-                     *zip(layer.producers, names.producers, strict=True),
-                     *zip(layer.consumers, names.consumers, strict=True)]
+            pairs = [
+                (layer.q, names.q),
+                (layer.k, names.k),
+                (layer.v, names.v),
+                (layer.o, names.o),
+                *zip(layer.producers, names.producers, strict=True),
+                *zip(layer.consumers, names.consumers, strict=True),
+            ]
             prefix = self.layer_prefix(layer.index)
             pairs += [(f"{prefix}.{hf}", gg) for hf, gg in names.layer_norms]
             out.update({hf: f"{blk}.{gg}" for hf, gg in pairs})
@@ -309,8 +392,10 @@ class Adapter:
         """vLLM's names for this family; a family gac's vLLM plugin does not serve is one line."""
         names = VLLM_FAMILIES.get(self.model_type)
         if names is None:
-            raise GacError(f"gac's vLLM plugin serves the {', '.join(VLLM_FAMILIES)} families, not {self.model_type!r}: "
-                           "serve this model with transformers (gac.load, lm-eval's hf backend) instead")
+            raise GacError(
+                f"gac's vLLM plugin serves the {', '.join(VLLM_FAMILIES)} families, not {self.model_type!r}: "
+                "serve this model with transformers (gac.load, lm-eval's hf backend) instead"
+            )
         return names
 
     def per_head_norm(self, attention_module):

@@ -33,8 +33,9 @@ class LinearDims:
 
 def linear_dims(model, names: list[str]) -> list[LinearDims]:
     config = model.config
-    transposed = {n for layer in adapter_for(config).layers(config) if layer.expert_transposed
-                  for n in layer.expert_weights}  # fused expert weights stored [E, in, out] (gpt-oss)
+    transposed = {
+        n for layer in adapter_for(config).layers(config) if layer.expert_transposed for n in layer.expert_weights
+    }  # fused expert weights stored [E, in, out] (gpt-oss)
     out = []
     for name in names:
         try:
@@ -49,7 +50,9 @@ def linear_dims(model, names: list[str]) -> list[LinearDims]:
             params = sum(r * (m.in_features + m.out_features // len(ranks)) for r in ranks)
             out.append(LinearDims(name, m.in_features, m.out_features, None, params, ranks))
         elif is_lowrank(m):
-            out.append(LinearDims(name, m.in_features, m.out_features, m.rank, m.rank * (m.in_features + m.out_features)))
+            out.append(
+                LinearDims(name, m.in_features, m.out_features, m.rank, m.rank * (m.in_features + m.out_features))
+            )
         else:
             out.append(LinearDims(name, m.in_features, m.out_features, None, m.in_features * m.out_features))
     return out
@@ -94,14 +97,19 @@ class InspectResult:
         return [d for d in self.dims if not all(d.aligned[a] for a in keys)]
 
     def counts(self) -> dict[int, dict[str, int]]:
-        return {a: {"judged": len(self.judged), "misaligned": sum(not d.aligned[a] for d in self.judged)}
-                for a in self.alignments}
+        return {
+            a: {"judged": len(self.judged), "misaligned": sum(not d.aligned[a] for d in self.judged)}
+            for a in self.alignments
+        }
 
     def to_json(self) -> dict:
-        return {"alignments": list(self.alignments), "judged_over": self.judged_over,
-                "share_misaligned": {str(a): s for a, s in self.share_misaligned.items()},
-                "counts": {str(a): c for a, c in self.counts().items()},
-                "dims": [{**asdict(d), "aligned": {str(a): v for a, v in d.aligned.items()}} for d in self.dims]}
+        return {
+            "alignments": list(self.alignments),
+            "judged_over": self.judged_over,
+            "share_misaligned": {str(a): s for a, s in self.share_misaligned.items()},
+            "counts": {str(a): c for a, c in self.counts().items()},
+            "dims": [{**asdict(d), "aligned": {str(a): v for a, v in d.aligned.items()}} for d in self.dims],
+        }
 
 
 def _layer(name: str) -> int | None:
@@ -121,19 +129,22 @@ def inspect_model(model, alignments=(8, 16, 32)) -> InspectResult:
         raise ValueError(f"alignments must be positive integers, got {alignments}")
     config = model.config
     adapter = adapter_for(config)
-    pruned_attn = set()
+    pruned_attn: set[str] = set()
     for g in groups_of(model, "heads"):
         pruned_attn |= {g.q} if g.live_heads != g.num_heads else set()
         pruned_attn |= {g.k} if g.live_kv_heads != g.num_kv_heads else set()
     rows: list[tuple[str, str, int, bool]] = []  # (name, kind, value, is a compressed dim)
     for d in linear_dims(model, adapter.linear_names(config)):
-        rows += [(d.name, "out_features", d.out_features, d.name in pruned_attn),
-                 (d.name, "in_features", d.in_features, False)]
+        rows += [
+            (d.name, "out_features", d.out_features, d.name in pruned_attn),
+            (d.name, "in_features", d.in_features, False),
+        ]
         ranks = d.compressed_dims
         rows += [(d.name if len(ranks) == 1 else f"{d.name}[{g}]", "rank", int(r), True) for g, r in enumerate(ranks)]
     head_dim = adapter.geometry(config).head_dim
     for layer in adapter.layers(config):
-        for mlp in groups_of(model, "mlp", layers=[layer.index]) + groups_of(model, "experts", layers=[layer.index]):
+        widths = [*groups_of(model, "mlp", layers=[layer.index]), *groups_of(model, "experts", layers=[layer.index])]
+        for mlp in widths:
             rows.append((mlp.name, "mlp_width", mlp.dim, mlp.dim != mlp.full))  # an MoE layer: every expert's
         attn = model.get_submodule(layer.attention)
         rows.append((layer.attention, "head_dim", int(getattr(attn, "head_dim", head_dim)), False))
@@ -143,10 +154,13 @@ def inspect_model(model, alignments=(8, 16, 32)) -> InspectResult:
     def judged(kind: str, compressed: bool) -> bool:
         return compressed if judged_over == "compressed" else kind in LINEAR_KINDS
 
-    dims = [Dim(name, _layer(name), kind, value, {a: value % a == 0 for a in alignments}, judged(kind, c))
-            for name, kind, value, c in rows]
+    dims = [
+        Dim(name, _layer(name), kind, value, {a: value % a == 0 for a in alignments}, judged(kind, c))
+        for name, kind, value, c in rows
+    ]
     result = InspectResult(alignments, dims, judged_over)
     judged_dims = result.judged
-    result.share_misaligned = {a: sum(not d.aligned[a] for d in judged_dims) / len(judged_dims) if judged_dims
-                               else 0.0 for a in alignments}
+    result.share_misaligned = {
+        a: sum(not d.aligned[a] for d in judged_dims) / len(judged_dims) if judged_dims else 0.0 for a in alignments
+    }
     return result

@@ -15,6 +15,8 @@ Kinds (KIND_TYPES, the registry):
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
 from gac.models.kinds.base import DimGroup, is_grouped_lowrank, is_lowrank
@@ -27,13 +29,54 @@ from gac.models.kinds.width import WidthGroup
 KIND_TYPES = {k.kind: k for k in (RankGroup, HeadRankGroup, WidthGroup, HeadGroup, ExpertWidthGroup)}
 KINDS = tuple(KIND_TYPES)
 
-__all__ = ["HEAD_MODES", "KINDS", "KIND_TYPES", "DimGroup", "ExpertWidthGroup", "HeadGroup", "HeadRankGroup", "RankGroup", "WidthGroup",
-           "check_heads_prunable", "compressed_dims_of", "groups_of", "heads_split", "is_grouped_lowrank",
-           "is_lowrank", "linears_of"]
+__all__ = [
+    "HEAD_MODES",
+    "KINDS",
+    "KIND_TYPES",
+    "DimGroup",
+    "ExpertWidthGroup",
+    "HeadGroup",
+    "HeadRankGroup",
+    "RankGroup",
+    "WidthGroup",
+    "check_heads_prunable",
+    "compressed_dims_of",
+    "groups_of",
+    "heads_split",
+    "is_grouped_lowrank",
+    "is_lowrank",
+    "linears_of",
+]
 
 
-def groups_of(model, kind: str, *, layers: list[int] | None = None, mode: str = "group",
-              heads_per_group: int = 1) -> list[DimGroup]:
+# groups_of's type per kind (KIND_TYPES, spelled for type checkers)
+@overload
+def groups_of(
+    model, kind: Literal["rank"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[RankGroup]: ...
+@overload
+def groups_of(
+    model, kind: Literal["head_rank"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[HeadRankGroup]: ...
+@overload
+def groups_of(
+    model, kind: Literal["mlp"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[WidthGroup]: ...
+@overload
+def groups_of(
+    model, kind: Literal["heads"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[HeadGroup]: ...
+@overload
+def groups_of(
+    model, kind: Literal["experts"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[ExpertWidthGroup]: ...
+@overload
+def groups_of(
+    model, kind: str, *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list[DimGroup]: ...
+def groups_of(
+    model, kind: str, *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+) -> list:
     """The dimension groups of `kind` in `model` as it is now, in layer order.
 
     layers: restrict to these decoder layers (default: all); mode: for "heads"; heads_per_group: for
@@ -46,10 +89,11 @@ def groups_of(model, kind: str, *, layers: list[int] | None = None, mode: str = 
     layers = list(range(n)) if layers is None else list(layers)
     if layers and (min(layers) < 0 or max(layers) >= n):
         raise GacError(f"layer {max(layers)} does not exist: the model has layers 0-{n - 1}")
-    out = []
+    out: list[DimGroup] = []
     for i in layers:
-        out += KIND_TYPES[kind].read(model, adapter, adapter.layer(model.config, i), mode=mode,
-                                     heads_per_group=heads_per_group)
+        out += KIND_TYPES[kind].read(
+            model, adapter, adapter.layer(model.config, i), mode=mode, heads_per_group=heads_per_group
+        )
     return out
 
 

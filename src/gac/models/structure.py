@@ -28,18 +28,20 @@ def structure_of(model) -> dict:
     hidden, inter = adapter.hidden_size(config), adapter.intermediate_size(config)
     q, kv = geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim
     live: dict = {key: {} for key in KEYS}
-    covered = {"linear": set(), "attention": set(), "parameter": set()}
-    experts = adapter.expert_geometry(config) if adapter.layout.experts else None
+    covered: dict[str, set[str]] = {"linear": set(), "attention": set(), "parameter": set()}
     for layer in adapter.layers(config):
         default = layer.shapes(hidden, q, kv, inter)
         for name, shape in default.items():
             m = model.get_submodule(name)
             if (m.out_features, m.in_features) != shape:
                 live["linear"][name] = [m.out_features, m.in_features]
-        fused = layer.expert_shapes(hidden, *experts[:2]) if layer.experts else {}
+        fused: dict[str, tuple[int, ...]] = {}
+        if layer.experts:
+            num_experts, expert_width, _ = adapter.expert_geometry(config)
+            fused = layer.expert_shapes(hidden, num_experts, expert_width)
         fused |= {name: (geo.num_heads, *model.get_parameter(name).shape[1:]) for name in layer.head_parameters}
-        for name, shape in fused.items():
-            if tuple(model.get_parameter(name).shape) != shape:
+        for name, fused_shape in fused.items():
+            if tuple(model.get_parameter(name).shape) != fused_shape:
                 live["parameter"][name] = list(model.get_parameter(name).shape)
         covered["parameter"].update(fused)
         widths = tuple(model.get_submodule(n).out_features for n in (layer.q, layer.k))

@@ -9,6 +9,7 @@ only builds modules of the new shapes and swaps them in. Compressors, repair and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -52,7 +53,10 @@ class KeepHeads:
     kv_heads: torch.Tensor
 
 
-def apply(model: nn.Module, cuts: list[tuple[DimGroup, object]]) -> None:
+Cut = Factors | Keep | KeepExperts | KeepHeads  # what a compressor hands over for one group
+
+
+def apply(model: nn.Module, cuts: list[tuple[DimGroup, Cut]]) -> None:
     """Cut every (group, Factors | Keep | KeepHeads) pair into `model`: each kind cuts its own groups
     (DimGroup.cut_all: head-rank groups of one linear together, one shared down-projection)."""
     for kind, pairs in by_kind(cuts).items():
@@ -81,19 +85,30 @@ def lowrank(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> LowR
 def grouped_lowrank(a: torch.Tensor, bs: list[torch.Tensor], biases: list) -> GroupedLowRankLinear:
     """A GroupedLowRankLinear holding a [sum r_g, in], b_g [out/G, r_g] and each group's bias (or None)."""
     out_features = sum(b.shape[0] for b in bs)
-    new = GroupedLowRankLinear(a.shape[1], out_features, [b.shape[1] for b in bs], biases[0] is not None,
-                               a.device, a.dtype)
+    new = GroupedLowRankLinear(
+        a.shape[1], out_features, [b.shape[1] for b in bs], biases[0] is not None, a.device, a.dtype
+    )
     new.a.weight.copy_(a)
-    for layer, b, bias in zip(new.b, bs, biases):
+    for layer, b, bias in zip(up_projections(new), bs, biases):
         layer.weight.copy_(b)
         if bias is not None:
             layer.bias.copy_(bias)
     return new
 
 
+def up_projections(m: GroupedLowRankLinear) -> list[nn.Linear]:
+    """A GroupedLowRankLinear's per-group up-projections b_g, in group order."""
+    return cast("list[nn.Linear]", list(m.b))
+
+
+def linear_at(model: nn.Module, name: str) -> nn.Linear:
+    """The dense linear at `name` (an nn.Linear, or a module with its weight, bias and feature counts)."""
+    return cast(nn.Linear, model.get_submodule(name))
+
+
 def factorize(model: nn.Module, name: str, A: torch.Tensor, B: torch.Tensor) -> LowRankLinear:
     """Replace linear `name` by b(a(x)) with a.weight = A [r, in] and b.weight = B [out, r]; bias kept."""
-    old = model.get_submodule(name)
+    old = linear_at(model, name)
     w = old.weight
     new = lowrank(A.to(w.device, w.dtype), B.to(w.device, w.dtype), old.bias)
     set_module(model, name, new)
@@ -102,11 +117,14 @@ def factorize(model: nn.Module, name: str, A: torch.Tensor, B: torch.Tensor) -> 
 
 def factorize_head_groups(model: nn.Module, name: str, factors: list[tuple[torch.Tensor, torch.Tensor]]):
     """Replace linear `name` by a GroupedLowRankLinear: factors[g] = (A_g [r_g, in], B_g [out/G, r_g])."""
-    old = model.get_submodule(name)
+    old = linear_at(model, name)
     w = old.weight
     biases = [None] * len(factors) if old.bias is None else list(old.bias.detach().chunk(len(factors)))
-    new = grouped_lowrank(torch.cat([A for A, _ in factors], dim=0).to(w.device, w.dtype),
-                          [B.to(w.device, w.dtype) for _, B in factors], biases)
+    new = grouped_lowrank(
+        torch.cat([A for A, _ in factors], dim=0).to(w.device, w.dtype),
+        [B.to(w.device, w.dtype) for _, B in factors],
+        biases,
+    )
     set_module(model, name, new)
     return new
 
@@ -136,13 +154,13 @@ def channels_of(heads: torch.Tensor, head_dim: int) -> torch.Tensor:
 def keep_rows(model: nn.Module, names, rows: torch.Tensor) -> None:
     """Keep output features `rows` of each linear in `names` (bias rows follow)."""
     for name in names:
-        set_module(model, name, sliced_linear(model.get_submodule(name), rows=rows))
+        set_module(model, name, sliced_linear(linear_at(model, name), rows=rows))
 
 
 def keep_columns(model: nn.Module, names, cols: torch.Tensor) -> None:
     """Keep input features `cols` of each linear in `names`."""
     for name in names:
-        set_module(model, name, sliced_linear(model.get_submodule(name), cols=cols))
+        set_module(model, name, sliced_linear(linear_at(model, name), cols=cols))
 
 
 def set_parameter(model: nn.Module, name: str, value: torch.Tensor, *, expert_rows: bool = True) -> None:
@@ -184,11 +202,12 @@ def keep_experts(model: nn.Module, fused: tuple[str, ...], router: str, experts:
     for attr in ("weight", "bias"):
         p = getattr(gate, attr, None)
         if isinstance(p, torch.Tensor):
-            set_parameter(model, f"{router}.{attr}", p.detach().index_select(0, experts.to(p.device)),
-                          expert_rows=False)
+            set_parameter(
+                model, f"{router}.{attr}", p.detach().index_select(0, experts.to(p.device)), expert_rows=False
+            )
     for module in {model.get_submodule(name.rpartition(".")[0]) for name in fused} | {gate}:
         if hasattr(module, "num_experts"):
-            module.num_experts = count
+            setattr(module, "num_experts", count)  # noqa: B010 - a plain attribute of the family's module
 
 
 @torch.no_grad()
@@ -204,7 +223,7 @@ def widen_expert_entries(model: nn.Module, name: str, dim: int, size: int, parts
     set_parameter(model, name, torch.cat(blocks, dim=dim))
 
 
-def set_head_counts(attention: nn.Module, heads: int, kv_heads: int) -> None:
+def set_head_counts(attention: Any, heads: int, kv_heads: int) -> None:
     """The attention module's head bookkeeping, as modeling_gac.apply_gac_structure sets it on load."""
     attention.num_heads = heads  # informational; forward infers heads from q's width
     attention.num_key_value_groups = heads // kv_heads
@@ -213,17 +232,18 @@ def set_head_counts(attention: nn.Module, heads: int, kv_heads: int) -> None:
 # --- zero-pad ----------------------------------------------------------------------------------------------
 def pad_lowrank_linear(model: nn.Module, name: str, rank: int) -> None:
     """The LowRankLinear `name` at inner rank `rank` (>= its own): zero rows of a, zero columns of b."""
-    m = model.get_submodule(name)
+    m = cast(LowRankLinear, model.get_submodule(name))
     a, b = pad_lowrank(m.a.weight, m.b.weight, rank)
     set_module(model, name, lowrank(a, b, m.b.bias))
 
 
 def pad_grouped_lowrank_linear(model: nn.Module, name: str, ranks: dict[int, int]) -> None:
     """The GroupedLowRankLinear `name` with group g at rank ranks[g] (>= its own); groups not named keep theirs."""
-    m = model.get_submodule(name)
+    m = cast(GroupedLowRankLinear, model.get_submodule(name))
+    ups = up_projections(m)
     new = [ranks.get(g, r) for g, r in enumerate(m.ranks)]
-    a, bs = pad_grouped_lowrank(m.a.weight, [b.weight for b in m.b], new)
-    set_module(model, name, grouped_lowrank(a, bs, [b.bias for b in m.b]))
+    a, bs = pad_grouped_lowrank(m.a.weight, [b.weight for b in ups], new)
+    set_module(model, name, grouped_lowrank(a, bs, [b.bias for b in ups]))
 
 
 def widen_rows(model: nn.Module, names, width: int, parts: int = 1) -> None:
@@ -259,10 +279,12 @@ def _widen_out(m: nn.Module, width: int, parts: int = 1) -> nn.Module:
     if is_lowrank(m):
         b, bias = _pad_row_parts(m.b.weight, m.b.bias, width, parts)
         return lowrank(m.a.weight, b, bias)
-    return _linear(*_pad_row_parts(m.weight, m.bias, width, parts))
+    dense = cast(nn.Linear, m)
+    return _linear(*_pad_row_parts(dense.weight, dense.bias, width, parts))
 
 
 def _widen_in(m: nn.Module, width: int) -> nn.Module:
     if is_lowrank(m):
         return lowrank(pad_cols(m.a.weight, width), m.b.weight, m.b.bias)
-    return _linear(pad_cols(m.weight, width), m.bias)
+    dense = cast(nn.Linear, m)
+    return _linear(pad_cols(dense.weight, width), dense.bias)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 from gac.align.candidates import aligned_candidates
 from gac.align.plan import SelectionResult, select
@@ -42,9 +43,15 @@ def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, c
         d, g = dims[u.name], u.group
         if d is None:
             continue
-        w = {"name": u.name, "dim": float(d), "score": u.marginal_score(d), "params_per_dim": g.params_per_dim,
-             "fixed_params": g.fixed_params, "min_dim": max(g.min_dim, min(alignment, g.max_dim)),
-             "max_dim": g.max_dim}
+        w = {
+            "name": u.name,
+            "dim": float(d),
+            "score": u.marginal_score(d),
+            "params_per_dim": g.params_per_dim,
+            "fixed_params": g.fixed_params,
+            "min_dim": max(g.min_dim, min(alignment, g.max_dim)),
+            "max_dim": g.max_dim,
+        }
         if candidates_for is not None and getattr(candidates_for, "covers_grid", False):  # a target (targets.py)
             w["candidates"] = candidates_for(u, d, window)
         elif g.step > 1:
@@ -52,8 +59,9 @@ def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, c
         elif candidates_for is not None:
             w["candidates"] = candidates_for(u, d, window)
         else:
-            w["candidates"] = aligned_candidates(d, alignment, window=window, min_dim=w["min_dim"],
-                                                 max_dim=w["max_dim"])
+            w["candidates"] = aligned_candidates(
+                d, alignment, window=window, min_dim=w["min_dim"], max_dim=w["max_dim"]
+            )
         gains = u.loss_gains(d, w["candidates"])  # a loss model: the knapsack weighs its predicted loss exactly
         if gains is not None:
             w["values"] = gains
@@ -61,8 +69,9 @@ def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, c
     return {"budget": budget - untouched, "alignment": alignment, "window": window, "weights": weights}
 
 
-def select_within_budget(units, dims: dict, budget: int, *, alignment: int, window: int,
-                         candidates_for=None) -> SelectionResult:
+def select_within_budget(
+    units, dims: dict, budget: int, *, alignment: int, window: int, candidates_for=None
+) -> SelectionResult:
     """Select with the narrowest candidate window that fits the budget: a small d* rounded up to the first
     aligned dim can need room taken from other weights, further than one alignment step away.
 
@@ -71,17 +80,23 @@ def select_within_budget(units, dims: dict, budget: int, *, alignment: int, wind
     if all(dims[u.name] is None for u in units):  # nothing reduced (e.g. dropped experts alone meet the budget)
         untouched = sum(u.group.params(None) for u in units)
         if untouched > budget:
-            raise InfeasibleBudget(f"budget {budget} params is infeasible: the whole groups need {untouched}; raise "
-                                   "the budget or let the compressor reduce a group", untouched)
-        return SelectionResult(dims={}, params=0, budget=budget - untouched, objective=0.0, aligned_fraction=1.0,
-                               exact=True, solver_ms=0.0)
+            raise InfeasibleBudget(
+                f"budget {budget} params is infeasible: the whole groups need {untouched}; raise "
+                "the budget or let the compressor reduce a group",
+                untouched,
+            )
+        return SelectionResult(
+            dims={}, params=0, budget=budget - untouched, objective=0.0, aligned_fraction=1.0, exact=True, solver_ms=0.0
+        )
     try:
         return _widening(units, dims, budget, alignment, window, candidates_for)
     except InfeasibleBudget:
         if candidates_for is None:
             raise
-    log.warning("the %s's candidates cannot fit the budget: using the static alignment rule",
-                "target" if getattr(candidates_for, "covers_grid", False) else "profile")
+    log.warning(
+        "the %s's candidates cannot fit the budget: using the static alignment rule",
+        "target" if getattr(candidates_for, "covers_grid", False) else "profile",
+    )
     return _widening(units, dims, budget, alignment, window, None)
 
 
@@ -89,8 +104,7 @@ def _widening(units, dims, budget, alignment, window, candidates_for) -> Selecti
     """select() at windows window .. window + MAX_EXTRA_WINDOW, the first that is feasible."""
     for w in range(window, window + MAX_EXTRA_WINDOW + 1):
         try:
-            return select(build_plan(units, dims, budget, alignment=alignment, window=w,
-                                     candidates_for=candidates_for))
+            return select(build_plan(units, dims, budget, alignment=alignment, window=w, candidates_for=candidates_for))
         except InfeasibleBudget:
             if w == window + MAX_EXTRA_WINDOW:
                 raise
@@ -106,7 +120,8 @@ def select_dims(model, analyzed: Analyzed, cfg) -> Selected:
     budget = parameter_budget(cfg.ratio, analyzed.compressible)
     unaligned = compressor.allocate(units, budget)
 
-    candidates_for = None
+    candidates_for: Callable[..., list[int]] | None = None
+    profiled = None  # the profile's candidates, which remember what they ruled out
     if cfg.target:
         from gac.align.targets import get_target
 
@@ -114,12 +129,21 @@ def select_dims(model, analyzed: Analyzed, cfg) -> Selected:
     if cfg.profile:
         from gac.align.profiled import profile_candidates_for
 
-        candidates_for = profile_candidates_for(cfg.profile, units, unaligned, device=cfg.device, dtype=cfg.dtype,
-                                                m=cfg.latency.prefill_tokens, alignment=cfg.alignment,
-                                                window=cfg.window, progress=cfg.progress)
-    selection = select_within_budget(units, unaligned, budget, alignment=cfg.alignment, window=cfg.window,
-                                     candidates_for=candidates_for)
-    excluded = candidates_for.excluded_dims() if cfg.profile and candidates_for is not None else None
+        candidates_for = profiled = profile_candidates_for(
+            cfg.profile,
+            units,
+            unaligned,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            m=cfg.latency.prefill_tokens,
+            alignment=cfg.alignment,
+            window=cfg.window,
+            progress=cfg.progress,
+        )
+    selection = select_within_budget(
+        units, unaligned, budget, alignment=cfg.alignment, window=cfg.window, candidates_for=candidates_for
+    )
+    excluded = profiled.excluded_dims() if profiled is not None else None
     gac_dims = {**unaligned, **selection.dims}
     target = None
     if cfg.target:
@@ -128,8 +152,14 @@ def select_dims(model, analyzed: Analyzed, cfg) -> Selected:
         spec = get_target(cfg.target)
         target = spec.report(units, gac_dims)
         target["unaligned_met"] = spec.report(units, unaligned)["met"]
-    return Selected(**vars(analyzed), budget=budget, dims={"unaligned": unaligned, "gac": gac_dims},
-                    selection=selection, profile_excluded=excluded, target=target)
+    return Selected(
+        **vars(analyzed),
+        budget=budget,
+        dims={"unaligned": unaligned, "gac": gac_dims},
+        selection=selection,
+        profile_excluded=excluded,
+        target=target,
+    )
 
 
 def check_feasible(groups, cfg) -> None:
@@ -139,5 +169,7 @@ def check_feasible(groups, cfg) -> None:
     smallest = sum(g.params(max(g.min_dim, min(cfg.alignment, g.max_dim))) for g in groups)
     if smallest > budget:
         largest = math.floor((1.0 - smallest / compressible) * 1000) / 1000
-        raise ConfigError(f"ratio {cfg.ratio} leaves {budget:,} parameters but the {cfg.compressor} compressor's "
-                          f"smallest aligned dims need {smallest:,}: use {{ratio:{largest}}} or lower")
+        raise ConfigError(
+            f"ratio {cfg.ratio} leaves {budget:,} parameters but the {cfg.compressor} compressor's "
+            f"smallest aligned dims need {smallest:,}: use {{ratio:{largest}}} or lower"
+        )

@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from gac.compressors import AUTO_BUILT
 from gac.config import CompressConfig
@@ -31,9 +31,20 @@ from gac.objectives.parameter import parameter_budget
 
 if TYPE_CHECKING:
     from gac.compressors.base import Compressor
+    from gac.models.groups import DimGroup
     from gac.objectives.latency.loop import ClosedLoop
+    from gac.objectives.latency.outcome import LatencyOutcome
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _set(value: T | None, what: str) -> T:
+    """A candidate's `what`, set by an earlier stage (a skipped candidate goes no further)."""
+    if value is None:
+        raise RuntimeError(f"auto: a candidate's {what} is used before it was set")
+    return value
+
 
 LOSS_MODEL, MEASURED_AT_PREDICTED = "loss model", "held-back windows at the predicted dims"
 
@@ -53,7 +64,7 @@ class Candidate:
     name: str
     config: CompressConfig  # naming this compressor (the objective's options resolved for it)
     compressor: Compressor | None = None
-    groups: list | None = None
+    groups: Sequence[DimGroup] | None = None
     analyzed: Analyzed | None = None  # its heavy factors released once predicted
     loop: ClosedLoop | None = None  # --speedup: its closed loop, fitted by the prediction
     selected: Selected | None = None  # --ratio's at prediction, --speedup's once built
@@ -65,7 +76,7 @@ class Candidate:
 
     def params(self, dims: dict) -> int:
         """Parameters at `dims` of the weights any candidate may touch (those this one leaves at full size)."""
-        units = self.analyzed.units
+        units = _set(self.analyzed, "analysis").units
         return self.common - sum(u.numel for u in units) + sum(u.params(dims[u.name]) for u in units)
 
     @property
@@ -78,8 +89,10 @@ class Candidate:
         log.info("auto: %s skipped: %s", self.name, error)
 
     def to_dict(self) -> dict:
-        out = {"status": "skipped" if self.skipped else self.status,
-               "ratio": None if self.skipped else self.config.ratio}
+        out: dict[str, Any] = {
+            "status": "skipped" if self.skipped else self.status,
+            "ratio": None if self.skipped else self.config.ratio,
+        }
         if self.skipped:
             out["why"] = self.skipped
         out["predicted"] = self.predicted or None
@@ -108,16 +121,19 @@ def choose(model, calib, held_back, cfg: CompressConfig) -> tuple[CompressConfig
             _at_common_ratio(c, common, cfg)
     live = [c for c in candidates if not c.skipped]
     if not live:
-        raise ConfigError(f"no compressor can run on this model at this target ({_reasons(candidates)}): name one "
-                          "compressor to see why")
+        raise ConfigError(
+            f"no compressor can run on this model at this target ({_reasons(candidates)}): name one "
+            "compressor to see why"
+        )
     stats = shared_statistics(model, calib, live, cfg)
     baseline = mean_loss(model, held_back)
     for c in live:
         _predict(c, model, calib, stats, held_back, baseline, cfg)
     ranked = sorted((c for c in live if not c.skipped), key=lambda c: c.predicted["loss"])
     if not ranked:
-        raise ConfigError(f"no compressor reaches this target ({_reasons(candidates)}): use a smaller {{ratio}} or "
-                          "{speedup}")
+        raise ConfigError(
+            f"no compressor reaches this target ({_reasons(candidates)}): use a smaller {{ratio}} or {{speedup}}"
+        )
     built = []
     for c in ranked[:AUTO_BUILT]:
         try:
@@ -125,11 +141,13 @@ def choose(model, calib, held_back, cfg: CompressConfig) -> tuple[CompressConfig
             built.append(c)
         except GacError as e:  # e.g. a closed loop that finds no choice within its budget
             c.skip(e)
-            c.compressor.release_factors(c.analyzed.units)
+            _set(c.compressor, "compressor").release_factors(_set(c.analyzed, "analysis").units)
     del stats
     if not built:
-        raise ConfigError(f"no compressor built reaches this target ({_reasons(ranked[:AUTO_BUILT])}): use a smaller "
-                          "{ratio} or {speedup}")
+        raise ConfigError(
+            f"no compressor built reaches this target ({_reasons(ranked[:AUTO_BUILT])}): use a smaller "
+            "{ratio} or {speedup}"
+        )
     if cfg.speedup is None and cfg.evaluate:
         _time_beside(model, built, cfg)
     kept = min(built, key=lambda c: _rank(c, cfg))
@@ -139,13 +157,18 @@ def choose(model, calib, held_back, cfg: CompressConfig) -> tuple[CompressConfig
     kept.status = "kept"
     why = _why(kept, built, cfg)
     log.info("auto: kept %s (%s)", kept.name, why)
-    report = {"candidates": {c.name: c.to_dict() for c in candidates}, "kept": kept.name, "why": why,
-              "built": [c.name for c in ranked[:AUTO_BUILT]], "held_back_windows": len(held_back),
-              "baseline_loss": baseline}
+    report = {
+        "candidates": {c.name: c.to_dict() for c in candidates},
+        "kept": kept.name,
+        "why": why,
+        "built": [c.name for c in ranked[:AUTO_BUILT]],
+        "held_back_windows": len(held_back),
+        "baseline_loss": baseline,
+    }
     report["compressible_params"] = common
     if cfg.speedup is None:
         report.update(ratio=cfg.ratio, removed_params=_removed(common, cfg))
-    return kept.config, kept.selected, report
+    return kept.config, _set(kept.selected, "selection"), report
 
 
 def _candidate(name: str, model, cfg) -> Candidate:
@@ -154,9 +177,9 @@ def _candidate(name: str, model, cfg) -> Candidate:
 
     c = Candidate(name, dataclasses.replace(cfg, compressor=name))
     try:
-        c.compressor = make_compressor(name)
-        c.compressor.factorization = cfg.factorization_method
-        c.groups = c.compressor.groups(model)
+        c.compressor = compressor = make_compressor(name)
+        compressor.factorization = cfg.factorization_method
+        c.groups = compressor.groups(model)
     except GacError as e:
         c.skip(e)
     return c
@@ -169,13 +192,19 @@ def _compressible(model, live: list[Candidate]) -> int:
     from gac.calibration.stats import weight_of
     from gac.models.groups import linears_of
 
-    return sum(weight_of(model, n).numel() for n in dict.fromkeys(n for c in live for n in linears_of(c.groups)))
+    return sum(
+        weight_of(model, n).numel()
+        for n in dict.fromkeys(n for c in live for n in linears_of(_set(c.groups, "groups")))
+    )
 
 
 def _reasons(candidates: list[Candidate]) -> str:
     """Why each skipped candidate cannot run, as a ConfigError's words (their own fields named as they were)."""
-    return "; ".join(f"{c.name}: {c.error.template if isinstance(c.error, ConfigError) else literal(c.error)}"
-                     for c in candidates if c.error is not None)
+    return "; ".join(
+        f"{c.name}: {c.error.template if isinstance(c.error, ConfigError) else literal(c.error)}"
+        for c in candidates
+        if c.error is not None
+    )
 
 
 def _removed(common: int, cfg) -> int:
@@ -187,15 +216,17 @@ def _at_common_ratio(c: Candidate, common: int, cfg) -> None:
     where that is more than it can remove)."""
     from gac.objectives.parameter import check_feasible
 
-    own, removed = sum(g.numel for g in c.groups), _removed(common, cfg)
+    groups = _set(c.groups, "groups")
+    own, removed = sum(g.numel for g in groups), _removed(common, cfg)
     try:
         if removed >= own:
-            raise ConfigError(f"removing {removed:,} parameters needs more than its {own:,} compressible ones: use a "
-                              "lower {ratio}")
+            raise ConfigError(
+                f"removing {removed:,} parameters needs more than its {own:,} compressible ones: use a lower {{ratio}}"
+            )
         # the asked ratio itself where the compressor may touch every weight: its run is then the single one's
         ratio = cfg.ratio if own == common else round(removed / own, 6)
         c.config = dataclasses.replace(c.config, ratio=ratio)
-        check_feasible(c.groups, c.config)
+        check_feasible(groups, c.config)
     except GacError as e:
         c.skip(e)
 
@@ -208,9 +239,10 @@ def shared_statistics(model, calib, live: list[Candidate], cfg) -> dict:
     from gac.calibration.stats import calibrate
     from gac.models.groups import linears_of
 
-    names = list(dict.fromkeys(n for c in live for n in linears_of(c.groups)))
-    stats = calibrate(model, calib, names, xtx=any(c.compressor.needs_xtx for c in live), progress=cfg.progress)
-    scored = list(dict.fromkeys(n for c in live if c.compressor.proxy == OUTPUT for n in linears_of(c.groups)))
+    parts = [(_set(c.compressor, "compressor"), linears_of(_set(c.groups, "groups"))) for c in live]
+    names = list(dict.fromkeys(n for _, linears in parts for n in linears))
+    stats = calibrate(model, calib, names, xtx=any(c.needs_xtx for c, _ in parts), progress=cfg.progress)
+    scored = list(dict.fromkeys(n for c, linears in parts if c.proxy == OUTPUT for n in linears))
     if scored:
         for n, fisher in output_fisher(model, calib, scored, progress=cfg.progress).items():
             stats[n].out_fisher = fisher  # gac.compressors.base.add_loss_curves reads it instead of a pass
@@ -224,8 +256,9 @@ def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg)
     from gac.objectives.latency import latency_loop
     from gac.pipelines.whole_model import analyze_with
 
+    compressor = _set(c.compressor, "compressor")
     try:
-        c.analyzed = analyze_with(model, calib, c.config, c.compressor, c.groups, stats, held_back)
+        c.analyzed = analyze_with(model, calib, c.config, compressor, _set(c.groups, "groups"), stats, held_back)
         units = c.analyzed.units
         if cfg.speedup is None:
             c.selected = select_dims(model, c.analyzed, c.config)
@@ -236,7 +269,7 @@ def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg)
             dims, timing = choice.dims, {"ms": ms, "speedup": baseline_ms / ms}
         loss, source = predicted_loss(units, dims), LOSS_MODEL
         if loss is None:
-            cut = c.compressor.built(model, units, dims)
+            cut = compressor.built(model, units, dims)
             loss, source = mean_loss(cut, held_back) - baseline, MEASURED_AT_PREDICTED
             del cut
         c.predicted = {"loss": loss, "loss_from": source, "params": c.params(dims), **timing}
@@ -245,10 +278,15 @@ def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg)
         return
     finally:
         if c.analyzed is not None:
-            c.compressor.release_factors(c.analyzed.units)
-    log.info("auto: %s analyzed: predicted loss %+.4f nats/token (%s), %s params%s", c.name, c.predicted["loss"],
-             c.predicted["loss_from"], f"{c.predicted['params']:,}",
-             f", {c.predicted['ms']:.2f} ms ({c.predicted['speedup']:.3f}x)" if "ms" in c.predicted else "")
+            compressor.release_factors(c.analyzed.units)
+    log.info(
+        "auto: %s analyzed: predicted loss %+.4f nats/token (%s), %s params%s",
+        c.name,
+        c.predicted["loss"],
+        c.predicted["loss_from"],
+        f"{c.predicted['params']:,}",
+        f", {c.predicted['ms']:.2f} ms ({c.predicted['speedup']:.3f}x)" if "ms" in c.predicted else "",
+    )
 
 
 def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
@@ -258,25 +296,32 @@ def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
     drop it."""
     from gac.objectives import select_dims
 
-    units = c.analyzed.units
-    c.compressor.factorize_units(model, units, stats)  # the factors released after prediction
+    compressor, analyzed = _set(c.compressor, "compressor"), _set(c.analyzed, "analysis")
+    units = analyzed.units
+    compressor.factorize_units(model, units, stats)  # the factors released after prediction
+    timing: dict[str, Any]
     if cfg.speedup is None:
-        variant = cfg.saved_variant
-        c.selected.built[variant] = c.compressor.built(model, units, c.selected.dims[variant])
+        variant, selected = cfg.saved_variant, _set(c.selected, "selection")
+        selected.built[variant] = compressor.built(model, units, selected.dims[variant])
         timing, loss = {}, None
     else:  # the single run's closed loop, its fit already measured by the prediction
-        c.selected = select_dims(model, c.analyzed, c.config, loop=c.loop)
-        variant, outcome = "gac", c.selected.selection
+        c.selected = selected = select_dims(model, analyzed, c.config, loop=c.loop)
+        variant, outcome = "gac", cast("LatencyOutcome", selected.selection)  # --speedup's: the closed loop's
         streams = {s.name: s.loss - baseline for s in outcome.streams if s.loss is not None}
         timing = {"speedup": outcome.final["measured_speedup"], "reached": outcome.chosen.reached, "streams": streams}
         loss = streams.get(outcome.chosen.name)  # None where no guard measured it (--no-guard, or none reached)
-    built, dims = c.selected.built[variant], c.selected.dims[variant]
+    built, dims = selected.built[variant], selected.dims[variant]
     if loss is None:
         loss = mean_loss(built, held_back) - baseline
     c.measured = {"loss": loss, "params": c.params(dims), **timing}
     c.status = "built"
-    log.info("auto: %s built: measured loss %+.4f nats/token on %d held-back windows%s", c.name, c.measured["loss"],
-             len(held_back), f", {timing['speedup']:.3f}x measured" if timing else "")
+    log.info(
+        "auto: %s built: measured loss %+.4f nats/token on %d held-back windows%s",
+        c.name,
+        c.measured["loss"],
+        len(held_back),
+        f", {timing['speedup']:.3f}x measured" if timing else "",
+    )
 
 
 def _time_beside(model, built: list[Candidate], cfg) -> None:
@@ -285,16 +330,16 @@ def _time_beside(model, built: list[Candidate], cfg) -> None:
     from gac.evaluate.latency import prefill_timings
 
     lat = cfg.evaluation_latency
-    models = {"baseline": model, **{c.name: c.selected.built[cfg.saved_variant] for c in built}}
+    models = {"baseline": model, **{c.name: _set(c.selected, "selection").built[cfg.saved_variant] for c in built}}
     t = prefill_timings(models, lat.batch, lat.prefill_tokens, lat)
     for c in built:
-        c.measured["speedup"] = t["baseline"].median_ms / t[c.name].median_ms
+        _set(c.measured, "measurement")["speedup"] = t["baseline"].median_ms / t[c.name].median_ms
 
 
 def _rank(c: Candidate, cfg) -> tuple:
     """Lower is better: the measured loss; under --speedup first whether the closed loop reached, and of models
     that did not, the faster."""
-    m = c.measured
+    m = _set(c.measured, "measurement")
     if cfg.speedup is None:
         return (m["loss"],)
     return (not m["reached"], m["loss"] if m["reached"] else -m["speedup"])
@@ -302,15 +347,17 @@ def _rank(c: Candidate, cfg) -> tuple:
 
 def _release(c: Candidate) -> None:
     """Let a built candidate that was not kept go: its model and factors."""
-    c.compressor.release_factors(c.analyzed.units)
-    c.selected.built.clear()
+    _set(c.compressor, "compressor").release_factors(_set(c.analyzed, "analysis").units)
+    _set(c.selected, "selection").built.clear()
     c.selected = None  # under --speedup its closed loop's outcome holds the model too
 
 
 def _why(kept: Candidate, built: list[Candidate], cfg) -> str:
-    figures = ", ".join(f"{c.name} {c.measured['loss']:+.4f}" for c in built)
-    if cfg.speedup is not None and not kept.measured["reached"]:
-        return f"no built compressor reached the target: the fastest measured ({kept.measured['speedup']:.3f}x)"
-    what = "lowest loss on the held-back calibration windows" + (" of those that reached the target"
-                                                                   if cfg.speedup is not None else "")
+    figures = ", ".join(f"{c.name} {_set(c.measured, 'measurement')['loss']:+.4f}" for c in built)
+    measured = _set(kept.measured, "measurement")
+    if cfg.speedup is not None and not measured["reached"]:
+        return f"no built compressor reached the target: the fastest measured ({measured['speedup']:.3f}x)"
+    what = "lowest loss on the held-back calibration windows" + (
+        " of those that reached the target" if cfg.speedup is not None else ""
+    )
     return f"{what}, nats/token over the original: {figures}"

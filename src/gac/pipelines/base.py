@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gac.checkpoint.lazy import LazyCheckpoint, Resident
     from gac.compressors.base import Compressor
     from gac.evaluate.layer_latency import LayerLatency
+    from gac.models.groups import DimGroup
     from gac.objectives.base import Analyzed, Selected
 
 
@@ -28,7 +29,7 @@ class Opened:
     """A run's model as its pipeline opened it."""
 
     model: nn.Module  # whole in memory, or (layer by layer) a shell whose layers the source brings in one at a time
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None  # None: none beside the weights (a run then stops)
     name: str  # the model's name in report.json
     source: LazyCheckpoint | Resident | None = None  # layer by layer: where each layer's weights are read from
 
@@ -58,8 +59,9 @@ class Pipeline(ABC):
         """The model to compress, its tokenizer and name (and, layer by layer, its weight source)."""
 
     @abstractmethod
-    def analyze(self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor,
-                held_back: torch.Tensor | None = None) -> Analyzed:
+    def analyze(
+        self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor, held_back: torch.Tensor | None = None
+    ) -> Analyzed:
         """Calibrate on `calib` [n, seq] and let the compressor analyze every group; the model is not changed."""
 
     def output(self, cfg) -> contextlib.AbstractContextManager[Path | None]:
@@ -68,18 +70,30 @@ class Pipeline(ABC):
         return contextlib.nullcontext()
 
     @abstractmethod
-    def materialize(self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor,
-                    streamed_to: Path | None) -> tuple[dict, Measured | None]:
+    def materialize(
+        self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor, streamed_to: Path | None
+    ) -> tuple[dict, Measured | None]:
         """({variant: model}, the baseline first; what was measured on the way, else None)."""
 
     @abstractmethod
-    def write(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, cfg, *, plan: dict, files: dict,
-              streamed_to: Path | None, finish: Callable | None = None) -> Path:
+    def write(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        cfg,
+        *,
+        plan: dict,
+        files: dict,
+        streamed_to: Path | None,
+        finish: Callable | None = None,
+    ) -> Path:
         """Save the saved variant with its plan and `files` to cfg.out; `finish` (the directory) runs before it is
         moved into place."""
 
 
-def compressor_groups(model: nn.Module, cfg, compressor: Compressor | None = None) -> tuple[Compressor, list]:
+def compressor_groups(
+    model: nn.Module, cfg, compressor: Compressor | None = None
+) -> tuple[Compressor, Sequence[DimGroup]]:
     """(the run's compressor, built from cfg where not given and set to its factorization; its groups on `model`),
     the parameter objective's budget checked from the shapes alone, before any calibration."""
     from gac.compressors import make_compressor

@@ -41,24 +41,34 @@ class PipelineChoice:
 FORCING_FLAGS = {"layerwise": "--layerwise", "whole": "--whole-model"}
 
 
-def choose_pipeline(whole_bytes: int | None, available: Available | None, forced: str | None = None,
-                    forced_by: str | None = None) -> PipelineChoice:
+def choose_pipeline(
+    whole_bytes: int | None, available: Available | None, forced: str | None = None, forced_by: str | None = None
+) -> PipelineChoice:
     """The pipeline of a run: `forced` ("whole", "layerwise") as a flag (forced_by, default its FORCING_FLAGS entry)
     asks, else layer by layer exactly when the whole-model forecast `whole_bytes` exceeds the memory `available`;
     whole when either figure is unknown (nothing to compare). Pure: the figures are given."""
-    figures = {"whole_forecast_bytes": whole_bytes, "available_bytes": available and available.bytes,
-               "available_from": available and available.source}
+
+    def chosen(pipeline: str, reason: str) -> PipelineChoice:
+        return PipelineChoice(
+            pipeline,
+            reason,
+            whole_forecast_bytes=whole_bytes,
+            available_bytes=available.bytes if available is not None else None,
+            available_from=available.source if available is not None else None,
+        )
+
     if forced is not None:
-        return PipelineChoice(forced, f"{forced_by or FORCING_FLAGS[forced]} asks for it", **figures)
+        return chosen(forced, f"{forced_by or FORCING_FLAGS[forced]} asks for it")
     if whole_bytes is None or available is None:
         missing = "no whole-model forecast (no config to read)" if whole_bytes is None else "no memory figure"
-        return PipelineChoice("whole", f"{missing}: the whole-model pipeline", **figures)
+        return chosen("whole", f"{missing}: the whole-model pipeline")
     need, have = f"{whole_bytes / GIB:.1f} GiB", f"{available.bytes / GIB:.1f} GiB ({available.source})"
     if whole_bytes > available.bytes:
-        return PipelineChoice("layerwise", f"the whole-model pipeline would need about {need}, more than the {have} "
-                              "available: layer by layer", **figures)
-    return PipelineChoice("whole", f"the whole-model pipeline needs about {need}, within the {have} available",
-                          **figures)
+        return chosen(
+            "layerwise",
+            f"the whole-model pipeline would need about {need}, more than the {have} available: layer by layer",
+        )
+    return chosen("whole", f"the whole-model pipeline needs about {need}, within the {have} available")
 
 
 def available_memory(device: str = "cpu", max_memory: str | dict | None = None) -> Available | None:
@@ -101,8 +111,10 @@ def _psutil_available() -> Available | None:
     return Available(int(psutil.virtual_memory().available), "psutil")
 
 
-CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # v2
-                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))  # v1
+CGROUP_FILES = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # v2
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)  # v1
 
 
 def _cgroup_room() -> Available | None:
@@ -143,8 +155,10 @@ def plan_memory(cfg) -> PipelineChoice:
     if choice.layerwise and available is not None:
         need = forecast_of(cfg, True).peak_bytes
         if need > available.bytes:
-            text = (f"the layer-by-layer pipeline needs about {need / GIB:.1f} GiB but {available.source} allows "
-                    f"{available.bytes / GIB:.1f} GiB")
+            text = (
+                f"the layer-by-layer pipeline needs about {need / GIB:.1f} GiB but {available.source} allows "
+                f"{available.bytes / GIB:.1f} GiB"
+            )
             if available.source.startswith("--max-memory"):
                 raise GacError(f"{text}: fewer --calib-windows, a shorter --seq-len or bfloat16")
             log.warning("%s: it may not fit (fewer --calib-windows, a shorter --seq-len or bfloat16 need less)", text)

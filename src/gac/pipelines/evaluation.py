@@ -13,8 +13,9 @@ log = logging.getLogger(__name__)
 NOT_EVALUATED = ("ppl", "prefill_ms", "prefill_spread_pct", "decode_ms_per_token", "decode_spread_pct")
 
 
-def evaluate_variants(models: dict, names: list[str], held_out, cfg, *,
-                      measured: Measured | None = None) -> tuple[dict, dict | None]:
+def evaluate_variants(
+    models: dict, names: list[str], held_out, cfg, *, measured: Measured | None = None
+) -> tuple[dict, dict | None]:
     """({variant: figures}, how latency was measured or None): each model's parameters and aligned fraction over
     `names` and, with cfg.evaluate, its held-out perplexity and prefill and decode latency, all models timed side by
     side (cfg.evaluation_latency). `measured`: perplexities and layer timings taken layer by layer (the models were

@@ -72,8 +72,17 @@ class Shapes:
         experts, width, routed = 0, adapter.intermediate_size(config), 0
         if any(adapter.is_moe_layer(config, i) for i in range(n)):  # the forecast's layer: an MoE one, the larger
             experts, width, routed = adapter.expert_geometry(config)
-        return cls(n, adapter.hidden_size(config), width, geo.num_heads * geo.head_dim, geo.num_kv_heads * geo.head_dim,
-                   adapter.vocab_size(config), bool(getattr(config, "tie_word_embeddings", False)), experts, routed)
+        return cls(
+            n,
+            adapter.hidden_size(config),
+            width,
+            geo.num_heads * geo.head_dim,
+            geo.num_kv_heads * geo.head_dim,
+            adapter.vocab_size(config),
+            bool(getattr(config, "tie_word_embeddings", False)),
+            experts,
+            routed,
+        )
 
     def linears(self) -> list[tuple[int, int]]:
         """[out, in] of one layer's compressible linears (gated MLP: gate and up; an ungated one is close; an MoE
@@ -136,9 +145,19 @@ def _factor_bytes(o: int, i: int) -> int:
     return 4 * (o * k + k + k * i)  # U, S, Vh in float32
 
 
-def forecast(config, *, compressor: str = "asvd", options: dict | None = None, ratio: float = 0.15,
-             dtype: str = "float32", calib_windows: int = 16, seq_len: int = 512, layerwise: bool = True,
-             factorization: str = "gram32", flops_per_s: float | None = None) -> Forecast:
+def forecast(
+    config,
+    *,
+    compressor: str = "asvd",
+    options: dict | None = None,
+    ratio: float = 0.15,
+    dtype: str = "float32",
+    calib_windows: int = 16,
+    seq_len: int = 512,
+    layerwise: bool = True,
+    factorization: str = "gram32",
+    flops_per_s: float | None = None,
+) -> Forecast:
     """Predicted peak memory, output size and time of compressing a model of this config with the compressor
     `compressor` built from `options` (its config options, as CompressConfig.compressor_options)."""
     from gac.calibration.importance import FISHER_SAMPLES, FOLD_ELEMENTS, GRADIENT_PROXIES, OUTPUT
@@ -165,8 +184,9 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     # linears fed by one activation share one X^T X (q/k/v, gate/up): inputs of width hidden, q width, intermediate;
     # kept as the input rows [tokens, i] while they are no more than the columns, else summed [i, i] in float64
     # (gac.calibration.gram.Gram)
-    layer_xtx = sum(act * tokens * i if tokens <= i else 8 * i * i
-                    for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
+    layer_xtx = (
+        sum(act * tokens * i if tokens <= i else 8 * i * i for i in (s.hidden, s.q_width, s.intermediate)) if xtx else 0
+    )
     big_o, big_i = max(s.factorized(), key=lambda oi: oi[0] * oi[1])
     # the loss model's float64 work on one weight [o, i], k = min(o, i): Vh S^-1 and its product with X^T X [k, i]
     # each, U and U^T diag(f) [o, k] each, P and Q [k, k], and the curve's own [k, k] temporaries (3)
@@ -178,7 +198,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     fold = b * s.largest_weight + 3 * 4 * min(s.largest_weight, FOLD_ELEMENTS) if c.proxy in GRADIENT_PROXIES else 0
     # a layer's SVDs all end before its loss curves begin: the larger of the two phases, not their sum; each phase
     # works on gac.hw.threads.workers() weights at once (bounded by the largest)
-    work = max(max(svd_work + whiten, curve) * workers(), fold)
+    largest = max(max(svd_work + whiten, curve) * workers(), fold)
     batch = 4  # calibration's batches (the reverse sweep's gradient passes run halves of them)
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
     logits = 3 * 2 * seq_len * s.vocab * 4 if reverse else 0  # float logits, grad, softmax of a gradient batch
@@ -190,7 +210,7 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
             "one layer's weights": s.layer_params * b,
             "one layer's factors": layer_factors,
             "one layer's X^T X": layer_xtx,
-            "SVD / loss model / whitening work (largest weight)": work,
+            "SVD / loss model / whitening work (largest weight)": largest,
             "activations in flight": flight + max(transient, logits),
             "runtime": RUNTIME_BYTES,
         }
@@ -211,9 +231,10 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
             BUILT_COPY: 2 * int(weights * (1 - ratio * 0.8)),
             FACTORS: s.layers * layer_factors,
             "all X^T X": s.layers * layer_xtx,
-            "SVD / loss model / whitening work (largest weight)": work,
-            "activations and logits": (transient * s.layers // 4 + max(logits, 2 * probe * s.vocab * 4)
-                                       + 4 * tokens * s.hidden * act),
+            "SVD / loss model / whitening work (largest weight)": largest,
+            "activations and logits": (
+                transient * s.layers // 4 + max(logits, 2 * probe * s.vocab * 4) + 4 * tokens * s.hidden * act
+            ),
             "runtime": RUNTIME_BYTES,
         }
     compressible = s.layers * sum(o * i for o, i in (s.factorized() if lowrank else s.linears()))
@@ -230,26 +251,41 @@ def forecast(config, *, compressor: str = "asvd", options: dict | None = None, r
     fp64_flops = s.layers * sum(loss_model_flops(o, i, tokens) for o, i in s.factorized()) if loss_model else 0
     # the statistics, collected in the calibration pass: X^T X summed only once an input's rows outnumber its columns
     # (gac.calibration.gram.Gram)
-    xtx_flops = s.layers * sum(2 * tokens * i * i for i in (s.hidden, s.q_width, s.intermediate) if tokens > i) if xtx \
-        else 0
+    xtx_flops = (
+        s.layers * sum(2 * tokens * i * i for i in (s.hidden, s.q_width, s.intermediate) if tokens > i) if xtx else 0
+    )
     rate = flops_per_s or matmul_rate()
     one, statistics = forward_flops / rate, xtx_flops / (rate * FP64_SHARE)
     if layerwise:  # forward (reverse sweep: + statistics, recompute, backward); materialization runs none
         passes = {"calibration sweep": (1 + 1 + 1 + 2 * backwards if reverse else 1) * one + statistics}
     else:  # the analysis's forward (a gradient pass: forward, recompute, backward), materialization's forward
-        passes = {"calibration pass": one + statistics, "materialization pass": one,
-                  **({f"gradient pass ({c.proxy})": (1 + 2 * backwards) * one} if reverse else {})}
-    work = {"probe passes": probe_flops / rate,
-            FACTORIZING: s.layers * sum(f / (rate * share) for f, share in factorizing),
-            "loss model (float64)": fp64_flops / (rate * FP64_SHARE)}
-    return Forecast("layerwise" if layerwise else "whole", int(sum(parts.values())), int(weights), disk,
-                    sum(passes.values()) + sum(work.values()), {k: int(v) for k, v in parts.items()}, passes, work)
+        passes = {
+            "calibration pass": one + statistics,
+            "materialization pass": one,
+            **({f"gradient pass ({c.proxy})": (1 + 2 * backwards) * one} if reverse else {}),
+        }
+    work = {
+        "probe passes": probe_flops / rate,
+        FACTORIZING: s.layers * sum(f / (rate * share) for f, share in factorizing),
+        "loss model (float64)": fp64_flops / (rate * FP64_SHARE),
+    }
+    return Forecast(
+        "layerwise" if layerwise else "whole",
+        int(sum(parts.values())),
+        int(weights),
+        disk,
+        sum(passes.values()) + sum(work.values()),
+        {k: int(v) for k, v in parts.items()},
+        passes,
+        work,
+    )
 
 
 def factorization_cost(o: int, i: int, method: str) -> tuple[int, float]:
     """(FLOPs, their rate as a share of the float32 matmul rate) of factorizing one [o, i] weight, k = min(o, i):
-    LAPACK's SVD, ~12 o i k; the Gram path (gac.compressors.linalg.gram_svd), the Gram matrix and a V (2 max(o, i) k^2 each) and
-    eigh (~11 k^3, as measured), in float32 (gram32, presumed to hold for every weight) or float64 (gram)."""
+    LAPACK's SVD, ~12 o i k; the Gram path (gac.compressors.linalg.gram_svd), the Gram matrix and a V
+    (2 max(o, i) k^2 each) and eigh (~11 k^3, as measured), in float32 (gram32, presumed to hold for every weight)
+    or float64 (gram)."""
     k = min(o, i)
     if method == "svd":
         return 12 * o * i * k, SVD_SHARE
@@ -305,10 +341,19 @@ def forecast_of(cfg, layerwise: bool) -> Forecast:
     forecasts = []
     for name in candidates_of(cfg.compressor):
         try:
-            forecasts.append(forecast(config, compressor=name, options=cfg.compressor_options,
-                                      ratio=cfg.analysis_ratio, dtype=cfg.dtype, calib_windows=cfg.text.calib_windows,
-                                      seq_len=cfg.text.seq_len, layerwise=layerwise,
-                                      factorization=cfg.factorization_method))
+            forecasts.append(
+                forecast(
+                    config,
+                    compressor=name,
+                    options=cfg.compressor_options,
+                    ratio=cfg.analysis_ratio,
+                    dtype=cfg.dtype,
+                    calib_windows=cfg.text.calib_windows,
+                    seq_len=cfg.text.seq_len,
+                    layerwise=layerwise,
+                    factorization=cfg.factorization_method,
+                )
+            )
         except GacError:
             if len(candidates_of(cfg.compressor)) == 1:
                 raise  # a candidate that cannot run on this model is skipped by auto, and not forecast
@@ -332,8 +377,7 @@ def _auto_forecast(forecasts: list[Forecast]) -> Forecast:
     work = {k: sum(f.work_seconds[k] for f in forecasts) for k in heaviest.work_seconds}
     longest = sorted((f.work_seconds[FACTORIZING] for f in forecasts), reverse=True)
     work[f"{FACTORIZING} again ({AUTO_BUILT} built, auto)"] = sum(longest[:AUTO_BUILT])
-    timed = replace(heaviest, seconds=sum(passes.values()) + sum(work.values()), pass_seconds=passes,
-                    work_seconds=work)
+    timed = replace(heaviest, seconds=sum(passes.values()) + sum(work.values()), pass_seconds=passes, work_seconds=work)
     if heaviest.pipeline != "whole":
         return timed
     # the whole model: auto holds a second built candidate beside the first, its built model and the copy its
@@ -346,10 +390,14 @@ def _auto_forecast(forecasts: list[Forecast]) -> Forecast:
 def describe(f: Forecast, choice=None) -> str:
     """The dry run's printout: the pipeline (and why: a gac.pipelines.choice.PipelineChoice), peak per device, disk,
     time, and what the peak is made of."""
-    lines = [f"pipeline: {f.pipeline}" + (f" ({choice.reason})" if choice else ""),
-             f"peak memory (cpu): {f.peak_bytes / GIB:.2f} GiB",
-             f"model weights: {f.weights_bytes / GIB:.1f} GiB", f"disk needed (output and temporary): {f.disk_bytes / GIB:.1f} GiB",
-             f"rough time: {_duration(f.seconds)}", "peak made of:"]
+    lines = [
+        f"pipeline: {f.pipeline}" + (f" ({choice.reason})" if choice else ""),
+        f"peak memory (cpu): {f.peak_bytes / GIB:.2f} GiB",
+        f"model weights: {f.weights_bytes / GIB:.1f} GiB",
+        f"disk needed (output and temporary): {f.disk_bytes / GIB:.1f} GiB",
+        f"rough time: {_duration(f.seconds)}",
+        "peak made of:",
+    ]
     lines += [f"  {name}: {size / GIB:.2f} GiB" for name, size in f.parts.items()]
     return "\n".join(lines)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gac.config import CompressConfig
 from gac.objectives.base import Selected
@@ -15,8 +15,10 @@ from gac.objectives.base import Selected
 if TYPE_CHECKING:
     from torch import nn
 
+    from gac.align.plan import SelectionResult
     from gac.compressors.base import Compressor
     from gac.evaluate.report import Report
+    from gac.objectives.latency.outcome import LatencyOutcome
     from gac.pipelines.choice import PipelineChoice
 
 
@@ -25,8 +27,14 @@ def reduced_dims(dims: dict) -> dict:
     return {name: int(d) for name, d in dims.items() if d is not None}
 
 
-def build_report(cfg: CompressConfig, model_name: str, selected: Selected, variants: dict,
-                 choice: PipelineChoice | None = None, latency_method: dict | None = None) -> Report:
+def build_report(
+    cfg: CompressConfig,
+    model_name: str,
+    selected: Selected,
+    variants: dict,
+    choice: PipelineChoice | None = None,
+    latency_method: dict | None = None,
+) -> Report:
     """report.json of a run (gac.evaluate.report.Report), built once from the selection and the evaluated variants,
     whichever the pipeline (choice: which and why); under a speedup the closed loop's rounds and each timed
     variant's figures at the objective's shape."""
@@ -36,22 +44,39 @@ def build_report(cfg: CompressConfig, model_name: str, selected: Selected, varia
     from gac.evaluate.report import Report
     from gac.hw.device import device_name
 
-    outcome = selected.selection if cfg.speedup is not None else None
+    # --speedup's selection is its closed loop's outcome, the parameter objective's a SelectionResult
+    outcome = cast("LatencyOutcome", selected.selection) if cfg.speedup is not None else None
+    parameter = cast("SelectionResult", selected.selection) if cfg.speedup is None else None
     if outcome is not None:
         for variant, figures in outcome.variant_figures().items():
             variants[variant].update(figures)
     return Report(
-        model=model_name, compressor=cfg.compressor, ratio=cfg.ratio, alignment=cfg.alignment, device=cfg.device,
-        device_name=device_name(cfg.device), dtype=cfg.dtype, compressible_params=selected.compressible,
-        budget_params=selected.budget, compressor_options=dict(cfg.compressor_options), profile=cfg.profile,
-        latency=dataclasses.asdict(cfg.evaluation_latency), eval_tokens=cfg.text.eval_windows * cfg.text.seq_len,
-        versions=versions(), threads=torch.get_num_threads(), pipeline="layerwise" if cfg.layerwise else "whole",
-        pipeline_choice=choice.to_dict() if choice is not None else None, latency_method=latency_method,
-        variants=variants, dims={v: reduced_dims(d) for v, d in selected.dims.items()},
+        model=model_name,
+        compressor=cfg.compressor,
+        ratio=cfg.ratio,
+        alignment=cfg.alignment,
+        device=cfg.device,
+        device_name=device_name(cfg.device),
+        dtype=cfg.dtype,
+        compressible_params=selected.compressible,
+        budget_params=selected.budget,
+        compressor_options=dict(cfg.compressor_options),
+        profile=cfg.profile,
+        latency=dataclasses.asdict(cfg.evaluation_latency),
+        eval_tokens=cfg.text.eval_windows * cfg.text.seq_len,
+        versions=versions(),
+        threads=torch.get_num_threads(),
+        pipeline="layerwise" if cfg.layerwise else "whole",
+        pipeline_choice=choice.to_dict() if choice is not None else None,
+        latency_method=latency_method,
+        variants=variants,
+        dims={v: reduced_dims(d) for v, d in selected.dims.items()},
         saved_variant=cfg.saved_variant,
-        selection=None if outcome else {k: v for k, v in selected.selection.to_dict().items() if k != "dims"},
-        objective=cfg.speedup.objective() if outcome else None, latency_objective=outcome.report() if outcome else None,
-        target=selected.target, profile_excluded=selected.profile_excluded,
+        selection=None if parameter is None else {k: v for k, v in parameter.to_dict().items() if k != "dims"},
+        objective=cfg.speedup.objective() if cfg.speedup is not None else None,
+        latency_objective=outcome.report() if outcome else None,
+        target=selected.target,
+        profile_excluded=selected.profile_excluded,
     )
 
 
@@ -73,10 +98,15 @@ def plan_and_files(model: nn.Module, cfg: CompressConfig, report: Report, compre
     from gac.quantize.run import quantized_summary
 
     plan = plan_record(
-        variant=report.saved_variant, source_model=report.model, alignment=cfg.alignment,
+        variant=report.saved_variant,
+        source_model=report.model,
+        alignment=cfg.alignment,
         dims=report.dims[report.saved_variant],
-        compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)}, ratio=report.ratio,
-        compressible_params=report.compressible_params, budget_params=report.budget_params, target=cfg.target,
+        compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)},
+        ratio=report.ratio,
+        compressible_params=report.compressible_params,
+        budget_params=report.budget_params,
+        target=cfg.target,
         **({"healed": healed_summary(report.model, report.heal)} if report.heal else {}),
         **({"quantization": quantized_summary(report.quantization)} if report.quantization else {}),
     )

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
     from compressed_tensors.compressors import ModelCompressor
     from torch import nn
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from gac.heal.run import HealConfig
     from gac.quantize.plan import QuantPlan
@@ -48,13 +48,17 @@ def run(cfg: CompressConfig) -> CompressResult:
     choice = plan_memory(cfg)  # layer by layer when the whole model would not fit
     log.info("pipeline: %s (%s)", choice.pipeline, choice.reason)
     if cfg.heal is not None and choice.layerwise:
-        raise ConfigError(f"{{heal}} trains the whole model in memory, and it does not fit ({literal(choice.reason)}): "
-                          "compress without {heal}, then heal the output with `gac heal` where it fits")
+        raise ConfigError(
+            f"{{heal}} trains the whole model in memory, and it does not fit ({literal(choice.reason)}): "
+            "compress without {heal}, then heal the output with `gac heal` where it fits"
+        )
     cfg = dataclasses.replace(cfg, layerwise=choice.layerwise)
     pipeline = get_pipeline(choice.pipeline)
     opened = pipeline.open(cfg)
     model, tokenizer = opened.model, opened.tokenizer
     _check_uncompressed(model, cfg.model)
+    if tokenizer is None:
+        raise GacError(f"{cfg.model} has no tokenizer: put its tokenizer files beside the weights")
     calib, held_out = load_windows(tokenizer, cfg.text)
     held_back = _held_back(tokenizer, cfg)
     heal_texts = _heal_config(cfg).windows(tokenizer) if cfg.heal is not None else None  # a bad text fails now
@@ -75,7 +79,7 @@ def run(cfg: CompressConfig) -> CompressResult:
         report.auto = auto
         if cfg.compressor_options.get("drop_experts"):
             report.experts_kept = experts_kept(saved)
-        if cfg.heal is not None:
+        if cfg.heal is not None and heal_texts is not None:
             report.heal = _heal(models, heal_texts, cfg)
         quantizer = None
         if qplan is not None:
@@ -85,8 +89,15 @@ def run(cfg: CompressConfig) -> CompressResult:
             from gac.pipelines.outputs import plan_and_files
 
             plan, files = plan_and_files(saved, cfg, report, compressor)
-            out = pipeline.write(saved, tokenizer, cfg, plan=plan, files=files, streamed_to=streamed_to,
-                                 finish=quantizer.update_config if quantizer is not None else None)
+            out = pipeline.write(
+                saved,
+                tokenizer,
+                cfg,
+                plan=plan,
+                files=files,
+                streamed_to=streamed_to,
+                finish=quantizer.update_config if quantizer is not None else None,
+            )
     return CompressResult(report.to_dict(), out, models)
 
 
@@ -94,8 +105,10 @@ def _check_uncompressed(model: nn.Module, source: str) -> None:
     from gac.models.groups import compressed_dims_of
 
     if compressed_dims_of(model):
-        raise GacError(f"{source} is already compressed (factorized ranks or pruned widths): compress the original "
-                       "model, or align this one with `gac repair`")
+        raise GacError(
+            f"{source} is already compressed (factorized ranks or pruned widths): compress the original "
+            "model, or align this one with `gac repair`"
+        )
 
 
 def _held_back(tokenizer: PreTrainedTokenizerBase, cfg: CompressConfig) -> torch.Tensor | None:
@@ -112,6 +125,8 @@ def _held_back(tokenizer: PreTrainedTokenizerBase, cfg: CompressConfig) -> torch
 
 def _heal_config(cfg: CompressConfig) -> HealConfig:
     """--heal's gac.heal.HealConfig on the run's evaluation text, device and progress setting."""
+    if cfg.heal is None:
+        raise ValueError("the run has no --heal to configure")
     return dataclasses.replace(cfg.heal, text=cfg.text, device=cfg.device, progress=cfg.progress)
 
 
@@ -122,7 +137,7 @@ def _heal(models: dict, texts: torch.Tensor, cfg: CompressConfig) -> dict:
     return heal_model(models[cfg.saved_variant], models["baseline"], texts, _heal_config(cfg))
 
 
-def _quantize_plan(model: nn.Module, cfg: CompressConfig) -> QuantPlan | None:
+def _quantize_plan(model: PreTrainedModel, cfg: CompressConfig) -> QuantPlan | None:
     """--quantize's plan for the saved variant (gac.quantize.plan), checked against the kernel's rules now; None
     without --quantize."""
     if cfg.quantize is None:
@@ -131,14 +146,19 @@ def _quantize_plan(model: nn.Module, cfg: CompressConfig) -> QuantPlan | None:
     from gac.quantize.plan import check_covers, plan
 
     model.config.gac_structure = structure_of(model)
-    qplan = plan(model.config, dataclasses.replace(cfg.quantize, calib_file=cfg.text.calib_file,
-                                                   seq_len=cfg.text.seq_len, calib_windows=cfg.text.calib_windows))
+    qplan = plan(
+        model.config,
+        dataclasses.replace(
+            cfg.quantize, calib_file=cfg.text.calib_file, seq_len=cfg.text.seq_len, calib_windows=cfg.text.calib_windows
+        ),
+    )
     check_covers(qplan, model)
     return qplan
 
 
-def _quantize(model: nn.Module, tokenizer: PreTrainedTokenizerBase, qplan: QuantPlan,
-              cfg: CompressConfig) -> tuple[dict, ModelCompressor]:
+def _quantize(
+    model: nn.Module, tokenizer: PreTrainedTokenizerBase, qplan: QuantPlan, cfg: CompressConfig
+) -> tuple[dict, ModelCompressor]:
     """--quantize: the saved variant quantized in place (after healing); (its quantize.json, the compressor that
     writes the checkpoint's quantization_config)."""
     import time

@@ -3,7 +3,7 @@ copy of it and saved at the end. --compressor auto and --speedup run on it only 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,10 +16,16 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from gac.compressors.base import Compressor
+    from gac.models.groups import DimGroup
 
 
-def analyze(model: nn.Module, calib: torch.Tensor, cfg, compressor: Compressor | None = None,
-            held_back: torch.Tensor | None = None) -> Analyzed:
+def analyze(
+    model: nn.Module,
+    calib: torch.Tensor,
+    cfg,
+    compressor: Compressor | None = None,
+    held_back: torch.Tensor | None = None,
+) -> Analyzed:
     """Calibrate on `calib` [n, seq] and let the compressor analyze every group (spectra, loss model, importance) at
     keep = 1 - cfg.analysis_ratio. The model is not changed. held_back: the windows the --speedup guard compares
     models on (gac.calibration.texts.held_back_windows; None: no guard)."""
@@ -31,8 +37,15 @@ def analyze(model: nn.Module, calib: torch.Tensor, cfg, compressor: Compressor |
     return analyze_with(model, calib, cfg, compressor, groups, stats, held_back)
 
 
-def analyze_with(model: nn.Module, calib: torch.Tensor, cfg, compressor: Compressor, groups: list, stats: dict,
-                 held_back: torch.Tensor | None = None) -> Analyzed:
+def analyze_with(
+    model: nn.Module,
+    calib: torch.Tensor,
+    cfg,
+    compressor: Compressor,
+    groups: Sequence[DimGroup],
+    stats: dict,
+    held_back: torch.Tensor | None = None,
+) -> Analyzed:
     """The compressor's analysis of `groups` from calibration statistics already collected on `calib` (`stats`:
     gac.calibration.stats.calibrate's, over at least the groups' linears; shared by `--compressor auto`), the whole
     model in memory."""
@@ -41,8 +54,9 @@ def analyze_with(model: nn.Module, calib: torch.Tensor, cfg, compressor: Compres
 
     probe = calib[:1, :PROBE_TOKENS]  # one short window: the loss probe for measured importance
     grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
-    units = compressor.analyze(model, groups, stats, probe=probe, keep=1.0 - cfg.analysis_ratio,
-                               progress=cfg.progress, **grads)
+    units = compressor.analyze(
+        model, groups, stats, probe=probe, keep=1.0 - cfg.analysis_ratio, progress=cfg.progress, **grads
+    )
     return Analyzed(compressor, units, linears_of(groups), sum(u.group.numel for u in units), held_back)
 
 
@@ -69,18 +83,29 @@ class WholeModel(Pipeline):
         loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
         return Opened(loaded.model, loaded.tokenizer, loaded.source)
 
-    def analyze(self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor,
-                held_back: torch.Tensor | None = None) -> Analyzed:
+    def analyze(
+        self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor, held_back: torch.Tensor | None = None
+    ) -> Analyzed:
         return analyze(opened.model, calib, cfg, compressor, held_back)
 
-    def materialize(self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor,
-                    streamed_to: Path | None) -> tuple[dict, Measured | None]:
+    def materialize(
+        self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor, streamed_to: Path | None
+    ) -> tuple[dict, Measured | None]:
         models = {"baseline": opened.model, **materialize_variants(opened.model, selected)}
-        selected.units = None  # free the SVD factors before evaluation
+        selected.units = []  # free the SVD factors before evaluation
         return models, None
 
-    def write(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, cfg, *, plan: dict, files: dict,
-              streamed_to: Path | None, finish: Callable | None = None) -> Path:
+    def write(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        cfg,
+        *,
+        plan: dict,
+        files: dict,
+        streamed_to: Path | None,
+        finish: Callable | None = None,
+    ) -> Path:
         from gac.checkpoint.gac_dir import save
 
         return save(model, tokenizer, cfg.out, plan=plan, extra_files=files, force=cfg.force, finish=finish)

@@ -74,8 +74,9 @@ class KernelRule:
 RULES = {
     ("w4a16", "cpu"): KernelRule("w4a16", "cpu", "CPUWNA16LinearKernel", 32, 32, fix="vllm:w4a16"),
     ("w8a8", "cpu"): KernelRule("w8a8", "cpu", "CPUInt8ScaledMMLinearKernel"),
-    ("w4a16", "cuda"): KernelRule("w4a16", "cuda", "MarlinLinearKernel", groups=(CHANNEL, 32, 64, 128),
-                                  fix="vllm:marlin"),
+    ("w4a16", "cuda"): KernelRule(
+        "w4a16", "cuda", "MarlinLinearKernel", groups=(CHANNEL, 32, 64, 128), fix="vllm:marlin"
+    ),
     ("w8a8", "cuda"): KernelRule("w8a8", "cuda", "CutlassInt8ScaledMMLinearKernel"),
 }
 DEVICES = ("cpu", "cuda")
@@ -93,8 +94,10 @@ class Unfit:
     why: str
 
     def line(self, rule: KernelRule, tp: int) -> str:
-        return f"{self.linear.name}: {self.why}, which vLLM's {rule.device} {rule.scheme} kernel ({rule.kernel}) " \
-               f"needs{' per rank at tensor parallel size ' + str(tp) if tp > 1 else ''}"
+        return (
+            f"{self.linear.name}: {self.why}, which vLLM's {rule.device} {rule.scheme} kernel ({rule.kernel}) "
+            f"needs{' per rank at tensor parallel size ' + str(tp) if tp > 1 else ''}"
+        )
 
 
 def unfit(linears: list[EngineLinear], rule: KernelRule, group: int) -> list[Unfit]:
@@ -153,8 +156,10 @@ def _column_block(parts, tp: int, fused_n: int) -> list[EngineLinear]:
 def _row(p, tp: int) -> list[EngineLinear]:
     """A row projection: its input split over the ranks (a pair: the first half row-parallel, b replicated)."""
     if p.rank:
-        return [EngineLinear((f"{p.path}.a",), p.in_features // tp, p.rank, p.in_features),
-                _lin(f"{p.path}.b", p.rank, p.out_features)]
+        return [
+            EngineLinear((f"{p.path}.a",), p.in_features // tp, p.rank, p.in_features),
+            _lin(f"{p.path}.b", p.rank, p.out_features),
+        ]
     return [EngineLinear((p.path,), p.in_features // tp, p.out_features, p.in_features)]
 
 

@@ -14,9 +14,11 @@ HEAD = "lm_head"  # the output head: kept in the model's dtype, as every compres
 # Neither way out holds: llm-compressor quantizes experts only unfused, one linear each at the config's one width (a
 # pruned expert width breaks it), and experts left unquantized beside quantized attention are a checkpoint vLLM
 # serves but transformers' compressed-tensors loader cannot read (it takes every expert as quantized)
-MOE_REFUSED = ("quantizing a mixture of experts is not supported yet: llm-compressor quantizes experts only at the "
-               "config's one width, and with the experts left unquantized transformers cannot load the checkpoint; "
-               "serve this model unquantized (gac serve-check), or quantize a dense model")
+MOE_REFUSED = (
+    "quantizing a mixture of experts is not supported yet: llm-compressor quantizes experts only at the "
+    "config's one width, and with the experts left unquantized transformers cannot load the checkpoint; "
+    "serve this model unquantized (gac serve-check), or quantize a dense model"
+)
 
 
 @dataclass
@@ -35,12 +37,29 @@ class QuantPlan:
     def report(self) -> dict:
         """quantize.json's "plan": the rule, every linear with its K, N and whether it is quantized, and why not."""
         why = {u.linear: u.why for u in self.unfit}
-        return {"rule": {"device": self.rule.device, "kernel": self.rule.kernel, "k_multiple": self.rule.k_multiple,
-                         "n_multiple": self.rule.n_multiple, "tp": self.cfg.tp},
-                "linears": [{"name": lin.name, "shards": list(lin.shards), "k": lin.k, "n": lin.n,
-                             "quantized": lin not in why, **({"why_not": why[lin]} if lin in why else {})}
-                            for lin in self.linears],
-                "quantized": len(self.quantized), "unquantized": len(self.unfit), "ignore": list(self.ignore)}
+        return {
+            "rule": {
+                "device": self.rule.device,
+                "kernel": self.rule.kernel,
+                "k_multiple": self.rule.k_multiple,
+                "n_multiple": self.rule.n_multiple,
+                "tp": self.cfg.tp,
+            },
+            "linears": [
+                {
+                    "name": lin.name,
+                    "shards": list(lin.shards),
+                    "k": lin.k,
+                    "n": lin.n,
+                    "quantized": lin not in why,
+                    **({"why_not": why[lin]} if lin in why else {}),
+                }
+                for lin in self.linears
+            ],
+            "quantized": len(self.quantized),
+            "unquantized": len(self.unfit),
+            "ignore": list(self.ignore),
+        }
 
 
 def plan(config, cfg: QuantizeConfig) -> QuantPlan:
@@ -63,8 +82,10 @@ def plan(config, cfg: QuantizeConfig) -> QuantPlan:
         first = refused[0].line(rule, cfg.tp)
         more = f" (and {len(refused) - 1} more linears)" if len(refused) > 1 else ""
         target = fix_target(rule, cfg.tp)
-        raise GacError(f"{first}{more}: compress with --target {target} so every linear fits, or pass --skip-unfit "
-                       "to leave such linears unquantized")
+        raise GacError(
+            f"{first}{more}: compress with --target {target} so every linear fits, or pass --skip-unfit "
+            "to leave such linears unquantized"
+        )
     return QuantPlan(cfg, rule, linears, refused, [HEAD] + [s for u in refused for s in u.linear.shards])
 
 
@@ -77,6 +98,8 @@ def check_covers(plan: QuantPlan, model) -> None:
     known = {s for lin in plan.quantized for s in lin.shards}
     if live != known:
         name = sorted(live ^ known)[0]
-        raise GacError(f"{name}: the model's linears and those vLLM builds for its config differ there, so vLLM "
-                       "would not read the checkpoint: restore the model's structure (re-run `gac compress`), or "
-                       "quantize a model of a family gac serves")
+        raise GacError(
+            f"{name}: the model's linears and those vLLM builds for its config differ there, so vLLM "
+            "would not read the checkpoint: restore the model's structure (re-run `gac compress`), or "
+            "quantize a model of a family gac serves"
+        )

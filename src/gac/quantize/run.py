@@ -39,8 +39,7 @@ def check_installed() -> None:
             raise GacError(f"quantizing needs {package}, which is not installed here: {INSTALL}")
 
 
-def quantize_dir(model, out, cfg: QuantizeConfig, *, force: bool = False,
-                 progress: bool = True) -> QuantizeResult:
+def quantize_dir(model, out, cfg: QuantizeConfig, *, force: bool = False, progress: bool = True) -> QuantizeResult:
     """Quantize `model` (a gac output, a Hugging Face directory, a .gguf or the embedded alias) into `out`."""
     model, out = str(model), str(out)
     from gac.checkpoint.gac_dir import check_out_dir
@@ -99,9 +98,14 @@ def quantize_model(model, tokenizer, qplan: QuantPlan, *, progress: bool = True)
 
         windows = _calibration(tokenizer, cfg)
         log.info("GPTQ on %d windows of %d tokens", *windows.shape)
-        oneshot(model=model, recipe=GPTQModifier(config_groups=groups, ignore=qplan.ignore),
-                dataset=_dataset(windows), num_calibration_samples=len(windows), max_seq_length=windows.shape[1],
-                shuffle_calibration_samples=False)
+        oneshot(
+            model=model,
+            recipe=GPTQModifier(config_groups=groups, ignore=qplan.ignore),
+            dataset=_dataset(windows),
+            num_calibration_samples=len(windows),
+            max_seq_length=windows.shape[1],
+            shuffle_calibration_samples=False,
+        )
     else:
         from llmcompressor.modifiers.quantization import QuantizationModifier
 
@@ -128,16 +132,25 @@ def _dataset(windows):
 
 def quantize_report(model: str, qplan: QuantPlan, seconds: float) -> dict:
     """quantize.json: the run's scheme, options and versions, and its plan (every linear, quantized or why not)."""
-    from gac.checkpoint.gac_dir import versions
-
     import compressed_tensors
     import llmcompressor
 
+    from gac.checkpoint.gac_dir import versions
+
     cfg = qplan.cfg
-    return {"model": str(model), "scheme": cfg.scheme, "label": cfg.label, "config": asdict(cfg), "seconds": seconds,
-            "versions": {**versions(), "compressed_tensors": compressed_tensors.__version__,
-                         "llmcompressor": llmcompressor.__version__},
-            **qplan.report()}
+    return {
+        "model": str(model),
+        "scheme": cfg.scheme,
+        "label": cfg.label,
+        "config": asdict(cfg),
+        "seconds": seconds,
+        "versions": {
+            **versions(),
+            "compressed_tensors": compressed_tensors.__version__,
+            "llmcompressor": llmcompressor.__version__,
+        },
+        **qplan.report(),
+    }
 
 
 def quantized_summary(report: dict) -> dict:
@@ -152,9 +165,15 @@ def _save(loaded, model: str, out: str, report: dict, compressor, force: bool) -
 
     files = {QUANTIZE_FILE: json.dumps(report, indent=2) + "\n"}
     if Path(model).is_dir() and is_gac_dir(model):
-        return save(loaded.model, loaded.tokenizer, out,
-                    plan={**read_plan(model), "quantization": quantized_summary(report)},
-                    extra_files=files, force=force, finish=compressor.update_config)
+        return save(
+            loaded.model,
+            loaded.tokenizer,
+            out,
+            plan={**read_plan(model), "quantization": quantized_summary(report)},
+            extra_files=files,
+            force=force,
+            finish=compressor.update_config,
+        )
     from gac.io.atomic import atomic_dir
 
     target = Path(out).resolve()

@@ -1,9 +1,9 @@
 """The quantization schemes gac writes, as compressed-tensors schemes, and the options of a quantization run.
 
-  w4a16  int4 weights, symmetric, one scale per group of input channels (default 32); activations unquantized.
-         compressed-tensors' pack-quantized format (weight_packed, weight_scale, weight_shape).
-  w8a8   int8 weights, symmetric, one scale per output channel; int8 activations, one scale per token computed
-         at run time. compressed-tensors' int-quantized format (int8 weight, weight_scale).
+w4a16  int4 weights, symmetric, one scale per group of input channels (default 32); activations unquantized.
+       compressed-tensors' pack-quantized format (weight_packed, weight_scale, weight_shape).
+w8a8   int8 weights, symmetric, one scale per output channel; int8 activations, one scale per token computed
+       at run time. compressed-tensors' int-quantized format (int8 weight, weight_scale).
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ class QuantizeConfig:
         if self.scheme == "w4a16":
             group = DEFAULT_GROUP if self.group is None else self.group
             if group != CHANNEL and group < 2:
-                raise GacError(f"group {group} is not a group size: pass a positive even number of input channels "
-                               f"per scale, e.g. {DEFAULT_GROUP}, or -1 for one scale per output channel")
+                raise GacError(
+                    f"group {group} is not a group size: pass a positive even number of input channels "
+                    f"per scale, e.g. {DEFAULT_GROUP}, or -1 for one scale per output channel"
+                )
             object.__setattr__(self, "group", group)
         if self.tp < 1:
             raise GacError(f"tensor parallel size {self.tp} is not valid: use 1 or more")
@@ -66,9 +68,11 @@ def scheme_args(cfg: QuantizeConfig):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
     if cfg.scheme == "w4a16":
-        weights = (QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="channel")
-                   if cfg.group == CHANNEL else
-                   QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=cfg.group))
+        weights = (
+            QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="channel")
+            if cfg.group == CHANNEL
+            else QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=cfg.group)
+        )
         return QuantizationScheme(targets=["Linear"], weights=weights)
     weights = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="channel")
     activations = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True)

@@ -17,6 +17,7 @@ import logging
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,8 +26,11 @@ from gac.errors import GacError
 from gac.evaluate.latency import LatencyConfig
 from gac.models import surgery
 from gac.models.adapters import text_config
-from gac.models.groups import groups_of
+from gac.models.groups import DimGroup, groups_of
 from gac.models.padding import next_multiple
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +65,15 @@ class RepairResult:
         return [d for d in self.dims if d.after != d.before]
 
     def to_json(self) -> dict:
-        return {"alignment": self.alignment, "strategy": self.strategy, "profile": self.profile,
-                "dims": [asdict(d) for d in self.dims], "changed": len(self.changed), "overhead": self.overhead,
-                "left_misaligned": self.left_misaligned}
+        return {
+            "alignment": self.alignment,
+            "strategy": self.strategy,
+            "profile": self.profile,
+            "dims": [asdict(d) for d in self.dims],
+            "changed": len(self.changed),
+            "overhead": self.overhead,
+            "left_misaligned": self.left_misaligned,
+        }
 
 
 @dataclass
@@ -86,6 +96,7 @@ def resolve_alignment(align: int | None, strategy: str | None) -> int:
 
 # --- choosing the target size ---------------------------------------------------------------------------
 
+
 class _Targets:
     """Next multiple of the alignment, or with a profile the smallest aligned size >= d off any cliff."""
 
@@ -100,7 +111,9 @@ class _Targets:
     def _table(self, op: str, shape: dict) -> dict[int, float] | None:
         from gac.hw.cliffs import latency_table
 
-        return latency_table(self.profile, op, m=PROFILE_M, shape=shape) if op in self.ops else None
+        if self.profile is None or op not in self.ops:
+            return None
+        return latency_table(self.profile, op, m=PROFILE_M, shape=shape)
 
     def _pick(self, d: int, table: dict[int, float] | None) -> int:
         """The smallest aligned size >= d that the profile does not show on a cliff (selection's own rule,
@@ -112,8 +125,15 @@ class _Targets:
 
         top = base + (PROFILE_WINDOW - 1) * self.alignment  # padding further costs more than it can win back
         reach = {x: ms for x, ms in table.items() if x <= top}
-        kept = profile_candidates(reach, base, alignment=self.alignment, window=PROFILE_WINDOW, min_dim=base,
-                                  max_dim=top, tolerance=PROFILE_TOLERANCE)
+        kept = profile_candidates(
+            reach,
+            base,
+            alignment=self.alignment,
+            window=PROFILE_WINDOW,
+            min_dim=base,
+            max_dim=top,
+            tolerance=PROFILE_TOLERANCE,
+        )
         return min(kept.candidates)
 
     def group_rank(self, rank: int, fan_in: int, fan_out: int) -> int:
@@ -131,6 +151,7 @@ class _Targets:
 
 # --- repair ---------------------------------------------------------------------------------------------
 
+
 def _layer(name: str) -> int | None:
     match = re.search(r"\.layers\.(\d+)\.", name + ".")
     return int(match.group(1)) if match else None
@@ -140,13 +161,21 @@ def _counts(model: nn.Module, names: list[str]) -> dict:
     from gac.models.dims import linear_dims
 
     params = list(model.parameters())  # unique tensors: tied embeddings count once
-    return {"params": sum(p.numel() for p in params), "bytes": sum(p.numel() * p.element_size() for p in params),
-            "compressible": sum(d.params for d in linear_dims(model, names))}
+    return {
+        "params": sum(p.numel() for p in params),
+        "bytes": sum(p.numel() * p.element_size() for p in params),
+        "compressible": sum(d.params for d in linear_dims(model, names)),
+    }
 
 
 @torch.no_grad()
-def repair(model: nn.Module, *, align: int | None = None, strategy: str | None = None,
-           profile: dict | str | None = None) -> RepairResult:
+def repair(
+    model: PreTrainedModel,
+    *,
+    align: int | None = None,
+    strategy: str | None = None,
+    profile: dict | str | None = None,
+) -> RepairResult:
     """Zero-pad, in place, every LowRankLinear rank and every irregular MLP width to an aligned size.
 
     align: the multiple to pad to (wins over strategy); strategy: "minimal" (8) or "optimal" (16); profile: a
@@ -169,17 +198,17 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
 
         profile_name, profile = str(profile), load_profile(profile)
     targets = _Targets(alignment, profile)
-    widths = groups_of(model, "mlp") + groups_of(model, "experts")  # an MLP's width, or every expert's
-    ranks = [g for g in groups_of(model, "rank") if g.dim is not None]
-    head_ranks = [g for g in groups_of(model, "head_rank", heads_per_group=_heads_per_group(model))
-                  if g.dim is not None]
+    widths = [*groups_of(model, "mlp"), *groups_of(model, "experts")]  # an MLP's width, or every expert's
+    ranks = [(g, g.dim) for g in groups_of(model, "rank") if g.dim is not None]
+    head_ranks = [
+        (g, g.dim) for g in groups_of(model, "head_rank", heads_per_group=_heads_per_group(model)) if g.dim is not None
+    ]
     names = adapter_for(model.config).linear_names(model.config)
     before = _counts(model, names)
-    planned = [(g, targets.width(g)) for g in widths]
-    planned += [(g, targets.group_rank(g.dim, g.in_features, g.out_features)) for g in ranks + head_ranks]
-    surgery.pad(model, planned)
-    dims = [DimChange(g.name, "mlp_width" if g in widths else "rank", _layer(g.name), g.dim, t)
-            for g, t in planned]
+    planned: list[tuple[DimGroup, int, int]] = [(g, g.dim, targets.width(g)) for g in widths]  # (group, from, to)
+    planned += [(g, d, targets.group_rank(d, g.in_features, g.out_features)) for g, d in [*ranks, *head_ranks]]
+    surgery.pad(model, [(g, t) for g, _, t in planned])
+    dims = [DimChange(g.name, "mlp_width" if g in widths else "rank", _layer(g.name), d, t) for g, d, t in planned]
 
     # read off the live model, so a compressor that did not write config.gac_structure is covered too
     structure = structure_of(model)
@@ -187,17 +216,28 @@ def repair(model: nn.Module, *, align: int | None = None, strategy: str | None =
     after = _counts(model, names)
     added = after["params"] - before["params"]
     overhead = {
-        "params_before": before["params"], "params_after": after["params"], "params_added": added,
+        "params_before": before["params"],
+        "params_after": after["params"],
+        "params_added": added,
         "params_added_pct": 100.0 * added / before["params"] if before["params"] else 0.0,
         "bytes_added": after["bytes"] - before["bytes"],
-        "compressible_params_before": before["compressible"], "compressible_params_after": after["compressible"],
+        "compressible_params_before": before["compressible"],
+        "compressible_params_after": after["compressible"],
     }
-    left = [{"name": d.name, "kind": d.kind, "layer": d.layer, "value": d.value}
-            for d in inspect_model(model, (alignment,)).dims
-            if d.kind not in ("rank", "mlp_width") and not d.aligned[alignment]]
+    left = [
+        {"name": d.name, "kind": d.kind, "layer": d.layer, "value": d.value}
+        for d in inspect_model(model, (alignment,)).dims
+        if d.kind not in ("rank", "mlp_width") and not d.aligned[alignment]
+    ]
     result = RepairResult(structure, alignment, strategy, dims, overhead, left, profile_name)
-    log.info("repaired %d of %d dims to multiples of %d: +%d params (%.3f%%)", len(result.changed), len(dims),
-             alignment, added, overhead["params_added_pct"])
+    log.info(
+        "repaired %d of %d dims to multiples of %d: +%d params (%.3f%%)",
+        len(result.changed),
+        len(dims),
+        alignment,
+        added,
+        overhead["params_added_pct"],
+    )
     return result
 
 
@@ -221,19 +261,28 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 def logits_check(before: torch.Tensor, after: torch.Tensor) -> dict:
     """Max |after - before| relative to max |before|, and whether every position's argmax is the same."""
     scale = before.abs().max().item() or 1.0
-    return {"max_abs_error": (after - before).abs().max().item(),
-            "max_rel_error": (after - before).abs().max().item() / scale,
-            "argmax_identical": bool(torch.equal(after.argmax(-1), before.argmax(-1)))}
+    return {
+        "max_abs_error": (after - before).abs().max().item(),
+        "max_rel_error": (after - before).abs().max().item() / scale,
+        "argmax_identical": bool(torch.equal(after.argmax(-1), before.argmax(-1))),
+    }
 
 
-def repair_dir(src: str, out: str, *, align: int | None = None, strategy: str | None = None,
-               profile: str | None = None, force: bool = False, measure_latency: bool = True,
-               latency: LatencyConfig = LatencyConfig()) -> RepairOutput:
+def repair_dir(
+    src: str,
+    out: str,
+    *,
+    align: int | None = None,
+    strategy: str | None = None,
+    profile: str | None = None,
+    force: bool = False,
+    measure_latency: bool = True,
+    latency: LatencyConfig = LatencyConfig(),
+) -> RepairOutput:
     """Load `src` (gac dir, HF dir, .gguf or alias), repair it, check its logits, time prefill before vs after
     side by side (batch latency.batch, latency.prefill_tokens tokens) and save it to `out` with repair.json."""
     from gac.checkpoint.gac_dir import check_out_dir, is_gac_dir, plan_record, read_plan, save
     from gac.checkpoint.loading import load_model
-
     from gac.io import validate
 
     alignment = resolve_alignment(align, strategy)  # fail fast, before the model is loaded
@@ -253,28 +302,41 @@ def repair_dir(src: str, out: str, *, align: int | None = None, strategy: str | 
 
     result = repair(model, align=alignment, strategy=strategy, profile=profile_data)
     result.profile = None if profile is None else str(profile)
-    report = {"source_model": str(src), **result.to_json(),
-              "logits_check": {"tokens": CHECK_TOKENS, **logits_check(logits_before, _logits(model, ids))}}
+    report = {
+        "source_model": str(src),
+        **result.to_json(),
+        "logits_check": {"tokens": CHECK_TOKENS, **logits_check(logits_before, _logits(model, ids))},
+    }
     if original is not None:
         from gac.evaluate.latency import prefill_timings
 
         log.info("timing prefill before vs after (batch %d, %d tokens)", latency.batch, latency.prefill_tokens)
         t = prefill_timings({"before": original, "after": model}, latency.batch, latency.prefill_tokens, latency)
         report["latency"] = {
-            "device": str(next(model.parameters()).device), "batch": latency.batch,
+            "device": str(next(model.parameters()).device),
+            "batch": latency.batch,
             "prefill_tokens": latency.prefill_tokens,
-            "prefill_ms_before": t["before"].median_ms, "prefill_ms_after": t["after"].median_ms,
-            "prefill_spread_pct_before": t["before"].spread_pct, "prefill_spread_pct_after": t["after"].spread_pct,
+            "prefill_ms_before": t["before"].median_ms,
+            "prefill_ms_after": t["after"].median_ms,
+            "prefill_spread_pct_before": t["before"].spread_pct,
+            "prefill_spread_pct_after": t["after"].spread_pct,
             "speedup": t["before"].median_ms / t["after"].median_ms,
         }
         del original
 
-    extra = {"profile": str(profile)} if profile is not None else {}
+    extra: dict[str, object] = {"profile": str(profile)} if profile is not None else {}
     if is_gac_dir(src):
         extra["source_plan"] = read_plan(src)
-    plan = plan_record(variant="repaired", source_model=str(src), alignment=alignment,
-                       dims={d.name: d.after for d in result.dims}, strategy=strategy, overhead=result.overhead,
-                       **extra)
-    saved = save(model, loaded.tokenizer, out, plan=plan, extra_files={"repair.json": json.dumps(report, indent=2)},
-                 force=force)
+    plan = plan_record(
+        variant="repaired",
+        source_model=str(src),
+        alignment=alignment,
+        dims={d.name: d.after for d in result.dims},
+        strategy=strategy,
+        overhead=result.overhead,
+        **extra,
+    )
+    saved = save(
+        model, loaded.tokenizer, out, plan=plan, extra_files={"repair.json": json.dumps(report, indent=2)}, force=force
+    )
     return RepairOutput(saved, result, report)

@@ -20,7 +20,7 @@ def prompt_ids(tokenizer, count: int = PROMPTS, tokens: int = PROMPT_TOKENS) -> 
     """The first `tokens` tokens of `count` topics of Python's docs (embedded: no download)."""
     from pydoc_data.topics import topics
 
-    keys = sorted(topics)[::max(1, len(topics) // count)][:count]
+    keys = sorted(topics)[:: max(1, len(topics) // count)][:count]
     return [tokenizer(" ".join(topics[k].split()), add_special_tokens=False).input_ids[:tokens] for k in keys]
 
 
@@ -51,22 +51,32 @@ def teacher_forced(model, prompts, generated) -> list[list[int]]:
     import torch
 
     with torch.inference_mode():
-        return [model(torch.tensor([ids + gen[:-1]])).logits[0, len(ids) - 1:].argmax(-1).tolist()
-                for ids, gen in zip(prompts, generated)]
+        return [
+            model(torch.tensor([ids + gen[:-1]])).logits[0, len(ids) - 1 :].argmax(-1).tolist()
+            for ids, gen in zip(prompts, generated)
+        ]
 
 
 def compare(hf: dict, vl: dict, forced: list[list[int]]) -> dict:
     pairs = [(a, b) for x, y in zip(hf["tokens"], vl["tokens"]) for a, b in zip(x, y)]
     forced_pairs = [(a, b) for x, y in zip(forced, vl["tokens"]) for a, b in zip(x, y)]
     diffs = [abs(a - b) for x, y in zip(hf["prompt_logprobs"], vl["prompt_logprobs"]) for a, b in zip(x, y)]
-    prefixes = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) / max(len(x), 1)
-                for x, y in zip(hf["tokens"], vl["tokens"])]
-    return {"positions": len(pairs), "token_agreement": sum(a == b for a, b in pairs) / len(pairs),
-            "greedy_prefix": sum(prefixes) / len(prefixes),
-            "teacher_forced_agreement": sum(a == b for a, b in forced_pairs) / len(forced_pairs),
-            "prompt_logprob_max_abs_diff": max(diffs), "prompt_logprob_mean_abs_diff": sum(diffs) / len(diffs),
-            "vllm_load_s": vl["load_s"], "kernels": vl["kernels"], "vllm_tokens": vl["tokens"],
-            "hf_tokens": hf["tokens"]}
+    prefixes = [
+        next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) / max(len(x), 1)
+        for x, y in zip(hf["tokens"], vl["tokens"])
+    ]
+    return {
+        "positions": len(pairs),
+        "token_agreement": sum(a == b for a, b in pairs) / len(pairs),
+        "greedy_prefix": sum(prefixes) / len(prefixes),
+        "teacher_forced_agreement": sum(a == b for a, b in forced_pairs) / len(forced_pairs),
+        "prompt_logprob_max_abs_diff": max(diffs),
+        "prompt_logprob_mean_abs_diff": sum(diffs) / len(diffs),
+        "vllm_load_s": vl["load_s"],
+        "kernels": vl["kernels"],
+        "vllm_tokens": vl["tokens"],
+        "hf_tokens": hf["tokens"],
+    }
 
 
 def agreement(model_dirs, *, dtype: str = "float32", tp: int = 1, max_tokens: int = MAX_TOKENS) -> dict:

@@ -44,6 +44,20 @@ class Projection:
     def dense(self) -> bool:
         return self.rank is None and self.ranks is None
 
+    @property
+    def pair_rank(self) -> int:
+        """`rank`, of a projection saved as a low-rank pair."""
+        if self.rank is None:
+            raise GacError(f"{self.path} is not saved as a low-rank pair")
+        return self.rank
+
+    @property
+    def group_ranks(self) -> tuple[int, ...]:
+        """`ranks`, of a projection saved as PaLU's head groups."""
+        if self.ranks is None:
+            raise GacError(f"{self.path} is not saved as low-rank head groups")
+        return self.ranks
+
 
 @dataclass(frozen=True)
 class LayerLayout:
@@ -65,7 +79,10 @@ class LayerLayout:
     @property
     def mlp_width(self) -> int:
         """The channels tensor parallelism splits: the dense MLP's, or each expert's."""
-        return self.width if self.width is not None else self.expert_width
+        width = self.width if self.width is not None else self.expert_width
+        if width is None:
+            raise GacError(f"layer {self.index} has neither an MLP width nor an expert width")
+        return width
 
 
 def layer_layouts(config) -> list[LayerLayout]:
@@ -83,25 +100,49 @@ def layer_layouts(config) -> list[LayerLayout]:
         heads = attention.get(layer.attention, {})
         num_heads = int(heads.get("num_heads", geo.num_heads))
         num_kv = int(heads.get("num_kv_heads", geo.num_kv_heads))
-        shapes = {**layer.shapes(hidden, num_heads * geo.head_dim, num_kv * geo.head_dim, inter),
-                  **{n: tuple(shape) for n, shape in linear.items()}}  # saved shapes over the defaults
-        p = {n: Projection(n, int(shapes[n][1]), int(shapes[n][0]), lowrank.get(n),
-                           tuple(int(r) for r in grouped[n]) if n in grouped else None) for n in layer.linears}
+        shapes = {
+            **layer.shapes(hidden, num_heads * geo.head_dim, num_kv * geo.head_dim, inter),
+            **{n: tuple(shape) for n, shape in linear.items()},
+        }  # saved shapes over the defaults
+        p = {
+            n: Projection(
+                n,
+                int(shapes[n][1]),
+                int(shapes[n][0]),
+                lowrank.get(n),
+                tuple(int(r) for r in grouped[n]) if n in grouped else None,
+            )
+            for n in layer.linears
+        }
         width = expert_width = None
         if layer.experts:  # down [E, H, I] (or, transposed, [E, I, H]): the saved width, else the config's
             down, axis = layer.expert_weights[1], channel_axes(layer.expert_transposed)[1]
             expert_width = int(parameter[down][axis]) if down in parameter else adapter.expert_geometry(config)[1]
         else:
-            widths = ({p[n].out_features // layer.producer_parts for n in layer.producers}
-                      | {p[n].in_features for n in layer.consumers})
+            widths = {p[n].out_features // layer.producer_parts for n in layer.producers} | {
+                p[n].in_features for n in layer.consumers
+            }
             if len(widths) != 1:
-                raise GacError(f"{layer.mlp}: its projections disagree on the MLP width ({sorted(widths)}): the "
-                               "saved structure is damaged; re-run `gac compress`")
+                raise GacError(
+                    f"{layer.mlp}: its projections disagree on the MLP width ({sorted(widths)}): the "
+                    "saved structure is damaged; re-run `gac compress`"
+                )
             width = widths.pop()
         qkv = tuple(p[n] for n in dict.fromkeys((layer.q, layer.k, layer.v)))
-        layouts.append(LayerLayout(layer.index, num_heads, num_kv, geo.head_dim, width, expert_width, qkv,
-                                   p[layer.o], tuple(p[n] for n in layer.producers),
-                                   tuple(p[n] for n in layer.consumers)))
+        layouts.append(
+            LayerLayout(
+                layer.index,
+                num_heads,
+                num_kv,
+                geo.head_dim,
+                width,
+                expert_width,
+                qkv,
+                p[layer.o],
+                tuple(p[n] for n in layer.producers),
+                tuple(p[n] for n in layer.consumers),
+            )
+        )
     return layouts
 
 
@@ -113,11 +154,13 @@ def check_tensor_parallel(layouts: list[LayerLayout], tp: int) -> None:
     for lay in layouts:
         dense_kv = all(p.dense for p in lay.qkv[1:])  # vLLM replicates dense KV heads over surplus ranks
         heads_ok = heads_split(lay.num_heads, lay.num_kv_heads, tp, kv_replicable=dense_kv)
-        problems = [f"{lay.num_heads} query heads and {lay.num_kv_heads} KV heads" if not heads_ok else "",
-                    f"{'MLP' if lay.width is not None else 'expert'} width {lay.mlp_width}" if lay.mlp_width % tp
-                    else ""]
+        problems = [
+            f"{lay.num_heads} query heads and {lay.num_kv_heads} KV heads" if not heads_ok else "",
+            f"{'MLP' if lay.width is not None else 'expert'} width {lay.mlp_width}" if lay.mlp_width % tp else "",
+        ]
         problems += [f"{p.name}'s {len(p.ranks)} PaLU groups" for p in lay.qkv if p.ranks and len(p.ranks) % tp]
         problems = [p for p in problems if p]
         if problems:
-            raise GacError(f"layer {lay.index} keeps {' and '.join(problems)}, not divisible by tensor parallel "
-                           f"size {tp}: {fix}")
+            raise GacError(
+                f"layer {lay.index} keeps {' and '.join(problems)}, not divisible by tensor parallel size {tp}: {fix}"
+            )

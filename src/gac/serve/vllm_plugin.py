@@ -8,7 +8,12 @@ its configuration, before any engine process starts."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from gac.models.adapters import VLLM_FAMILIES
+
+if TYPE_CHECKING:
+    from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
 
 def architectures() -> dict[str, str]:
@@ -16,8 +21,10 @@ def architectures() -> dict[str, str]:
     named after the vLLM class it extends (GacLlamaForCausalLM extends vLLM's LlamaForCausalLM)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return {f"Gac{MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t]}": f"gac.serve.vllm_model:Gac{names.model_class}"
-            for t, names in VLLM_FAMILIES.items()}
+    return {
+        f"Gac{MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t]}": f"gac.serve.vllm_model:Gac{names.model_class}"
+        for t, names in VLLM_FAMILIES.items()
+    }
 
 
 class ConfigCheck:
@@ -36,9 +43,11 @@ class ConfigCheck:
         arch = vllm_config.model_config.architecture
         gac_arch = f"Gac{arch}"
         if gac_arch in architectures():  # saved before gac wrote its own name: the family's class
-            raise GacError(f"{vllm_config.model_config.model} is a gac output saved under {arch}, which vLLM builds "
-                           f"at the original shapes: serve it with --hf-overrides '{{\"architectures\": "
-                           f"[\"{gac_arch}\"]}}', or re-save it with `gac export DIR --format hf --out NEW`")
+            raise GacError(
+                f"{vllm_config.model_config.model} is a gac output saved under {arch}, which vLLM builds "
+                f'at the original shapes: serve it with --hf-overrides \'{{"architectures": '
+                f'["{gac_arch}"]}}\', or re-save it with `gac export DIR --format hf --out NEW`'
+            )
         check_tensor_parallel(layer_layouts(config), vllm_config.parallel_config.tensor_parallel_size)
         check_quantized_kernels(vllm_config.model_config.model)
 
@@ -63,4 +72,5 @@ def register() -> None:
 
     families = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t] for t in VLLM_FAMILIES]
     for arch in [*architectures(), *families]:
-        MODELS_CONFIG_MAP.setdefault(arch, ConfigCheck)
+        # ConfigCheck is that hook by its interface: subclassing vLLM's would import vLLM with this module
+        MODELS_CONFIG_MAP.setdefault(arch, cast("type[VerifyAndUpdateConfig]", ConfigCheck))

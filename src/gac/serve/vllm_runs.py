@@ -25,8 +25,9 @@ from gac.errors import GacError
 POLL_S = 0.5  # how often the launcher looks at its ranks
 
 
-def vllm_run(model_dir, prompts: list[list[int]], max_tokens: int, *, dtype: str, tp: int = 1,
-             executor: str = "mp") -> dict:
+def vllm_run(
+    model_dir, prompts: list[list[int]], max_tokens: int, *, dtype: str, tp: int = 1, executor: str = "mp"
+) -> dict:
     """Greedy tokens (no stop token) and prompt log-probabilities of `prompts` in one vLLM engine on `model_dir`,
     and its load time; the engine is shut down after."""
     from vllm import SamplingParams, TokensPrompt
@@ -73,8 +74,17 @@ def vllm_runs(prompts: dict[str, list[list[int]]], max_tokens: int, *, dtype: st
     with tempfile.TemporaryDirectory(prefix="gac-tp-") as tmp:
         job = Path(tmp) / "job.json"
         # each engine sets up its process group afresh: a port of its own, so none waits for the last one's to close
-        job.write_text(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "dtype": dtype, "tp": tp,
-                                   "ports": [_free_port() for _ in prompts]}))
+        job.write_text(
+            json.dumps(
+                {
+                    "prompts": prompts,
+                    "max_tokens": max_tokens,
+                    "dtype": dtype,
+                    "tp": tp,
+                    "ports": [_free_port() for _ in prompts],
+                }
+            )
+        )
         outs = [Path(tmp) / f"rank{r}.json" for r in range(tp)]
         _launch(job, outs)
         return json.loads(outs[0].read_text())["results"]
@@ -94,12 +104,22 @@ def _launch(job: Path, outs: list[Path]) -> None:
     from gac.serve.vllm_engine import cpu_bind
 
     tp = len(outs)
-    env = {**os.environ, "WORLD_SIZE": str(tp), "LOCAL_WORLD_SIZE": str(tp), "MASTER_ADDR": "127.0.0.1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the external launcher's engine runs in its rank's process
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(tp),
+        "LOCAL_WORLD_SIZE": str(tp),
+        "MASTER_ADDR": "127.0.0.1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }  # the external launcher's engine runs in its rank's process
     if not torch.cuda.is_available():
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(tp))
-    ranks = [subprocess.Popen([sys.executable, "-m", "gac.serve.vllm_runs", str(job), str(out)],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r, out in enumerate(outs)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gac.serve.vllm_runs", str(job), str(out)],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+        )
+        for r, out in enumerate(outs)
+    ]
     try:
         while any(p.poll() is None for p in ranks):
             if any(p.returncode for p in ranks):
@@ -114,10 +134,14 @@ def _launch(job: Path, outs: list[Path]) -> None:
         if p.returncode:
             failed = json.loads(out.read_text()) if out.is_file() else {}
             if "error" in failed:
-                raise GacError(f"vLLM failed on {failed['model']} at tensor parallel size {tp}: {failed['error']}: "
-                               "its log is above; `gac serve-check DIR --tp 1` shows whether it serves unsharded")
-            raise GacError(f"vLLM's tensor-parallel rank {r} of {tp} exited with status {p.returncode}: its log is "
-                           "above; `gac serve-check DIR --tp 1` shows whether the models serve unsharded")
+                raise GacError(
+                    f"vLLM failed on {failed['model']} at tensor parallel size {tp}: {failed['error']}: "
+                    "its log is above; `gac serve-check DIR --tp 1` shows whether it serves unsharded"
+                )
+            raise GacError(
+                f"vLLM's tensor-parallel rank {r} of {tp} exited with status {p.returncode}: its log is "
+                "above; `gac serve-check DIR --tp 1` shows whether the models serve unsharded"
+            )
 
 
 def _rank_main(job_file: str, out_file: str) -> int:
@@ -127,12 +151,14 @@ def _rank_main(job_file: str, out_file: str) -> int:
     try:
         for (model, prompts), port in zip(job["prompts"].items(), job["ports"]):
             os.environ["MASTER_PORT"] = str(port)
-            results[model] = vllm_run(model, prompts, job["max_tokens"], dtype=job["dtype"], tp=job["tp"],
-                                      executor="external_launcher")
+            results[model] = vllm_run(
+                model, prompts, job["max_tokens"], dtype=job["dtype"], tp=job["tp"], executor="external_launcher"
+            )
     except Exception as e:  # noqa: BLE001 - any failure goes back to the launcher in one line
         first = str(e).strip().splitlines()
-        Path(out_file).write_text(json.dumps({"model": model, "error": f"{type(e).__name__}: {first[0]}" if first
-                                              else type(e).__name__}))
+        Path(out_file).write_text(
+            json.dumps({"model": model, "error": f"{type(e).__name__}: {first[0]}" if first else type(e).__name__})
+        )
         return 1
     if os.environ.get("RANK") == "0":
         Path(out_file).write_text(json.dumps({"results": results}))

@@ -11,20 +11,26 @@ the targets, the plan) stays free of torch.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeGuard, TypeVar
 
 from gac.errors import GacError
+
+if TYPE_CHECKING:
+    from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear
+
+X = TypeVar("X")  # what a pair carries beside its group: a cut, or a dim
 
 FULL = None  # a candidate dim: the group as the original model has it (dense weight, whole width, every head)
 
 
-def is_lowrank(module) -> bool:
+def is_lowrank(module) -> TypeGuard[LowRankLinear]:
     """A factorized pair, gac's own class or the copy a trust_remote_code load brings."""
     return type(module).__name__ == "LowRankLinear"
 
 
-def is_grouped_lowrank(module) -> bool:
+def is_grouped_lowrank(module) -> TypeGuard[GroupedLowRankLinear]:
     return type(module).__name__ == "GroupedLowRankLinear"
 
 
@@ -56,10 +62,21 @@ class DimGroup:
     dim: int | None  # live dim; None: whole (a dense linear of a rank group)
 
     kind: ClassVar[str] = ""
-    fixed_params: ClassVar[int] = 0
-    step: ClassVar[int] = 1
-    min_dim: ClassVar[int] = 1
     removes_heads: ClassVar[bool] = False  # its cut removes attention heads (--speedup may hold such groups whole)
+
+    @property
+    def fixed_params(self) -> int:
+        """Parameters kept whatever the dim."""
+        return 0
+
+    @property
+    def step(self) -> int:
+        """The grid's step: dims are multiples of it."""
+        return 1
+
+    @property
+    def min_dim(self) -> int:
+        return 1
 
     # --- reading a model ----------------------------------------------------------------------------------
     @classmethod
@@ -106,8 +123,9 @@ class DimGroup:
 
     def check(self, dim: int) -> None:
         if dim % self.step or not self.min_dim <= dim <= self.max_dim:
-            raise GacError(f"{self.name}: dim {dim} is not valid (multiples of {self.step} in "
-                           f"[{self.min_dim}, {self.max_dim}])")
+            raise GacError(
+                f"{self.name}: dim {dim} is not valid (multiples of {self.step} in [{self.min_dim}, {self.max_dim}])"
+            )
 
     def compressed_dims(self) -> list[int]:
         """The dims this group has changed from the original model, judged for alignment."""
@@ -140,7 +158,7 @@ class DimGroup:
         raise NotImplementedError(f"no surgery for {type(self).__name__}")
 
     @classmethod
-    def cut_all(cls, model, pairs: list[tuple[DimGroup, object]]) -> None:
+    def cut_all(cls, model, pairs: Sequence[tuple[DimGroup, object]]) -> None:
         """Cut every (group of this kind, cut) pair; a kind whose groups share a module cuts them together."""
         for group, cut in pairs:
             group.cut(model, cut)
@@ -150,7 +168,7 @@ class DimGroup:
         raise TypeError(f"{type(self).__name__} cannot be zero-padded exactly")
 
     @classmethod
-    def pad_all(cls, model, pairs: list[tuple[DimGroup, int]]) -> None:
+    def pad_all(cls, model, pairs: Sequence[tuple[DimGroup, int]]) -> None:
         for group, dim in pairs:
             group.pad(model, dim)
 
@@ -178,9 +196,9 @@ class DimGroup:
         return [d for d in self.aligned_dims(alignment) if d < self.max_dim] + [FULL]
 
 
-def by_kind(pairs) -> dict[type, list]:
+def by_kind(pairs: list[tuple[DimGroup, X]]) -> dict[type[DimGroup], list[tuple[DimGroup, X]]]:
     """(group, x) pairs by the group's kind, in first-seen order: what a kind's batch handlers take."""
-    out = defaultdict(list)
+    out: defaultdict[type[DimGroup], list[tuple[DimGroup, X]]] = defaultdict(list)
     for pair in pairs:
         out[type(pair[0])].append(pair)
     return dict(out)
@@ -191,6 +209,7 @@ class ChannelGroup(DimGroup):
     """A group whose dim is a count of channels out of `full` (an MLP's or every expert's width): its parameters
     are `full` x params_per_dim, and its latency is swept at the model's hidden width."""
 
+    dim: int  # live width (a count of channels: never None)
     hidden: int = 0
     full: int = 0
 

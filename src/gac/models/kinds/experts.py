@@ -53,11 +53,28 @@ class ExpertWidthGroup(ChannelGroup):
         expected = layer.expert_shapes(hidden, num_experts, live)
         found = {n: tuple(model.get_parameter(n).shape) for n in expected}
         if found != expected:
-            raise GacError(f"{layer.experts}: its fused expert weights {found} are not the layout gac reads "
-                           f"({expected}): this is not a model gac can resize")
-        return [cls(layer.experts, live, block=layer.experts, gate_up=gate_up, down=down, num_experts=num_experts,
-                    top_k=top_k, hidden=hidden, full=full, transposed=layer.expert_transposed, interleaved=layer.expert_interleaved,
-                    biases=layer.expert_biases, router=layer.router or "", count_key=adapter.layout.expert_count)]
+            raise GacError(
+                f"{layer.experts}: its fused expert weights {found} are not the layout gac reads "
+                f"({expected}): this is not a model gac can resize"
+            )
+        return [
+            cls(
+                layer.experts,
+                live,
+                block=layer.experts,
+                gate_up=gate_up,
+                down=down,
+                num_experts=num_experts,
+                top_k=top_k,
+                hidden=hidden,
+                full=full,
+                transposed=layer.expert_transposed,
+                interleaved=layer.expert_interleaved,
+                biases=layer.expert_biases,
+                router=layer.router or "",
+                count_key=adapter.layout.expert_count,
+            )
+        ]
 
     @property
     def gate_up_bias(self) -> str:
@@ -67,8 +84,10 @@ class ExpertWidthGroup(ChannelGroup):
     def dropping(self, count: int) -> ExpertWidthGroup:
         """This group with `count` whole experts removed by its cut (at least top_k experts must stay)."""
         if not 0 <= count <= self.num_experts - self.top_k:
-            raise GacError(f"{self.name}: dropping {count} of its {self.num_experts} experts would leave fewer than "
-                           f"the {self.top_k} each token is routed to: drop at most {self.num_experts - self.top_k}")
+            raise GacError(
+                f"{self.name}: dropping {count} of its {self.num_experts} experts would leave fewer than "
+                f"the {self.top_k} each token is routed to: drop at most {self.num_experts - self.top_k}"
+            )
         return replace(self, dropped=count)
 
     @property
@@ -130,7 +149,7 @@ class ExpertWidthGroup(ChannelGroup):
         gate_up, down = gate_up[self.channel_axes[0] - 1], down[self.channel_axes[1] - 1]
         if self.interleaved:
             return gate_up[:, 0::2] + gate_up[:, 1::2] + down
-        return gate_up[:, :self.dim] + gate_up[:, self.dim:] + down
+        return gate_up[:, : self.dim] + gate_up[:, self.dim :] + down
 
     def cut(self, model, cut) -> None:
         """Keep channels `cut.channels` [E, w] of each expert: its gate and up entries of gate_up (and of its bias)
@@ -142,8 +161,10 @@ class ExpertWidthGroup(ChannelGroup):
         if experts is not None or self.dropped:
             if experts is None or len(experts) != self.kept_experts:
                 given = "every one of its" if experts is None else len(experts)
-                raise GacError(f"{self.name}: a cut keeping {given} experts for a group keeping "
-                               f"{self.kept_experts}: re-run the compression")
+                raise GacError(
+                    f"{self.name}: a cut keeping {given} experts for a group keeping "
+                    f"{self.kept_experts}: re-run the compression"
+                )
             keep_experts(model, (self.gate_up, self.down, *self.biases), self.router, experts)
             config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
             setattr(config, self.count_key, len(experts))

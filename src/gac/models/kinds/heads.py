@@ -22,6 +22,7 @@ class HeadGroup(DimGroup):
     kind: ClassVar[str] = "heads"
     removes_heads: ClassVar[bool] = True
 
+    dim: int  # live width in channels (never None)
     block: str = ""
     q: str = ""
     k: str = ""
@@ -47,10 +48,25 @@ class HeadGroup(DimGroup):
             heads = model.get_submodule(layer.q).out_features // geo.head_dim
             kv = model.get_submodule(layer.k).out_features // geo.head_dim
         live = kv * geo.head_dim if mode == "group" else heads * geo.head_dim
-        return [cls(layer.attention, live, block=layer.attention, q=layer.q, k=layer.k, v=layer.v, o=layer.o,
-                    hidden=adapter.hidden_size(model.config), num_heads=geo.num_heads, num_kv_heads=geo.num_kv_heads,
-                    head_dim=geo.head_dim, mode=mode, live_heads=heads, live_kv_heads=kv,
-                    head_parameters=layer.head_parameters)]
+        return [
+            cls(
+                layer.attention,
+                live,
+                block=layer.attention,
+                q=layer.q,
+                k=layer.k,
+                v=layer.v,
+                o=layer.o,
+                hidden=adapter.hidden_size(model.config),
+                num_heads=geo.num_heads,
+                num_kv_heads=geo.num_kv_heads,
+                head_dim=geo.head_dim,
+                mode=mode,
+                live_heads=heads,
+                live_kv_heads=kv,
+                head_parameters=layer.head_parameters,
+            )
+        ]
 
     @property
     def linears(self):
@@ -148,8 +164,9 @@ class HeadGroup(DimGroup):
         gs = self.group_size if self.mode == "group" else 1
         terms = [Term("gemm_n", shape(k=self.hidden), mult=gs), Term("gemm_k", shape(n=self.hidden), mult=gs)]
         # whole KV groups go with their query heads, or query heads go within each KV group and every KV head stays
-        kv = shape(head_dim=self.head_dim, **({"q_per_kv": gs} if self.mode == "group"
-                                              else {"kv_heads": self.num_kv_heads}))
+        kv = shape(
+            head_dim=self.head_dim, **({"q_per_kv": gs} if self.mode == "group" else {"kv_heads": self.num_kv_heads})
+        )
         terms.append(Term("sdpa_heads", kv, mult=gs, div=self.head_dim))
         if self.mode == "group":
             terms.append(Term("gemm_n", shape(k=self.hidden), weight=2))
@@ -167,11 +184,15 @@ def check_heads_prunable(model, group: HeadGroup) -> None:
     """Heads can be removed only where the family's per-head norms and GQA split allow it."""
     adapter = adapter_for(model.config)
     if group.q == group.k:
-        raise GacError(f"{model.config.model_type}'s attention splits its fused q/k/v projection at the config's head "
-                       "counts, so its heads cannot be pruned per layer: use --head-mode none (MLP channels only)")
+        raise GacError(
+            f"{model.config.model_type}'s attention splits its fused q/k/v projection at the config's head "
+            "counts, so its heads cannot be pruned per layer: use --head-mode none (MLP channels only)"
+        )
     norm = adapter.per_head_norm(model.get_submodule(group.block))
     if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.numel() != group.head_dim:
-        raise GacError(f"{model.config.model_type}'s query norm spans all heads, so its heads cannot be pruned: "
-                       "use --head-mode none (MLP channels or expert widths only)")
+        raise GacError(
+            f"{model.config.model_type}'s query norm spans all heads, so its heads cannot be pruned: "
+            "use --head-mode none (MLP channels or expert widths only)"
+        )
     if group.num_heads % group.num_kv_heads:
         raise GacError(f"{group.num_heads} query heads do not split into {group.num_kv_heads} KV groups")

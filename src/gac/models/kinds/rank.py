@@ -28,7 +28,7 @@ class RankGroup(DimGroup):
 
     @classmethod
     def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
-        groups = []
+        groups: list[DimGroup] = []
         for name in layer.linears:
             m = model.get_submodule(name)
             if is_grouped_lowrank(m):
@@ -87,7 +87,7 @@ class RankGroup(DimGroup):
 
     def wide_candidates(self, alignment: int) -> list:
         """Every aligned rank that saves parameters, then the dense weight."""
-        return self.aligned_dims(alignment) + [FULL]
+        return [*self.aligned_dims(alignment), FULL]
 
 
 @dataclass(frozen=True)
@@ -106,21 +106,34 @@ class HeadRankGroup(RankGroup):
     def read(cls, model, adapter, layer, *, heads_per_group: int = 1, **_) -> list[DimGroup]:
         geo = adapter.geometry(model.config)
         if heads_per_group < 1 or geo.num_kv_heads % heads_per_group:
-            raise GacError(f"palu group size {heads_per_group} does not divide the {geo.num_kv_heads} KV heads: "
-                           "choose a divisor")
+            raise GacError(
+                f"palu group size {heads_per_group} does not divide the {geo.num_kv_heads} KV heads: choose a divisor"
+            )
         if layer.fused_qkv:
-            raise GacError(f"{model.config.model_type} keeps K and V in one fused q/k/v projection, whose KV heads "
-                           "PaLU cannot factorize apart: use asvd, svd_llm or svd (they factorize it whole)")
+            raise GacError(
+                f"{model.config.model_type} keeps K and V in one fused q/k/v projection, whose KV heads "
+                "PaLU cannot factorize apart: use asvd, svd_llm or svd (they factorize it whole)"
+            )
         rows = heads_per_group * geo.head_dim
-        groups = []
+        groups: list[DimGroup] = []
         for name in (layer.k, layer.v):
             m = model.get_submodule(name)
             ranks = list(m.ranks) if is_grouped_lowrank(m) else [None] * (m.out_features // rows)
             if len(ranks) * rows != m.out_features:
                 raise GacError(f"{name}: {m.out_features} rows do not split into groups of {rows}")
             for g, rank in enumerate(ranks):
-                groups.append(cls(f"{name}#g{g}", rank, linear=name, in_features=m.in_features, out_features=rows,
-                                  group=g, row0=g * rows, groups_per_linear=len(ranks)))
+                groups.append(
+                    cls(
+                        f"{name}#g{g}",
+                        rank,
+                        linear=name,
+                        in_features=m.in_features,
+                        out_features=rows,
+                        group=g,
+                        row0=g * rows,
+                        groups_per_linear=len(ranks),
+                    )
+                )
         return groups
 
     @property
@@ -145,8 +158,10 @@ class HeadRankGroup(RankGroup):
         for linear, parts in _by_linear(pairs).items():
             first = parts[0][0]
             if len(parts) != first.groups_per_linear:
-                raise GacError(f"{linear}: {len(parts)} of its {first.groups_per_linear} head groups given a cut; "
-                               "they share one down-projection: cut them all at once")
+                raise GacError(
+                    f"{linear}: {len(parts)} of its {first.groups_per_linear} head groups given a cut; "
+                    "they share one down-projection: cut them all at once"
+                )
             parts.sort(key=lambda p: p[0].group)
             factorize_head_groups(model, linear, [(c.A, c.B) for _, c in parts])
 
@@ -165,8 +180,10 @@ class HeadRankGroup(RankGroup):
         """A 1/G share of the shared down GEMM [G r, in] and its own up GEMM; dense: a 1/G share of [G rows, in]."""
         G = self.groups_per_linear
         dense = [(Term("gemm_n", shape(k=self.in_features), weight=1.0 / G), G * self.out_features)]
-        return dense, [Term("gemm_n", shape(k=self.in_features), mult=G, weight=1.0 / G),
-                       Term("gemm_k", shape(n=self.out_features))]
+        return dense, [
+            Term("gemm_n", shape(k=self.in_features), mult=G, weight=1.0 / G),
+            Term("gemm_k", shape(n=self.out_features)),
+        ]
 
     def wide_candidates(self, alignment: int) -> list:
         """Aligned ranks only (a grouped factorization has no dense member), at least its full rank."""

@@ -29,11 +29,22 @@ class WidthGroup(ChannelGroup):
         parts = layer.producer_parts
         widths = {m.out_features // parts for m in producers} | {m.in_features for m in consumers}
         if len(widths) != 1:
-            raise GacError(f"{layer.mlp}: its projections disagree on the MLP width ({sorted(widths)}); "
-                           "this is not a model gac can resize")
-        return [cls(layer.mlp, widths.pop(), block=layer.mlp, producers=layer.producers, consumers=layer.consumers,
-                    hidden=adapter.hidden_size(model.config), full=adapter.intermediate_size(model.config),
-                    parts=parts)]
+            raise GacError(
+                f"{layer.mlp}: its projections disagree on the MLP width ({sorted(widths)}); "
+                "this is not a model gac can resize"
+            )
+        return [
+            cls(
+                layer.mlp,
+                widths.pop(),
+                block=layer.mlp,
+                producers=layer.producers,
+                consumers=layer.consumers,
+                hidden=adapter.hidden_size(model.config),
+                full=adapter.intermediate_size(model.config),
+                parts=parts,
+            )
+        ]
 
     @property
     def linears(self):
@@ -72,5 +83,7 @@ class WidthGroup(ChannelGroup):
 
     def latency_terms(self):
         """Producers [parts x w, hidden] (N = parts x w), consumers [hidden, w] (K = w)."""
-        return None, [Term("gemm_n", shape(k=self.hidden), mult=self.parts, weight=len(self.producers)),
-                      Term("gemm_k", shape(n=self.hidden), weight=len(self.consumers))]
+        return None, [
+            Term("gemm_n", shape(k=self.hidden), mult=self.parts, weight=len(self.producers)),
+            Term("gemm_k", shape(n=self.hidden), weight=len(self.consumers)),
+        ]

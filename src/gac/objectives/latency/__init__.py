@@ -15,8 +15,17 @@ def latency_loop(model, analyzed: Analyzed, cfg) -> ClosedLoop:
     """The closed loop over an analysis, not yet run."""
     from gac.objectives.latency.loop import ClosedLoop
 
-    return ClosedLoop(model, analyzed.compressor, analyzed.units, cfg.speedup, alignment=cfg.alignment,
-                      device=cfg.device, dtype=cfg.dtype, windows=analyzed.windows, progress=cfg.progress)
+    return ClosedLoop(
+        model,
+        analyzed.compressor,
+        analyzed.units,
+        cfg.speedup,
+        alignment=cfg.alignment,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        windows=analyzed.windows,
+        progress=cfg.progress,
+    )
 
 
 def select_dims(model, analyzed: Analyzed, cfg, loop: ClosedLoop | None = None) -> Selected:
@@ -25,5 +34,10 @@ def select_dims(model, analyzed: Analyzed, cfg, loop: ClosedLoop | None = None) 
     from gac.objectives.base import Selected
 
     outcome = (loop or latency_loop(model, analyzed, cfg)).run()
-    return Selected(**vars(analyzed), budget=analyzed.compressible, dims={"gac": outcome.dims}, selection=outcome,
-                    built={"gac": outcome.model})
+    return Selected(
+        **vars(analyzed),
+        budget=analyzed.compressible,
+        dims={"gac": outcome.dims},
+        selection=outcome,
+        built={"gac": outcome.model},
+    )

@@ -45,8 +45,9 @@ class SpeedupConfig:
     margin: float = 0.03
     # how the closed loop measures: the real timer, op sweeps and loss unless a caller (a test) injects stand-ins
     # (every timing of the loop journaled: replayed where this machine timed the same models before)
-    instruments: Instruments = field(default_factory=lambda: Instruments(journal=TimingJournal()), compare=False,
-                                     repr=False)
+    instruments: Instruments = field(
+        default_factory=lambda: Instruments(journal=TimingJournal()), compare=False, repr=False
+    )
 
     def __post_init__(self):
         from gac.objectives.latency.model import Phase
@@ -54,19 +55,31 @@ class SpeedupConfig:
         if not (isinstance(self.speedup, (int, float)) and math.isfinite(self.speedup) and self.speedup > 1.0):
             raise ConfigError(f"speedup {self.speedup} must be a number above 1, e.g. {{speedup:1.2}}")
         Phase(self.phase, self.batch, self.seq)  # checks phase and shape
-        if (self.rounds < 1 or self.timing_rounds < 1 or self.profile_repeats < 1 or self.halvings < 0
-                or self.line_rounds < 0):
-            raise GacError("closed-loop rounds, timing rounds and profile repeats must be >= 1, halvings and line "
-                           "rounds >= 0")
+        if (
+            self.rounds < 1
+            or self.timing_rounds < 1
+            or self.profile_repeats < 1
+            or self.halvings < 0
+            or self.line_rounds < 0
+        ):
+            raise GacError(
+                "closed-loop rounds, timing rounds and profile repeats must be >= 1, halvings and line rounds >= 0"
+            )
         if not (isinstance(self.gate_band, (int, float)) and 0 <= self.gate_band < 0.5):
-            raise GacError(f"gate band {self.gate_band} is outside [0, 0.5): give the share of the gate within which "
-                           "a timing is timed again, e.g. 0.01 (0: one timing judges)")
+            raise GacError(
+                f"gate band {self.gate_band} is outside [0, 0.5): give the share of the gate within which "
+                "a timing is timed again, e.g. 0.01 (0: one timing judges)"
+            )
         if self.param_cap is not None and not (isinstance(self.param_cap, (int, float)) and 0 < self.param_cap <= 1):
-            raise ConfigError(f"parameter cap {self.param_cap} is outside (0, 1]: give the share of the compressible "
-                              "parameters to keep at most, e.g. {param_cap:0.9}")
+            raise ConfigError(
+                f"parameter cap {self.param_cap} is outside (0, 1]: give the share of the compressible "
+                "parameters to keep at most, e.g. {param_cap:0.9}"
+            )
         if not (isinstance(self.margin, (int, float)) and 0 <= self.margin < 0.5):
-            raise ConfigError(f"margin {self.margin} is outside [0, 0.5): give the share past the target that the loop "
-                              "aims at, e.g. {margin:0.03} (0: the target itself)")
+            raise ConfigError(
+                f"margin {self.margin} is outside [0, 0.5): give the share past the target that the loop "
+                "aims at, e.g. {margin:0.03} (0: the target itself)"
+            )
 
     @property
     def aim(self) -> float:
@@ -83,8 +96,16 @@ class SpeedupConfig:
         return dataclasses.replace(base, prefill_tokens=self.seq, batch=self.batch, decode_context=self.seq)
 
     def objective(self) -> dict:
-        return {"kind": "latency", "speedup": self.speedup, "phase": self.phase, "shape": f"{self.batch}x{self.seq}",
-                "margin": self.margin, "param_cap": self.param_cap, "guard": self.guard, "whole_heads": self.whole_heads}
+        return {
+            "kind": "latency",
+            "speedup": self.speedup,
+            "phase": self.phase,
+            "shape": f"{self.batch}x{self.seq}",
+            "margin": self.margin,
+            "param_cap": self.param_cap,
+            "guard": self.guard,
+            "whole_heads": self.whole_heads,
+        }
 
     def cap_params(self, compressible: int) -> int | None:
         """The parameter cap in parameters of the compressible groups (None: no cap)."""
@@ -104,9 +125,12 @@ def objective_config(compressor: str, options: dict, cfg: SpeedupConfig) -> Spee
     WHOLE_HEADS says so and no head mode was given, free otherwise."""
     whole = compressor in WHOLE_HEADS and "head_mode" not in options
     if whole and not cfg.whole_heads:
-        log.info("--speedup with %s: the knapsack keeps attention heads whole (their importance does not hold per "
-                 "millisecond, see WHOLE_HEADS); the guard's parameter objective prunes them as --ratio does; give "
-                 "--head-mode to let the knapsack prune heads", compressor)
+        log.info(
+            "--speedup with %s: the knapsack keeps attention heads whole (their importance does not hold per "
+            "millisecond, see WHOLE_HEADS); the guard's parameter objective prunes them as --ratio does; give "
+            "--head-mode to let the knapsack prune heads",
+            compressor,
+        )
     return cfg if whole == cfg.whole_heads else dataclasses.replace(cfg, whole_heads=whole)
 
 
@@ -138,8 +162,11 @@ def time_at_phase(models: dict, cfg: SpeedupConfig, *, aa: bool = True) -> dict:
     if aa:
         first = next(iter(models))
         timed[first + AA_SUFFIX] = models[first]
-    lat = cfg.latency_config(LatencyConfig(warmup=2, prefill_rounds=cfg.timing_rounds,
-                                           decode_rounds=3 * cfg.timing_rounds, seed=0, cuda_graphs=True))
+    lat = cfg.latency_config(
+        LatencyConfig(
+            warmup=2, prefill_rounds=cfg.timing_rounds, decode_rounds=3 * cfg.timing_rounds, seed=0, cuda_graphs=True
+        )
+    )
     if cfg.phase == "prefill":
         return prefill_timings(timed, cfg.batch, cfg.seq, lat)
     return decode_timings(timed, lat)

@@ -37,8 +37,17 @@ def _quiet(logger: logging.Logger):
         logger.setLevel(level)
 
 
-def parameter_choice(compressor, units, latency_model, budget_ms: float, *, value, alignment: int,
-                     min_ratio: float = 0.0, steps: int = 14) -> tuple[float, LatencyChoice] | None:
+def parameter_choice(
+    compressor,
+    units,
+    latency_model,
+    budget_ms: float,
+    *,
+    value,
+    alignment: int,
+    min_ratio: float = 0.0,
+    steps: int = 14,
+) -> tuple[float, LatencyChoice] | None:
     """(ratio, choice): the parameter objective at the smallest ratio from `min_ratio` (a parameter cap) whose
     groups are predicted at most `budget_ms`, within 0.95 / 2**steps; None when no ratio up to MAX_RATIO is. The
     choice's value sums `value(unit, dim)`: the retained quality the latency knapsack maximizes, given by the caller
@@ -69,5 +78,6 @@ def parameter_choice(compressor, units, latency_model, budget_ms: float, *, valu
             lo = mid
     ratio, dims, ms = best
     total = math.fsum(value(u, dims.get(u.name)) for u in units)
-    return ratio, LatencyChoice(dims=dims, predicted_ms=ms, value=total, params=sum(u.params(dims.get(u.name)) for u in units),
-                                exact=False)
+    return ratio, LatencyChoice(
+        dims=dims, predicted_ms=ms, value=total, params=sum(u.params(dims.get(u.name)) for u in units), exact=False
+    )

@@ -34,8 +34,13 @@ def shape_signature(model) -> str:
     """A hash of what a model's latency depends on: its class, attention implementation, and every tensor's name,
     shape, dtype and device (not its values)."""
     config = getattr(model, "config", None)
-    return _digest([type(model).__name__, getattr(config, "_attn_implementation", None),
-                    [[n, list(t.shape), str(t.dtype), t.device.type] for n, t in model.state_dict().items()]])
+    return _digest(
+        [
+            type(model).__name__,
+            getattr(config, "_attn_implementation", None),
+            [[n, list(t.shape), str(t.dtype), t.device.type] for n, t in model.state_dict().items()],
+        ]
+    )
 
 
 def journal_path(model) -> Path:
@@ -82,9 +87,17 @@ class TimingJournal:
         from gac.hw.timing import Timing
 
         path = self.path = self.path or journal_path(next(iter(models.values())))
-        key = _digest({"models": [[name, shape_signature(m)] for name, m in models.items()], "phase": cfg.phase,
-                       "batch": cfg.batch, "seq": cfg.seq, "timing_rounds": cfg.timing_rounds, "aa": aa,
-                       "threads": torch.get_num_threads()})
+        key = _digest(
+            {
+                "models": [[name, shape_signature(m)] for name, m in models.items()],
+                "phase": cfg.phase,
+                "batch": cfg.batch,
+                "seq": cfg.seq,
+                "timing_rounds": cfg.timing_rounds,
+                "aa": aa,
+                "threads": torch.get_num_threads(),
+            }
+        )
         if key not in self._records:
             self._records[key] = list(_read(path).get("timings", {}).get(key, [])) if self.replay else []
         records, n = self._records[key], self._seen[key]
@@ -118,5 +131,9 @@ class TimingJournal:
     def summary(self) -> dict:
         """report.json's latency_objective.journal: where, whether replaying, and how many timings were replayed or
         measured."""
-        return {"path": str(self.path) if self.path else None, "replay": self.replay, "replayed": self.replayed,
-                "measured": self.measured}
+        return {
+            "path": str(self.path) if self.path else None,
+            "replay": self.replay,
+            "replayed": self.replayed,
+            "measured": self.measured,
+        }

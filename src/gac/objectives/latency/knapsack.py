@@ -48,8 +48,9 @@ def fastest_ms(items: list[LatencyItem]) -> float:
     return math.fsum(min(it.ms) for it in items)
 
 
-def solve_latency(items: list[LatencyItem], budget_ms: float, *, param_cap: int | None = None,
-                  buckets: int = BUCKETS) -> LatencyChoice:
+def solve_latency(
+    items: list[LatencyItem], budget_ms: float, *, param_cap: int | None = None, buckets: int = BUCKETS
+) -> LatencyChoice:
     """Maximize sum values with sum ms <= budget_ms (and sum params <= param_cap when given).
 
     Latency above each item's fastest candidate is rounded up to buckets of (slack / buckets) ms, so the choice never
@@ -106,9 +107,11 @@ def _capped(items, budget_ms, cap, buckets) -> LatencyChoice:
         hi *= 10
         hi_choice = at(hi)
     else:
-        raise GacError(f"parameter cap {cap:,} and latency budget {budget_ms:.4g} ms exclude each other: the fewest "
-                       f"parameters found within the budget are {hi_choice.params:,}; raise the cap or lower the "
-                       "speedup")
+        raise GacError(
+            f"parameter cap {cap:,} and latency budget {budget_ms:.4g} ms exclude each other: the fewest "
+            f"parameters found within the budget are {hi_choice.params:,}; raise the cap or lower the "
+            "speedup"
+        )
     for _ in range(40):
         mid = (lo + hi) / 2
         c = at(mid)
@@ -119,8 +122,16 @@ def _capped(items, budget_ms, cap, buckets) -> LatencyChoice:
     return hi_choice
 
 
-def select_for_speedup(items: list[LatencyItem], *, baseline_ms: float, constant_ms: float, speedup: float,
-                       where: str = "", param_cap: int | None = None, budget_ms: float | None = None) -> LatencyChoice:
+def select_for_speedup(
+    items: list[LatencyItem],
+    *,
+    baseline_ms: float,
+    constant_ms: float,
+    speedup: float,
+    where: str = "",
+    param_cap: int | None = None,
+    budget_ms: float | None = None,
+) -> LatencyChoice:
     """The best choice whose predicted whole-model time, constant_ms + groups, is at most baseline_ms / speedup
     (`budget_ms` overrides the groups' budget: the closed loop tightens it). One-line GacError naming the best
     reachable speedup when the target cannot be met."""
@@ -131,8 +142,10 @@ def select_for_speedup(items: list[LatencyItem], *, baseline_ms: float, constant
     if floor > groups_budget:
         best = math.floor(baseline_ms / (constant_ms + floor) * 100) / 100  # rounded down: reachable as printed
         advice = f"ask for --speedup {best:.2f} or less" if best > 1.0 else "no choice of dims is predicted faster"
-        raise GacError(f"speedup {speedup:g}x is out of reach{where}: the ops these dims shape take "
-                       f"{baseline_ms - constant_ms:.4g} of the original's {baseline_ms:.4g} ms and, at the fastest "
-                       f"dims, the model is predicted at {constant_ms + floor:.4g} ms, a best reachable speedup of "
-                       f"{best:.2f}x; {advice}")
+        raise GacError(
+            f"speedup {speedup:g}x is out of reach{where}: the ops these dims shape take "
+            f"{baseline_ms - constant_ms:.4g} of the original's {baseline_ms:.4g} ms and, at the fastest "
+            f"dims, the model is predicted at {constant_ms + floor:.4g} ms, a best reachable speedup of "
+            f"{best:.2f}x; {advice}"
+        )
     return solve_latency(items, groups_budget, param_cap=param_cap)

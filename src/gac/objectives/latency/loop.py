@@ -13,16 +13,29 @@ from __future__ import annotations
 import dataclasses
 import logging
 import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
 from gac.objectives.latency.config import SpeedupConfig, held_whole
 from gac.objectives.latency.outcome import LatencyOutcome, Stream, ranked
 from gac.objectives.latency.steps import fit_latency, latency_items, start_budget, time_beside
 
+if TYPE_CHECKING:
+    from gac.objectives.latency.knapsack import LatencyItem
+    from gac.objectives.latency.model import LatencyModel
+
 log = logging.getLogger(__name__)
 
-_TIMED = ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct", "measured_speedup", "target_ms", "retimed",
-          "timings")
+_TIMED = (
+    "baseline_measured_ms",
+    "gac_measured_ms",
+    "aa_floor_pct",
+    "measured_speedup",
+    "target_ms",
+    "retimed",
+    "timings",
+)
 # a reaching model this much past the aim gets one looser round, aimed half that far past the aim: about one scatter
 # of a timing, so that a loop does not keep a model cut deeper than the aim needs. A noisy timing's A/A floor does not
 # widen it: counted as the scatter, two floors let a disturbed loop keep a far deeper cut
@@ -31,6 +44,17 @@ OVERSHOOT = 0.01
 # it): it is timed again, up to NOISY_RETIMES more times, and the quietest timing judges the round
 NOISY_FLOOR = 0.05
 NOISY_RETIMES = 2
+
+
+@dataclass
+class _Fit:
+    """The fitted latency tables and what the loop reads off them, fitted once (predict or run)."""
+
+    lm: LatencyModel  # the fitted latency model, its constant recentred after every round
+    baseline_ms: float  # the fit's timing of the original: the knapsack's speedup is against it
+    items: list[LatencyItem]  # the knapsack's items, from the fitted tables (recentring leaves them as they are)
+
+
 # the line round's slope (measured share of the baseline per predicted ms of the groups) is fitted through a stream's
 # rounds and held within this share of the tables' own (1 / the baseline's ms): two or three rounds close together
 # give a noisy slope, and one disturbed timing can even turn it over
@@ -40,18 +64,31 @@ LINE_SLOPE = (0.5, 2.0)
 def _figures(base: float, ms: float, floor: float, aim: float, *, retimed: int, timings: int) -> dict:
     """A round's timed figures (the _TIMED keys): the baseline's and the model's ms, the A/A floor (a fraction, given;
     a percentage, kept), the speedup, and the time the model must beat to count as reaching `aim` beyond the floor."""
-    return {"baseline_measured_ms": base, "gac_measured_ms": ms, "aa_floor_pct": 100.0 * floor,
-            "measured_speedup": base / ms, "target_ms": base / (aim * (1.0 + floor)), "retimed": retimed,
-            "timings": timings}
+    return {
+        "baseline_measured_ms": base,
+        "gac_measured_ms": ms,
+        "aa_floor_pct": 100.0 * floor,
+        "measured_speedup": base / ms,
+        "target_ms": base / (aim * (1.0 + floor)),
+        "retimed": retimed,
+        "timings": timings,
+    }
 
 
 def _pooled(first: dict, second: dict, aim: float) -> dict:
     """Two timings' figures as one: the baseline's and the model's ms averaged, the speedup their ratio, the A/A floor
     the two floors' mean, the target at that floor; `retimed` and `timings` summed."""
-    base, ms, floor = (0.5 * (first[k] + second[k])
-                       for k in ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct"))
-    return _figures(base, ms, floor / 100.0, aim, retimed=first["retimed"] + second["retimed"],
-                    timings=first["timings"] + second["timings"])
+    base, ms, floor = (
+        0.5 * (first[k] + second[k]) for k in ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct")
+    )
+    return _figures(
+        base,
+        ms,
+        floor / 100.0,
+        aim,
+        retimed=first["retimed"] + second["retimed"],
+        timings=first["timings"] + second["timings"],
+    )
 
 
 def timing_line(rows: list[dict], prior_slope: float) -> tuple[float, float]:
@@ -74,16 +111,27 @@ class ClosedLoop:
     `cfg.rounds` times (`cfg.halvings` more for a bracketed stream), tightening each stream's budget by its measured
     shortfall. How it measures (the timer, the latency tables, the guard's loss) is cfg.instruments.
 
-    With `windows` (held-back calibration windows: gac.calibration.texts.held_back_windows, text the analysis never saw) and
-    cfg.guard, the parameter objective's choice at the same budget is built and timed beside the knapsack's in every
-    round, under its own closed loop; of the two streams' models that reach the target, the one with the lower loss
-    on those windows is kept: the latency objective is then never worse than the parameter objective at the measured
-    target on calibration text, whatever the latency model's errors between the two choices. --compressor auto
-    compares compressors by the same loss on the same windows, so its kept model is the best of every stream of every
-    compressor it built."""
+    With `windows` (held-back calibration windows: gac.calibration.texts.held_back_windows, text the analysis never
+    saw) and cfg.guard, the parameter objective's choice at the same budget is built and timed beside the knapsack's in
+    every round, under its own closed loop; of the two streams' models that reach the target, the one with the lower
+    loss on those windows is kept: the latency objective is then never worse than the parameter objective at the
+    measured target on calibration text, whatever the latency model's errors between the two choices. --compressor
+    auto compares compressors by the same loss on the same windows, so its kept model is the best of every stream of
+    every compressor it built."""
 
-    def __init__(self, model, compressor, units, cfg: SpeedupConfig, *, alignment: int, device: str, dtype: str,
-                 windows=None, progress: bool = True):
+    def __init__(
+        self,
+        model,
+        compressor,
+        units,
+        cfg: SpeedupConfig,
+        *,
+        alignment: int,
+        device: str,
+        dtype: str,
+        windows=None,
+        progress: bool = True,
+    ):
         # its own view of the timing journal (gac.objectives.latency.journal): the n-th timing of the same models
         # replays the n-th recorded on this machine, so the loop repeats an earlier run's decisions rather than a
         # timing's scatter
@@ -93,9 +141,7 @@ class ClosedLoop:
         self.windows = windows
         self.held = frozenset(u.name for u in units if held_whole(u, cfg))  # groups the knapsack leaves whole
         self.cap = cfg.cap_params(sum(u.group.numel for u in units))
-        self.lm = None  # the fitted latency model, its constant recentred after every round
-        self.baseline_ms = None  # the fit's timing of the original: the knapsack's speedup is against it
-        self.items = None  # the knapsack's items, from the fitted tables (recentring leaves them as they are)
+        self._tables: _Fit | None = None  # the fitted tables, once predict or run asked for them
         self.guarded = False  # two streams: each reaching model's held-back loss is measured
         # the baseline timed beside the models in every round: from round 1 on, their median is the reference that
         # the constant is calibrated on and residuals are rescaled to. The calibration timing alone, before the loop,
@@ -112,12 +158,24 @@ class ClosedLoop:
         choice, _ = self._solve(self._stream("latency", fastest_ms(self.items)))
         return choice, self.lm.constant_ms + choice.predicted_ms, self.baseline_ms
 
-    def _fit(self) -> None:
+    def _fit(self) -> _Fit:
         """The fitted latency tables, the original's ms and the knapsack's items, once."""
-        if self.lm is None:
-            self.lm = self._fitted_tables()
-            self.baseline_ms = self.lm.meta["baseline_ms"]
-            self.items = latency_items(self.units, self.lm, held=self.held)
+        if self._tables is None:
+            lm = self._fitted_tables()
+            self._tables = _Fit(lm, lm.meta["baseline_ms"], latency_items(self.units, lm, held=self.held))
+        return self._tables
+
+    @property
+    def lm(self) -> LatencyModel:
+        return self._fit().lm
+
+    @property
+    def baseline_ms(self) -> float:
+        return self._fit().baseline_ms
+
+    @property
+    def items(self) -> list[LatencyItem]:
+        return self._fit().items
 
     def run(self) -> LatencyOutcome:
         from gac.objectives.latency.knapsack import fastest_ms
@@ -139,8 +197,13 @@ class ClosedLoop:
                 break
         journal = self.cfg.instruments.journal
         if journal is not None and journal.replayed:
-            log.info("%d of %d timings%s replayed as this machine recorded them (%s): --retime times afresh",
-                     journal.replayed, journal.replayed + journal.measured, self.cfg.where, journal.path)
+            log.info(
+                "%d of %d timings%s replayed as this machine recorded them (%s): --retime times afresh",
+                journal.replayed,
+                journal.replayed + journal.measured,
+                self.cfg.where,
+                journal.path,
+            )
         return self._outcome(streams)
 
     def _fitted_tables(self):
@@ -149,18 +212,36 @@ class ClosedLoop:
         from gac.objectives.latency.model import Phase
 
         cfg = self.cfg
-        lm = cfg.instruments.tables([u.group for u in self.units], Phase(cfg.phase, cfg.batch, cfg.seq),
-                                    alignment=self.alignment, device=self.device, dtype=self.dtype,
-                                    repeats=cfg.profile_repeats, progress=self.progress)
-        lm = fit_latency(self.model, self.compressor, self.units, lm, cfg,
-                         groups=[u.name for u in self.units if u.name not in self.held])
-        log.info("latency model%s: baseline %.2f ms measured, groups %.2f ms predicted, constant %.2f ms", cfg.where,
-                 lm.meta["baseline_ms"], lm.full_ms(), lm.constant_ms)
+        lm = cfg.instruments.tables(
+            [u.group for u in self.units],
+            Phase(cfg.phase, cfg.batch, cfg.seq),
+            alignment=self.alignment,
+            device=self.device,
+            dtype=self.dtype,
+            repeats=cfg.profile_repeats,
+            progress=self.progress,
+        )
+        lm = fit_latency(
+            self.model,
+            self.compressor,
+            self.units,
+            lm,
+            cfg,
+            groups=[u.name for u in self.units if u.name not in self.held],
+        )
+        log.info(
+            "latency model%s: baseline %.2f ms measured, groups %.2f ms predicted, constant %.2f ms",
+            cfg.where,
+            lm.meta["baseline_ms"],
+            lm.full_ms(),
+            lm.constant_ms,
+        )
         return lm
 
     def _stream(self, name: str, floor_ms: float, *, warn: bool = True) -> Stream:
-        return Stream(name, start_budget(self.baseline_ms, self.lm.constant_ms, floor_ms, self.cfg, warn=warn),
-                      floor_ms)
+        return Stream(
+            name, start_budget(self.baseline_ms, self.lm.constant_ms, floor_ms, self.cfg, warn=warn), floor_ms
+        )
 
     def _solve(self, s: Stream) -> tuple:
         """(choice, extra row fields) of stream `s` at its budget; (None, {}) where the guard has no ratio within it."""
@@ -170,17 +251,30 @@ class ClosedLoop:
         cfg = self.cfg
         if s.name == "latency":
             try:
-                return select_for_speedup(self.items, baseline_ms=self.baseline_ms, constant_ms=self.lm.constant_ms,
-                                          speedup=cfg.speedup, where=cfg.where, budget_ms=s.budget,
-                                          param_cap=self.cap), {}
+                return select_for_speedup(
+                    self.items,
+                    baseline_ms=self.baseline_ms,
+                    constant_ms=self.lm.constant_ms,
+                    speedup=cfg.speedup,
+                    where=cfg.where,
+                    budget_ms=s.budget,
+                    param_cap=self.cap,
+                ), {}
             except GacError as e:
                 if not self.held:
                     raise
-                raise GacError(f"{e} (with attention heads whole: --head-mode group lets the knapsack cut "
-                               "them)") from None
-        got = parameter_choice(self.compressor, self.units, self.lm, s.budget, alignment=self.alignment,
-                               value=lambda u, d: u.quality_values([d])[0],
-                               min_ratio=0.0 if cfg.param_cap is None else 1.0 - cfg.param_cap)
+                raise GacError(
+                    f"{e} (with attention heads whole: --head-mode group lets the knapsack cut them)"
+                ) from None
+        got = parameter_choice(
+            self.compressor,
+            self.units,
+            self.lm,
+            s.budget,
+            alignment=self.alignment,
+            value=lambda u, d: u.quality_values([d])[0],
+            min_ratio=0.0 if cfg.param_cap is None else 1.0 - cfg.param_cap,
+        )
         if got is None:
             log.info("guard: no ratio of the parameter objective is predicted within %.2f ms", s.budget)
             return None, {}
@@ -195,14 +289,17 @@ class ClosedLoop:
         retimed = 0
         while floor > NOISY_FLOOR and retimed < NOISY_RETIMES:
             retimed += 1
-            log.info("a timing%s was disturbed (A/A floor %.1f%%, above %.0f%%): timing again", cfg.where,
-                     100.0 * floor, 100.0 * NOISY_FLOOR)
+            log.info(
+                "a timing%s was disturbed (A/A floor %.1f%%, above %.0f%%): timing again",
+                cfg.where,
+                100.0 * floor,
+                100.0 * NOISY_FLOOR,
+            )
             again = time_beside(self.model, built, cfg)
             if again[1] < floor:
                 base, floor, t = again
         self.baselines.append(base)
-        return {name: _figures(base, t[name].median_ms, floor, cfg.aim, retimed=retimed, timings=1)
-                for name in built}
+        return {name: _figures(base, t[name].median_ms, floor, cfg.aim, retimed=retimed, timings=1) for name in built}
 
     def _judged(self, built: dict, gate) -> dict:
         """{name: figures} of one side-by-side timing of `built` ({name: model}), where a model lands within
@@ -212,8 +309,12 @@ class ClosedLoop:
         figures = self._timed(built)
         near = {name: built[name] for name, f in figures.items() if abs(f["measured_speedup"] / gate(f) - 1.0) < band}
         if near:
-            log.info("%s within %g%% of the gate%s: timing again, judged on both timings", ", ".join(near),
-                     100 * band, self.cfg.where)
+            log.info(
+                "%s within %g%% of the gate%s: timing again, judged on both timings",
+                ", ".join(near),
+                100 * band,
+                self.cfg.where,
+            )
             for name, again in self._timed(near).items():
                 figures[name] = _pooled(figures[name], again, self.cfg.aim)
         return figures
@@ -249,14 +350,21 @@ class ClosedLoop:
         for s in active:
             if s.name in rows:
                 self._settle(s, choices[s.name], rows[s.name], built.pop(s.name), reference_ms)
-        self.lm = self.lm.recentred(reference_ms)  # the next round's predictions
+        self._fit().lm = self.lm.recentred(reference_ms)  # the next round's predictions
         return True
 
     def _row(self, k: int, s: Stream, choice, extra: dict) -> dict:
         """Round k's figures for stream `s` before it is timed: its budget, predictions, parameters and value."""
-        return {"round": k, "budget_ms": s.budget, "baseline_predicted_ms": self.lm.predict({}),
-                "gac_predicted_ms": self.lm.constant_ms + choice.predicted_ms,
-                "groups_predicted_ms": choice.predicted_ms, "params": choice.params, "value": choice.value, **extra}
+        return {
+            "round": k,
+            "budget_ms": s.budget,
+            "baseline_predicted_ms": self.lm.predict({}),
+            "gac_predicted_ms": self.lm.constant_ms + choice.predicted_ms,
+            "groups_predicted_ms": choice.predicted_ms,
+            "params": choice.params,
+            "value": choice.value,
+            **extra,
+        }
 
     def _line_round(self, k: int, streams: list[Stream]) -> bool:
         """One more round for every stream of two rounds or more, at the budget where the line through all of its
@@ -280,8 +388,7 @@ class ClosedLoop:
                 continue
             s.budget = budget
             choice, extra = self._solve(s)
-            if (choice is None or choice.dims in s.tried
-                    or (s.reached and choice.value <= s.kept[0].value)):
+            if choice is None or choice.dims in s.tried or (s.reached and choice.value <= s.kept_round[0].value):
                 continue
             s.tried.append(choice.dims)
             choices[s.name], rows[s.name] = choice, {**self._row(k, s, choice, extra), "line": True}
@@ -302,9 +409,18 @@ class ClosedLoop:
             if loss is not None:
                 row["held_back_loss"] = loss
             keep = row["reached"] and s.bettered_by(loss)
-            log.info("%sline round %d%s: the line through %d timings puts %.2f ms at %.3fx (measured %.3fx, aim %.4gx)"
-                     "%s", "" if s.name == "latency" else "guard ", k, cfg.where, len(s.rows), row["gac_predicted_ms"],
-                     row["line_speedup"], row["measured_speedup"], cfg.aim, ": kept" if keep else "")
+            log.info(
+                "%sline round %d%s: the line through %d timings puts %.2f ms at %.3fx (measured %.3fx, aim %.4gx)%s",
+                "" if s.name == "latency" else "guard ",
+                k,
+                cfg.where,
+                len(s.rows),
+                row["gac_predicted_ms"],
+                row["line_speedup"],
+                row["measured_speedup"],
+                cfg.aim,
+                ": kept" if keep else "",
+            )
             if keep:
                 s.kept, s.model, s.loss = (choices[s.name], row), model, loss
         return True
@@ -316,11 +432,20 @@ class ClosedLoop:
         measured residual, or the bracket's midpoint) or end it."""
         cfg = self.cfg
         s.rows.append(row)
-        log.info("%sround %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; aim %.4gx, "
-                 "A/A floor %.1f%%)%s", "" if s.name == "latency" else "guard ", row["round"], cfg.where,
-                 row["gac_predicted_ms"], row["gac_measured_ms"], row["baseline_measured_ms"], row["measured_speedup"],
-                 cfg.aim, row["aa_floor_pct"],
-                 f", confirming a first timing of {row['screen']['measured_speedup']:.3f}x" if "screen" in row else "")
+        log.info(
+            "%sround %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; aim %.4gx, "
+            "A/A floor %.1f%%)%s",
+            "" if s.name == "latency" else "guard ",
+            row["round"],
+            cfg.where,
+            row["gac_predicted_ms"],
+            row["gac_measured_ms"],
+            row["baseline_measured_ms"],
+            row["measured_speedup"],
+            cfg.aim,
+            row["aa_floor_pct"],
+            f", confirming a first timing of {row['screen']['measured_speedup']:.3f}x" if "screen" in row else "",
+        )
         loss = cfg.instruments.held_back_loss(built, self.windows) if row["reached"] and self.guarded else None
         if loss is not None:
             row["held_back_loss"] = loss
@@ -351,13 +476,18 @@ class ClosedLoop:
         if row["round"] >= cfg.rounds + (cfg.halvings if s.bracketed else 0) or (row["reached"] and not overshoot):
             s.done = True
             return
-        if s.bracketed:
+        if s.reach_ms is not None and s.short_ms is not None:  # s.bracketed
             # bracketed between a budget that reached (far past the aim) and a looser one that fell short: the next
             # round halves the bracket. A step by the residual would follow one timing's noise, back and forth past
             # the aim, and could keep a model cut deeper than needed
             s.budget = 0.5 * (s.reach_ms + s.short_ms)
-            log.info("%s: between a budget that reached (%.2f ms) and one that fell short (%.2f ms): next at %.2f ms",
-                     s.name, s.reach_ms, s.short_ms, s.budget)
+            log.info(
+                "%s: between a budget that reached (%.2f ms) and one that fell short (%.2f ms): next at %.2f ms",
+                s.name,
+                s.reach_ms,
+                s.short_ms,
+                s.budget,
+            )
             return
         if s.loosened:  # the looser round reached too, still far past the aim: it stays kept
             s.done = True
@@ -366,8 +496,9 @@ class ClosedLoop:
         step_to = loose_ms if row["reached"] else aim_ms
         s.budget -= (row["gac_measured_ms"] - step_to) * reference_ms / row["baseline_measured_ms"]
         if s.budget < s.floor_ms:
-            log.warning("%s: the tightened budget is below the fastest dims: stopping after round %d", s.name,
-                        row["round"])
+            log.warning(
+                "%s: the tightened budget is below the fastest dims: stopping after round %d", s.name, row["round"]
+            )
             s.done = True
 
     def _outcome(self, streams: list[Stream]) -> LatencyOutcome:
@@ -379,15 +510,27 @@ class ClosedLoop:
         if reached:
             best = min(reached, key=lambda s: (ranked(s.loss), s.name != "latency"))
         else:
-            best = max(kept, key=lambda s: s.kept[1]["measured_speedup"])
-            log.warning("no round reached %.4gx%s%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)", cfg.aim,
-                        cfg.where, f" (the {cfg.speedup:g}x target and its {100 * cfg.margin:g}% margin)" if cfg.margin
-                        else "", best.kept[1]["measured_speedup"], best.kept[1]["aa_floor_pct"])
+            best = max(kept, key=lambda s: s.kept_round[1]["measured_speedup"])
+            log.warning(
+                "no round reached %.4gx%s%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)",
+                cfg.aim,
+                cfg.where,
+                f" (the {cfg.speedup:g}x target and its {100 * cfg.margin:g}% margin)" if cfg.margin else "",
+                best.kept_round[1]["measured_speedup"],
+                best.kept_round[1]["aa_floor_pct"],
+            )
         for s in streams:
             if s is not best:
                 s.model = None
         if len(streams) > 1:
-            log.info("guard%s: kept the %s stream's model (%s)", cfg.where, best.name, ", ".join(
-                f"{s.name}: {'reached' if s.reached else 'short'}"
-                + (f", held-back loss {s.loss:.4f}" if s.loss is not None else "") for s in streams))
+            log.info(
+                "guard%s: kept the %s stream's model (%s)",
+                cfg.where,
+                best.name,
+                ", ".join(
+                    f"{s.name}: {'reached' if s.reached else 'short'}"
+                    + (f", held-back loss {s.loss:.4f}" if s.loss is not None else "")
+                    for s in streams
+                ),
+            )
         return LatencyOutcome(cfg, self.lm, streams, best)

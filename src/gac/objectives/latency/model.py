@@ -36,8 +36,9 @@ class Phase:
 
     def __post_init__(self):
         if self.name not in PHASES:
-            raise ConfigError(f"unknown phase {literal(repr(self.name))}: choose prefill or decode, e.g. "
-                              "{phase:prefill}")
+            raise ConfigError(
+                f"unknown phase {literal(repr(self.name))}: choose prefill or decode, e.g. {{phase:prefill}}"
+            )
         if int(self.batch) != self.batch or int(self.seq) != self.seq or self.batch < 1 or self.seq < 1:
             raise GacError(f"bad shape {self.batch}x{self.seq}: give BxS with positive integers, e.g. --shape 1x512")
 
@@ -77,9 +78,11 @@ class LatencyModel:
         if dim in table:
             return table[dim]
         ints = [d for d in table if d is not None]
-        raise GacError(f"{group}: no predicted latency for dim {dim}, not one of its candidates "
-                       f"({min(ints, default='-')}..{max(ints, default='-')}{', full' if FULL in table else ''}"
-                       f"{f', full dim {self.full_dims[group]}' if group in self.full_dims else ''})")
+        raise GacError(
+            f"{group}: no predicted latency for dim {dim}, not one of its candidates "
+            f"({min(ints, default='-')}..{max(ints, default='-')}{', full' if FULL in table else ''}"
+            f"{f', full dim {self.full_dims[group]}' if group in self.full_dims else ''})"
+        )
 
     def predict(self, dims: dict) -> float:
         """Whole-model ms for {group: dim or None}; groups not named keep their original size."""
@@ -92,15 +95,26 @@ class LatencyModel:
         full = self.full_ms()
         scale = baseline_ms / full if full > baseline_ms > 0 else 1.0
         if scale != 1.0:
-            log.warning("the op sweeps add up to %.3g ms, more than the %.3g ms measured for the whole model: "
-                        "tables scaled by %.3f", full, baseline_ms, scale)
-        return replace(self.scaled(scale, baseline_ms=baseline_ms, table_scale=scale),
-                       constant_ms=max(baseline_ms - full * scale, 0.0))
+            log.warning(
+                "the op sweeps add up to %.3g ms, more than the %.3g ms measured for the whole model: "
+                "tables scaled by %.3f",
+                full,
+                baseline_ms,
+                scale,
+            )
+        return replace(
+            self.scaled(scale, baseline_ms=baseline_ms, table_scale=scale),
+            constant_ms=max(baseline_ms - full * scale, 0.0),
+        )
 
     def scaled(self, scale: float, **meta) -> LatencyModel:
         """Every table and original time times `scale`, `meta` added to the model's."""
-        return replace(self, tables={g: {d: ms * scale for d, ms in t.items()} for g, t in self.tables.items()},
-                       original={g: ms * scale for g, ms in self.original.items()}, meta={**self.meta, **meta})
+        return replace(
+            self,
+            tables={g: {d: ms * scale for d, ms in t.items()} for g, t in self.tables.items()},
+            original={g: ms * scale for g, ms in self.original.items()},
+            meta={**self.meta, **meta},
+        )
 
     def fastest_ms(self) -> float:
         """Every group's predicted ms at its fastest candidate, summed: no budget below this is reachable."""
@@ -120,22 +134,40 @@ class LatencyModel:
         scale = measured / predicted if predicted > 0 else None  # None: a reference predicted to save nothing
         fit = {"reference_ms": reference_ms, "reference_predicted_saving_ms": predicted, "fit_scale": scale}
         if scale is None or not MIN_FIT <= scale <= MAX_FIT:
-            log.warning("the reference model saved %.3g ms measured against %.3g ms predicted: the latency tables are "
-                        "not rescaled (a scale outside [%g, %g] is not trusted)", measured, predicted, MIN_FIT, MAX_FIT)
+            log.warning(
+                "the reference model saved %.3g ms measured against %.3g ms predicted: the latency tables are "
+                "not rescaled (a scale outside [%g, %g] is not trusted)",
+                measured,
+                predicted,
+                MIN_FIT,
+                MAX_FIT,
+            )
             scale = 1.0
         return self.scaled(scale, **fit, saving_scale=scale).calibrated(baseline_ms)
 
     def recentred(self, baseline_ms: float) -> LatencyModel:
         """The same tables with the constant re-set so that the original predicts `baseline_ms` (never below zero):
         a recalibration that keeps the tables, and so the knapsack items built from them, as they are."""
-        return replace(self, constant_ms=max(baseline_ms - self.full_ms(), 0.0),
-                       meta={**self.meta, "baseline_ms": baseline_ms})
+        return replace(
+            self, constant_ms=max(baseline_ms - self.full_ms(), 0.0), meta={**self.meta, "baseline_ms": baseline_ms}
+        )
 
     def to_json(self) -> str:
         tables = {g: {("full" if d is None else str(d)): ms for d, ms in t.items()} for g, t in self.tables.items()}
-        return json.dumps({"gac_latency_model": 1, **self.phase.to_dict(), "batch": self.phase.batch,
-                           "seq": self.phase.seq, "constant_ms": self.constant_ms, "meta": self.meta,
-                           "original": self.original, "full_dims": self.full_dims, "tables": tables}, indent=1)
+        return json.dumps(
+            {
+                "gac_latency_model": 1,
+                **self.phase.to_dict(),
+                "batch": self.phase.batch,
+                "seq": self.phase.seq,
+                "constant_ms": self.constant_ms,
+                "meta": self.meta,
+                "original": self.original,
+                "full_dims": self.full_dims,
+                "tables": tables,
+            },
+            indent=1,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> LatencyModel:
@@ -144,10 +176,17 @@ class LatencyModel:
         d = json.loads(text)
         if d.get("gac_latency_model") != 1:
             raise GacError("not a gac latency model (no gac_latency_model: 1 key)")
-        tables = {g: {(None if k == "full" else int(k)): float(ms) for k, ms in t.items()}
-                  for g, t in d["tables"].items()}
-        return cls(Phase(d["phase"], d["batch"], d["seq"]), tables, {g: float(ms) for g, ms in d["original"].items()},
-                   float(d["constant_ms"]), d.get("meta", {}), {g: int(x) for g, x in d.get("full_dims", {}).items()})
+        tables = {
+            g: {(None if k == "full" else int(k)): float(ms) for k, ms in t.items()} for g, t in d["tables"].items()
+        }
+        return cls(
+            Phase(d["phase"], d["batch"], d["seq"]),
+            tables,
+            {g: float(ms) for g, ms in d["original"].items()},
+            float(d["constant_ms"]),
+            d.get("meta", {}),
+            {g: int(x) for g, x in d.get("full_dims", {}).items()},
+        )
 
 
 def reference_dims(lm: LatencyModel, groups) -> dict:
@@ -191,10 +230,14 @@ def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict) -> tup
     tables, original = {}, {}
     for g in groups:
         dense, terms = g.latency_terms()
-        original[g.name] = (math.fsum(t.weight * op_tables[(t.op, t.shape)][x] for t, x in dense) if dense
-                            else _terms_ms(terms, g.max_dim, op_tables))
-        tables[g.name] = {d: original[g.name] if d is FULL else _terms_ms(terms, d, op_tables)
-                          for d in g.wide_candidates(alignment)}
+        original[g.name] = (
+            math.fsum(t.weight * op_tables[(t.op, t.shape)][x] for t, x in dense)
+            if dense
+            else _terms_ms(terms, g.max_dim, op_tables)
+        )
+        tables[g.name] = {
+            d: original[g.name] if d is FULL else _terms_ms(terms, d, op_tables) for d in g.wide_candidates(alignment)
+        }
     return tables, original
 
 
@@ -209,14 +252,24 @@ def op_spec(op: str, shape: tuple, dims, phase: Phase, repeats: int):
     from gac.hw.profile import FixedSizes, SweepSpec
 
     sizes, m = FixedSizes.of(op, dict(shape)), phase.m
+    if sizes is None:
+        raise ValueError(f"a {op} term has no sweep of its own")
     if op == "sdpa_heads":
         sizes = dataclasses.replace(sizes, batch=phase.batch, context=phase.seq)
         m = phase.seq if phase.name == "prefill" else 1
     return SweepSpec(ops=(op,), dims=tuple(sorted(dims)), m_values=(m,), sizes=sizes, warmup=2, repeats=repeats)
 
 
-def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: int = ALIGNMENT, device: str = "cpu",
-                          dtype: str = "float32", repeats: int = 11, progress: bool = True) -> LatencyModel:
+def measure_latency_model(
+    groups: list[DimGroup],
+    phase: Phase,
+    *,
+    alignment: int = ALIGNMENT,
+    device: str = "cpu",
+    dtype: str = "float32",
+    repeats: int = 11,
+    progress: bool = True,
+) -> LatencyModel:
     """Sweep every op and shape the groups' candidates need at the phase's M (cached per device, dtype, torch and
     spec, the spec holding M and the shapes), and return the model with a zero constant (see `calibrated` and
     `fitted`)."""
@@ -233,7 +286,13 @@ def measure_latency_model(groups: list[DimGroup], phase: Phase, *, alignment: in
         op_tables[(op, shape)] = {int(d): float(ms) for d, ms in zip(entry["dims"], entry["ms"])}
     import torch
 
-    meta = {"device": device, "device_name": device_name(device), "dtype": dtype, "torch": torch.__version__,
-            "alignment": alignment, "repeats": repeats}
+    meta = {
+        "device": device,
+        "device_name": device_name(device),
+        "dtype": dtype,
+        "torch": torch.__version__,
+        "alignment": alignment,
+        "repeats": repeats,
+    }
     full_dims = {g.name: g.full_dim for g in groups if g.full_dim is not None}
     return LatencyModel(phase, *build_tables(groups, alignment, op_tables), 0.0, meta, full_dims)

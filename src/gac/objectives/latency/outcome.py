@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gac.objectives.latency.config import SpeedupConfig
 
@@ -47,6 +47,13 @@ class Stream:
     def reached(self) -> bool:
         return self.kept is not None and self.kept[1]["reached"]
 
+    @property
+    def kept_round(self) -> tuple:
+        """`kept`, which the chosen stream of an outcome always has."""
+        if self.kept is None:
+            raise ValueError(f"the {self.name} stream kept no round")
+        return self.kept
+
     def bettered_by(self, loss: float | None) -> bool:
         """Whether a reaching round of this held-back loss is kept over the stream's kept round: when none reached
         yet, when no loss is measured (unguarded: the later), or when it is the lower."""
@@ -59,9 +66,13 @@ class Stream:
 
     def summary(self) -> dict:
         """report.json's latency_objective.guard entry: the kept round by its number, not its figures again."""
-        return {"reached": self.reached, "loss": self.loss, "rounds": len(self.rows),
-                "round": self.kept[1]["round"] if self.kept else None,
-                "dims": dict(self.kept[0].dims) if self.kept else None}
+        return {
+            "reached": self.reached,
+            "loss": self.loss,
+            "rounds": len(self.rows),
+            "round": self.kept[1]["round"] if self.kept else None,
+            "dims": dict(self.kept[0].dims) if self.kept else None,
+        }
 
 
 @dataclass
@@ -76,7 +87,7 @@ class LatencyOutcome:
     @property
     def dims(self) -> dict:
         """{group: dim or None} of the kept model."""
-        return dict(self.chosen.kept[0].dims)
+        return dict(self.chosen.kept_round[0].dims)
 
     @property
     def model(self):
@@ -91,14 +102,15 @@ class LatencyOutcome:
     @property
     def final(self) -> dict:
         """The kept round's figures and its stream."""
-        return {**self.chosen.kept[1], "stream": self.chosen.name}
+        return {**self.chosen.kept_round[1], "stream": self.chosen.name}
 
     @property
     def guard(self) -> dict:
         """{stream: Stream.summary(), with every round of a stream other than the knapsack's under "history"} and
         "kept": the stream kept. The knapsack's rounds are `rounds`: each round is written once."""
-        guard = {s.name: {**s.summary(), **({"history": s.rows} if s is not self.streams[0] else {})}
-                 for s in self.streams}
+        guard: dict[str, Any] = {
+            s.name: {**s.summary(), **({"history": s.rows} if s is not self.streams[0] else {})} for s in self.streams
+        }
         guard["kept"] = self.chosen.name
         return guard
 
@@ -106,9 +118,14 @@ class LatencyOutcome:
         """report.json's latency_objective: the knapsack's rounds, the kept round's figures and stream, the constant,
         the fit, the guard and the timing journal (how many timings were replayed)."""
         meta, journal = self.latency_model.meta, self.config.instruments.journal
-        return {"rounds": self.rounds, **self.final, "constant_ms": self.latency_model.constant_ms,
-                "fit": {k: meta.get(k) for k in FIT_KEYS}, "guard": self.guard,
-                "journal": journal.summary() if journal is not None else None}
+        return {
+            "rounds": self.rounds,
+            **self.final,
+            "constant_ms": self.latency_model.constant_ms,
+            "fit": {k: meta.get(k) for k in FIT_KEYS},
+            "guard": self.guard,
+            "journal": journal.summary() if journal is not None else None,
+        }
 
     def variant_figures(self) -> dict:
         """{variant: predicted and measured ms at the objective's shape, and the prediction's error} for the
@@ -116,6 +133,9 @@ class LatencyOutcome:
         figures = {}
         for variant in ("baseline", "gac"):
             predicted, measured = self.final[f"{variant}_predicted_ms"], self.final[f"{variant}_measured_ms"]
-            figures[variant] = {"predicted_ms": predicted, "measured_ms": measured,
-                                "prediction_error_pct": 100.0 * (predicted / measured - 1.0)}
+            figures[variant] = {
+                "predicted_ms": predicted,
+                "measured_ms": measured,
+                "prediction_error_pct": 100.0 * (predicted / measured - 1.0),
+            }
         return figures

@@ -31,8 +31,15 @@ def latency_items(units, latency_model, *, held=frozenset()) -> list:
     for u in units:
         table = latency_model.tables[u.name]
         cands = [FULL] if u.name in held else list(table)
-        items.append(LatencyItem(u.name, tuple(cands), tuple(table[d] for d in cands),
-                                 tuple(u.quality_values(cands)), tuple(u.params(d) for d in cands)))
+        items.append(
+            LatencyItem(
+                u.name,
+                tuple(cands),
+                tuple(table[d] for d in cands),
+                tuple(u.quality_values(cands)),
+                tuple(u.params(d) for d in cands),
+            )
+        )
     return items
 
 
@@ -50,19 +57,31 @@ def fit_latency(model, compressor, units, lm, cfg: SpeedupConfig, *, groups=None
     t = time({"baseline": model, "reference": reference}, calibration, aa=False)
     del reference
     fitted = lm.fitted(t["baseline"].median_ms, dims, t["reference"].median_ms)
-    log.info("latency tables%s fitted on a reference model: it measured %.2f ms against the original's %.2f ms, "
-             "the sweeps' predicted saving scaled by %.3f", cfg.where, t["reference"].median_ms,
-             t["baseline"].median_ms, fitted.meta["saving_scale"])
+    log.info(
+        "latency tables%s fitted on a reference model: it measured %.2f ms against the original's %.2f ms, "
+        "the sweeps' predicted saving scaled by %.3f",
+        cfg.where,
+        t["reference"].median_ms,
+        t["baseline"].median_ms,
+        fitted.meta["saving_scale"],
+    )
     return fitted
 
 
-def start_budget(baseline_ms: float, constant_ms: float, floor_ms: float, cfg: SpeedupConfig, *,
-                 warn: bool = True) -> float:
+def start_budget(
+    baseline_ms: float, constant_ms: float, floor_ms: float, cfg: SpeedupConfig, *, warn: bool = True
+) -> float:
     """The groups' first latency budget: at the target and its margin, or, where only the margin is out of reach, at
     the fastest dims (the target itself out of reach: its budget, which the solver refuses in one line)."""
     at_target = baseline_ms / cfg.speedup - constant_ms
     at_aim = baseline_ms / cfg.aim - constant_ms
     if warn and at_aim < floor_ms <= at_target:
-        log.warning("speedup %gx%s is predicted within reach but not its %g%% margin: aiming at the fastest dims, "
-                    "predicted %.3fx", cfg.speedup, cfg.where, 100 * cfg.margin, baseline_ms / (constant_ms + floor_ms))
+        log.warning(
+            "speedup %gx%s is predicted within reach but not its %g%% margin: aiming at the fastest dims, "
+            "predicted %.3fx",
+            cfg.speedup,
+            cfg.where,
+            100 * cfg.margin,
+            baseline_ms / (constant_ms + floor_ms),
+        )
     return max(at_aim, min(floor_ms, at_target))

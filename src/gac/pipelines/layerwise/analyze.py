@@ -21,13 +21,11 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 from tqdm.auto import tqdm
 
-from gac.calibration.stats import CALIB_BATCH, collect_stats
-from gac.errors import GacError
-from gac.hw.heap import map_large_allocations
 from gac.calibration.importance import (
     GRAD_BATCH,
     GRADIENT_PROXIES,
@@ -38,6 +36,9 @@ from gac.calibration.importance import (
     frozen_parameters,
     output_grad_sums,
 )
+from gac.calibration.stats import CALIB_BATCH, collect_stats
+from gac.errors import GacError
+from gac.hw.heap import map_large_allocations
 from gac.models.groups import linears_of
 from gac.pipelines.layerwise.layers import (
     embed,
@@ -58,7 +59,7 @@ def groups_by_layer(model, groups) -> dict[int, list]:
 
     adapter = adapter_for(model.config)
     owner = {n: layer.index for layer in adapter.layers(model.config) for n in layer.weights}
-    out = {i: [] for i in range(adapter.layer_count(model.config))}
+    out: dict[int, list] = {i: [] for i in range(adapter.layer_count(model.config))}
     for g in groups:
         out[owner[g.linears[0]]].append(g)
     return out
@@ -68,8 +69,10 @@ def check_layerwise(compressor) -> None:
     """Importance that needs the whole model at once (ASVD's measured sensitivity: the loss with one weight
     truncated) has no layer-wise form."""
     if compressor.measures_sensitivity:
-        raise GacError(f"{compressor.name}'s measured-sensitivity importance needs the whole model at once: use "
-                       "--importance output (the default) for layer-by-layer compression")
+        raise GacError(
+            f"{compressor.name}'s measured-sensitivity importance needs the whole model at once: use "
+            "--importance output (the default) for layer-by-layer compression"
+        )
 
 
 class LayerwiseUnits(list):
@@ -80,8 +83,9 @@ class LayerwiseUnits(list):
         self.factors = factors
 
 
-def analyze_layerwise(model, source, compressor, groups, calib: torch.Tensor, *, keep: float,
-                      progress: bool = True) -> LayerwiseUnits:
+def analyze_layerwise(
+    model, source, compressor, groups, calib: torch.Tensor, *, keep: float, progress: bool = True
+) -> LayerwiseUnits:
     """The compressor's units for `groups`, computed layer by layer (source: gac.checkpoint.lazy Resident or
     LazyCheckpoint). calib: token ids [n, seq]. What `cut` needs is cached on disk until materialize_layerwise
     has read it (or the units are dropped)."""
@@ -136,8 +140,9 @@ def _reverse_sweep(model, source, compressor, by_layer, calib, keep, factors, pr
         b.hidden = None  # their inputs are the stored ones, split
     # inputs[i][k]: layer i's input of batch k [b, seq, D]
     with ActivationStore(spill=source.lazy, device=source.device) as inputs:
-        units = _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_batches, inputs, keep,
-                                      factors, progress)
+        units = _reverse_sweep_stored(
+            model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors, progress
+        )
     return units
 
 
@@ -146,8 +151,9 @@ def _split(hidden: list) -> list:
     return [part for h in hidden for part in h.split(GRAD_BATCH)]
 
 
-def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors,
-                          progress) -> list:
+def _reverse_sweep_stored(
+    model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors, progress
+) -> list:
     n_layers = layer_count(model)
     with torch.no_grad():
         for i in tqdm(range(n_layers), desc="layers (forward)", unit="layer", disable=not progress):
@@ -169,13 +175,15 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
                 del logits  # the losses hold what the backwards need; the next batch's head must not meet this one
             else:  # as importance.gradient_stats: the text's own labels
                 losses = [loss_from_last_hidden(model, b.ids, h)]
-            grads.append([torch.autograd.grad(loss, h, retain_graph=k < len(losses) - 1)[0]
-                          for k, loss in enumerate(losses)])
+            grads.append(
+                [torch.autograd.grad(loss, h, retain_graph=k < len(losses) - 1)[0] for k, loss in enumerate(losses)]
+            )
         del losses, h
         terms += b.ids.shape[0] * (b.ids.shape[1] - 1) * len(grads[-1])
     units_by_layer = {}
-    for i in tqdm(reversed(range(n_layers)), total=n_layers, desc="layers (reverse)", unit="layer",
-                  disable=not progress):
+    for i in tqdm(
+        reversed(range(n_layers)), total=n_layers, desc="layers (reverse)", unit="layer", disable=not progress
+    ):
         source.load_layer(i)
         layer, names = layer_module(model, i), linears_of(by_layer[i])
         stored = inputs[i]
@@ -183,8 +191,11 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
             for k, b in enumerate(batches):
                 run_layer(layer, b, i, stored[k])  # the statistics of calibration, to the bit: exact cached factors
         # activation gradients only (collect_gradients turns on the weights it needs)
-        with (frozen_parameters(layer), _gradient_hooks(model, names, compressor.proxy) as grad_sums,
-              torch.enable_grad()):
+        with (
+            frozen_parameters(layer),
+            _gradient_hooks(model, names, compressor.proxy) as grad_sums,
+            torch.enable_grad(),
+        ):
             for k, (b, x) in enumerate(zip(grad_batches, _split(stored))):
                 h = x.detach().clone().requires_grad_(True)
                 y, passed = run_layer(layer, b, i, h), []
@@ -205,7 +216,23 @@ def _reverse_sweep_stored(model, source, compressor, by_layer, batches, grad_bat
     return [u for i in sorted(units_by_layer) for u in units_by_layer[i]]
 
 
-class _LayerFiles:
+def _save_tensors(tensors: dict, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
+
+
+def _load_tensors(path: Path, device: torch.device) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(path, "pt", device=str(device)) as f:  # memory-mapped on the CPU
+        return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - a safe_open handle is no mapping
+
+
+ItemT = TypeVar("ItemT", dict, list)  # what a store keeps per layer: {key: tensor}, or [tensor per batch]
+
+
+class _LayerFiles(Generic[ItemT]):
     """Tensors per layer index, kept until read: in memory, or (spill) one file per layer in a temporary directory
     (TMPDIR), read back memory-mapped (onto `device`: the CPU's pages, or a copy on the GPU), so that memory does not
     grow with depth. An empty item takes no file. A layer's file goes with del, the directory with close(), the end
@@ -215,18 +242,11 @@ class _LayerFiles:
     prefix = what = ""
     suffix = ".safetensors"
 
-    @staticmethod
-    def _save(tensors: dict, path: Path) -> None:
-        from safetensors.torch import save_file
+    def _save(self, item: ItemT, path: Path) -> None:
+        raise NotImplementedError
 
-        save_file({k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}, path)
-
-    @staticmethod
-    def _load(path: Path, device: torch.device) -> dict:
-        from safetensors import safe_open
-
-        with safe_open(path, "pt", device=str(device)) as f:  # memory-mapped on the CPU
-            return {k: f.get_tensor(k) for k in f.keys()}
+    def _load(self, path: Path, device: torch.device) -> ItemT:
+        raise NotImplementedError
 
     def __init__(self, spill: bool = True, device="cpu"):
         self.spill, self.device = spill, torch.device(device)
@@ -266,26 +286,30 @@ class _LayerFiles:
             item.unlink()
 
 
-class ActivationStore(_LayerFiles):
+class ActivationStore(_LayerFiles[list]):
     """Each layer's stored input for the reverse sweep: [tensor per batch], in memory or spilled to disk."""
 
     prefix, what = "gac-activations-", "the stored calibration activations"
 
-    @staticmethod
-    def _save(tensors: list, path: Path) -> None:
-        _LayerFiles._save({str(j): t for j, t in enumerate(tensors)}, path)
+    def _save(self, item: list, path: Path) -> None:
+        _save_tensors({str(j): t for j, t in enumerate(item)}, path)
 
-    @staticmethod
-    def _load(path: Path, device: torch.device) -> list:
-        stored = _LayerFiles._load(path, device)
+    def _load(self, path: Path, device: torch.device) -> list:
+        stored = _load_tensors(path, device)
         return [stored[str(j)] for j in range(len(stored))]
 
 
-class FactorCache(_LayerFiles):
+class FactorCache(_LayerFiles[dict]):
     """What `cut` needs of each analyzed layer (Compressor.cut_state, {key: tensor}), one safetensors file per layer,
     read back at materialization instead of factorizing again; a layer with nothing to keep (prune) has no file."""
 
     prefix, what = "gac-factors-", "the factor cache"
+
+    def _save(self, item: dict, path: Path) -> None:
+        _save_tensors(item, path)
+
+    def _load(self, path: Path, device: torch.device) -> dict:
+        return _load_tensors(path, device)
 
 
 @contextlib.contextmanager
@@ -298,8 +322,10 @@ def _disk_errors(path: Path, what: str):
     except Exception as e:
         if (reason := io_failure(e)) is None:
             raise
-        raise GacError(f"could not write {what} to {path.parent} ({reason}): point TMPDIR at a directory "
-                       "with room for it (`gac compress --dry-run` forecasts the disk needed)") from e
+        raise GacError(
+            f"could not write {what} to {path.parent} ({reason}): point TMPDIR at a directory "
+            "with room for it (`gac compress --dry-run` forecasts the disk needed)"
+        ) from e
 
 
 def _gradient_hooks(model, names, proxy):

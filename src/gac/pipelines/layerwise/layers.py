@@ -7,6 +7,7 @@ final norm, output head, logit scaling and loss are the family's own code, whate
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ class _Inject(nn.Module):
 
 
 @contextmanager
-def swapped_layers(model, stand_ins: list[nn.Module]):
+def swapped_layers(model, stand_ins: Sequence[nn.Module]):
     """The model's decoder layers replaced by `stand_ins` while the block runs; restored on exit."""
     parent_path, _, attr = adapter_for(model.config).layers_path.rpartition(".")
     parent = model.get_submodule(parent_path)
@@ -64,8 +65,15 @@ class Batch:
     """One batch of calibration windows on its way through the layers."""
 
     ids: torch.Tensor  # [b, seq] token ids
-    hidden: torch.Tensor  # [b, seq, D]: the input of the next layer to run
+    hidden: torch.Tensor | None  # [b, seq, D]: the input of the next layer to run (None: kept apart, the reverse
+    # sweep's gradient batches)
     calls: list  # per layer: (args, kwargs) the model passes to it besides the hidden states
+
+    def states(self) -> torch.Tensor:
+        """`hidden`, which a batch on its way through the layers has."""
+        if self.hidden is None:
+            raise ValueError("this batch's hidden states are kept apart: pass them")
+        return self.hidden
 
 
 def layer_count(model) -> int:
@@ -99,7 +107,7 @@ def embed(model, windows: torch.Tensor, batch_size: int) -> list[Batch]:
 def run_layer(layer: nn.Module, batch: Batch, i: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
     """Layer i applied to `hidden` (default: the batch's current hidden states) [b, seq, D] -> [b, seq, D]."""
     args, kwargs = batch.calls[i]
-    return layer(batch.hidden if hidden is None else hidden, *args, **kwargs)
+    return layer(batch.states() if hidden is None else hidden, *args, **kwargs)
 
 
 def logits_from_last_hidden(model, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -75,8 +76,18 @@ def release_module(module: nn.Module) -> None:
                 sub._buffers[name] = b.to("meta")
 
 
-def materialize_layerwise(model, source, compressor, units, dims: dict, *, writer=None,
-                          held_out: torch.Tensor | None = None, timer=None, progress: bool = True) -> dict:
+def materialize_layerwise(
+    model,
+    source,
+    compressor,
+    units,
+    dims: dict,
+    *,
+    writer=None,
+    held_out: torch.Tensor | None = None,
+    timer=None,
+    progress: bool = True,
+) -> dict:
     """{variant: model} for each variant of dims ({variant: {unit name: dim or None}}), cut layer by layer.
 
     units: analyze_layerwise's, whose factor cache (units.factors) holds each layer's cut state; each layer's file
@@ -88,8 +99,10 @@ def materialize_layerwise(model, source, compressor, units, dims: dict, *, write
     handed to it together, before any is released."""
     factors = getattr(units, "factors", None)
     if factors is None or not all(i in factors for i in range(layer_count(model))):
-        raise GacError("layer-wise materialization cuts from the factor cache of one analyze_layerwise run, which "
-                       "is read once: analyze again (gac.pipelines.layerwise.analyze) before materializing again")
+        raise GacError(
+            "layer-wise materialization cuts from the factor cache of one analyze_layerwise run, which "
+            "is read once: analyze again (gac.pipelines.layerwise.analyze) before materializing again"
+        )
     try:
         return _materialize(model, source, compressor, units, dims, factors, writer, held_out, timer, progress)
     finally:
@@ -104,7 +117,7 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
     evals = None
     if held_out is not None:  # embedded once; each variant gets its own Batch objects (only `hidden` is replaced)
         embedded = embed(model, held_out, CALIB_BATCH)
-        evals = {v: [Batch(b.ids, b.hidden.clone(), list(b.calls)) for b in embedded] for v in ("baseline", *dims)}
+        evals = {v: [Batch(b.ids, b.states().clone(), list(b.calls)) for b in embedded] for v in ("baseline", *dims)}
     for i in tqdm(range(layer_count(model)), desc="materializing", unit="layer", disable=not progress):
         source.load_layer(i)
         layer = layer_module(model, i)
@@ -121,7 +134,7 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
             if evals is not None:
                 _advance(cuts[variant], evals[variant], i)
         if timer is not None and timer.wants(i):
-            timer.time_layer(i, {"baseline": layer, **cuts}, lambda one: one_layer_model(model, one, i))
+            timer.time_layer(i, {"baseline": layer, **cuts}, lambda one, i=i: one_layer_model(model, one, i))
         if writer is not None:
             for variant, cut in cuts.items():
                 if variant == writer[0]:
@@ -134,7 +147,7 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
         source.release_layer(i)
         if writer is not None:
             return_freed_memory()
-    models = {v: s.eval() for v, s in shells.items()}
+    models: dict[str, Any] = {v: s.eval() for v, s in shells.items()}  # and "ppl": {variant: perplexity}
     if evals is not None:
         models["ppl"] = {v: _perplexity(model, eval_batches) for v, eval_batches in evals.items()}
     return models
@@ -152,7 +165,7 @@ def _perplexity(model, batches: list) -> float:
     nll, count = 0.0, 0
     for b in batches:
         n = b.ids.shape[0] * (b.ids.shape[1] - 1)  # predicted tokens; the loss is their mean
-        nll += float(loss_from_last_hidden(model, b.ids, b.hidden)) * n
+        nll += float(loss_from_last_hidden(model, b.ids, b.states())) * n
         count += n
     return math.exp(nll / count)
 

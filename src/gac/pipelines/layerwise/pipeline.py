@@ -20,16 +20,23 @@ if TYPE_CHECKING:
     from gac.compressors.base import Compressor
 
 
-def analyze(model: nn.Module, source: LazyCheckpoint | Resident, calib: torch.Tensor, cfg,
-            compressor: Compressor | None = None, held_back: torch.Tensor | None = None) -> Analyzed:
+def analyze(
+    model: nn.Module,
+    source: LazyCheckpoint | Resident,
+    calib: torch.Tensor,
+    cfg,
+    compressor: Compressor | None = None,
+    held_back: torch.Tensor | None = None,
+) -> Analyzed:
     """The compressor's units at keep = 1 - cfg.analysis_ratio, computed layer by layer from `source`'s weights
     (gac.pipelines.layerwise.analyze); what cutting needs waits in a factor cache on disk for materialize."""
     from gac.models.groups import linears_of
     from gac.pipelines.layerwise.analyze import analyze_layerwise
 
     compressor, groups = compressor_groups(model, cfg, compressor)
-    units = analyze_layerwise(model, source, compressor, groups, calib, keep=1.0 - cfg.analysis_ratio,
-                              progress=cfg.progress)
+    units = analyze_layerwise(
+        model, source, compressor, groups, calib, keep=1.0 - cfg.analysis_ratio, progress=cfg.progress
+    )
     return Analyzed(compressor, units, linears_of(groups), sum(u.group.numel for u in units), held_back)
 
 
@@ -44,9 +51,10 @@ class Layerwise(Pipeline):
         source, tokenizer, model_name = open_source(cfg.model, dtype=cfg.dtype, device=cfg.device)
         return Opened(source.model, tokenizer, model_name, source)
 
-    def analyze(self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor,
-                held_back: torch.Tensor | None = None) -> Analyzed:
-        return analyze(opened.model, opened.source, calib, cfg, compressor, held_back)
+    def analyze(
+        self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor, held_back: torch.Tensor | None = None
+    ) -> Analyzed:
+        return analyze(opened.model, _source(opened), calib, cfg, compressor, held_back)
 
     @contextlib.contextmanager
     def output(self, cfg):
@@ -61,8 +69,9 @@ class Layerwise(Pipeline):
         with atomic_dir(check_out_dir(cfg.out, cfg.force).resolve(), force=cfg.force) as tmp:
             yield tmp
 
-    def materialize(self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor,
-                    streamed_to: Path | None) -> tuple[dict, Measured | None]:
+    def materialize(
+        self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor, streamed_to: Path | None
+    ) -> tuple[dict, Measured | None]:
         """Every variant cut from the analysis' factor cache, with perplexity and latency measured as the layers go
         by and the saved variant's weights streamed to `streamed_to`."""
         from gac.checkpoint.sharded import ShardWriter
@@ -76,17 +85,35 @@ class Layerwise(Pipeline):
             from gac.pipelines.layerwise.layers import layer_count
 
             timer = LayerLatency(cfg.evaluation_latency, layer_count(model))
-        models = materialize_layerwise(model, opened.source, selected.compressor, selected.units, selected.dims,
-                                       writer=writer and (saved, writer), progress=cfg.progress,
-                                       held_out=held_out if cfg.evaluate else None, timer=timer)
+        models = materialize_layerwise(
+            model,
+            _source(opened),
+            selected.compressor,
+            selected.units,
+            selected.dims,
+            writer=writer and (saved, writer),
+            progress=cfg.progress,
+            held_out=held_out if cfg.evaluate else None,
+            timer=timer,
+        )
         ppl = models.pop("ppl", None)
         if writer is not None:
             writer.add(outer_tensors(models[saved]))
             writer.close()
-        return {"baseline": model, **models}, None if ppl is None else Measured(ppl, timer)
+        # ppl and the timer are both measured exactly when the run evaluates
+        return {"baseline": model, **models}, None if ppl is None or timer is None else Measured(ppl, timer)
 
-    def write(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, cfg, *, plan: dict, files: dict,
-              streamed_to: Path | None, finish: Callable | None = None) -> Path:
+    def write(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        cfg,
+        *,
+        plan: dict,
+        files: dict,
+        streamed_to: Path | None,
+        finish: Callable | None = None,
+    ) -> Path:
         """Beside the weights already streamed to `streamed_to`, the atomic directory that becomes cfg.out."""
         from gac.checkpoint.gac_dir import write_beside_weights
 
@@ -95,3 +122,10 @@ class Layerwise(Pipeline):
 
 
 PIPELINE = Layerwise()
+
+
+def _source(opened: Opened) -> LazyCheckpoint | Resident:
+    """Where a layer-wise run reads each layer's weights from (its open always gives one)."""
+    if opened.source is None:
+        raise ValueError("a layer-wise run's model was opened without its weights' source")
+    return opened.source
