@@ -68,6 +68,21 @@ def test_a_family_the_plugin_does_not_serve_is_refused(tmp_path):
         vllm_engine.check_servable(tmp_path / "q")
 
 
+def test_int4_weights_run_in_bfloat16_and_float32_is_refused_before_vllm_starts(tmp_path):
+    """W4A16's GEMM runs in 16-bit activations only: serve-check's auto dtype picks bfloat16 for it (float32 for the
+    rest), and float32 asked for is refused in one line before an engine starts."""
+    import json
+
+    q = tmp_path / "q"
+    q.mkdir()
+    groups = {"group_0": {"weights": {"num_bits": 4, "strategy": "group", "group_size": 32}, "targets": ["Linear"]}}
+    (q / "config.json").write_text(json.dumps({"quantization_config": {"config_groups": groups}}))
+    assert vllm_engine.engine_dtype(q) == "bfloat16" and vllm_engine.engine_dtype(tmp_path) == "float32"
+    assert vllm_engine.engine_dtype(q, "float32") == "float32"
+    with pytest.raises(GacError, match=r"int4 \(W4A16\) weights, whose GEMM .* not float32: serve it with --dtype bf"):
+        vllm_engine.check_quantized_kernels(q, "torch.float32")
+
+
 @pytest.mark.parametrize("script", ["vllm_bench.py", "vllm_models.py"])
 def test_serving_benchmarks_parse_their_options(script):
     import subprocess
@@ -88,8 +103,8 @@ def test_a_failing_tensor_parallel_rank_stops_the_others_and_comes_back_in_one_l
 
     job = tmp_path / "job.json"
     missing = str(tmp_path / "missing")
-    job.write_text(json.dumps({"prompts": {missing: [[1, 2, 3]]}, "max_tokens": 2, "dtype": "float32", "tp": 2,
-                               "ports": [0]}))
+    job.write_text(json.dumps({"prompts": {missing: [[1, 2, 3]]}, "max_tokens": 2, "dtypes": {missing: "float32"},
+                               "tp": 2, "ports": [0]}))
     with pytest.raises(GacError) as e:
         _launch(job, [tmp_path / "rank0.json", tmp_path / "rank1.json"])
     assert str(e.value).startswith(f"vLLM failed on {missing} at tensor parallel size 2: GacError: {missing} is "

@@ -12,9 +12,8 @@ PROGRESS_INTERVAL_S = 30  # with stderr not a terminal: at most one progress lin
 def quiet_progress_when_redirected(quiet: bool = False) -> None:
     """Progress bars on a terminal redraw in place; in a log file (CI, `> run.log 2>&1`) each redraw is a new
     line. Off a terminal, gac's own bars (tqdm) update at most every PROGRESS_INTERVAL_S (TQDM_MININTERVAL; a
-    value the user set wins) and the bars of transformers and huggingface_hub are off. Under --quiet the bars
-    other libraries draw with plain tqdm (transformers' GGUF de-quantization) are off too: gac's own say whether
-    they show."""
+    value the user set wins) and the bars of transformers and huggingface_hub are off. Under --quiet every bar is
+    off, also those other libraries draw with plain tqdm or ask for with disable=False (llm-compressor's)."""
     import tqdm.std
 
     tqdm.std.tqdm._gac_quiet = quiet  # read by each new bar, so the last set-up in a process decides

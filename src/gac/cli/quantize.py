@@ -88,7 +88,8 @@ def describe(report: dict) -> list[str]:
     "--dtype",
     type=click.Choice(["bfloat16", "float32", "float16"]),
     help="What the model computes in while its scales are found, and its unquantized tensors' dtype "
-    "(bfloat16: smaller files; slow GPTQ on a CPU without native bf16) [default: float32].",
+    "(bfloat16: smaller files; slow GPTQ on a CPU without native bf16) [default: float32; w4a16 saves "
+    "bfloat16, its activations' dtype].",
 )
 @click.option("--calib-file", type=click.Path(dir_okay=False), help="GPTQ's calibration text [default: Python docs].")
 @click.option("--calib-windows", type=Int(1, 100000, example=16), help="GPTQ's calibration windows [default: 16].")

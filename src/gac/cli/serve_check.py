@@ -11,7 +11,13 @@ from gac.cli.options import Int
 @click.argument("model_dirs", nargs=-1, required=True)
 @click.option("--engine", type=click.Choice(["vllm"]), default="vllm", show_default=True, help="Serving engine.")
 @click.option("--tp", type=Int(1, 1024, example=2), default=1, show_default=True, help="Tensor parallel size.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16"]),
+    default="auto",
+    show_default=True,
+    help="What vLLM computes in (auto: float32, bfloat16 for int4 weights, whose kernels run in 16-bit only).",
+)
 @click.option(
     "--max-tokens",
     type=Int(1, 4096, example=32),
@@ -48,7 +54,8 @@ def command(model_dirs, engine, tp, dtype, max_tokens, out) -> None:
         click.echo(
             f"{d}: {r['token_agreement']:.1%} of {r['positions']} greedy tokens agree (teacher-forced "
             f"{r['teacher_forced_agreement']:.1%}, greedy prefix {r['greedy_prefix']:.1%}); prompt log-probs "
-            f"max |diff| {r['prompt_logprob_max_abs_diff']:.1e}; vLLM loaded it in {r['vllm_load_s']:.0f} s"
+            f"max |diff| {r['prompt_logprob_max_abs_diff']:.1e}; vLLM loaded it in {r['vllm_load_s']:.0f} s, "
+            f"computes in {r['dtype']}"
         )
         counts = kernel_counts(r["kernels"])
         click.echo("  linears: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])))

@@ -58,6 +58,7 @@ def quantize_dir(model, out, cfg: QuantizeConfig, *, force: bool = False, progre
     check_covers(qplan, loaded.model)
     start = time.perf_counter()
     compressor = quantize_model(loaded.model, loaded.tokenizer, qplan, progress=progress)
+    _cast(loaded.model, cfg.saved_dtype)
     report = quantize_report(model, qplan, time.perf_counter() - start)
     written = _save(loaded, model, out, report, compressor, force)
     return QuantizeResult(report, written)
@@ -115,6 +116,15 @@ def quantize_model(model, tokenizer, qplan: QuantPlan, *, progress: bool = True)
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
     return compressor
+
+
+def _cast(model, dtype: str) -> None:
+    """The unquantized tensors (and the scales) in the checkpoint's dtype, which config.json records: vLLM's and
+    transformers' "auto" dtype read it."""
+    import torch
+
+    model.to(getattr(torch, dtype))  # floating tensors only: the packed int weights keep their integer type
+    model.config.dtype = dtype
 
 
 def _calibration(tokenizer, cfg: QuantizeConfig):

@@ -56,6 +56,12 @@ class QuantizeConfig:
             raise GacError(f"tensor parallel size {self.tp} is not valid: use 1 or more")
 
     @property
+    def saved_dtype(self) -> str:
+        """The checkpoint's dtype for what stays unquantized: w4a16's activations are 16-bit (vLLM's int4 GEMMs, on
+        CPU and GPU, run in bfloat16 or float16 only), so a w4a16 run computed in float32 is saved in bfloat16."""
+        return "bfloat16" if self.scheme == "w4a16" and self.dtype == "float32" else self.dtype
+
+    @property
     def label(self) -> str:
         """e.g. w4a16-g32-gptq: what the report and the results name the run."""
         group = "" if self.scheme != "w4a16" else "-ch" if self.group == CHANNEL else f"-g{self.group}"

@@ -79,24 +79,26 @@ def compare(hf: dict, vl: dict, forced: list[list[int]]) -> dict:
     }
 
 
-def agreement(model_dirs, *, dtype: str = "float32", tp: int = 1, max_tokens: int = MAX_TOKENS) -> dict:
+def agreement(model_dirs, *, dtype: str = "auto", tp: int = 1, max_tokens: int = MAX_TOKENS) -> dict:
     """{model dir: compare(...)}: vLLM first for every model (each engine shut down before the next: see
-    gac.serve.vllm_runs), then transformers."""
+    gac.serve.vllm_runs) in `dtype` (auto: gac.serve.vllm_engine.engine_dtype), then transformers."""
     from transformers import AutoTokenizer
 
-    from gac.serve.vllm_engine import check_installed, check_servable
+    from gac.serve.vllm_engine import check_installed, check_servable, engine_dtype
     from gac.serve.vllm_runs import vllm_runs
 
     check_installed()
+    dtypes = {str(d): engine_dtype(d, dtype) for d in model_dirs}
     for d in model_dirs:
-        check_servable(d, tp)
+        check_servable(d, tp, dtypes[str(d)])
     prompts = {str(d): prompt_ids(AutoTokenizer.from_pretrained(d)) for d in model_dirs}
-    served = vllm_runs(prompts, max_tokens, dtype=dtype, tp=tp)
+    served = vllm_runs(prompts, max_tokens, dtypes=dtypes, tp=tp)
     results = {}
     for d, vl in served.items():
         hf = hf_run(d, prompts[d], max_tokens)
         results[d] = compare(hf, vl, teacher_forced(hf["model"], prompts[d], vl["tokens"]))
         results[d]["kernels_planned"] = planned_kernels(d)
+        results[d]["dtype"] = dtypes[d]
     return results
 
 

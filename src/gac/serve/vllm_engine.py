@@ -29,8 +29,9 @@ def check_installed() -> None:
         )
 
 
-def check_servable(model_dir, tp: int = 1) -> None:
-    """The directory is one vLLM can build with gac's plugin at tensor parallel size `tp` (else one GacError)."""
+def check_servable(model_dir, tp: int = 1, dtype: str | None = None) -> None:
+    """The directory is one vLLM can build with gac's plugin at tensor parallel size `tp`, in `dtype` where given
+    (else one GacError)."""
     from transformers import AutoConfig
 
     from gac.checkpoint.gac_dir import is_gac_dir
@@ -43,7 +44,7 @@ def check_servable(model_dir, tp: int = 1) -> None:
             f"{model_dir} is not a model directory (no config.json): pass a gac output or a Hugging "
             "Face directory (`gac export MODEL --format hf --out DIR` writes one)"
         )
-    check_quantized_kernels(path)
+    check_quantized_kernels(path, dtype)
     config = AutoConfig.from_pretrained(path)
     if is_gac_dir(path):
         adapter_for(config).vllm_names()
@@ -84,16 +85,31 @@ def int4_weights(quantization: dict | None) -> bool:
     )
 
 
-def check_quantized_kernels(model_dir) -> None:
+def engine_dtype(model_dir, dtype: str = "auto") -> str:
+    """The dtype gac starts vLLM in for `model_dir`: `dtype`, or for "auto" float32 (what gac's checks compare
+    against transformers in), but bfloat16 for int4 weights, whose GEMMs run in 16-bit activations only."""
+    from gac.io.validate import quantization_of
+
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if int4_weights(quantization_of(model_dir)) else "float32"
+
+
+def check_quantized_kernels(model_dir, dtype: str | None = None) -> None:
     """vLLM's CPU build picks its int4 kernel (CPUWNA16LinearKernel) for a W4A16 checkpoint on any x86 CPU, but
-    its GEMM (cpu_gemm_wna16) is built only into the AVX-512 libraries, so without AVX-512 the engine loads and then
-    fails at its first forward: say so before it starts."""
+    its GEMM (cpu_gemm_wna16) is built only into the AVX-512 libraries, and for bfloat16 and float16 only, so
+    without AVX-512 or in float32 the engine loads and then fails at its first forward: say so before it starts."""
     import torch
 
     from gac.io.validate import quantization_of
 
     if torch.cuda.is_available() or not int4_weights(quantization_of(model_dir)):
         return
+    if dtype is not None and dtype.removeprefix("torch.") == "float32":
+        raise GacError(
+            f"{model_dir} holds int4 (W4A16) weights, whose GEMM vLLM's CPU build runs in bfloat16 or float16 "
+            "only, not float32: serve it with --dtype bfloat16 (gac serve-check's default, auto, does)"
+        )
     from vllm.platforms import current_platform
 
     current_platform.import_kernels()
@@ -136,7 +152,7 @@ def make_llm(
     process is one rank of `tp` started by the caller, as gac.serve.vllm_runs does); `engine_args` go to vLLM as
     they are (e.g. enable_prefix_caching=False)."""
     check_installed()
-    check_servable(model_dir, tp)
+    check_servable(model_dir, tp, dtype)
     import torch
 
     if not torch.cuda.is_available():

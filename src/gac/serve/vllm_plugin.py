@@ -49,7 +49,7 @@ class ConfigCheck:
                 f'["{gac_arch}"]}}\', or re-save it with `gac export DIR --format hf --out NEW`'
             )
         check_tensor_parallel(layer_layouts(config), vllm_config.parallel_config.tensor_parallel_size)
-        check_quantized_kernels(vllm_config.model_config.model)
+        check_quantized_kernels(vllm_config.model_config.model, str(vllm_config.model_config.dtype))
 
     @staticmethod
     def verify_and_update_model_config(model_config) -> None:

@@ -67,10 +67,11 @@ def linear_kernels(model) -> dict[str, str]:
     return out
 
 
-def vllm_runs(prompts: dict[str, list[list[int]]], max_tokens: int, *, dtype: str, tp: int) -> dict:
-    """{model dir: vllm_run(...)} for each model dir in `prompts` ({dir: its prompts}), in order."""
+def vllm_runs(prompts: dict[str, list[list[int]]], max_tokens: int, *, dtypes: dict[str, str], tp: int) -> dict:
+    """{model dir: vllm_run(...)} for each model dir in `prompts` ({dir: its prompts}), in order, each in its dtype
+    (`dtypes`: {dir: dtype})."""
     if tp == 1:
-        return {d: vllm_run(d, p, max_tokens, dtype=dtype) for d, p in prompts.items()}
+        return {d: vllm_run(d, p, max_tokens, dtype=dtypes[d]) for d, p in prompts.items()}
     with tempfile.TemporaryDirectory(prefix="gac-tp-") as tmp:
         job = Path(tmp) / "job.json"
         # each engine sets up its process group afresh: a port of its own, so none waits for the last one's to close
@@ -79,7 +80,7 @@ def vllm_runs(prompts: dict[str, list[list[int]]], max_tokens: int, *, dtype: st
                 {
                     "prompts": prompts,
                     "max_tokens": max_tokens,
-                    "dtype": dtype,
+                    "dtypes": dtypes,
                     "tp": tp,
                     "ports": [_free_port() for _ in prompts],
                 }
@@ -152,7 +153,12 @@ def _rank_main(job_file: str, out_file: str) -> int:
         for (model, prompts), port in zip(job["prompts"].items(), job["ports"]):
             os.environ["MASTER_PORT"] = str(port)
             results[model] = vllm_run(
-                model, prompts, job["max_tokens"], dtype=job["dtype"], tp=job["tp"], executor="external_launcher"
+                model,
+                prompts,
+                job["max_tokens"],
+                dtype=job["dtypes"][model],
+                tp=job["tp"],
+                executor="external_launcher",
             )
     except Exception as e:  # noqa: BLE001 - any failure goes back to the launcher in one line
         first = str(e).strip().splitlines()
