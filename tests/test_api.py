@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -103,6 +104,49 @@ def test_config_errors_name_the_fields_and_the_cli_its_flags():
         CompressConfig(compressor="auto", layerwise=True)
     assert "compressor=auto analyzes" in str(e.value) and "drop layerwise/max_memory" in str(e.value)
     assert "--compressor auto analyzes" in in_flags(e.value) and "drop --layerwise/--max-memory" in in_flags(e.value)
+
+
+def _library_refusals():
+    """(a library config's refusal, the flag the CLI names in it) for configs below CompressConfig."""
+    from gac.calibration.texts import TextConfig
+    from gac.compressors.prune import PruneConfig
+    from gac.evaluate.latency import LatencyConfig
+    from gac.export.export import ExportConfig
+    from gac.heal.distill import DistillConfig
+    from gac.heal.run import HealConfig
+
+    return {"seq_len": (lambda: TextConfig(seq_len=0), "--seq-len"),
+            "calib_windows": (lambda: TextConfig(calib_windows=0), "--calib-windows"),
+            "prefill_tokens": (lambda: LatencyConfig(prefill_tokens=0), "--prefill-tokens"),
+            "drop_experts": (lambda: PruneConfig(drop_experts=1.0), "--drop-experts"),
+            "distill.lr": (lambda: DistillConfig(lr=2.0), "--heal-lr"),
+            "samples": (lambda: HealConfig(samples=2), "--heal-samples"),
+            "pad_mlp=True": (lambda: ExportConfig("m", "o", format="hf", pad_mlp=True), "--pad-mlp")}
+
+
+@pytest.mark.parametrize("field", ["seq_len", "calib_windows", "prefill_tokens", "drop_experts", "distill.lr",
+                                   "samples", "pad_mlp=True"])
+def test_library_configs_name_their_fields_and_the_cli_its_flags(field):
+    """Below CompressConfig too (texts, latency, compressors, healing, export), a refusal names the field in Python
+    and the flag on the command line: one check, neither vocabulary in the other."""
+    from gac.cli.options import in_flags
+    from gac.errors import ConfigError
+
+    build, flag = _library_refusals()[field]
+    with pytest.raises(ConfigError) as e:
+        build()
+    assert field in str(e.value) and "--" not in str(e.value)
+    cli = in_flags(e.value)
+    assert flag in cli and not re.search(rf"(?<![-\w]){re.escape(field)}", cli) and "\n" not in cli
+
+
+def test_every_config_flag_is_an_option_of_the_cli():
+    """CONFIG_FLAGS names flags that exist: each is an option of some `gac` command."""
+    from gac.cli import main
+    from gac.cli.options import CONFIG_FLAGS
+
+    options = {o for cmd in main.commands.values() for p in cmd.params for o in p.opts}
+    assert set(CONFIG_FLAGS.values()) - options == set()
 
 
 def test_existing_output_refused_before_work(tiny_model_dir, tmp_path):

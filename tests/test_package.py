@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-VERBS = ["compress", "select", "load", "save", "profile", "bench", "repair_dir", "heal_dir", "inspect_model"]
+VERBS = ["compress", "select", "load", "save", "profile", "bench", "repair_dir", "heal_dir", "inspect_model",
+         "register"]
 
 
 def test_import_gac_does_not_import_torch():

@@ -1,10 +1,11 @@
 """gac: GPU-Aligned Compression. Compress, then pick hardware-aligned dims under the same parameter budget.
 
 Public verbs (imported lazily so `import gac` stays light): compress, select, load, save, profile, bench,
-repair_dir (named apart from the `gac.repair` package), heal_dir and inspect_model.
+repair_dir (named apart from the `gac.repair` package), heal_dir, inspect_model and register.
 
 Importing gac also registers gac's model types with transformers' Auto classes (when transformers loads them), so
-that AutoModelForCausalLM.from_pretrained(DIR) builds a gac output without trust_remote_code.
+that AutoModelForCausalLM.from_pretrained(DIR) builds a gac output without trust_remote_code; gac.register() does
+the same at once, explicitly.
 """
 
 __version__ = "0.1.0"
@@ -19,6 +20,7 @@ _EXPORTS = {
     "repair_dir": "gac.repair",
     "heal_dir": "gac.heal",
     "inspect_model": "gac.models.dims",
+    "register": "gac.checkpoint.auto_classes",
 }
 
 

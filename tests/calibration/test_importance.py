@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from gac.calibration.stats import calibrate
+from gac.cli.options import in_flags
 from gac.compressors import make_compressor
 from gac.errors import GacError
 from gac.calibration.importance import (
@@ -120,8 +121,9 @@ def test_out_of_memory_at_one_window_is_a_clear_error(setup, monkeypatch):
         raise torch.OutOfMemoryError("simulated")
 
     monkeypatch.setattr(model, "forward", oom)
-    with pytest.raises(GacError, match="shorter --seq-len"):
+    with pytest.raises(GacError, match="shorter seq_len") as e:
         gradient_stats(model, windows, names[:1], batch_size=1, progress=False)
+    assert "shorter --seq-len, a smaller --dtype, or --importance magnitude" in in_flags(e.value)  # the CLI's words
 
 
 def test_gradient_pass_leaves_the_model_as_it_was(setup):

@@ -10,6 +10,7 @@ import torch
 from gac.checkpoint.gac_dir import load, plan_record, save
 from gac.checkpoint.loading import load_model
 from gac.checkpoint.placement import Placement, is_dispatched, parse_max_memory, placement_summary
+from gac.cli.options import in_flags
 from gac.errors import GacError
 from gac.evaluate.perplexity import perplexity
 from tests.conftest import tiny_model, tiny_tokenizer
@@ -92,12 +93,13 @@ def test_bad_max_memory_is_one_line(spec, match):
 
 
 def test_unknown_device_map_is_refused():
-    with pytest.raises(GacError, match="device-map"):
+    with pytest.raises(GacError, match="unknown device_map 'everywhere'") as e:
         Placement("everywhere")
+    assert in_flags(e.value).startswith("unknown --device-map 'everywhere'")  # the CLI names its flag
 
 
-@pytest.mark.parametrize("kwargs, match", [({"max_memory": "cpu=1GiB"}, "needs --device-map"),
-                                           ({"offload_folder": "off"}, "needs --device-map"),
+@pytest.mark.parametrize("kwargs, match", [({"max_memory": "cpu=1GiB"}, "needs device_map"),
+                                           ({"offload_folder": "off"}, "needs device_map"),
                                            ({"device_map": "auto", "max_memory": "99=1GiB"}, "names GPU 99")])
 def test_placement_options_that_cannot_apply_are_refused(kwargs, match):
     with pytest.raises(GacError, match=match):

@@ -80,7 +80,7 @@ def test_bad_config_is_a_user_error(kwargs):
 def test_mixed_dtypes_are_refused():
     import torch
 
-    with cpu_threads(1), pytest.raises(GacError, match="same --device and --dtype"):
+    with cpu_threads(1), pytest.raises(GacError, match="on one device in one dtype"):
         bench({"a": tiny_model(), "b": tiny_model().to(torch.bfloat16)}, TINY_BENCH)
 
 

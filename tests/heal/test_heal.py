@@ -261,7 +261,7 @@ def test_changed_trains_the_compressions_tensors_and_the_norms_only(compressed, 
     assert result.trainable_params == sum(names[n].numel() for n in names if id(names[n]) in trained)
     assert all(torch.equal(kept[n], names[n]) for n in same if names[n].dim() > 1)
     assert result.best_step > 0 and held_out_loss(student, teacher, t.val, 2) < 0.97 * before
-    with pytest.raises(GacError, match="--heal-train"):
+    with pytest.raises(GacError, match="distill.train"):
         DistillConfig(train="factors")
 
 
@@ -291,7 +291,7 @@ def test_ce_weight_adds_the_texts_cross_entropy(compressed, original, docs_file)
     result = distill(student, teacher, t.train, t.val, cfg, progress=False)
     assert result.held_out_loss[0][1] == pytest.approx(before)
     assert result.best_step > 0 and held_out_loss(student, teacher, t.val, 2, ce_weight=0.5) < 0.97 * before
-    with pytest.raises(GacError, match="--ce-weight"):
+    with pytest.raises(GacError, match="distill.ce_weight"):
         DistillConfig(ce_weight=-1.0)
 
 
@@ -417,7 +417,7 @@ def test_auto_precision_is_bf16_only_where_native():
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     assert DistillConfig().compute_dtype("cpu") == (torch.bfloat16 if native else torch.float32)
     assert DistillConfig(precision="fp32").compute_dtype("cpu") == torch.float32
-    with pytest.raises(GacError, match="--heal-precision"):
+    with pytest.raises(GacError, match="distill.precision"):
         DistillConfig(precision="fp16")
 
 

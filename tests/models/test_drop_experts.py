@@ -177,7 +177,7 @@ def test_drop_experts_refusals_are_one_line(tiny_model_dir, tmp_path):
     assert_one_error_line(p, "--drop-experts")
     cases = [(moe_dir, {"layers": "all", "drop_experts": 0.75}, "fewer than the 2 each token is routed to"),  # 1 left
              (tiny_model_dir, DROP, "has none"),
-             (moe_dir, {"drop_experts": 0.25}, "--prune-layers all")]  # the default layers leave MoE layers whole
+             (moe_dir, {"drop_experts": 0.25}, "layers=all")]  # the default layers leave MoE layers whole
     for model, options, expected in cases:
         with pytest.raises(GacError, match=expected) as e:
             compress(fast_config(model, compressor="prune", ratio=0.3, out=str(tmp_path / "a"), evaluate=False,

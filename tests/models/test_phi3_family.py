@@ -96,7 +96,7 @@ def test_fused_gate_up_pads_each_half_to_the_same_function():
     assert groups_of(model, "mlp")[1].dim == 80
 
 
-@pytest.mark.parametrize("compressor,options,expected", [("prune", {"layers": "all"}, "--head-mode none"),
+@pytest.mark.parametrize("compressor,options,expected", [("prune", {"layers": "all"}, "head_mode=none"),
                                                          ("palu", {}, "asvd")])
 def test_what_a_fused_qkv_cannot_do_is_one_line(phi3_dir, tmp_path, compressor, options, expected):
     with pytest.raises(GacError) as e:

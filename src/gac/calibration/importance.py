@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gac.calibration.stats import weight_of
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError, literal
 
 PROXIES = ("magnitude", "activation", "taylor", "fisher")
 GRADIENT_PROXIES = ("taylor", "fisher")
@@ -180,9 +180,9 @@ def gradient_stats(
                 for p in model.parameters():
                     p.grad = None
                 if batch_size == 1:
-                    raise GacError(
+                    raise ConfigError(
                         "out of memory in the gradient pass with one window per batch: use a "
-                        "shorter --seq-len, a smaller dtype, or --importance magnitude"
+                        "shorter {seq_len}, a smaller {dtype}, or {importance:magnitude}"
                     ) from None
                 batch_size //= 2
                 if device.type == "cuda":
@@ -208,9 +208,9 @@ def channel_scores(
             out[name] = routed_share(ChannelScores(e.sum(-1), e.sum(-2)), stats, name)
         elif proxy == "activation":
             if w.dim() > 2:
-                raise GacError(
-                    f"importance 'activation' has no per-expert input statistics for {name}: use "
-                    "--importance taylor (the default) or magnitude for mixture-of-experts models"
+                raise ConfigError(
+                    f"importance 'activation' has no per-expert input statistics for {literal(name)}: use "
+                    "{importance:taylor} (the default) or magnitude for mixture-of-experts models"
                 )
             if stats is None or name not in stats:
                 raise GacError(f"importance 'activation' needs calibration statistics for {name}")

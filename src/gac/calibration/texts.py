@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gac.errors import GacError
+from gac.errors import ConfigError, literal
 
 EVAL_EVERY = 5  # every 5th pydoc topic (sorted by name) is held out for evaluation
 # calibration windows besides those that calibrate, on which --compressor auto and the --speedup guard compare models
@@ -49,9 +49,9 @@ def unlike_texts() -> dict[str, tuple[str, str]]:
         if path.is_file():
             out[key] = (name, path.read_text(encoding="utf-8", errors="replace"))
         elif required:
-            raise GacError(
+            raise ConfigError(
                 f"this Python distribution carries no {path}: pass a text unlike the calibration text "
-                "with --unlike-file"
+                "with {unlike_file}"
             )
     return out
 
@@ -95,11 +95,11 @@ class TextConfig:
     eval_windows: int = 24
 
     def __post_init__(self):
-        from gac.io.validate import integer
+        from gac.io.validate import field_integer
 
-        integer(self.seq_len, "--seq-len", example=512)
-        integer(self.calib_windows, "--calib-windows", example=16)
-        integer(self.eval_windows, "--eval-windows", example=24)
+        field_integer(self.seq_len, "seq_len", example=512)
+        field_integer(self.calib_windows, "calib_windows", example=16)
+        field_integer(self.eval_windows, "eval_windows", example=24)
 
 
 def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what: str):
@@ -109,9 +109,9 @@ def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what:
     ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     n = min(len(ids) // seq_len, max_windows)
     if n == 0:
-        raise GacError(
-            f"{what} text has {len(ids)} tokens, fewer than one window of {seq_len}: "
-            "pass a longer file or a smaller --seq-len"
+        raise ConfigError(
+            f"{literal(what)} text has {len(ids)} tokens, fewer than one window of {seq_len}: "
+            "pass a longer file or a smaller {seq_len}"
         )
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # [n, seq_len]
 
@@ -143,10 +143,10 @@ def held_back_windows(tokenizer, cfg: TextConfig, n: int = HELD_BACK_WINDOWS):
     text."""
     rest = calibration_windows(tokenizer, cfg)[1]
     if len(rest) == 0:
-        raise GacError(
+        raise ConfigError(
             f"the calibration text has no window of {cfg.seq_len} tokens beside the {cfg.calib_windows} "
-            "that calibrate, to compare models on (--compressor auto, and the --speedup guard): pass a "
-            "longer --calib-file or fewer --calib-windows (or --no-guard with --speedup)"
+            "that calibrate, to compare models on ({compressor:auto}, and the {speedup} guard): pass a "
+            "longer {calib_file} or fewer {calib_windows} (or {guard:False} with {speedup})"
         )
     return rest[spread(rest.shape[0], n)]
 

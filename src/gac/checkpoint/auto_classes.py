@@ -8,6 +8,9 @@ once transformers' AutoConfig module is imported (at once when it already is), a
 of a transformers module: earlier, a module that the family's config class needs may still be half-initialized
 (e.g. `from transformers import LlamaConfig` imports AutoConfig on its way). The model classes follow when a gac
 config is first built (modeling_gac.register_model_classes), when no import is under way.
+
+register() (`gac.register()`) is the explicit route: every family's config and model classes at once, for a
+program that would rather not rely on the hook's timing (or runs where it was removed).
 """
 
 from __future__ import annotations
@@ -23,7 +26,20 @@ AUTO_CONFIG = "transformers.models.auto.configuration_auto"
 
 
 def register() -> None:
-    """Register model type gac_<family> with AutoConfig for every family gac reads. Idempotent."""
+    """Register gac's model types with transformers now: gac_<family> with AutoConfig, and its classes with
+    AutoModelForCausalLM and AutoModel, for every family gac reads. Idempotent. Imports torch and each family's
+    transformers modeling module, which is why `import gac` leaves this to its hook."""
+    from gac.models.adapters import FAMILIES
+    from gac.models.modeling_gac import gac_config_class, register_model_classes
+
+    register_configs()
+    for family in FAMILIES:
+        register_model_classes(gac_config_class(family))
+
+
+def register_configs() -> None:
+    """Register model type gac_<family> with AutoConfig for every family gac reads (the model classes follow when
+    a gac config is first built). Idempotent."""
     from transformers.models.auto.configuration_auto import AutoConfig
 
     from gac.models.adapters import FAMILIES
@@ -34,7 +50,7 @@ def register() -> None:
 
 
 def register_when_transformers_loads() -> None:
-    """register() now if transformers' AutoConfig is imported, else once it is (an import hook)."""
+    """register_configs() now if transformers' AutoConfig is imported, else once it is (an import hook)."""
     if AUTO_CONFIG in sys.modules and _try_register():
         return
     if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
@@ -43,7 +59,7 @@ def register_when_transformers_loads() -> None:
 
 def _try_register() -> bool:
     try:
-        register()
+        register_configs()
     except Exception as e:  # noqa: BLE001 - never break the user's import of transformers
         log.warning(
             "gac could not register its model types with transformers (%s: %s): load gac outputs with gac.load",

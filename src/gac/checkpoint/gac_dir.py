@@ -164,10 +164,10 @@ def read_config(path: Path):
     and, for outputs of earlier gac versions, the family's own."""
     from transformers import AutoConfig
 
-    from gac.checkpoint.auto_classes import register
+    from gac.checkpoint.auto_classes import register_configs
     from gac.models.adapters import adapter_for
 
-    register()  # gac's model types, whatever the import order was
+    register_configs()  # gac's model types, whatever the import order was
     try:
         config = AutoConfig.from_pretrained(path)  # registered classes: never the directory's modeling_gac.py
     except ValueError:  # a model type neither transformers nor gac knows (AutoConfig asks for remote code)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gac.errors import GacError
+from gac.errors import ConfigError, literal
 
 SHARD_SIZE = "2GB"  # max_shard_size of saved outputs (transformers' format: shards + model.safetensors.index.json)
 DEVICE_MAPS = ("auto", "balanced", "sequential")
@@ -29,7 +29,10 @@ def parse_max_memory(spec: str | dict | None) -> dict | None:
         device = str(device).strip()
         key = int(device) if device.isdigit() else device
         if not (isinstance(key, int) or key in ("cpu", "disk", "mps")) and not device.startswith("cuda:"):
-            raise GacError(f"bad --max-memory device {device!r}: use cpu, disk or a GPU index, e.g. cpu=8GiB,0=20GiB")
+            raise ConfigError(
+                f"bad {{max_memory}} device {literal(repr(device))}: use cpu, disk or a GPU index, "
+                "e.g. cpu=8GiB,0=20GiB"
+            )
         if device.startswith("cuda:") and device[5:].isdigit():
             key = int(device[5:])
         size = str(size).strip()
@@ -38,11 +41,12 @@ def parse_max_memory(spec: str | dict | None) -> dict | None:
         except (ValueError, TypeError, AttributeError):
             out[key] = -1
         if out[key] <= 0:
-            raise GacError(
-                f"bad --max-memory size {size!r} for {device}: use a size such as 8GiB or 500MB, e.g. cpu=8GiB,0=20GiB"
+            raise ConfigError(
+                f"bad {{max_memory}} size {literal(repr(size))} for {literal(device)}: use a size such as 8GiB or "
+                "500MB, e.g. cpu=8GiB,0=20GiB"
             )
     if not out:
-        raise GacError(f"bad --max-memory {spec!r}: use device=size pairs, e.g. cpu=8GiB,0=20GiB")
+        raise ConfigError(f"bad {{max_memory}} {literal(repr(spec))}: use device=size pairs, e.g. cpu=8GiB,0=20GiB")
     return out
 
 
@@ -58,21 +62,23 @@ class Placement:
 
     def __post_init__(self):
         if self.device_map is not None and self.device_map not in DEVICE_MAPS:
-            raise GacError(f"unknown --device-map {self.device_map!r}: use one of {', '.join(DEVICE_MAPS)}")
+            raise ConfigError(
+                f"unknown {{device_map}} {literal(repr(self.device_map))}: use one of {', '.join(DEVICE_MAPS)}"
+            )
         object.__setattr__(self, "max_memory", parse_max_memory(self.max_memory))
         if self.device_map is None and (self.max_memory is not None or self.offload_folder is not None):
-            given = "--max-memory" if self.max_memory is not None else "--offload-folder"
-            raise GacError(
-                f"{given} places a model through accelerate and needs --device-map (device_map=): "
-                "pass --device-map auto as well, or leave it out"
+            given = "{max_memory}" if self.max_memory is not None else "{offload_folder}"
+            raise ConfigError(
+                f"{given} places a model through accelerate and needs {{device_map}}: pass {{device_map:auto}} as "
+                "well, or leave it out"
             )
         if self.max_memory is not None:
             import torch
 
             gpus = sorted(k for k in self.max_memory if isinstance(k, int) and k >= torch.cuda.device_count())
             if gpus:
-                raise GacError(
-                    f"--max-memory names GPU {gpus[0]} but this machine has {torch.cuda.device_count()} "
+                raise ConfigError(
+                    f"{{max_memory}} names GPU {gpus[0]} but this machine has {torch.cuda.device_count()} "
                     "CUDA device(s): give sizes for cpu, disk and the GPUs present, e.g. cpu=8GiB"
                 )
 

@@ -7,7 +7,7 @@ import click
 from gac.align.targets import TARGETS
 from gac.cli.heal import heal_config, heal_options
 from gac.cli.objective import latency_objective, speedup_options
-from gac.cli.options import Int, Real
+from gac.cli.options import CONFIG_FLAGS, Int, Real
 from gac.cli.quantize import SCHEMES, quantize_config, quantize_options
 from gac.compressors import AUTO, CHOICES  # names only: the compressors themselves (and torch) load when one is built
 
@@ -15,14 +15,8 @@ from gac.compressors import AUTO, CHOICES  # names only: the compressors themsel
 # them equal)
 IMPORTANCE = ("output", "magnitude", "activation", "taylor", "fisher")
 FACTORIZATIONS = ("svd", "gram", "gram32")  # gac.compressors.linalg.FACTORIZATIONS, likewise
-FLAGS = {
-    "alpha": "--alpha",
-    "importance": "--importance",
-    "layers": "--prune-layers",
-    "head_mode": "--head-mode",
-    "group_size": "--group-size",
-    "drop_experts": "--drop-experts",
-}
+# the compressor options' flags (each compressor's config fields)
+FLAGS = {k: CONFIG_FLAGS[k] for k in ("alpha", "importance", "layers", "head_mode", "group_size", "drop_experts")}
 
 
 def _given(**kwargs) -> dict:

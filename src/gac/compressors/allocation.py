@@ -6,7 +6,7 @@ import heapq
 
 import numpy as np
 
-from gac.errors import GacError
+from gac.errors import ConfigError
 from gac.models.kinds.rank import max_useful_rank
 
 DENSE = None  # a weight whose allocation reaches the break-even rank stays dense
@@ -56,7 +56,9 @@ def allocate_ranks(
     unit = [o + i for o, i in shapes]
     used = sum(unit)  # every weight starts at rank 1
     if used > budget:
-        raise GacError(f"budget of {budget} parameters cannot give every weight rank 1 ({used} needed): lower --ratio")
+        raise ConfigError(
+            f"budget of {budget} parameters cannot give every weight rank 1 ({used} needed): lower {{ratio}}"
+        )
     gains, costs = [], []
     for e, score, (o, i) in zip(energies, scores, shapes):
         numel, total = o * i, float(score) * o * i

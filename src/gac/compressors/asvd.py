@@ -9,7 +9,7 @@ import torch
 
 from gac.calibration.importance import LOWRANK_IMPORTANCE, check_proxy
 from gac.compressors.base import LowRankCompressor
-from gac.errors import GacError
+from gac.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class ASVDConfig:
 
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 2.0:
-            raise GacError(f"asvd alpha {self.alpha} is outside [0, 2]: use e.g. --alpha 1")
+            raise ConfigError(f"asvd {{alpha}} {self.alpha} is outside [0, 2]: use e.g. {{alpha:1}}")
         if self.importance is not None:
             check_proxy(self.importance, LOWRANK_IMPORTANCE)
 

@@ -31,7 +31,7 @@ from gac.compressors.loss_model import (
     truncation_factors,
 )
 from gac.compressors.quality import curve_quality, energy_quality
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError
 from gac.hw.threads import map_side_by_side
 from gac.models.groups import DimGroup, RankGroup, groups_of, linears_of
 
@@ -499,7 +499,9 @@ def allocate_by_loss_model(units: list[LowRankUnit], budget: int) -> dict[str, i
     options = [u.options() for u in units]
     floor = sum(u.params_per_dim for u in units)
     if floor > budget:
-        raise GacError(f"budget of {budget} parameters cannot give every weight rank 1 ({floor} needed): lower --ratio")
+        raise ConfigError(
+            f"budget of {budget} parameters cannot give every weight rank 1 ({floor} needed): lower {{ratio}}"
+        )
     picks = allocate_by_curves([o[0] for o in options], [o[1] for o in options], budget, start=[1] * len(units))
     return {u.name: (DENSE if j > u.max_dim else int(j)) for u, j in zip(units, picks)}
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gac.compressors.base import LowRankCompressor, LowRankUnit, add_loss_curves, normalize_scores
 from gac.compressors.linalg import scaled_svd, whiten
-from gac.errors import GacError
+from gac.errors import ConfigError
 from gac.hw.threads import map_side_by_side
 from gac.models.groups import HeadRankGroup, groups_of, linears_of
 
@@ -26,7 +26,7 @@ class PaluConfig:
         from gac.calibration.importance import LOWRANK_IMPORTANCE, check_proxy
 
         if self.group_size < 1:
-            raise GacError(f"palu group size {self.group_size} must be >= 1, e.g. --group-size 1")
+            raise ConfigError(f"palu {{group_size}} {self.group_size} must be >= 1, e.g. {{group_size:1}}")
         check_proxy(self.importance, LOWRANK_IMPORTANCE)
 
 

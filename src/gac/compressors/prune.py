@@ -18,7 +18,7 @@ from gac.calibration.importance import check_proxy, measure
 from gac.compressors.allocation import greedy_steps
 from gac.compressors.base import Compressor, Unit, normalize_scores
 from gac.compressors.quality import pruned_quality
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError, literal
 from gac.models.adapters import adapter_for
 from gac.models.groups import (
     DimGroup,
@@ -71,9 +71,9 @@ class PruneConfig:
         object.__setattr__(self, "layers", parse_layers(self.layers))
         f = self.drop_experts
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
-            raise GacError(
-                f"--drop-experts {f!r} is outside [0, 1): pass the share of each MoE layer's experts to "
-                "drop, e.g. --drop-experts 0.25"
+            raise ConfigError(
+                f"{{drop_experts}} {literal(repr(f))} is outside [0, 1): pass the share of each MoE layer's experts "
+                "to drop, e.g. {drop_experts:0.25}"
             )
 
 
@@ -255,9 +255,9 @@ def allocate_steps(
     """
     used = sum(f + m * c for f, m, c in zip(fixed, min_steps, step_costs))
     if used > budget:
-        raise GacError(
+        raise ConfigError(
             f"a budget of {budget} parameters cannot keep one head group per attention and one channel per MLP "
-            f"({used} needed): this ratio would remove every head of a layer; lower --ratio or prune fewer layers"
+            f"({used} needed): this ratio would remove every head of a layer; lower {{ratio}} or prune fewer layers"
         )
     further = [np.asarray(g[m:], dtype=np.float64) for g, m in zip(gains, min_steps)]
     taken = greedy_steps(further, [np.full(len(g), c) for g, c in zip(further, step_costs)], used, budget)
@@ -280,9 +280,9 @@ class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
         layers = self.config.layers
         if layers is None:
             if n < 3:
-                raise GacError(
+                raise ConfigError(
                     f"the model has {n} layers and the first and last are kept by default: "
-                    "choose the layers to prune, e.g. --prune-layers all"
+                    "choose the layers to prune, e.g. {layers:all}"
                 )
             return list(range(1, n - 1))
         if layers == "all":
@@ -314,26 +314,26 @@ class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
         adapter, f = adapter_for(config), self.config.drop_experts
         moe = [i for i in range(adapter.layer_count(config)) if adapter.is_moe_layer(config, i)]
         if not moe:
-            raise GacError(
-                f"--drop-experts drops experts of mixture-of-experts layers, and this "
-                f"{adapter.model_type} model has none: drop --drop-experts, or pass a mixture-of-experts "
+            raise ConfigError(
+                f"{{drop_experts}} drops experts of mixture-of-experts layers, and this "
+                f"{literal(adapter.model_type)} model has none: drop {{drop_experts}}, or pass a mixture-of-experts "
                 "model"
             )
         pruned = set(self._layers(config))
         missing = [i for i in moe if i not in pruned]
         if missing:
-            raise GacError(
-                f"--drop-experts drops experts in every MoE layer (a model holds one expert count), but "
+            raise ConfigError(
+                f"{{drop_experts}} drops experts in every MoE layer (a model holds one expert count), but "
                 f"the pruned layers leave out MoE layer{'s' if len(missing) > 1 else ''} "
-                f"{', '.join(map(str, missing))}: pass --prune-layers all, or name every MoE layer"
+                f"{', '.join(map(str, missing))}: pass {{layers:all}}, or name every MoE layer"
             )
         num_experts, _, top_k = adapter.expert_geometry(config)
         k = experts_dropped(f, num_experts)
         if num_experts - k < top_k:
             most = num_experts - top_k
-            fix = f"pass --drop-experts {most / num_experts:g} or lower" if most else "drop --drop-experts"
-            raise GacError(
-                f"--drop-experts {f:g} drops {k} of the {num_experts} experts of each MoE layer, leaving "
+            fix = f"pass {{drop_experts:{most / num_experts:g}}} or lower" if most else "drop {drop_experts}"
+            raise ConfigError(
+                f"{{drop_experts:{f:g}}} drops {k} of the {num_experts} experts of each MoE layer, leaving "
                 f"fewer than the {top_k} each token is routed to (num_experts_per_tok): {fix}"
             )
         if k == 0:

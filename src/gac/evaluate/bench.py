@@ -36,7 +36,7 @@ class BenchConfig:
         if not points or any(len(p) != 2 or min(p) < 1 for p in points):
             raise GacError(
                 f"bad bench points {self.points!r}: give (batch, seq) pairs of positive integers, "
-                f"e.g. --points 1x128,1x512"
+                "e.g. points=((1, 128), (1, 512))"
             )
         object.__setattr__(self, "points", points)
         batches = tuple(self.decode_batches)
@@ -47,8 +47,7 @@ class BenchConfig:
             raise GacError(f"decode context {self.decode_context} must be at least 1 token")
         if self.warmup < 0 or self.rounds < 1 or self.decode_rounds < 1:
             raise GacError(
-                f"warmup {self.warmup} must be >= 0 and rounds {self.rounds}, {self.decode_rounds} "
-                f">= 1, e.g. --rounds 10"
+                f"warmup {self.warmup} must be >= 0 and rounds {self.rounds}, {self.decode_rounds} >= 1, e.g. rounds=10"
             )
 
 
@@ -81,7 +80,7 @@ def _placement(models: dict) -> tuple[torch.device, torch.dtype]:
     if len(seen) != 1:
         raise GacError(
             f"models are on different devices or dtypes ({sorted(map(str, seen))}): "
-            f"load them all with the same --device and --dtype"
+            "load them all on one device in one dtype"
         )
     return next(iter(seen))
 

@@ -31,12 +31,11 @@ class LatencyConfig:
     cuda_graphs: bool = True  # on CUDA, time graph replays (False: eager calls, launch-bound for small models)
 
     def __post_init__(self):
-        from gac.io.validate import integer
+        from gac.io.validate import field_integer
 
-        integer(self.prefill_tokens, "--prefill-tokens", example=512)
-        for name in ("batch", "decode_context", "prefill_rounds", "decode_rounds"):
-            integer(getattr(self, name), name, example=getattr(LatencyConfig, name))
-        integer(self.warmup, "warmup", minimum=0, example=2)
+        for name in ("prefill_tokens", "batch", "decode_context", "prefill_rounds", "decode_rounds"):
+            field_integer(getattr(self, name), name, example=getattr(LatencyConfig, name))
+        field_integer(self.warmup, "warmup", minimum=0, example=2)
 
 
 def _tokens(model, batch: int, seq: int, seed: int) -> torch.Tensor:

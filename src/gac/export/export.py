@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError
 from gac.export.quantize import check_type
 
 if TYPE_CHECKING:
@@ -39,12 +39,14 @@ class ExportConfig:
             raise GacError(f"unknown format {self.format!r}: use one of {', '.join(FORMATS)}")
         check_type(self.type)
         if self.format == "hf" and (self.type != "f16" or self.report):
-            raise GacError(
-                "--type and --report are for --format gguf: an HF directory keeps the weights as loaded "
+            raise ConfigError(
+                "{type} and {report} are for {format:gguf}: an HF directory keeps the weights as loaded "
                 "(float32); drop them"
             )
         if self.format == "hf" and self.pad_mlp:
-            raise GacError("--pad-mlp is for --format gguf: an HF directory keeps each layer's own MLP width; drop it")
+            raise ConfigError(
+                "{pad_mlp:True} is for {format:gguf}: an HF directory keeps each layer's own MLP width; drop it"
+            )
 
 
 FORMATS = ("gguf", "hf")

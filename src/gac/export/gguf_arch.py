@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError, literal
 
 
 def rope_of(config) -> dict:
@@ -79,10 +79,10 @@ class Gemma3Arch:
     def check(self, config, geo) -> None:
         fix = "serve this model with transformers (gac.load)"
         if len(set(geo.heads)) > 1 or len(set(geo.kv_heads)) > 1:
-            raise GacError(
+            raise ConfigError(
                 f"llama.cpp's gemma3 graph needs the same head counts in every layer, but pruning left "
-                f"{sorted(set(zip(geo.heads, geo.kv_heads)))} (query, KV) heads: compress with "
-                f"`--head-mode none` (MLP channels only) or {fix}"
+                f"{literal(sorted(set(zip(geo.heads, geo.kv_heads))))} (query, KV) heads: compress with "
+                f"{{head_mode:none}} (MLP channels only) or {fix}"
             )
         if getattr(config, "attention_bias", False):
             raise GacError(f"llama.cpp's gemma3 graph has no projection biases, and this model has them: {fix}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,9 @@ def check_exportable(model, *, pad_mlp: bool = False) -> None:
     arch.check(text_config(model.config), geo)
     widths = sorted(set(geo.ff))
     if arch.one_mlp_width and len(widths) > 1 and not pad_mlp:
-        raise GacError(
+        raise ConfigError(
             f"llama.cpp's {geo.arch} architecture holds one MLP width for every layer, but this model's "
-            f"layers have {len(widths)} ({widths[0]}-{widths[-1]}): pass --pad-mlp to write every layer "
+            f"layers have {len(widths)} ({widths[0]}-{widths[-1]}): pass {{pad_mlp:True}} to write every layer "
             f"at {widths[-1]} with zero channels (the same outputs, but no smaller than the widest layer), "
             "or serve this model with transformers (gac.load)"
         )

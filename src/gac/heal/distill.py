@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from gac.errors import GacError
+from gac.errors import ConfigError, literal
 
 log = logging.getLogger(__name__)
 # the --heal-tokens budget: 96 steps of 2 x 512 tokens, sized to a quarter of an hour on a small CPU with native bf16
@@ -47,21 +47,24 @@ class DistillConfig:
     # auto: bf16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else fp32
 
     def __post_init__(self):
-        from gac.io.validate import integer, real
+        from gac.io.validate import field_integer, field_real
 
-        integer(self.tokens, "--heal-tokens", example=DEFAULT_TOKENS)
-        integer(self.batch, "batch", example=2)
-        integer(self.eval_every, "eval_every", example=16)
-        integer(self.patience, "patience", example=2)
-        real(self.backoff, "backoff", low=0.0, high=1.0, example=0.25)
-        real(self.lr, "--heal-lr", low=0.0, high=1.0, example=3e-4)
+        # fields named as HealConfig holds them (distill.tokens): the CLI words them as its --heal-* flags
+        field_integer(self.tokens, "distill.tokens", example=DEFAULT_TOKENS)
+        field_integer(self.batch, "distill.batch", example=2)
+        field_integer(self.eval_every, "distill.eval_every", example=16)
+        field_integer(self.patience, "distill.patience", example=2)
+        field_real(self.backoff, "distill.backoff", low=0.0, high=1.0, example=0.25)
+        field_real(self.lr, "distill.lr", low=0.0, high=1.0, example=3e-4)
         if self.train not in TRAINED:
-            raise GacError(f"unknown --heal-train {self.train!r}: choose {', '.join(TRAINED)}")
+            raise ConfigError(f"unknown {{distill.train}} {literal(repr(self.train))}: choose {', '.join(TRAINED)}")
         if self.precision not in PRECISIONS:
-            raise GacError(f"unknown --heal-precision {self.precision!r}: choose {', '.join(PRECISIONS)}")
-        for flag, value in (("--hidden-weight", self.hidden_weight), ("--ce-weight", self.ce_weight)):
+            raise ConfigError(
+                f"unknown {{distill.precision}} {literal(repr(self.precision))}: choose {', '.join(PRECISIONS)}"
+            )
+        for name, value in (("distill.hidden_weight", self.hidden_weight), ("distill.ce_weight", self.ce_weight)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise GacError(f"bad {flag} {value!r}: give a number >= 0, e.g. {flag} 1")
+                raise ConfigError(f"bad {{{name}}} {literal(repr(value))}: give a number >= 0, e.g. {{{name}:1}}")
 
     def steps(self, seq_len: int) -> int:
         return max(1, self.tokens // (self.batch * seq_len))

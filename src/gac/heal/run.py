@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gac.calibration.texts import TextConfig
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError, literal
 from gac.heal.distill import DistillConfig
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,10 @@ class HealConfig:
 
     def __post_init__(self):
         from gac.heal.texts import VAL_WINDOWS
-        from gac.io.validate import integer
+        from gac.io.validate import field_integer
 
-        if self.samples != 0:  # some for early stopping, at least one to train on
-            integer(self.samples, "--heal-samples (0 for none)", minimum=VAL_WINDOWS + 1, example=64)
+        if self.samples != 0:  # some for early stopping, at least one to train on (or 0: none)
+            field_integer(self.samples, "samples", minimum=VAL_WINDOWS + 1, example=64, also="0 for none")
 
     def windows(self, tokenizer):
         """The texts' token windows (gac.heal.texts.HealTexts): read before any model, so a bad text fails first."""
@@ -66,9 +66,9 @@ def original_of(model_dir: Path, plan: dict) -> str:
         plan = plan["source_plan"]
     original = plan.get("source_model")
     if not isinstance(original, str) or not original:
-        raise GacError(
-            f"{model_dir}/gac_plan.json records no original model: pass the model it was compressed from "
-            "with --original"
+        raise ConfigError(
+            f"{literal(model_dir)}/gac_plan.json records no original model: pass the model it was compressed from "
+            "as {original}"
         )
     return original
 
@@ -79,10 +79,10 @@ def _check_original(original: str, model_dir: Path, given: bool) -> None:
     path = Path(original).expanduser()
     looks_local = original.startswith((".", "/", "~")) or original.count("/") != 1 or path.exists()
     if original not in EMBEDDED and looks_local and not path.exists():
-        where = "--original" if given else f"{model_dir}/gac_plan.json"
-        raise GacError(
-            f"the original model {original} named by {where} is not found: pass the uncompressed model "
-            "it was made from with --original"
+        where = "{original}" if given else f"{literal(model_dir)}/gac_plan.json"
+        raise ConfigError(
+            f"the original model {literal(original)} named by {where} is not found: pass the uncompressed model "
+            "it was made from as {original}"
         )
 
 
@@ -90,15 +90,15 @@ def _check_teacher(teacher, student, original: str) -> None:
     from gac.models.groups import compressed_dims_of
 
     if compressed_dims_of(teacher):
-        raise GacError(
-            f"the original model {original} is itself compressed: pass the uncompressed model the output "
-            "was made from with --original"
+        raise ConfigError(
+            f"the original model {literal(original)} is itself compressed: pass the uncompressed model the output "
+            "was made from as {original}"
         )
     keys = ("vocab_size", "hidden_size", "num_hidden_layers")
     if any(getattr(teacher.config, k, None) != getattr(student.config, k, None) for k in keys):
-        raise GacError(
-            f"the original model {original} does not match the compressed one ({', '.join(keys)} differ): "
-            "pass the model it was made from with --original"
+        raise ConfigError(
+            f"the original model {literal(original)} does not match the compressed one ({', '.join(keys)} differ): "
+            "pass the model it was made from as {original}"
         )
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,9 @@ class HealTexts:
         shared = sharing(windows, self.evaluated().values())
         windows = windows[~shared]
         if windows.shape[0] <= VAL_WINDOWS:
-            raise GacError(
+            raise ConfigError(
                 f"{windows.shape[0]} of the windows sampled from the original are apart from the "
-                "evaluation text, too few to heal on: pass --heal-samples 0 or a larger count"
+                "evaluation text, too few to heal on: pass {samples:0} or a larger count"
             )
         train, val = windows[:-VAL_WINDOWS], windows[-VAL_WINDOWS:]
         names = {**self.names, "train": f"{self.names['train']} + {train.shape[0]} windows sampled from the original"}
@@ -150,10 +150,10 @@ def heal_windows(
     windows = windows[~shared]
     need = VAL_WINDOWS + MIN_TRAIN_WINDOWS
     if windows.shape[0] < need:
-        raise GacError(
+        raise ConfigError(
             f"the healing text gives {windows.shape[0]} windows of {seq_len} tokens apart from the "
-            f"evaluation text, fewer than the {need} healing needs: pass a longer --heal-file or a smaller "
-            "--seq-len"
+            f"evaluation text, fewer than the {need} healing needs: pass a longer {{heal_file}} or a smaller "
+            "{seq_len}"
         )
     names = {
         "train": train_name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError, literal
 
 # the default multiple every dim is aligned to: 8 elements is the 16 bytes that 16-bit tensor-core GEMMs (and SIMD
 # rows on CPUs) read at once; `--align`, a profile or a --target chooses another
@@ -39,8 +39,9 @@ def check_device(device):
     if dev.type not in ("cpu", "cuda"):
         raise GacError(f"unknown device {device!r} (gac runs on cpu and cuda): use cpu or cuda[:N]")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise GacError(
-            f"device {device!r} asked for but CUDA is not available here (torch {torch.__version__}): use --device cpu"
+        raise ConfigError(
+            f"device {literal(repr(device))} asked for but CUDA is not available here (torch "
+            f"{literal(torch.__version__)}): use {{device:cpu}}"
         )
     return dev
 

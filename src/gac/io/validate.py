@@ -19,7 +19,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError, literal
 
 TEXT_LIMIT = 256 * 2**20  # bytes of calibration/evaluation text read at most
 JSON_LIMIT = 64 * 2**20  # bytes of a plan or profile read at most
@@ -39,29 +39,65 @@ _BOMS = (
 
 def integer(value, flag: str, *, minimum: int = 1, maximum: int | None = None, example: int | None = None) -> int:
     """`value` as an int in [minimum, maximum], or GacError naming the flag and a valid example."""
-    example = minimum if example is None else example
+    limits = _outside(value, minimum, maximum)
+    if limits is None:
+        return value
+    raise GacError(
+        f"bad {flag} {value!r}: give an integer {limits}, e.g. {flag} {minimum if example is None else example}"
+    )
+
+
+def field_integer(value, field: str, *, minimum: int = 1, example: int, also: str = "") -> int:
+    """integer() for a library config's field: a ConfigError naming the field, which the CLI words as its flag;
+    `also`: another value it takes ("0 for none")."""
+    limits = _outside(value, minimum, None)
+    if limits is None:
+        return value
+    limits += f" (or {also})" if also else ""
+    raise ConfigError(f"bad {{{field}}} {literal(repr(value))}: give an integer {limits}, e.g. {{{field}:{example}}}")
+
+
+def _outside(value, minimum: int, maximum: int | None) -> str | None:
+    """None for an int in [minimum, maximum], else the words for that range."""
     ok = isinstance(value, int) and not isinstance(value, bool)
     if ok and value >= minimum and (maximum is None or value <= maximum):
-        return value
-    limits = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-    raise GacError(f"bad {flag} {value!r}: give an integer {limits}, e.g. {flag} {example}")
+        return None
+    return f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
 
 
 def real(value, flag: str, *, low: float | None = None, high: float | None = None, example: float) -> float:
     """A finite float in the open interval (low, high) (either side may be None)."""
+    x, where = _real(value, low, high)
+    if where is None:
+        return x
+    raise GacError(f"bad {flag} {value!r}: give a finite number{where}, e.g. {flag} {example}")
+
+
+def field_real(value, field: str, *, low: float | None = None, high: float | None = None, example: float) -> float:
+    """real() for a library config's field: a ConfigError naming the field, which the CLI words as its flag."""
+    x, where = _real(value, low, high)
+    if where is None:
+        return x
+    raise ConfigError(
+        f"bad {{{field}}} {literal(repr(value))}: give a finite number{where}, e.g. {{{field}:{example}}}"
+    )
+
+
+def _real(value, low: float | None, high: float | None) -> tuple[float, str | None]:
+    """(value as a float, None) when finite and in (low, high), else (_, the words for that interval)."""
     try:
         x = float(value)
     except (TypeError, ValueError):
         x = math.nan
     if math.isfinite(x) and (low is None or x > low) and (high is None or x < high):
-        return x
+        return x, None
     where = {
         (True, True): f" in ({low}, {high})",
         (True, False): f" > {low}",
         (False, True): f" < {high}",
         (False, False): "",
     }[(low is not None, high is not None)]
-    raise GacError(f"bad {flag} {value!r}: give a finite number{where}, e.g. {flag} {example}")
+    return x, where
 
 
 # ------------------------------------------------------------------------------------------------ input files

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError, literal
 from gac.pipelines.memory import GIB, forecast_of
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,8 @@ def plan_memory(cfg) -> PipelineChoice:
                 f"{available.bytes / GIB:.1f} GiB"
             )
             if available.source.startswith("--max-memory"):
-                raise GacError(f"{text}: fewer --calib-windows, a shorter --seq-len or bfloat16")
-            log.warning("%s: it may not fit (fewer --calib-windows, a shorter --seq-len or bfloat16 need less)", text)
+                raise ConfigError(
+                    f"{literal(text)}: fewer {{calib_windows}}, a shorter {{seq_len}} or {{dtype:bfloat16}}"
+                )
+            log.warning("%s: it may not fit (fewer calibration windows, shorter ones or bfloat16 need less)", text)
     return choice

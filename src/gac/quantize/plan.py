@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError, literal
 from gac.quantize.kernels import EngineLinear, KernelRule, Unfit, engine_linears, fix_target, rule_for, unfit
 from gac.quantize.schemes import QuantizeConfig
 
@@ -72,7 +72,7 @@ def plan(config, cfg: QuantizeConfig) -> QuantPlan:
     rule = rule_for(cfg.scheme, cfg.device)
     group = cfg.group if cfg.group is not None else -1
     if (why := rule.group_problem(group)) is not None:
-        raise GacError(f"{why}: pass --group 32 (or another group the kernel takes)")
+        raise ConfigError(f"{literal(why)}: pass {{group:32}} (or another group the kernel takes)")
     from gac.serve.layout import check_tensor_parallel, layer_layouts
 
     check_tensor_parallel(layer_layouts(config), cfg.tp)
@@ -82,9 +82,9 @@ def plan(config, cfg: QuantizeConfig) -> QuantPlan:
         first = refused[0].line(rule, cfg.tp)
         more = f" (and {len(refused) - 1} more linears)" if len(refused) > 1 else ""
         target = fix_target(rule, cfg.tp)
-        raise GacError(
-            f"{first}{more}: compress with --target {target} so every linear fits, or pass --skip-unfit "
-            "to leave such linears unquantized"
+        raise ConfigError(
+            f"{literal(first)}{more}: compress with {{target:{literal(target)}}} so every linear fits, or pass "
+            "{skip_unfit:True} to leave such linears unquantized"
         )
     return QuantPlan(cfg, rule, linears, refused, [HEAD] + [s for u in refused for s in u.linear.shards])
 

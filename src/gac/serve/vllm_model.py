@@ -5,13 +5,14 @@ Registered by gac's vLLM plugin (gac.serve.vllm_plugin) under the architecture n
 vLLM's own layers, attention, KV cache, fused MoE and tensor parallelism.
 
 How a layer gets its own sizes: every vLLM model builds its decoder layers through `make_layers(n, layer_fn,
-prefix)`. While gac's class is built, that function (in the family's vLLM modules) builds each layer with the
-config showing the layer's saved head counts, MLP width and expert width (gac.serve.layout), then puts the
-projections the saved model factorized in place of vLLM's dense ones: a column projection becomes a pair (a
-replicated, b column-parallel, or the family's own fused linear at input r for a fused projection), a row
-projection a pair (a row-parallel, b replicated), and q/k/v (or gate/up) of which some are factorized a Concat.
-Dense projections keep vLLM's fused linears and load through the family's own loader; the factorized ones load
-here under their HF names. vLLM checks that every parameter was loaded, so a damaged directory fails.
+prefix)`. While gac's class is built, that function, in the modules of the family's decoder model alone
+(`gac_decoder`, see layer_builders), builds each layer with the config showing the layer's saved head counts, MLP
+width and expert width (gac.serve.layout), then puts the projections the saved model factorized in place of
+vLLM's dense ones: a column projection becomes a pair (a replicated, b column-parallel, or the family's own fused
+linear at input r for a fused projection), a row projection a pair (a row-parallel, b replicated), and q/k/v (or
+gate/up) of which some are factorized a Concat. Dense projections keep vLLM's fused linears and load through the
+family's own loader; the factorized ones load here under their HF names. vLLM checks that every parameter was
+loaded, so a damaged directory fails.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -32,16 +34,17 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM
-from vllm.model_executor.models.llama import LlamaForCausalLM
-from vllm.model_executor.models.mistral import MistralForCausalLM
-from vllm.model_executor.models.mixtral import MixtralForCausalLM
+from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM, Gemma3Model
+from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaModel
+from vllm.model_executor.models.mistral import MistralForCausalLM, MistralModel
+from vllm.model_executor.models.mixtral import MixtralForCausalLM, MixtralModel
 from vllm.model_executor.models.phi3 import Phi3ForCausalLM
-from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
-from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
-from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM, Qwen2Model
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM, Qwen3Model
+from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM, Qwen3MoeModel
 from vllm.model_executor.models.utils import extract_layer_index
 
+from gac.errors import GacError
 from gac.models.adapters import VllmNames, adapter_for
 from gac.serve.layout import LayerLayout, Projection, check_tensor_parallel, layer_layouts
 
@@ -232,6 +235,9 @@ class GacCausalLM(_FamilyCausalLM):
     """Mixed into a family's vLLM causal LM (the class after it in the bases): builds it with every decoder layer at
     its saved sizes and factorizations, and loads the factorized projections under their HF names."""
 
+    # vLLM's model class whose __init__ builds the decoder layers (the causal LM's `model`): each family names its own
+    gac_decoder: ClassVar[type[nn.Module]]
+
     def __init__(self, *, vllm_config, prefix: str = ""):
         config = vllm_config.model_config.hf_config
         adapter = adapter_for(config)
@@ -241,8 +247,12 @@ class GacCausalLM(_FamilyCausalLM):
         names, quant = adapter.vllm_names(), vllm_config.quant_config
         expert_width_key = adapter.layout.expert_width
 
+        built = []  # the calls of make_layers that went through gac: none means vLLM built the layers elsewhere
+
         def sized(make_layers):
             def build(num_hidden_layers, layer_fn, prefix):
+                built.append(prefix)
+
                 def layer(prefix):
                     lay = layouts[extract_layer_index(prefix)]
                     with layer_sizes(vllm_config.model_config.hf_text_config, lay, expert_width_key):
@@ -254,8 +264,15 @@ class GacCausalLM(_FamilyCausalLM):
 
             return build
 
-        with _patched("make_layers", sized):
+        modules = layer_builders(self.gac_decoder)
+        with _patched(modules, "make_layers", sized):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if not built:
+            raise GacError(
+                f"vLLM built {type(self).__name__}'s decoder layers without the make_layers of "
+                f"{', '.join(m.__name__ for m in modules)}, so not at their saved sizes: gac's vLLM plugin does not "
+                "serve this vLLM version; serve the model with transformers (gac.load) instead"
+            )
         self.gac_moved = moved
 
     @staticmethod
@@ -297,15 +314,18 @@ class GacCausalLM(_FamilyCausalLM):
         return None
 
 
+def layer_builders(decoder: type[nn.Module]) -> list[ModuleType]:
+    """The vLLM modules whose `make_layers` builds `decoder`'s layers: those of the classes in its MRO that import it
+    (Python looks the name up in the module of the __init__ that calls it: Qwen3's in qwen2, Mistral's in llama)."""
+    modules = {sys.modules[c.__module__] for c in decoder.__mro__}
+    found = [m for m in modules if m.__name__.startswith("vllm.model_executor.models.") and hasattr(m, "make_layers")]
+    return sorted(found, key=lambda m: m.__name__)
+
+
 @contextlib.contextmanager
-def _patched(attr: str, wrap):
-    """Every loaded vLLM model module's `attr` (a function they import by name) wrapped by `wrap`, while gac's class
-    is built; put back after."""
-    modules = [
-        m
-        for name, m in list(sys.modules.items())
-        if name.startswith("vllm.model_executor.models.") and hasattr(m, attr)
-    ]
+def _patched(modules: list[ModuleType], attr: str, wrap):
+    """`attr` of each of `modules` (a function they import by name) wrapped by `wrap` while gac's class is built; put
+    back after. Only the family's own modules: another model's build in the process never sees gac's sizes."""
     originals = [getattr(m, attr) for m in modules]
     for m, original in zip(modules, originals):
         setattr(m, attr, wrap(original))
@@ -316,34 +336,35 @@ def _patched(attr: str, wrap):
             setattr(m, attr, original)
 
 
-# One class a family: gac's mixin before vLLM's class for it (adapters.VLLM_FAMILIES names which)
+# One class a family: gac's mixin before vLLM's class for it (adapters.VLLM_FAMILIES names which), and the
+# vLLM model class that builds its decoder layers (Phi-3's is Llama's)
 class GacLlamaForCausalLM(GacCausalLM, LlamaForCausalLM):
-    pass
+    gac_decoder = LlamaModel
 
 
 class GacMistralForCausalLM(GacCausalLM, MistralForCausalLM):
-    pass
+    gac_decoder = MistralModel
 
 
 class GacQwen2ForCausalLM(GacCausalLM, Qwen2ForCausalLM):
-    pass
+    gac_decoder = Qwen2Model
 
 
 class GacQwen3ForCausalLM(GacCausalLM, Qwen3ForCausalLM):
-    pass
+    gac_decoder = Qwen3Model
 
 
 class GacGemma3ForCausalLM(GacCausalLM, Gemma3ForCausalLM):
-    pass
+    gac_decoder = Gemma3Model
 
 
 class GacPhi3ForCausalLM(GacCausalLM, Phi3ForCausalLM):
-    pass
+    gac_decoder = LlamaModel
 
 
 class GacQwen3MoeForCausalLM(GacCausalLM, Qwen3MoeForCausalLM):
-    pass
+    gac_decoder = Qwen3MoeModel
 
 
 class GacMixtralForCausalLM(GacCausalLM, MixtralForCausalLM):
-    pass
+    gac_decoder = MixtralModel

@@ -59,9 +59,9 @@ class ConfigCheck:
 def register() -> None:
     from vllm import ModelRegistry
 
-    from gac.checkpoint.auto_classes import register as register_model_types
+    from gac.checkpoint.auto_classes import register_configs
 
-    register_model_types()
+    register_configs()
     for arch, cls in architectures().items():
         ModelRegistry.register_model(arch, cls)
     try:  # vLLM's table of configuration hooks; without it, the model class refuses the same sizes later

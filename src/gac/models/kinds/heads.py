@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError, literal
 from gac.models.adapters import adapter_for
 from gac.models.kinds.base import DimGroup, Term, shape
 
@@ -184,15 +184,15 @@ def check_heads_prunable(model, group: HeadGroup) -> None:
     """Heads can be removed only where the family's per-head norms and GQA split allow it."""
     adapter = adapter_for(model.config)
     if group.q == group.k:
-        raise GacError(
-            f"{model.config.model_type}'s attention splits its fused q/k/v projection at the config's head "
-            "counts, so its heads cannot be pruned per layer: use --head-mode none (MLP channels only)"
+        raise ConfigError(
+            f"{literal(model.config.model_type)}'s attention splits its fused q/k/v projection at the config's head "
+            "counts, so its heads cannot be pruned per layer: use {head_mode:none} (MLP channels only)"
         )
     norm = adapter.per_head_norm(model.get_submodule(group.block))
     if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.numel() != group.head_dim:
-        raise GacError(
-            f"{model.config.model_type}'s query norm spans all heads, so its heads cannot be pruned: "
-            "use --head-mode none (MLP channels or expert widths only)"
+        raise ConfigError(
+            f"{literal(model.config.model_type)}'s query norm spans all heads, so its heads cannot be pruned: "
+            "use {head_mode:none} (MLP channels or expert widths only)"
         )
     if group.num_heads % group.num_kv_heads:
         raise GacError(f"{group.num_heads} query heads do not split into {group.num_kv_heads} KV groups")

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from gac.align.knapsack import solve_mckp
-from gac.errors import ConfigError, GacError
+from gac.errors import ConfigError, GacError, literal
 
 BUCKETS = 20_000  # latency columns of the DP: rounding each item up costs at most items / BUCKETS of the slack
 
@@ -141,9 +141,9 @@ def select_for_speedup(
     floor = fastest_ms(items)
     if floor > groups_budget:
         best = math.floor(baseline_ms / (constant_ms + floor) * 100) / 100  # rounded down: reachable as printed
-        advice = f"ask for --speedup {best:.2f} or less" if best > 1.0 else "no choice of dims is predicted faster"
-        raise GacError(
-            f"speedup {speedup:g}x is out of reach{where}: the ops these dims shape take "
+        advice = f"ask for {{speedup:{best:.2f}}} or less" if best > 1.0 else "no choice of dims is predicted faster"
+        raise ConfigError(
+            f"speedup {speedup:g}x is out of reach{literal(where)}: the ops these dims shape take "
             f"{baseline_ms - constant_ms:.4g} of the original's {baseline_ms:.4g} ms and, at the fastest "
             f"dims, the model is predicted at {constant_ms + floor:.4g} ms, a best reachable speedup of "
             f"{best:.2f}x; {advice}"

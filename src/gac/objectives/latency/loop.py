@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError, literal
 from gac.objectives.latency.config import SpeedupConfig, held_whole
 from gac.objectives.latency.outcome import LatencyOutcome, Stream, ranked
 from gac.objectives.latency.steps import fit_latency, latency_items, start_budget, time_beside
@@ -263,8 +263,9 @@ class ClosedLoop:
             except GacError as e:
                 if not self.held:
                     raise
-                raise GacError(
-                    f"{e} (with attention heads whole: --head-mode group lets the knapsack cut them)"
+                said = e.template if isinstance(e, ConfigError) else literal(e)
+                raise ConfigError(
+                    f"{said} (with attention heads whole: {{head_mode:group}} lets the knapsack cut them)"
                 ) from None
         got = parameter_choice(
             self.compressor,

@@ -40,7 +40,7 @@ class Phase:
                 f"unknown phase {literal(repr(self.name))}: choose prefill or decode, e.g. {{phase:prefill}}"
             )
         if int(self.batch) != self.batch or int(self.seq) != self.seq or self.batch < 1 or self.seq < 1:
-            raise GacError(f"bad shape {self.batch}x{self.seq}: give BxS with positive integers, e.g. --shape 1x512")
+            raise GacError(f"bad shape {self.batch}x{self.seq}: batch and seq must be positive integers, e.g. 1x512")
 
     @property
     def m(self) -> int:

@@ -37,7 +37,7 @@ from gac.calibration.importance import (
     output_grad_sums,
 )
 from gac.calibration.stats import CALIB_BATCH, collect_stats
-from gac.errors import GacError
+from gac.errors import ConfigError, GacError
 from gac.hw.heap import map_large_allocations
 from gac.models.groups import linears_of
 from gac.pipelines.layerwise.layers import (
@@ -69,9 +69,9 @@ def check_layerwise(compressor) -> None:
     """Importance that needs the whole model at once (ASVD's measured sensitivity: the loss with one weight
     truncated) has no layer-wise form."""
     if compressor.measures_sensitivity:
-        raise GacError(
+        raise ConfigError(
             f"{compressor.name}'s measured-sensitivity importance needs the whole model at once: use "
-            "--importance output (the default) for layer-by-layer compression"
+            "{importance:output} (the default) for layer-by-layer compression"
         )
 
 
