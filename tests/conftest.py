@@ -3,7 +3,10 @@ HF directory, so every test runs offline in seconds."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import sys
 
 # Set before torch loads libgomp (which llama.cpp's ggml shares): with OpenMP's default spin-waiting, torch and
 # llama.cpp in one process (the export tests) made each other 5-10x slower on 2 busy cores; passive waits do not.
@@ -100,6 +103,12 @@ def tiny():
 
 SLOW_MARKERS = ("integration", "vllm")
 
+# The quick tier (`pytest -m quick`): a test is quick unless it asks for an engine's fixture (it is then marked
+# `engine`) or is marked one of NOT_QUICK. That a quick test neither reads the embedded model nor starts a process is
+# checked while it runs (quick_guard below), so a test that does either is marked `integration` or `subprocess`.
+ENGINE_FIXTURES = ("vllm", "llama_cpp", "lm_eval")
+NOT_QUICK = ("engine", "gpu", "integration", "slow", "subprocess", "vllm")
+
 
 # Directories whose files share session fixtures (vLLM's served models, llama.cpp's exports): under pytest-xdist
 # each runs on one worker, started first and in this order (the longest units); every other file runs whole on one
@@ -115,14 +124,77 @@ def work_unit(nodeid: str) -> str:
     return directory if directory in SHARED_UNITS else path
 
 
+def tier_markers(marked: set[str], fixtures: set[str]) -> list[str]:
+    """The markers collection adds to a test marked `marked` that asks for `fixtures`: every test on the embedded
+    model or in vLLM is also `slow`, one asking for an engine fixture is `engine`, one marked none of NOT_QUICK
+    then is `quick`."""
+    added = ["slow"] if marked & set(SLOW_MARKERS) else []
+    added += ["engine"] if fixtures & set(ENGINE_FIXTURES) else []
+    return added + ([] if (marked | set(added)) & set(NOT_QUICK) else ["quick"])
+
+
 def pytest_collection_modifyitems(config, items):
-    """Every test on the embedded model or in vLLM is also `slow`, so `pytest -m "not slow"` is the quick loop.
-    The directories above come first (a stable sort), so that workers start on them."""
+    """Each test's tier (tier_markers). The directories above come first (a stable sort), so that workers start on
+    them."""
     for item in items:
-        if any(item.get_closest_marker(m) for m in SLOW_MARKERS):
-            item.add_marker(pytest.mark.slow)
+        marked = {m.name for m in item.iter_markers()}
+        for name in tier_markers(marked, set(getattr(item, "fixturenames", ()))):
+            item.add_marker(name)
     order = {unit: i for i, unit in enumerate(SHARED_UNITS)}
     items.sort(key=lambda item: order.get(work_unit(item.nodeid), len(order)))
+
+
+# What starts a process, whichever library asks: Popen (subprocess.run, check_output, os.popen), fork (os.spawn*,
+# multiprocessing's fork), fork_exec (multiprocessing's spawn), posix_spawn, system
+PROCESS_STARTERS = (("subprocess", "Popen._execute_child"), ("os", "fork"), ("os", "forkpty"), ("os", "posix_spawn"),
+                    ("os", "posix_spawnp"), ("os", "system"), ("_posixsubprocess", "fork_exec"))
+
+
+class EmbeddedModelGuard:
+    """A finder first on sys.meta_path that fails the test when an embedded model's package is looked up: gac finds
+    the model's GGUF through importlib.util.find_spec (gac.checkpoint.loading.embedded_gguf)."""
+
+    def __init__(self):
+        from gac.checkpoint.loading import EMBEDDED
+
+        self.packages = frozenset(EMBEDDED.values())
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] in self.packages:
+            pytest.fail(f"a quick test may not read the embedded model ({fullname}): mark it `integration`")
+        return None
+
+
+def _refuse_process(*args, **kwargs):
+    pytest.fail("a quick test may not start a process: mark it `subprocess`, or run gac in this process with "
+                "tests.helpers.gac_cli")
+
+
+@contextlib.contextmanager
+def quick_guard():
+    """While a quick test runs (its fixtures' set-up and teardown too), starting a process or looking up the
+    embedded model fails the test (pytest.fail: no `except Exception` swallows it), so a test that does either
+    without its marker fails instead of slowing the tier."""
+    guard = EmbeddedModelGuard()
+    with pytest.MonkeyPatch.context() as mp:
+        for module, name in PROCESS_STARTERS:
+            owner, _, attr = name.rpartition(".")
+            target = importlib.import_module(module)
+            mp.setattr(getattr(target, owner) if owner else target, attr, _refuse_process)
+        sys.meta_path.insert(0, guard)  # in place: an import hook another module adds meanwhile stays
+        try:
+            yield
+        finally:
+            sys.meta_path.remove(guard)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A quick test runs under quick_guard, in the quick tier and in the full suite alike."""
+    if item.get_closest_marker("quick") is None:
+        return (yield)
+    with quick_guard():
+        return (yield)
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -179,6 +179,7 @@ def test_profile_candidates_drive_selection(tiny_model_dir, tmp_path):
         assert all(int(d) % 16 == 0 and reason.startswith("cliff") for d, reason in why.items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compressor, options", [
     ("svd", {}),
     ("prune", {"importance": "magnitude", "layers": "all"}),  # MLP widths swept, whole-head widths on their grid
@@ -194,6 +195,7 @@ def test_auto_profile_measures_every_compressor(tiny_model_dir, compressor, opti
     assert not any(name.endswith("self_attn") for name in r["profile_excluded"])  # never measured
 
 
+@pytest.mark.slow
 def test_auto_profile_sweeps_are_cached(tiny_model_dir, tmp_path, monkeypatch):
     """A second compression with --profile auto on the same device reads its sweeps back instead of measuring."""
     import gac.hw.profile as hp
@@ -235,6 +237,7 @@ def test_static_rule_when_profile_candidates_cannot_fit(tiny_model_dir, caplog):
     assert "static alignment rule" in caplog.text
 
 
+@pytest.mark.slow
 def test_infeasible_ratio_fails_from_the_shapes_before_calibration(tiny_model_dir, monkeypatch):
     import gac.calibration.stats
 
@@ -257,6 +260,7 @@ def test_compressing_a_compressed_model_is_refused(tiny_model_dir, tmp_path):
         compress(fast_config(out, compressor="asvd", ratio=0.3, evaluate=False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["gram", "gram32"])
 @pytest.mark.parametrize("compressor", ["asvd", "svd_llm", "palu"])
 def test_gram_factorization_gives_the_same_dims(tiny_model_dir, compressor, method):

@@ -492,6 +492,7 @@ def new_gac_dir(tmp_path_factory):
     return save(loaded.model, loaded.tokenizer, tmp_path_factory.mktemp("new") / "gac", plan=read_plan(LEGACY))
 
 
+@pytest.mark.subprocess
 def test_transformers_without_gac_raises_instead_of_building_random_weights(new_gac_dir, tmp_path):
     """In a process that never imports gac, without trust_remote_code: transformers raises naming
     trust_remote_code (the model type is gac's), never a LlamaForCausalLM with random factorized projections."""
@@ -514,6 +515,7 @@ def test_transformers_without_gac_raises_instead_of_building_random_weights(new_
     assert json.loads((new_gac_dir / "config.json").read_text())["model_type"] == "gac_llama"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("umask", [0o022, 0o077], ids=["umask-022", "umask-077"])
 def test_every_file_of_every_output_has_the_usual_mode(umask, tmp_path, tiny_model_dir, new_gac_dir):
     """0666 (files) and 0777 (directories) minus the umask, whichever library wrote the file (safetensors writes
@@ -538,6 +540,7 @@ def test_every_file_of_every_output_has_the_usual_mode(umask, tmp_path, tiny_mod
     assert any((tmp_path / "layerwise").glob("model-*-of-*.safetensors"))  # the sharded writer's files too
 
 
+@pytest.mark.subprocess
 def test_what_a_killed_run_left_is_named_and_removed_by_the_next_run(tmp_path, new_gac_dir):
     """SIGKILL (no cleanup runs) leaves .NAME.*.partial; the next run into the same parent names it and removes
     it, since its writer is gone, and leaves the one of a writer that is still running."""

@@ -1,23 +1,63 @@
-"""The suite's own markers and units of work: the quick loop (`-m "not slow"`) leaves out every embedded-model and
-vLLM test; under pytest-xdist a file runs whole on one worker, the serving and export directories each on one."""
+"""The suite's own markers and units of work: the quick tier (`-m quick`) leaves out every test on an engine, on the
+embedded model, in a process of its own or slow, and a quick test that starts a process or looks up the embedded
+model fails; under pytest-xdist a file runs whole on one worker, the serving and export directories each on one."""
+
+import importlib.util
+import os
+import subprocess
 
 import pytest
 
-from tests.conftest import SHARED_UNITS, work_unit
+from tests.conftest import SHARED_UNITS, tier_markers, work_unit
 
 
 @pytest.mark.integration
 def test_an_integration_test_is_slow(request):
     assert request.node.get_closest_marker("slow") is not None
+    assert request.node.get_closest_marker("quick") is None
 
 
 @pytest.mark.vllm
 def test_a_vllm_test_is_slow(request):
     assert request.node.get_closest_marker("slow") is not None
+    assert request.node.get_closest_marker("quick") is None
 
 
-def test_a_plain_test_is_not(request):
+def test_a_plain_test_is_quick(request):
     assert request.node.get_closest_marker("slow") is None
+    assert request.node.get_closest_marker("quick") is not None
+
+
+def test_the_tier_is_read_off_markers_and_engine_fixtures():
+    assert tier_markers(set(), {"tmp_path", "tiny_model_dir"}) == ["quick"]
+    assert tier_markers({"parametrize"}, set()) == ["quick"]
+    for engine in ("vllm", "llama_cpp", "lm_eval"):
+        assert tier_markers(set(), {"tmp_path", engine}) == ["engine"]
+    assert tier_markers({"vllm"}, {"vllm"}) == ["slow", "engine"]
+    assert tier_markers({"integration"}, set()) == ["slow"]
+    for marker in ("gpu", "slow", "subprocess"):
+        assert tier_markers({marker}, set()) == []
+
+
+def test_a_quick_test_may_not_start_a_process():
+    for start in (lambda: subprocess.run(["true"], check=False), lambda: os.system("true")):
+        with pytest.raises(pytest.fail.Exception, match="a quick test may not start a process: mark it `subprocess`"):
+            start()
+
+
+def test_a_quick_test_may_not_look_up_the_embedded_model():
+    from gac.checkpoint.loading import EMBEDDED, embedded_gguf
+
+    for package in EMBEDDED.values():
+        with pytest.raises(pytest.fail.Exception, match=r"may not read the embedded model .*: mark it `integration`"):
+            importlib.util.find_spec(package)
+    with pytest.raises(pytest.fail.Exception, match="embedded model"):
+        embedded_gguf("smollm2-135m")
+
+
+@pytest.mark.subprocess
+def test_a_test_marked_subprocess_may():
+    assert subprocess.run(["true"], check=False).returncode == 0
 
 
 def test_work_units_keep_shared_fixtures_on_one_worker(request):
@@ -25,7 +65,7 @@ def test_work_units_keep_shared_fixtures_on_one_worker(request):
     assert work_unit("tests/serve/test_layout.py::test_y") == "tests/serve"
     assert work_unit("tests/export/test_engine.py::test_y") == "tests/export"
     assert work_unit("tests/heal/test_heal.py::test_z[a::b]") == "tests/heal/test_heal.py"
-    assert work_unit("tests/test_markers.py::test_a_plain_test_is_not") == "tests/test_markers.py"
+    assert work_unit("tests/test_markers.py::test_a_plain_test_is_quick") == "tests/test_markers.py"
     assert work_unit(request.node.nodeid) == "tests/test_markers.py"
     units = [work_unit(item.nodeid) for item in request.session.items]
     shared = [u for u in units if u in SHARED_UNITS]

@@ -9,6 +9,7 @@ VERBS = ["compress", "select", "load", "save", "profile", "bench", "repair_dir",
          "register"]
 
 
+@pytest.mark.subprocess
 def test_import_gac_does_not_import_torch():
     code = "import sys, gac; assert 'torch' not in sys.modules, 'torch imported'"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

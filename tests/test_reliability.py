@@ -161,6 +161,7 @@ def _dead_pid() -> int:
     return p.pid  # reaped: no process has it now (reuse within the test is vanishingly unlikely)
 
 
+@pytest.mark.subprocess
 def test_stale_partials_of_dead_writers_are_named_and_removed(tmp_path, caplog):
     """The next atomic_dir into a parent removes what killed runs of this host left there, and names (only) what
     it cannot judge: a live writer's, another host's, an earlier gac's without a writer in its name."""
@@ -203,6 +204,7 @@ def test_write_failure_leaves_nothing_and_is_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.subprocess
 def test_a_write_failing_while_the_model_is_saved_is_one_line_and_leaves_nothing(tmp_path, tiny_model_dir):
     """A real process whose writes fail past 100 kB (as on a full disk) while safetensors writes the model: one
     `cannot write` line naming the operating system's reason and the fix, exit 2, no output, no temporary."""
@@ -218,6 +220,7 @@ def test_a_write_failing_while_the_model_is_saved_is_one_line_and_leaves_nothing
     assert list((tmp_path / "runs").iterdir()) == []
 
 
+@pytest.mark.subprocess
 def test_sigterm_to_a_running_compress_is_one_line_and_leaves_nothing(tmp_path, tiny_model_dir):
     """A real process: SIGTERM while calibrating -> exit 143, one `interrupted` line, no output, no temp."""
     out = tmp_path / "runs" / "m"
@@ -245,6 +248,7 @@ def test_sigterm_to_a_running_compress_is_one_line_and_leaves_nothing(tmp_path, 
 
 # ------------------------------------------------------------------------------------------------------ logs
 
+@pytest.mark.subprocess
 def test_progress_is_throttled_off_a_terminal():
     """With stderr a pipe (CI, `> run.log 2>&1`): tqdm bars redraw at most every 30 s, transformers' are off."""
     code = ("import sys; from gac.cli.output import quiet_progress_when_redirected as q; q()\n"
@@ -254,6 +258,7 @@ def test_progress_is_throttled_off_a_terminal():
     assert p.stdout.split() == ["30.0", "False"], p.stderr
 
 
+@pytest.mark.subprocess
 def test_quiet_turns_off_the_bars_other_libraries_draw():
     """--quiet: every bar is off, even one a library asks for with disable=False (llm-compressor's); bars after a
     set-up without --quiet are as asked."""

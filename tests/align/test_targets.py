@@ -64,6 +64,7 @@ def test_unknown_target_and_target_with_profile_are_one_line():
         CompressConfig(target="llama.cpp:q8_0", profile="p.json")
 
 
+@pytest.mark.slow
 def test_compress_with_a_target_meets_it_under_the_same_budget(tiny_model_dir, tmp_path):
     from gac.api import CompressConfig, compress
     from gac.calibration.texts import TextConfig

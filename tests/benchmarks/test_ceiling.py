@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from gac.compressors import make_compressor
@@ -39,6 +40,7 @@ def test_palu_ceiling_frees_the_kv_projections_only():
     assert ceiling.flop_share(model, linears_of(make_compressor("asvd").groups(model))) == 1.0
 
 
+@pytest.mark.subprocess
 def test_ceiling_runs_as_a_user_would(tiny_model_dir):
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks/ceiling.py"), "--model", str(tiny_model_dir),
                         "--compressors", "palu", "asvd", "--rounds", "2"], capture_output=True, text=True, timeout=300)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # the driver's whole --tiny run: about 2.5 min on two cores
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]  # the driver's whole --tiny run: about 2.5 min on two cores
 ROOT = Path(__file__).resolve().parents[2]
 
 

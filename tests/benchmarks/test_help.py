@@ -14,6 +14,7 @@ def test_the_benchmarks_are_found():
     assert len(BENCHMARKS) >= 10
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.stem)
 def test_benchmark_parses_help(script):
     p = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,

@@ -126,6 +126,7 @@ def test_compare_phases_without_recorded_groups_counts_whole_apart():
     assert row["differ"] == 1 and row["by_kind"]["heads"]["kept_a"] == 0 and row["by_kind"]["heads"]["whole_a"] == 1
 
 
+@pytest.mark.subprocess
 def test_compare_phases_cli_needs_no_model(tmp_path):
     for name, phase in (("a", "prefill"), ("b", "decode")):
         (tmp_path / f"{name}.json").write_text(json.dumps(_run(phase, (1.1, {"l1.mlp": 64}))))
@@ -137,6 +138,7 @@ def test_compare_phases_cli_needs_no_model(tmp_path):
     assert "| prune | 1.10x | 0/1 | mlp | 0/1 | 64 | 64 | 0 | 0 |" in run.stdout and "asvd" in run.stdout
 
 
+@pytest.mark.subprocess
 def test_render_brackets_with_the_baseline_and_rewrites_table_and_plot(tmp_path):
     timing = {"predicted_ms": 9.0, "measured_ms": 9.0, "error_pct": 0.0, "aa_floor_pct": 0.1}
     lat = [{"target": 1.05, "rounds": [{}], "measured_speedup": 1.05, "ppl": 12.0, **timing}]

@@ -121,6 +121,7 @@ def test_stdlib_sources_are_whole_module_files_up_to_the_token_count(tokenizer, 
     assert every.startswith(some) and some.count("def f") + some.count("class Inner") in (40, 60)
 
 
+@pytest.mark.slow
 def test_load_windows_uses_user_files(tmp_path, tokenizer):
     from pydoc_data.topics import topics
 
@@ -149,6 +150,7 @@ def test_load_windows_missing_user_file_raises(tmp_path, tokenizer):
     assert str(missing) in str(info.value)
 
 
+@pytest.mark.slow
 def test_calibration_windows_spread_over_the_whole_text(tokenizer):
     """The calibrating windows are cfg.calib_windows of the text's windows spread evenly from its first to its last,
     in order; the held-back windows are others, never a calibrating one; a text of fewer windows calibrates on all."""

@@ -96,6 +96,7 @@ def test_load_model_detects_gac_dir(saved, compressed):
     torch.testing.assert_close(_logits(loaded.model, ids), expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.subprocess
 def test_plain_transformers_loads_in_fresh_process(saved, compressed, tmp_path):
     _, _, structure, _, ids, expected = compressed
     ref = tmp_path / "ref.pt"
@@ -145,6 +146,7 @@ def _booby_trapped_copy(saved, tmp_path):
     return d, mark
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("order", list(IMPORT_ORDERS))
 def test_after_import_gac_transformers_loads_it_with_gacs_classes(saved, compressed, tmp_path, order):
     """After `import gac` (before or after transformers), AutoModelForCausalLM.from_pretrained(DIR) builds gac's

@@ -147,6 +147,7 @@ def test_unknown_dtype_raises(tiny_model_dir, dtype):
     assert all(d in str(info.value) for d in DTYPES)
 
 
+@pytest.mark.integration
 def test_embedded_alias_ships_a_gguf():
     path = embedded_gguf("smollm2-135m")
     assert path.is_file()
@@ -203,6 +204,7 @@ def test_a_gguf_config_is_read_once_while_the_file_is_unchanged(tmp_path, monkey
     assert len(reads) == 2
 
 
+@pytest.mark.integration
 def test_the_embedded_models_copy_is_read_replaced_when_broken_and_optional(tmp_path, monkeypatch, caplog):
     """The embedded alias reads its GGUF once and then the copy that read kept (tests/test_integration.py checks the
     copy against the GGUF on the real model); a copy that does not load is replaced, and a cache that cannot be
@@ -245,6 +247,7 @@ def test_the_embedded_models_copy_is_read_replaced_when_broken_and_optional(tmp_
     assert reads[5:] == ["gguf"] and "could not keep a copy" in caplog.text
 
 
+@pytest.mark.integration
 def test_the_forecast_reads_a_kept_copy_of_any_dtype(tmp_path, monkeypatch):
     """The memory forecast's config comes from whichever dtype's copy an earlier load kept (here only a bf16 run's),
     not the GGUF's metadata (seconds to parse)."""
@@ -260,6 +263,7 @@ def test_the_forecast_reads_a_kept_copy_of_any_dtype(tmp_path, monkeypatch):
     assert (config.hidden_size, config.num_hidden_layers) == (tiny.hidden_size, tiny.num_hidden_layers)
 
 
+@pytest.mark.integration
 def test_the_embedded_model_without_gguf_is_one_line(monkeypatch):
     import importlib.metadata
 

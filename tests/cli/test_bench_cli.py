@@ -69,6 +69,7 @@ def test_parse_points_and_labels(tmp_path):
     assert model_labels((str(d), "smollm2-135m", str(d))) == ["model-a", "smollm2-135m", "model-a#2"]
 
 
+@pytest.mark.subprocess
 def test_cli_module_does_not_import_torch():
     code = "import sys, gac.cli.bench; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,6 +12,7 @@ from tests.helpers import gac_cli, run_gac
 FAST = ["--seq-len", "32", "--calib-windows", "4", "--eval-windows", "2", "--prefill-tokens", "16", "--quiet"]
 
 
+@pytest.mark.subprocess
 def test_compress_smoke(tiny_model_dir, tmp_path):
     out = tmp_path / "m"
     p = run_gac("compress", "--model", str(tiny_model_dir), "--compressor", "svd", "--ratio", "0.3",
@@ -69,6 +70,7 @@ def test_unsupported_architecture(tmp_path):
     assert p.returncode == 2 and "unsupported architecture" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.subprocess
 def test_help_does_not_import_torch():
     code = ("import sys; from gac.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"

@@ -26,6 +26,7 @@ TINY = ["--dims", "8:10", "--head-dims", "8,16", "--hidden", "32", "--heads", "2
         "--m", "4", "--threads", "1"]
 
 
+@pytest.mark.slow
 def test_tiny_dims_sweep_writes_profile_and_plots(tmp_path, env):
     out = tmp_path / "prof" / "cpu.json"
     result = run([*TINY, "--out", str(out)], env)
@@ -164,6 +165,7 @@ def test_parse_dims():
             parse_dims(bad)
 
 
+@pytest.mark.subprocess
 def test_cli_module_does_not_import_torch():
     code = "import sys, gac.cli.profile; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -64,6 +64,7 @@ def test_errors_exit_2_with_one_line(tmp_path, content, match):
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.subprocess
 def test_error_in_a_real_process_has_no_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "gac", "select", str(tmp_path / "missing.json")], capture_output=True, text=True
@@ -73,6 +74,7 @@ def test_error_in_a_real_process_has_no_traceback(tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.subprocess
 def test_select_and_help_never_import_torch(plan_path, tmp_path):
     out = tmp_path / "result.json"
     script = textwrap.dedent(

@@ -47,6 +47,7 @@ def _speedup_run(tiny_model_dir, out, *extra):
                    str(out), *FAST_SPEEDUP, *extra)
 
 
+@pytest.mark.subprocess
 def test_speedup_run(tiny_model_dir, tmp_path):
     out = tmp_path / "o"
     p = _speedup_run(tiny_model_dir, out)
@@ -68,6 +69,7 @@ def test_speedup_run(tiny_model_dir, tmp_path):
         assert guard["parameter"]["params"] <= 0.95 * r["compressible_params"]
 
 
+@pytest.mark.subprocess
 def test_a_second_run_replays_the_timings_and_keeps_the_same_model(tiny_model_dir, tmp_path, monkeypatch):
     """The same command again on this machine replays every timing the first recorded (gac.objectives.latency.journal):
     the same rounds and dims, report.md saying so; --retime times afresh."""

@@ -160,6 +160,7 @@ def test_removing_dead_channels_and_groups_is_exact():
     torch.testing.assert_close(_logits(pruned, ids), _logits(model, ids), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.subprocess
 def test_round_trip_gac_load_and_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -197,6 +198,7 @@ def test_round_trip_gac_load_and_transformers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_compress_end_to_end_gac_over_pruned_dims(tiny_model_dir, tmp_path):
     from gac.api import CompressConfig, compress
     from gac.calibration.texts import TextConfig

@@ -10,6 +10,7 @@ import pytest
 from tests.helpers import assert_one_error_line, gac_cli, run_gac
 
 
+@pytest.mark.subprocess
 def test_export_f16_smoke(tiny_model_dir, tmp_path):
     out, report = tmp_path / "m.gguf", tmp_path / "m.json"
     p = run_gac("export", str(tiny_model_dir), "--format", "gguf", "--out", str(out), "--report", str(report),
@@ -83,6 +84,7 @@ def test_existing_output_needs_force(tiny_model_dir, tmp_path):
     assert out.read_bytes()[:4] == b"GGUF"
 
 
+@pytest.mark.subprocess
 def test_export_hf_writes_the_families_own_class_or_keeps_the_gac_structure(tiny_model_dir, lowrank_dir, tmp_path):
     """--format hf: a plain model becomes an HF directory of its own class (engines load it natively, same
     logits); a gac output keeps its structure and plan, under the architecture name gac's vLLM plugin serves."""

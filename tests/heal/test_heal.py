@@ -71,6 +71,7 @@ def _structure_and_params(path):
     return model.config.gac_structure, sum(p.numel() for p in model.parameters()), model
 
 
+@pytest.mark.slow
 def test_healing_lowers_the_held_out_loss(healed):
     run = healed.report["run"]
     losses = dict(run["held_out_loss"])
@@ -80,6 +81,7 @@ def test_healing_lowers_the_held_out_loss(healed):
     assert p["after"]["held_out"] < p["before"]["held_out"]
 
 
+@pytest.mark.slow
 def test_module_fixtures_cache_the_originals_perplexities_privately(healed):
     """The module's heal (set up before any function fixture) caches in the tests' directory, not ~/.cache/gac."""
     import os
@@ -89,6 +91,7 @@ def test_module_fixtures_cache_the_originals_perplexities_privately(healed):
     assert healed.report["ppl"]["original"] in [json.loads(f.read_text()) for f in cache.glob("*.json")]
 
 
+@pytest.mark.slow
 def test_healed_output_keeps_dims_and_params_and_loads_everywhere(compressed, healed):
     from transformers import AutoModelForCausalLM
 
@@ -120,6 +123,7 @@ def _assert_heal_png(path):
     assert (width, height) == (1320, 506)
 
 
+@pytest.mark.slow
 def test_evaluation_windows_are_never_trained_on(tmp_path, compressed):
     import gac
     from gac.calibration.texts import pydoc_split
@@ -136,6 +140,7 @@ def test_evaluation_windows_are_never_trained_on(tmp_path, compressed):
     assert sharing(t.held_out[:1], evaluation).all()  # the check finds what it looks for
 
 
+@pytest.mark.slow
 def test_the_default_healing_text_is_stdlib_sources_beside_the_docs(compressed):
     """By default healing trains on the calibration docs and as many tokens of the standard library's sources (a
     kind of text the docs lack), and stops early on the docs' windows, as it did on the docs alone."""
@@ -206,6 +211,7 @@ def test_early_stop_keeps_the_best_tensors(compressed, original, docs_file, monk
     assert all(p.requires_grad for p in student.parameters())  # as it came
 
 
+@pytest.mark.slow
 def test_the_originals_perplexities_are_measured_once_per_model_and_windows(compressed, original, monkeypatch):
     """The original's perplexities never change for its tensors and the windows: a second heal reads them back from
     the cache; other tensors or other windows are measured."""
@@ -295,6 +301,7 @@ def test_ce_weight_adds_the_texts_cross_entropy(compressed, original, docs_file)
         DistillConfig(ce_weight=-1.0)
 
 
+@pytest.mark.slow
 def test_compress_with_heal(original, tmp_path):
     out = tmp_path / "out"
     result = compress(CompressConfig(model=str(original), compressor="svd", ratio=0.3, out=str(out), text=TEXT,
@@ -308,6 +315,7 @@ def test_compress_with_heal(original, tmp_path):
         CompressConfig(heal=HEAL, layerwise=True)
 
 
+@pytest.mark.slow
 def test_a_failed_heal_leaves_no_output(compressed, tmp_path, monkeypatch):
     import importlib
 
@@ -322,6 +330,7 @@ def test_a_failed_heal_leaves_no_output(compressed, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.subprocess
 def test_cli_heals_and_prints_before_and_after(compressed, tmp_path):
     out = tmp_path / "out"
     p = run_gac("heal", compressed, "--out", out, "--heal-tokens", 32 * 2 * 6, "--seq-len", 32, "--eval-windows", 2,
@@ -374,6 +383,7 @@ def test_heal_options_need_heal(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_healing_lowers_the_loss_in_either_precision(compressed, original, docs_file, precision):
     """bf16 matmuls (autocast; weights, optimizer and loss in fp32) heal as fp32 does, and the run says which ran."""
@@ -446,6 +456,7 @@ def test_a_learning_rate_that_overshoots_backs_off_and_then_heals(compressed, or
     assert result.best_step > result.backoffs[0] and held_out_loss(loaded.model, teacher, t.val, 2) < 0.97 * before
 
 
+@pytest.mark.slow
 def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_text(compressed, original):
     import gac
     from gac.checkpoint.loading import load_model
@@ -467,6 +478,7 @@ def test_sampled_windows_come_from_the_original_and_never_repeat_the_evaluation_
     assert not sharing(mixed.train, list(t.evaluated().values())).any()
 
 
+@pytest.mark.slow
 def test_healing_on_samples_beside_the_text(compressed, tmp_path):
     """--heal-samples: windows sampled from the original join the training and early-stopping windows, and the
     KL on both falls."""

@@ -37,11 +37,13 @@ def _run(mode: str) -> list[str]:
     return subprocess.run([sys.executable, "-c", HEAP, mode], capture_output=True, text=True, check=True).stdout.split()
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_timing_lifts_the_fixed_mmap_threshold_and_restores_it():
     assert _run("fixed") == ["False", "True", "False", "False"]
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_timing_leaves_glibcs_default_heap_as_it_is():
     """Where gac set nothing, glibc's dynamic threshold keeps the freed tensor before, during and after a timing."""

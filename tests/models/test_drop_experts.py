@@ -66,6 +66,7 @@ def test_the_constructed_expert_is_never_routed():
             assert routed[NEVER] == 0 and routed.sum() == 2 * 16 * 2
 
 
+@pytest.mark.slow
 def test_drop_experts_within_budget_aligned_and_round_trips(moe_dir, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
@@ -110,6 +111,7 @@ def test_drop_experts_within_budget_aligned_and_round_trips(moe_dir, tmp_path, m
         assert {n: r.num_experts for n, r in _routers(model).items()} == dict.fromkeys(moe_layers, 3)
 
 
+@pytest.mark.slow
 def test_dropping_alone_may_meet_the_budget_with_widths_whole(moe_dir, tmp_path):
     """At a ratio the dropped experts alone meet (a quarter of the experts is more than a tenth of the parameters),
     the widths may stay whole, and the experts are still dropped."""
@@ -120,6 +122,7 @@ def test_dropping_alone_may_meet_the_budget_with_widths_whole(moe_dir, tmp_path)
     assert not any(n.endswith(".experts") for n in r["dims"]["gac"])  # every expert width kept whole
 
 
+@pytest.mark.slow
 def test_drop_experts_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_path):
     from gac.checkpoint.gac_dir import load
 
@@ -161,6 +164,7 @@ def test_a_fraction_outside_0_1_is_one_line(fraction):
         make_compressor("prune", drop_experts=fraction)
 
 
+@pytest.mark.slow
 def test_drop_experts_refusals_are_one_line(tiny_model_dir, tmp_path):
     """Refused before any output: on the command line (another compressor, a share of 1), and where the model decides
     (too few experts left, no experts, MoE layers left out of the pruned ones), each one line naming the fix."""

@@ -32,6 +32,7 @@ def tiny_gemma3_dir(request, tmp_path_factory):
     return save_tiny(model, tmp_path_factory.mktemp(f"tiny-{request.param}"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compressor,options", [("prune", {"layers": "all"}), ("asvd", {"importance": "magnitude"})])
 def test_gemma3_compresses_aligned_and_round_trips(tiny_gemma3_dir, tmp_path, monkeypatch, compressor, options):
     from transformers import AutoModelForCausalLM

@@ -67,6 +67,7 @@ def _reloaded(out):
             AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ratio", [0.15, 0.30])
 def test_gpt_oss_prune_cuts_one_aligned_expert_width_per_layer_and_round_trips(gpt_oss_dir, tmp_path, monkeypatch,
                                                                                ratio):
@@ -94,6 +95,7 @@ def test_gpt_oss_prune_cuts_one_aligned_expert_width_per_layer_and_round_trips(g
         assert _expert_widths(model) == widths
 
 
+@pytest.mark.slow
 def test_gpt_oss_layerwise_equals_the_whole_model_pipeline(gpt_oss_dir, tmp_path):
     """Layer by layer, evaluated as a user runs it: the unaligned variant's layers run their experts eagerly (a
     layer copied on its own holds its own config), and each timed layer runs with its own kind of attention mask
@@ -192,6 +194,7 @@ def test_gpt_oss_heads_are_cut_with_their_sinks_and_round_trip(tmp_path, monkeyp
         assert torch.equal(_logits(loaded), want)
 
 
+@pytest.mark.slow
 def test_unaligned_gpt_oss_output_repairs_to_the_same_function(gpt_oss_dir, tmp_path):
     """Zero padding an interleaved, biased expert width: zero (gate, up) pairs and biases at the end, zero down rows."""
     from tests.models.test_moe_family import assert_unaligned_output_repairs
@@ -199,6 +202,7 @@ def test_unaligned_gpt_oss_output_repairs_to_the_same_function(gpt_oss_dir, tmp_
     assert_unaligned_output_repairs(gpt_oss_dir, tmp_path)
 
 
+@pytest.mark.slow
 def test_gpt_oss_asvd_factorizes_the_biased_attention_and_leaves_the_experts_whole(gpt_oss_dir, tmp_path,
                                                                                     monkeypatch):
     from gac.models.groups import groups_of
@@ -230,6 +234,7 @@ def test_inspect_reads_the_transposed_expert_weights_the_right_way_round():
     assert dims["model.layers.0.mlp.experts", "mlp_width"] == I
 
 
+@pytest.mark.subprocess
 def test_gpt_oss_gguf_export_is_one_line(gpt_oss_dir, tmp_path):
     from tests.models.test_moe_family import assert_gguf_export_refused
 

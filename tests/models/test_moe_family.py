@@ -65,6 +65,7 @@ def _expert_widths(model) -> list[int]:
     return [g.dim for g in groups_of(model, "experts")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ratio", [0.15, 0.30])
 def test_moe_prune_aligned_within_budget_and_round_trips(moe_dir, tmp_path, monkeypatch, ratio):
     from transformers import AutoModelForCausalLM
@@ -102,6 +103,7 @@ def test_moe_saved_output_keeps_the_per_expert_checkpoint_layout(moe_dir, tmp_pa
     assert any(".experts.0." in k for k in keys)  # each expert's own tensors, as the family's engines read them
 
 
+@pytest.mark.slow
 def test_moe_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_path):
     from gac.checkpoint.gac_dir import load
 
@@ -132,6 +134,7 @@ def test_moe_attention_is_factorized_and_experts_left_whole(moe_dir, tmp_path):
     assert _expert_widths(model) == [g.full for g in groups_of(model, "experts")]
 
 
+@pytest.mark.slow
 def test_unaligned_moe_output_repairs_to_the_same_function(moe_dir, tmp_path):
     assert_unaligned_output_repairs(moe_dir, tmp_path)
 
@@ -151,6 +154,7 @@ def assert_unaligned_output_repairs(model_dir, tmp_path):
     assert all(w % 8 == 0 for w in _expert_widths(load(out.out).model))
 
 
+@pytest.mark.subprocess
 def test_moe_gguf_export_is_one_line(moe_dir, tmp_path):
     assert_gguf_export_refused(moe_dir, tmp_path)
 
@@ -312,6 +316,7 @@ def test_profile_auto_measures_the_experts_op_at_each_layer_geometry():
     assert entry["dims"] == list(dims_around([19], alignment=8, window=1)) and all(ms > 0 for ms in entry["ms"])
 
 
+@pytest.mark.slow
 def test_moe_speedup_predicts_the_experts_from_the_experts_sweep(moe_dir, tmp_path, monkeypatch):
     """--speedup with prune on a tiny MoE model end to end: its latency tables are measured, the experts groups' from
     one experts sweep at the phase's tokens and the layers' geometry. That sweep's times are then made steep in the

@@ -38,6 +38,7 @@ def _round_trips(result, out):
             assert torch.equal(model(ids, use_cache=False).logits, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ratio", [0.15, 0.30])
 def test_phi3_prune_cuts_the_fused_gate_up_aligned_and_round_trips(phi3_dir, tmp_path, monkeypatch, ratio):
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))

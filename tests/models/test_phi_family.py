@@ -11,6 +11,7 @@ from gac.api import compress
 from tests.test_api import fast_config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compressor,options", [("svd", {}), ("asvd", {"importance": "magnitude"}),
                                                 ("svd_llm", {"importance": "magnitude"}),
                                                 ("palu", {"importance": "magnitude"}),
@@ -42,6 +43,7 @@ def test_phi_compresses_and_round_trips(tiny_phi_dir, tmp_path, monkeypatch, com
         assert float((got - want).abs().max()) <= 1e-5 * scale
 
 
+@pytest.mark.slow
 def test_phi_pruned_unaligned_output_repairs_to_the_same_function(tiny_phi_dir, tmp_path):
     from gac.checkpoint.gac_dir import load
     from gac.models.groups import groups_of

@@ -84,6 +84,7 @@ def objective(timer=None, loss=None, speedup=1.05, **kw) -> SpeedupConfig:
     return SpeedupConfig(speedup, **{**FAST, **kw}, instruments=instruments)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compressor", ["asvd", "palu", "prune"])
 def test_speedup_report(tiny_model_dir, tmp_path, compressor):
     out = tmp_path / "out"
@@ -256,6 +257,7 @@ def test_guard_keeps_the_lower_loss_of_the_reaching_models(tiny_model_dir):
     assert not guard["parameter"]["history"][0]["reached"] and "ratio" in b
 
 
+@pytest.mark.slow
 def test_guard_compares_on_the_held_back_windows(tiny_model_dir, tmp_path):
     """The guard measures both streams' models on the calibration windows besides those that calibrate (what auto
     compares compressors on), never on a calibrating window; a calibration text with none past them is refused in
@@ -288,6 +290,7 @@ def test_guard_compares_on_the_held_back_windows(tiny_model_dir, tmp_path):
     compress(dataclasses.replace(cfg, speedup=objective(ShortThenReached(), guard=False)))  # no guard: no need
 
 
+@pytest.mark.slow
 def test_guard_keeps_the_stream_that_reaches(tiny_model_dir):
     """The parameter objective's model reaches the target in round 1 (its looser round 2 falls short) and the
     knapsack's never does: the guard's round 1 is kept; the other way round, the knapsack's."""
@@ -445,6 +448,7 @@ def test_the_line_round_aims_where_the_line_through_every_timing_crosses_the_aim
     assert ("kept a line round" in report_markdown(r)) == (kept == 3)
 
 
+@pytest.mark.slow
 def test_a_line_round_that_falls_short_moves_the_line_for_the_next(tiny_model_dir):
     """Two line rounds at most: the first (timed 3% short of the target) moves the line, and the second solves on the
     line refitted with it, tighter than the first; where the first reaches, no second follows."""
@@ -585,6 +589,7 @@ def test_held_heads_leave_the_knapsack_one_candidate_per_head_group():
             assert a == b
 
 
+@pytest.mark.slow
 def test_decode_phase_runs_on_real_timings(tiny_model_dir):
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False, speedup=objective(phase="decode"))
     r = compress(cfg).report  # real decode timings: figures only, whether the target is reached is noise here
@@ -592,6 +597,7 @@ def test_decode_phase_runs_on_real_timings(tiny_model_dir):
     assert 1 <= len(r["latency_objective"]["rounds"]) <= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compressor", ["asvd", "prune"])
 def test_unreachable_speedup_is_one_line(tiny_model_dir, compressor):
     options = {"layers": "all"} if compressor == "prune" else {}
@@ -604,6 +610,7 @@ def test_unreachable_speedup_is_one_line(tiny_model_dir, compressor):
     assert ("--head-mode group" in in_flags(e.value)) == (compressor == "prune")  # as the CLI words it
 
 
+@pytest.mark.slow
 def test_param_cap_bounds_every_round(tiny_model_dir):
     """A cap below what the latency target alone chooses binds: every round keeps at most the cap's parameters."""
     def run(cap):

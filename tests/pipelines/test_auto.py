@@ -46,6 +46,7 @@ class Sequence:
         return 10.0 + self.step * (self.calls - 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step, kept_built", [(-0.1, 1), (0.1, 0)])
 def test_auto_keeps_the_best_measured(tiny4_dir, tmp_path, monkeypatch, step, kept_built):
     """Falling losses make the second-best predicted measure best, rising ones the best predicted: keeping by
@@ -89,6 +90,7 @@ def test_auto_keeps_the_best_measured(tiny4_dir, tmp_path, monkeypatch, step, ke
     assert all(f"| {name} |" in md for name in AUTO_CANDIDATES) and "prefill speedup" in md
 
 
+@pytest.mark.slow
 def test_auto_calibrates_once_and_keeps_what_the_single_run_builds(tiny4_dir, monkeypatch):
     """One calibration pass and one output-gradient pass for all compressors; the kept model's dims are those a
     single run of the kept compressor at its own ratio chooses."""
@@ -116,6 +118,7 @@ def test_auto_calibrates_once_and_keeps_what_the_single_run_builds(tiny4_dir, mo
     assert auto.report["dims"] == single.report["dims"]
 
 
+@pytest.mark.slow
 def test_auto_under_speedup_keeps_the_best_reaching(tiny4_dir, tmp_path):
     """--speedup: each compressor's prediction from its fitted latency tables (no round timed), the best two through
     their closed loops, the lower measured loss of those that reached kept (stand-in timer and tables; the guard's
@@ -150,6 +153,7 @@ class BySize:
         return {name: Timing(t, t, t, t, 1) for name, t in ms.items()}
 
 
+@pytest.mark.slow
 def test_auto_under_speedup_keeps_the_best_of_what_the_single_runs_keep(tiny4_dir):
     """Given the same timings, each compressor auto builds is the model its single `--speedup` run keeps (the same
     closed loop, the guard on the same held-back windows, by the same loss), and the kept one is the lowest loss of
@@ -190,6 +194,7 @@ class NoisyBySize(BySize):
                 for name, t in super().__call__(models, cfg, aa).items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("auto_first", [True, False])
 def test_auto_and_the_single_run_keep_one_model_through_the_timing_journal(tiny4_dir, tmp_path, auto_first):
     """On a noisy clock the single run of the compressor auto keeps replays the timings auto's loop of it recorded

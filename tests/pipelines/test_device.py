@@ -31,6 +31,7 @@ def _run(source_dir, out, **kw):
                                    progress=False, layerwise=True, out=str(out), factorization="gram", **kw))
 
 
+@pytest.mark.slow
 def test_explicit_device_equals_the_default_cpu_run(source_dir, tmp_path):
     default = _run(source_dir, tmp_path / "default")
     explicit = _run(source_dir, tmp_path / "explicit", device="cpu")

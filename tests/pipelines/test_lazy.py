@@ -43,6 +43,7 @@ def test_lazy_checkpoint_holds_one_layer_at_a_time(source_dir):
     assert not real("model.layers.")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, options", [("svd", {}), ("asvd", {}), ("svd_llm", {}), ("prune", {"layers": "all"}),
                                            ("palu", {})])
 def test_layerwise_output_equals_whole_model_output(source_dir, tmp_path, name, options):
@@ -61,6 +62,7 @@ def test_layerwise_output_equals_whole_model_output(source_dir, tmp_path, name, 
     assert not list(tmp_path.glob(".*"))  # atomic
 
 
+@pytest.mark.slow
 def test_layerwise_report_carries_what_the_whole_report_does(source_dir, tmp_path):
     """One report for both pipelines: the same keys and selection (a profile's ruled-out dims included), only the
     pipeline named differently; report.json is the report the call returns."""
@@ -88,6 +90,7 @@ def test_layerwise_report_carries_what_the_whole_report_does(source_dir, tmp_pat
     assert timeless[0] == timeless[1]
 
 
+@pytest.mark.slow
 def test_layerwise_output_loads_offloaded(source_dir, tmp_path):
     cfg = CompressConfig(model=str(source_dir), compressor="svd", ratio=0.2, text=TEXT, evaluate=False,
                          progress=False, out=str(tmp_path / "out"), layerwise=True)
@@ -100,6 +103,7 @@ def test_layerwise_output_loads_offloaded(source_dir, tmp_path):
         assert torch.allclose(placed(ids).logits, whole(ids).logits, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_layerwise_perplexity_equals_whole_model(source_dir, tmp_path):
     from gac.evaluate.latency import LatencyConfig
 
@@ -114,6 +118,7 @@ def test_layerwise_perplexity_equals_whole_model(source_dir, tmp_path):
     assert whole["gac"]["ppl"] != pytest.approx(whole["baseline"]["ppl"], rel=1e-3)  # the variants differ
 
 
+@pytest.mark.subprocess
 def test_cli_layerwise_with_a_memory_budget(source_dir, tmp_path):
     from transformers import AutoConfig
 
@@ -153,6 +158,7 @@ print(held - rss())
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_large_allocations_are_returned_when_freed():
     """With glibc's default (dynamic) threshold an 8 MiB tensor freed after a 16 MiB one stays resident in the heap;
@@ -178,6 +184,7 @@ print(held - rss())
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_opening_a_model_leaves_no_heap_for_layer_sized_blocks(tmp_path):
     """The empty model's parameters are allocated (untouched) before they move to meta; under glibc's dynamic

@@ -42,6 +42,14 @@ def save_gac(model, d):
 
 
 @pytest.fixture(scope="session")
+def lm_eval():
+    """lm-evaluation-harness (a test extra): an engine, so a test asking for it is out of the quick tier."""
+    import lm_eval
+
+    return lm_eval
+
+
+@pytest.fixture(scope="session")
 def structures_dir(tmp_path_factory):
     return save_gac(structures(), tmp_path_factory.mktemp("quant") / "structures")
 

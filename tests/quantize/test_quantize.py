@@ -40,6 +40,7 @@ def dequantized(model, ids):
         return model(ids).logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run, bits", [("w4a16-rtn", 4), ("w8a8-rtn", 8)])
 def test_round_to_nearest_round_trips_every_linear_of_every_structure(structures_dir, quantized, run, bits):
     """Each weight read back is its original rounded to the nearest point of the saved grid: on the grid, within
@@ -106,6 +107,7 @@ def test_the_checkpoint_is_compressed_tensors_and_keeps_the_gac_structure(struct
     assert plan["quantization"]["label"] == "w4a16-g32-rtn" and plan["variant"] == "gac"
 
 
+@pytest.mark.subprocess
 def test_transformers_loads_it_without_gac(quantized):
     """trust_remote_code: the directory's own modeling code and transformers' compressed-tensors integration, gac
     never imported, give the logits gac.load gives."""
@@ -183,6 +185,7 @@ def original_dir(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_compress_heals_then_quantizes_in_one_step(original_dir, tmp_path):
     """`gac compress --target vllm:w4a16 --heal --quantize w4a16`: the dims meet the kernel, healing trains the
     float model, then every linear is quantized and the checkpoint loads."""
@@ -208,7 +211,7 @@ def test_quantize_options_without_quantize_are_refused(original_dir, tmp_path):
                           "--method set quantization: give --quantize too")
 
 
-def test_lm_evaluation_harness_scores_it_as_gac_load_does(quantized):
+def test_lm_evaluation_harness_scores_it_as_gac_load_does(lm_eval, quantized):
     """lm-eval's hf backend (trust_remote_code, as docs/USAGE.md has it) loads the quantized gac output, and its
     log-likelihood of a continuation is the one gac.load's model gives."""
     import gac

@@ -236,6 +236,7 @@ def test_repair_dir_loads_with_gac(repaired_dir):
     _assert_same_outputs(_logits(model, ids), expected)
 
 
+@pytest.mark.subprocess
 def test_repair_dir_loads_with_plain_transformers(repaired_dir, tmp_path):
     _, out, ids, expected = repaired_dir
     ref = tmp_path / "ref.pt"

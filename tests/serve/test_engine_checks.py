@@ -83,6 +83,7 @@ def test_int4_weights_run_in_bfloat16_and_float32_is_refused_before_vllm_starts(
         vllm_engine.check_quantized_kernels(q, "torch.float32")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("script", ["vllm_bench.py", "vllm_models.py"])
 def test_serving_benchmarks_parse_their_options(script):
     import subprocess

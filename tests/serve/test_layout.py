@@ -15,6 +15,7 @@ def layouts(d):
     return layer_layouts(AutoConfig.from_pretrained(d))
 
 
+@pytest.mark.subprocess
 def test_original_is_every_layer_at_full_size(serve_dirs):
     for lay in layouts(serve_dirs["original"]):
         assert (lay.num_heads, lay.num_kv_heads, lay.head_dim, lay.width) == (4, 2, 32, 320)
@@ -23,6 +24,7 @@ def test_original_is_every_layer_at_full_size(serve_dirs):
             (128, 128), (64, 128), (64, 128), (128, 128), (320, 128), (320, 128), (128, 320)]
 
 
+@pytest.mark.subprocess
 def test_resized_layers_keep_their_own_heads_and_widths(serve_dirs):
     lays = layouts(serve_dirs["resized"])
     assert [(x.num_heads, x.num_kv_heads) for x in lays] == [(4, 2), (2, 1), (2, 2), (4, 2)]
@@ -31,6 +33,7 @@ def test_resized_layers_keep_their_own_heads_and_widths(serve_dirs):
     assert lays[0].consumers[0].in_features == 157
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("name, key", [("asvd", "lowrank"), ("palu", "grouped_lowrank")])
 def test_factorized_projections_carry_their_ranks(serve_dirs, name, key):
     config = AutoConfig.from_pretrained(serve_dirs[name])
@@ -44,6 +47,7 @@ def test_factorized_projections_carry_their_ranks(serve_dirs, name, key):
         assert (p.ranks == tuple(rank)) if key == "grouped_lowrank" else (p.rank == rank)
 
 
+@pytest.mark.subprocess
 def test_tensor_parallel_refusals_name_the_layer_and_the_fix(serve_dirs):
     check_tensor_parallel(layouts(serve_dirs["original"]), 2)
     check_tensor_parallel(layouts(serve_dirs["original"]), 4)  # 2 dense KV heads over 4 ranks: replicated
@@ -59,6 +63,7 @@ def test_tensor_parallel_refusals_name_the_layer_and_the_fix(serve_dirs):
         check_tensor_parallel(factored_kv, 0)
 
 
+@pytest.mark.subprocess
 def test_a_vllm_tp2_target_gives_a_model_two_ranks_split(serve_dirs, tmp_path):
     """prune under --target vllm:tp2, same budget: every width splits into two shards of a multiple of 8, every
     head count splits, so the saved model passes the plan's check at TP=2 (the unaligned prune need not)."""
@@ -75,6 +80,7 @@ def test_a_vllm_tp2_target_gives_a_model_two_ranks_split(serve_dirs, tmp_path):
     check_tensor_parallel(lays, 2)
 
 
+@pytest.mark.slow
 def test_fused_projections_and_expert_widths_are_read_per_layer(family_dirs):
     """Phi-3: one fused qkv linear (factorized whole in layer 0) and a gate_up twice the MLP width; Qwen3-MoE: the
     experts' saved width per sparse layer, a dense width for its mlp_only layer; TP needs the expert width split."""

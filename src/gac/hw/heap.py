@@ -61,14 +61,14 @@ def timing_heap() -> Iterator[None]:
 
 @functools.cache
 def _glibc():
-    """glibc through ctypes, or None (another OS, or another C library such as musl)."""
+    """glibc through ctypes, or None (another OS, or another C library such as musl). Opened by glibc's soname:
+    ctypes.util.find_library would start `ldconfig -p` to find it."""
     import ctypes
-    import ctypes.util
 
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # musl's is libc.so, and has neither function below
         return None
     return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None  # musl has neither
