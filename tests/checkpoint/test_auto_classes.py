@@ -7,6 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from gac.checkpoint import gac_dir
@@ -14,6 +15,7 @@ from gac.checkpoint.gac_dir import plan_record, save
 from tests.conftest import tiny_model, tiny_tokenizer
 
 
+@pytest.mark.subprocess
 def test_register_alone_lets_transformers_load_a_gac_output(tmp_path):
     """With the hook taken out, transformers refuses the directory; after gac.register() (twice: idempotent, one
     entry a class) AutoModelForCausalLM.from_pretrained builds gac's own class, computing what was saved."""

@@ -500,7 +500,7 @@ def test_unlike_texts_are_those_the_distribution_carries(monkeypatch, tmp_path):
 
     assert "Python Software Foundation" in data.unlike_texts()["licence"][1]
     monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
-    with pytest.raises(GacError, match="--unlike-file"):
+    with pytest.raises(GacError, match="with unlike_file"):
         data.unlike_texts()
     (tmp_path / "LICENSE.txt").write_text("licence")
     assert list(data.unlike_texts()) == ["licence"]
