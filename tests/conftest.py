@@ -197,6 +197,14 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
 
 
+def pytest_configure(config):
+    """Each pytest-xdist worker computes on its share of the cores: with every worker on all of them, a parallel
+    region's threads wait at its barrier for a thread the other worker's work has taken off its core."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker a core, at most MAX_WORKERS (each may hold the embedded model or start vLLM)."""
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))

@@ -4,6 +4,7 @@ of a fresh-process script that reads its resident size."""
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 
@@ -38,7 +39,12 @@ def gac_cli(*args) -> subprocess.CompletedProcess:
     from gac.cli import main
 
     args = [str(a) for a in args]
-    r = CliRunner().invoke(main, args, prog_name="gac")
+    environ = dict(os.environ)  # what the command sets for its own process (vLLM's settings) stays with it
+    try:
+        r = CliRunner().invoke(main, args, prog_name="gac")
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         raise r.exception  # gac's own handler turns every exception into an exit: this is the test's fault
     return subprocess.CompletedProcess(["gac", *args], r.exit_code, r.stdout, r.stderr)

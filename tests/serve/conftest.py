@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import installed_for_ci, tiny_tokenizer
-from tests.helpers import run_gac
+from tests.helpers import gac_cli, run_gac
 
 SERVE_TINY = dict(hidden_size=128, intermediate_size=320, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=320, max_position_embeddings=512, tie_word_embeddings=True)
@@ -61,10 +61,10 @@ def serve_dirs(tmp_path_factory):
                        "palu": ["--compressor", "palu", "--ratio", "0.3"],
                        "prune": ["--compressor", "prune", "--ratio", "0.3"],
                        "asvd-unaligned": ["--compressor", "asvd", "--ratio", "0.3", "--no-align"]}.items():
-        p = run_gac("compress", "--model", str(original), *args, "--out", str(root / name), *FAST, timeout=900)
+        p = gac_cli("compress", "--model", str(original), *args, "--out", str(root / name), *FAST)
         assert p.returncode == 0, p.stderr
         dirs[name] = root / name
-    p = run_gac("repair", str(root / "asvd-unaligned"), "--out", str(root / "repaired"), "--no-latency")
+    p = gac_cli("repair", str(root / "asvd-unaligned"), "--out", str(root / "repaired"), "--no-latency")
     assert p.returncode == 0, p.stderr
     dirs["repaired"] = root / "repaired"
     save(resized(serve_tiny_model()), tiny_tokenizer(), root / "resized",

@@ -12,8 +12,7 @@ import sys
 
 import pytest
 
-from tests.helpers import run_gac
-from tests.helpers import assert_one_error_line
+from tests.helpers import assert_one_error_line, gac_cli
 from tests.serve.conftest import LOGPROB_TOL, TP2_LLAMA, serve_check, served_set
 
 pytestmark = pytest.mark.vllm
@@ -21,10 +20,14 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def served(vllm, serve_dirs, tmp_path_factory):
-    return serve_check(served_set(serve_dirs), tmp_path_factory.mktemp("served") / "tp1.json")
+    """serve-check at TP=1 on every served directory but the Llamas served at TP=2 (each structure kind they hold is
+    also served here: factor pairs unaligned and repaired, PaLU groups quantized, per-layer widths and heads
+    resized)."""
+    dirs = [d for d in served_set(serve_dirs) if d not in {serve_dirs[n] for n in TP2_LLAMA}]
+    return serve_check(dirs, tmp_path_factory.mktemp("served") / "tp1.json")
 
 
-@pytest.mark.parametrize("name", ["original", "asvd", "palu", "prune", "asvd-unaligned", "repaired", "resized"])
+@pytest.mark.parametrize("name", ["original", "asvd-unaligned", "repaired", "resized"])
 def test_vllm_serves_the_saved_model(served, serve_dirs, name):
     r = served[str(serve_dirs[name])]
     assert r["positions"] == 8 * 32
@@ -51,7 +54,7 @@ def test_vllm_runs_every_quantized_linear_with_its_quantized_kernel(served, serv
     from gac.serve.agreement import kernel_counts
 
     if f"{name}-refused" in serve_dirs:
-        p = run_gac("serve-check", serve_dirs[f"{name}-refused"], timeout=300)
+        p = gac_cli("serve-check", serve_dirs[f"{name}-refused"])
         assert_one_error_line(p, "holds int4 (W4A16) weights, and vLLM's CPU build has its int4 GEMM")
         return
     r = served[str(serve_dirs[name])]
@@ -74,16 +77,16 @@ def test_tensor_parallel_2_shards_quantized_factor_pairs(served_tp2, serve_dirs)
 
 
 def test_refusals_are_one_line_before_vllm_starts(vllm, serve_dirs, tmp_path):
-    p = run_gac("serve-check", str(serve_dirs["resized"]), "--tp", "2", timeout=120)
+    p = gac_cli("serve-check", str(serve_dirs["resized"]), "--tp", "2")
     assert p.returncode == 2
     assert p.stderr.strip() == ("error: layer 0 keeps MLP width 157, not divisible by tensor parallel size 2: "
                                 "compress with --target vllm:tp2, or serve with a tensor parallel size that divides it")
-    p = run_gac("serve-check", str(tmp_path), timeout=120)
+    p = gac_cli("serve-check", str(tmp_path))
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no config.json" in p.stderr
 
 
 def test_a_head_size_vllms_cpu_attention_does_not_run_is_one_line_before_vllm_starts(vllm, tiny_model_dir):
-    p = run_gac("serve-check", tiny_model_dir, timeout=300)
+    p = gac_cli("serve-check", tiny_model_dir)
     assert_one_error_line(p, "has head_dim 16, which vLLM's CPU attention does not run (it runs 32, 64")
 
 
@@ -113,21 +116,20 @@ def start_vllm(tmp_path, cases) -> str:
 
 def test_vllm_started_directly_serves_and_refuses_what_it_cannot_serve_right(vllm, serve_dirs, tmp_path):
     """Started directly, at vLLM's defaults (its engine core in a process vLLM spawns, where gac's plugin must load
-    too, as in the workers it spawns at TP > 1; serve-check runs its engines in processes of its own): a factorized
-    model loads and generates; a size the ranks cannot split and an output saved under the family's own class are
-    refused by the plugin's config check before an engine starts; vLLM's Transformers backend refuses to build a
-    factorized model; nothing loads wrong."""
+    too, as in the workers it spawns at TP > 1; serve-check runs its engines in processes of its own): a size the
+    ranks cannot split and an output saved under the family's own class are refused by the plugin's config check
+    before an engine starts; vLLM's Transformers backend refuses to build a factorized model; nothing loads wrong.
+    (That the plugin serves a factorized model from such a spawned engine core, test_openai_server shows.)"""
     old = tmp_path / "old-asvd"
     shutil.copytree(serve_dirs["asvd"], old)
     config = json.loads((old / "config.json").read_text())
     (old / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
     resized, asvd = str(serve_dirs["resized"]), str(serve_dirs["asvd"])
     tp2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
-    out = start_vllm(tmp_path, [[asvd, {}], [resized, tp2], [str(old), {}],
+    out = start_vllm(tmp_path, [[resized, tp2], [str(old), {}],
                                 [asvd, {"model_impl": "transformers", "trust_remote_code": True}]])
-    assert f"LOADED {asvd} generated 4" in out
     assert (f"REFUSED {resized} GacError layer 0 keeps MLP width 157, not divisible by tensor parallel size 2"
             in out)
     assert f"REFUSED {old} GacError {old} is a gac output saved under LlamaForCausalLM" in out
     assert f"REFUSED {asvd}" in out and "vLLM's Transformers backend cannot build" in out
-    assert out.count("LOADED") == 1
+    assert "LOADED" not in out
