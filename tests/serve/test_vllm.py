@@ -23,7 +23,7 @@ def served(vllm, serve_dirs, tmp_path_factory):
     """serve-check at TP=1 on every served directory but the Llamas served at TP=2 (each structure kind they hold is
     also served here: factor pairs unaligned and repaired, PaLU groups quantized, per-layer widths and heads
     resized)."""
-    dirs = [d for d in served_set(serve_dirs) if d not in {serve_dirs[n] for n in TP2_LLAMA}]
+    dirs = served_set({name: d for name, d in serve_dirs.items() if name not in TP2_LLAMA})
     return serve_check(dirs, tmp_path_factory.mktemp("served") / "tp1.json")
 
 
@@ -114,7 +114,7 @@ def start_vllm(tmp_path, cases) -> str:
     return p.stdout + p.stderr
 
 
-def test_vllm_started_directly_serves_and_refuses_what_it_cannot_serve_right(vllm, serve_dirs, tmp_path):
+def test_vllm_started_directly_refuses_what_it_cannot_serve_right(vllm, serve_dirs, tmp_path):
     """Started directly, at vLLM's defaults (its engine core in a process vLLM spawns, where gac's plugin must load
     too, as in the workers it spawns at TP > 1; serve-check runs its engines in processes of its own): a size the
     ranks cannot split and an output saved under the family's own class are refused by the plugin's config check
