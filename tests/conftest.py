@@ -74,6 +74,12 @@ def installed_for_ci(module: str, package: str, setup_arg: str):
         pytest.skip(f"{package} is not installed: bash scripts/setup.sh {setup_arg}")
 
 
+@pytest.fixture(scope="session")
+def llama_cpp():
+    """llama-cpp-python (required under CI)."""
+    return installed_for_ci("llama_cpp", "llama-cpp-python", "llamacpp")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
     """Profiles, sweeps and perplexities that tests cache go to a temporary directory, never the user's ~/.cache/gac

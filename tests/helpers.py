@@ -88,3 +88,21 @@ def assert_names_a_fix(message: str) -> None:
     problem, _, fix = message.removeprefix("error: ").partition(": ")
     assert problem and fix, message
     assert any(w in message for w in FIX_WORDS), f"no fix named: {message}"
+
+
+def sentencepiece_bpe_tokenizer():
+    """A tiny tokenizer.json of Gemma's kind: spaces as '▁' (no prefix), BPE merges, unknown bytes as <0xXX>."""
+    from pydoc_data.topics import topics
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", *(f"<0x{b:02X}>" for b in range(256))]
+    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=[chr(c) for c in range(32, 127) if c != 32] + ["▁", "\n"])
+    tok.train_from_iterator([topics[k] for k in sorted(topics)[:40]], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+                                   pad_token="<pad>")

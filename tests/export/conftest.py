@@ -1,18 +1,8 @@
-"""Fixtures of the export tests: llama.cpp's bindings (required under CI), pruned variants of small models."""
+"""Fixtures of the export tests: pruned variants of small models."""
 
 from __future__ import annotations
 
 import copy
-
-import pytest
-
-from tests.conftest import installed_for_ci
-
-
-@pytest.fixture(scope="session")
-def llama_cpp():
-    """llama-cpp-python (required under CI)."""
-    return installed_for_ci("llama_cpp", "llama-cpp-python", "llamacpp")
 
 
 def pruned_variants(model, calib, *, ratio: float, targets: tuple[str, ...], layers="all") -> dict:

@@ -18,7 +18,7 @@ from gac.export.tokenizer import fields_from_hf
 from gac.models.groups import groups_of
 from gac.models.surgery import Keep, KeepHeads
 from tests.conftest import FAMILY_EXTRA, TINY, save_tiny, tiny_tokenizer
-from tests.helpers import assert_names_a_fix, assert_one_error_line, run_gac
+from tests.helpers import assert_names_a_fix, assert_one_error_line, run_gac, sentencepiece_bpe_tokenizer
 
 MAX_REL_ERROR = 1e-2  # max |difference| / max |logit|, f16 weights against gac's fp32 (measured ~2e-3)
 # rope bases apart from llama.cpp's defaults, so a base written to the wrong layer type (or not at all) shows
@@ -226,29 +226,11 @@ def test_multimodal_gemma3s_language_model_runs_in_llama_cpp(llama_cpp, tmp_path
 # --- Gemma's tokenizer: SentencePiece-style BPE with byte fallback ---------------------------------------------
 
 
-def _sentencepiece_bpe_tokenizer():
-    """A tiny tokenizer.json of Gemma's kind: spaces as '▁' (no prefix), BPE merges, unknown bytes as <0xXX>."""
-    from pydoc_data.topics import topics
-
-    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
-    tok.normalizer = normalizers.Replace(" ", "▁")
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>", *(f"<0x{b:02X}>" for b in range(256))]
-    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=[chr(c) for c in range(32, 127) if c != 32] + ["▁", "\n"])
-    tok.train_from_iterator([topics[k] for k in sorted(topics)[:40]], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
-                                   pad_token="<pad>")
-
-
 def test_sentencepiece_bpe_tokenizer_splits_as_transformers_in_llama_cpp(llama_cpp, tmp_path):
     import gguf
     from pydoc_data.topics import topics
 
-    hf = _sentencepiece_bpe_tokenizer()
+    hf = sentencepiece_bpe_tokenizer()
     hf.save_pretrained(tmp_path)
     path = tmp_path / "vocab.gguf"
     w = gguf.GGUFWriter(str(path), "gemma3")

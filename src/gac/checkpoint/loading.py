@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from gac.checkpoint.gac_dir import LoadedModel, is_gac_dir, load, placement_kwargs
+from gac.checkpoint.gguf_tokenizer import check_tokenizer
 from gac.checkpoint.placement import Placement
 from gac.checkpoint.verify import check_gac_files
 from gac.errors import GacError, first_line
@@ -276,6 +277,8 @@ def _load_hf(
             f"no usable tokenizer for {source!r}: put the tokenizer files (tokenizer.json or tokenizer.model) "
             f"beside the weights"
         ) from e
+    if gguf_file:  # transformers' conversion checked against the file and llama.cpp before any weight is read
+        check_tokenizer(tokenizer, Path(where) / gguf_file, source)
     log.info("loading %s", source)
     if placement is not None:
         kwargs.update(placement_kwargs(placement))

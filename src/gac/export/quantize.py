@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gac.errors import GacError
+from gac.io.llama_log import collected_log
 
 # --type -> llama.cpp's file type (enum llama_ftype); f16 is written directly, without the quantizer
 FTYPES = {
@@ -62,19 +63,8 @@ def quantize(src: Path, dst: Path, type_: str, *, threads: int = 0) -> list[dict
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, FTYPES[check_type(type_)])
     params.nthread = threads
-    messages: list[str] = []
-
-    @llama_cpp.llama_log_callback
-    def collect(level, text, user_data):  # llama.cpp writes each line in pieces
-        messages.append(text.decode("utf-8", errors="replace"))
-
-    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
-    try:
+    with collected_log(llama_cpp) as messages:
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    finally:
-        from llama_cpp import _logger
-
-        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
     if rc != 0:
         last = next((m.strip() for m in reversed(messages) if m.strip()), "no message")
         raise GacError(f"llama.cpp could not quantize {src.name} to {type_} ({last[:200]}): check the f16 export")

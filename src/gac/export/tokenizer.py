@@ -99,7 +99,7 @@ def fields_from_hf(directory: Path) -> Callable:
             scores.append(-1000.0)
             types.append(int(gguf.TokenType.UNUSED))
         writer.add_tokenizer_model(model)
-        writer.add_tokenizer_pre("default")
+        writer.add_tokenizer_pre(_pre_tokenizer(directory) if model == "gpt2" else "default")
         writer.add_token_list(tokens)
         writer.add_token_types(types)
         if spm is not None:
@@ -115,6 +115,13 @@ def fields_from_hf(directory: Path) -> Callable:
         model,
     )
     return add
+
+
+def _pre_tokenizer(directory: Path) -> str:
+    """llama.cpp's name for a byte-level BPE's pre-tokenizer: GPT-2's regex (a ByteLevel step that splits), whose
+    runs of spaces llama.cpp's `default` splits otherwise; `default` for any other."""
+    spec = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8")).get("pre_tokenizer") or {}
+    return "gpt-2" if spec.get("type") == "ByteLevel" and spec.get("use_regex", True) else "default"
 
 
 def _unsupported(directory: Path, e: Exception) -> str:
