@@ -90,6 +90,23 @@ def test_token_windows_shapes_and_content(tokenizer):
     assert w.shape == (n_ids // 16, 16)  # capped by the text, not by max_windows
 
 
+def test_every_window_starts_with_bos_where_the_tokenizer_starts_a_sequence_with_it():
+    """A tokenizer that puts BOS first (Gemma's): each window is BOS and the next seq_len - 1 text tokens, so every
+    text token is still predicted once; one that puts none (the tiny BPE) keeps plain windows."""
+    from tests.helpers import sentencepiece_bpe_tokenizer
+
+    tok = sentencepiece_bpe_tokenizer()
+    tok.add_bos_token = True
+    text = pydoc_split()[1][:20_000]
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok(text)["input_ids"][0] == tok.bos_token_id
+    w = token_windows(tok, text, 32, 5, what="evaluation")
+    assert w.shape == (5, 32) and w[:, 0].tolist() == [tok.bos_token_id] * 5
+    assert w[:, 1:].flatten().tolist() == ids[: 5 * 31]
+    tok.add_bos_token = False
+    assert token_windows(tok, text, 32, 5, what="evaluation").flatten().tolist() == ids[: 5 * 32]
+
+
 def test_token_windows_fewer_than_one_window_raises(tokenizer):
     text = "a few words"
     n = len(tokenizer(text, add_special_tokens=False)["input_ids"])

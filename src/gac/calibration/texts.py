@@ -103,17 +103,33 @@ class TextConfig:
 
 
 def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what: str):
-    """Non-overlapping [n, seq_len] token windows from the start of `text` (n <= max_windows)."""
+    """Non-overlapping [n, seq_len] token windows from the start of `text` (n <= max_windows). Where the tokenizer
+    starts a sequence with BOS, so does every window (BOS, then seq_len - 1 tokens of text), as llama.cpp's
+    perplexity and lm-evaluation-harness's rolling windows do: a model trained with BOS first (Gemma) computes
+    otherwise far from how it runs, and every text token is still predicted once."""
     import torch
 
     ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-    n = min(len(ids) // seq_len, max_windows)
+    bos = start_token(tokenizer)
+    step = seq_len - (bos is not None)
+    n = min(len(ids) // step, max_windows) if step else 0
     if n == 0:
         raise ConfigError(
             f"{literal(what)} text has {len(ids)} tokens, fewer than one window of {seq_len}: "
             "pass a longer file or a smaller {seq_len}"
         )
-    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # [n, seq_len]
+    windows = torch.tensor(ids[: n * step], dtype=torch.long).view(n, step)  # [n, step]
+    if bos is None:
+        return windows  # [n, seq_len]
+    return torch.cat([torch.full((n, 1), bos, dtype=torch.long), windows], dim=1)  # [n, seq_len]
+
+
+def start_token(tokenizer) -> int | None:
+    """The BOS id the tokenizer puts before a text it encodes, or None where it puts none (found by encoding one:
+    the flag's name and the post-processor differ between tokenizer classes)."""
+    bos = tokenizer.bos_token_id
+    with_specials = tokenizer("a", verbose=False)["input_ids"]
+    return bos if bos is not None and with_specials[:1] == [bos] else None
 
 
 def spread(total: int, n: int):
