@@ -2,11 +2,13 @@
 baseline (`gac bench MODEL.gguf --ppl`) is compared with, in any environment's transformers.
 
     python benchmarks/gguf_tokenizer.py MODEL.gguf --eval-windows 8 --seq-len 512 --out ref.json
-    gac bench MODEL.gguf --ppl --eval-windows 8 --seq-len 512 --points 1x16 --no-aa --out bench/
+    gac bench MODEL.gguf --ppl --eval-windows 8 --seq-len 512 --points 1x16 --no-aa \
+        --out bench/
 
 The text and windows are gac's (every fifth Python-docs topic, windows from its start, BOS first in each where the
-tokenizer starts a sequence with it), written out again here so that nothing of gac runs; the JSON holds the perplexity, the transformers release and the
-windows' token ids, so two environments' tokenizations can be compared id by id (`--compare A.json B.json`).
+tokenizer starts a sequence with it), written out again here so that nothing of gac runs; the JSON holds the
+perplexity, the transformers release and the windows' token ids, so two environments' tokenizations can be compared
+id by id (`--compare A.json B.json`).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def reference(gguf: Path, windows: int, seq_len: int) -> dict:
 
 
 def compare(a: dict, b: dict) -> None:
-    flat = [sum(x["ids"], []) for x in (a, b)]
+    flat = [[t for w in x["ids"] for t in w] for x in (a, b)]
     same = sum(p == q for p, q in zip(*flat, strict=True)) if len(flat[0]) == len(flat[1]) else 0
     for x in (a, b):
         print(
