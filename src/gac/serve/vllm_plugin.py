@@ -2,9 +2,15 @@
 gac's model types (gac_<family>) with transformers, through which vLLM reads config.json, so that no
 trust_remote_code is needed; gac's model class under each architecture name gac writes (config.json's
 `architectures`, e.g. GacLlamaForCausalLM), so vLLM builds a gac output with its own layers instead of the
-Transformers backend; and a
-config check for those names that refuses a tensor-parallel size the saved sizes do not divide while vLLM builds
-its configuration, before any engine process starts."""
+Transformers backend; and a config check for those names that refuses, while vLLM builds its configuration and
+before any engine process starts, a vLLM release outside the range the plugin serves and a tensor-parallel size the
+saved sizes do not divide.
+
+The refusals live in that check, not in register(): vLLM calls register() in every process it starts, whatever
+model it serves, and an error there would stop it serving any model, as a traceback from inside vLLM (an engine
+core or worker process, where one loads plugins first); the check runs for gac's outputs only, in the process that
+builds the configuration, and its one-line GacError is what `LLM(...)` raises; uncaught (the OpenAI server), it
+ends the process with that one line."""
 
 from __future__ import annotations
 
@@ -35,11 +41,12 @@ class ConfigCheck:
     def verify_and_update_config(vllm_config) -> None:
         from gac.errors import GacError
         from gac.serve.layout import check_tensor_parallel, layer_layouts
-        from gac.serve.vllm_engine import check_quantized_kernels
+        from gac.serve.vllm_engine import check_quantized_kernels, check_version, vllm_version
 
         config = vllm_config.model_config.hf_config
         if getattr(config, "gac_structure", None) is None:
             return  # not a gac output
+        check_version(vllm_version())
         arch = vllm_config.model_config.architecture
         gac_arch = f"Gac{arch}"
         if gac_arch in architectures():  # saved before gac wrote its own name: the family's class
@@ -56,12 +63,36 @@ class ConfigCheck:
         return
 
 
+def one_line_refusals() -> None:
+    """An uncaught GacError (the config check's refusal) ends the process with its one `error:` line, as gac's CLI
+    ends, instead of Python's traceback through vLLM's frames (the OpenAI server builds its configuration outside
+    any handler); other exceptions go to the hook there was, as do all with GAC_TRACEBACK set."""
+    import os
+    import sys
+
+    from gac.errors import GacError
+
+    previous = sys.excepthook
+    if getattr(previous, "gac_one_line", False):
+        return  # installed already: vLLM loads plugins once a process, tests call register() more often
+
+    def hook(kind, value, traceback) -> None:
+        if issubclass(kind, GacError) and not os.environ.get("GAC_TRACEBACK"):
+            sys.stderr.write(f"error: {' '.join(str(value).split())}\n")
+        else:
+            previous(kind, value, traceback)
+
+    hook.gac_one_line = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 def register() -> None:
     from vllm import ModelRegistry
 
     from gac.checkpoint.auto_classes import register_configs
 
     register_configs()
+    one_line_refusals()
     for arch, cls in architectures().items():
         ModelRegistry.register_model(arch, cls)
     try:  # vLLM's table of configuration hooks; without it, the model class refuses the same sizes later
