@@ -82,9 +82,11 @@ class CompressConfig:
             raise GacError(f"unknown factorization {self.factorization!r}: choose auto or {', '.join(FACTORIZATIONS)}")
         from gac.align.targets import get_target
 
-        get_target(self.target)  # a known target, or one line naming them
+        target = get_target(self.target)  # a known target, or one line naming them
         if self.target and self.profile:
             raise ConfigError("{target} and {profile} both choose the candidates: pass one of them")
+        if target is not None and not target.low_rank:
+            self._check_no_low_rank(target.name)
         if self.speedup is not None:
             self._check_speedup()
             from gac.objectives.latency.config import objective_config
@@ -92,6 +94,22 @@ class CompressConfig:
             object.__setattr__(
                 self, "speedup", objective_config(self.compressor, self.compressor_options, self.speedup)
             )
+
+    def _check_no_low_rank(self, target: str) -> None:
+        """A target whose format holds no low-rank projections (DeciLM's layers keep their MLP width and KV heads
+        only) takes a compressor that cuts whole channels and heads."""
+        from gac.compressors import make_compressor
+
+        if self.compressor == AUTO:
+            does = "compares low-rank compressors among others"
+        elif make_compressor(self.compressor).factorizes:
+            does = "factorizes weights into low-rank pairs"
+        else:
+            return
+        raise ConfigError(
+            f"{{compressor:{self.compressor}}} {does}, and the layers of {{target:{target}}} hold no ranks (only "
+            "their own widths): use {compressor:prune}, or drop {target}"
+        )
 
     def _check_speedup(self) -> None:
         """A speedup measures its own tables and saves its own dims, with the whole model on the device."""

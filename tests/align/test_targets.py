@@ -143,5 +143,49 @@ def test_output_widths_per_tensor_parallel_rank():
 def test_every_kind_is_in_every_all_kind_row():
     from gac.models.groups import KINDS
 
-    assert all(set(t.multiples) == set(KINDS) for t in TARGETS.values())
+    engines = [t for name, t in TARGETS.items() if name != "deci"]  # deci: a format's rule on its MLP width alone
+    assert all(set(t.multiples) == set(KINDS) for t in engines)
     assert set(TARGETS["vllm:marlin"].out_multiples) == set(KINDS)
+
+
+def test_deci_asks_mlp_widths_in_multiples_of_256_and_keeps_heads_whole():
+    t = TARGETS["deci"]
+    mlp = _mlp()  # SmolLM2's MLP: 1536
+    assert t.allowed_dims(mlp) == list(range(256, 1537, 256))
+    assert t.candidates_for(8)(_Unit(mlp), 1400, 1) == [1280, 1536]  # K (down) and N (gate, up) both
+    assert not t.allows(mlp, 1408) and mlp.out_lengths(1280) == mlp.row_lengths(1280) == [1280]
+    g = _heads()
+    assert t.allowed_dims(g) == [g.full_dim] and not t.allows(g, 128)  # no reduced head count: query heads global
+    assert t.candidates_for(8)(_Unit(g), 128, 1) == [g.full_dim]
+    r = t.report([_Unit(mlp), _Unit(g)], {"l.mlp": 1280, "l.attn": 192})
+    assert r["constrained"] == r["met"] == 2 and r["groups"]["l.attn"]["whole"]
+    assert "unattainable" not in r["groups"]["l.attn"] and not t.low_rank
+
+
+def test_deci_composes_with_tensor_parallelism_and_int4():
+    t = get_target("deci,vllm:tp2,vllm:w4a16")
+    assert t.tp == 2 and t.whole == {"heads"} and not t.low_rank
+    assert t.multiples["mlp"] == t.out_multiples["mlp"] == 256  # lcm(256, 8, 32), of each rank's half
+    mlp = _mlp(full=2048)
+    assert t.allowed_dims(mlp) == [512, 1024, 1536, 2048]  # halves of 256's
+    g = _heads(kv_heads=4, heads=8, head_dim=64)
+    assert t.allowed_dims(g) == [g.full_dim] and t.allows(g, g.full_dim)  # whole, and split evenly over 2 ranks
+    smol = _heads()  # 9 query heads: no rank split; deci keeps them whole all the same (the report says unmet)
+    assert t.candidates_for(8)(_Unit(smol), 128, 1) == [smol.full_dim] and not t.allows(smol, smol.full_dim)
+    assert TARGETS["vllm:tp2"].low_rank and get_target("vllm:tp2,vllm:w4a16").whole == frozenset()
+
+
+@pytest.mark.parametrize("compressor", ["asvd", "svd_llm", "svd", "palu", "auto"])
+def test_deci_refuses_low_rank_compressors_in_one_line(compressor, tmp_path):
+    from gac.api import CompressConfig
+    from gac.errors import ConfigError
+    from tests.helpers import assert_one_error_line, gac_cli
+
+    with pytest.raises(ConfigError, match="hold no ranks"):
+        CompressConfig(compressor=compressor, target="deci")
+    with pytest.raises(ConfigError, match="hold no ranks"):
+        CompressConfig(compressor=compressor, target="vllm:tp2,deci")
+    CompressConfig(compressor="prune", target="deci")
+    p = gac_cli("compress", "--compressor", compressor, "--target", "deci", "--out", str(tmp_path / "o"))
+    line = assert_one_error_line(p, "--target deci hold no ranks")
+    assert "--compressor prune" in line and not (tmp_path / "o").exists()

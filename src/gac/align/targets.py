@@ -11,7 +11,8 @@ says which dims were constrained and why. A GPU's tile sizes or an engine's head
 same table: the groups answer the widths, the row states the rules.
 
 Targets combine: `--target vllm:w4a16,vllm:tp2` asks of each kind, on each side, the least common multiple of the
-rows' multiples, for each rank of the one tensor-parallel degree among them (`combine`).
+rows' multiples, for each rank of the one tensor-parallel degree among them (`combine`); a kind one row holds whole
+(`whole`: DeciLM's heads) stays whole, and a row without low-rank projections (`low_rank`) refuses low-rank compressors.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class Target:
     why: str = ""
     tp: int = 1  # tensor-parallel degree: the multiples hold for each rank's shard (DimGroup.shard_row_lengths)
     out_multiples: dict = field(default_factory=dict)  # group kind -> multiple its output widths (N) meet
+    whole: frozenset = frozenset()  # group kinds the format holds only whole (no reduced dim is allowed)
+    low_rank: bool = True  # whether the format holds low-rank (factorized) projections at all
 
     def multiple(self, kind: str) -> int | None:
         return self.multiples.get(kind)
@@ -51,18 +54,20 @@ class Target:
         return self.out_multiples.get(kind)
 
     def constrains(self, kind: str) -> bool:
-        return self.multiple(kind) is not None or self.out_multiple(kind) is not None
+        return self.multiple(kind) is not None or self.out_multiple(kind) is not None or kind in self.whole
 
     def allows(self, group, dim: int) -> bool:
         """Input and output widths (each rank's, under tensor parallelism) that meet their multiples, or the group
         left whole: the unmodified model's own shape is not the compression's to fix (e.g. whole heads whose query
         width can never be a multiple of 256). A group the target's ranks cannot split is refused even whole: no
-        engine of that degree can serve it."""
+        engine of that degree can serve it. A kind the target holds whole allows its full dim alone."""
         rows = group.shard_row_lengths(dim, self.tp)
         if rows is None:  # the engine cannot split it over its ranks at all, whole or not
             return False
         if dim == group.full_dim:
             return True
+        if group.kind in self.whole:
+            return False
         return _meet(rows, self.multiple(group.kind)) and _meet(
             group.shard_out_lengths(dim, self.tp), self.out_multiple(group.kind)
         )
@@ -95,7 +100,9 @@ class Target:
             }
             if n is not None:
                 entry.update(out_multiple=n, out_lengths=g.out_lengths(int(d)))
-            if not any(x != g.full_dim for x in self.allowed_dims(g)):
+            if g.kind in self.whole:
+                entry["whole"] = True
+            elif not any(x != g.full_dim for x in self.allowed_dims(g)):
                 sides = (("row lengths", m), ("output widths", n))
                 rule = " and ".join(f"{side} that are multiples of {x}" for side, x in sides if x is not None)
                 entry["unattainable"] = (
@@ -128,6 +135,8 @@ class _TargetCandidates:
 
     def __call__(self, unit, d, window: int) -> list[int]:
         g = unit.group
+        if g.kind in self.target.whole:  # the whole group, even where the target's ranks cannot split it
+            return [g.full_dim]
         fine = g.step == 1
         step = self.alignment if fine else 1
         allowed = [x for x in self.target.allowed_dims(g) if x % step == 0 and x >= min(self.alignment, g.max_dim)]
@@ -161,6 +170,16 @@ _W4A16 = (
 )
 
 
+_DECI = (
+    "DeciLM (Nemotron-NAS) keeps Llama's layers with an MLP width and KV heads of their own: vLLM, transformers and "
+    "llama.cpp read any width, but SGLang (srt/models/nemotron_nas.py) and TensorRT-LLM "
+    "(_torch/models/modeling_nemotron_nas.py) build a layer's MLP from its ffn_mult alone, as "
+    "find_multiple(int(2 * ffn_mult * hidden / 3), 256): the MLP width (N for gate and up, K for down) must be a "
+    "multiple of 256 for every engine to serve it; the query heads are the model's in every layer, so heads stay "
+    "whole, and ranks have no DeciLM form (`gac export DIR --format deci` writes it)"
+)
+
+
 def _every(multiple: int) -> dict:
     """The same multiple for every group kind: an engine's rule is on widths, which every kind answers."""
     return dict.fromkeys(KINDS, multiple)
@@ -177,6 +196,7 @@ TARGETS = {
     "llama.cpp:q8_0": Target("llama.cpp:q8_0", _every(32), _Q32.format(t="q8_0")),
     "llama.cpp:q4_0": Target("llama.cpp:q4_0", _every(32), _Q32.format(t="q4_0")),
     "llama.cpp:q4_k_m": Target("llama.cpp:q4_k_m", _every(256), _K256.format(t="q4_k_m")),
+    "deci": Target("deci", {"mlp": 256}, _DECI, out_multiples={"mlp": 256}, whole=frozenset({"heads"}), low_rank=False),
 }
 
 
@@ -218,4 +238,6 @@ def combine(targets: list[Target]) -> Target:
         "; ".join(t.why for t in targets),
         tp=degrees[0] if degrees else 1,
         out_multiples=lcm("out_multiples"),
+        whole=frozenset().union(*(t.whole for t in targets)),
+        low_rank=all(t.low_rank for t in targets),
     )

@@ -202,8 +202,8 @@ def load(
     offload_folder: str | None = None,
     allow_modified_code: bool = False,
 ):
-    """Load a directory written by `save`: rebuild the compressed shapes from its config, then the weights, with
-    gac's own classes: the directory's modeling_gac.py is never run.
+    """Load a directory written by `save` (or a DeciLM directory `gac export --format deci` wrote): rebuild the
+    compressed shapes from its config, then the weights, with gac's own classes: the directory's code is never run.
 
     device_map="auto" (with optional max_memory, accelerate's format or "cpu=8GiB,0=20GiB") places the model
     through accelerate over the GPUs, CPU and disk (offload_folder, a temporary directory by default) instead of
@@ -211,18 +211,22 @@ def load(
     trust_remote_code would run it); allow_modified_code=True loads anyway, with a warning."""
     from transformers import AutoTokenizer
 
-    from gac.checkpoint import verify
+    from gac.checkpoint import deci, verify
     from gac.hw.device import check_device, torch_dtype
     from gac.models.modeling_gac import family_of, gac_class
 
     path = Path(path)
-    plan = read_plan(path)
-    check_device(device)
+    if deci.is_deci_dir(path):  # its code's hashes are in its own record, checked as it is read
+        check_device(device)
+        config = deci.read_config(path, allow_modified_code=allow_modified_code)
+    else:
+        plan = read_plan(path)
+        check_device(device)
+        verify.check_modeling_code(
+            path / MODELING_FILE, plan.get(MODELING_HASH), PLAN_FILE, allow_modified=allow_modified_code
+        )
+        config = read_config(path)
     placement = Placement(device_map, parse_max_memory(max_memory), offload_folder)
-    verify.check_modeling_code(
-        path / MODELING_FILE, plan.get(MODELING_HASH), PLAN_FILE, allow_modified=allow_modified_code
-    )
-    config = read_config(path)
     cls = gac_class(config.model_type)
     verify.check_structure(getattr(config, "gac_structure", None), str(path))
     verify.check_config(config, str(path))
@@ -244,8 +248,10 @@ def load(
         ) from None
     verify.check_loading_info(info, str(path), gac_output=True)  # the structure must place every tensor, both ways
     model = model.eval() if placement.dispatched else model.to(device).eval()
+    # a DeciLM directory's config names its code (auto_map): the tokenizer takes gac's reading of it instead
+    config_given = {"config": config, "trust_remote_code": False} if deci.is_deci_dir(path) else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, **config_given)
     except (OSError, ValueError):
         tokenizer = None
     verify.check_tokenizer_fits(model, tokenizer, str(path))

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from gac.checkpoint.deci import is_deci_dir
 from gac.checkpoint.gac_dir import LoadedModel, is_gac_dir, load, placement_kwargs
 from gac.checkpoint.gguf_tokenizer import check_tokenizer
 from gac.checkpoint.placement import Placement
@@ -120,7 +121,7 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
         if not (path / "config.json").is_file():
             raise GacError(f"{path} has no config.json: pass a Hugging Face model directory, a .gguf file or an alias")
         check_gac_files(path)
-        if is_gac_dir(path):
+        if is_gac_dir(path) or is_deci_dir(path):
             loaded = load(
                 path,
                 dtype=dtype,

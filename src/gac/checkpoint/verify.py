@@ -292,10 +292,13 @@ def code_hash(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def check_modeling_code(code: Path, expected: str | None, plan_name: str, *, allow_modified: bool = False) -> None:
-    """`code` (a directory's modeling_gac.py) is the one gac wrote (sha256 `expected`, recorded in `plan_name`), or
-    one GacError; allow_modified: a warning instead. Outputs of gac versions that recorded no hash, and directories
-    without the file (nothing there that could run), pass."""
+def check_modeling_code(
+    code: Path, expected: str | None, plan_name: str, *, allow_modified: bool = False, export_format: str = "hf"
+) -> None:
+    """`code` (a directory's modeling_gac.py, or a DeciLM directory's code) is the one gac wrote (sha256 `expected`,
+    recorded in `plan_name`), or one GacError; allow_modified: a warning instead. Outputs of gac versions that
+    recorded no hash, and directories without the file (nothing there that could run), pass. export_format: the `gac
+    export` format that writes gac's own copy again."""
     if expected is None or not code.is_file() or code_hash(code) == expected:
         return
     problem = (
@@ -306,6 +309,6 @@ def check_modeling_code(code: Path, expected: str | None, plan_name: str, *, all
         log.warning("%s; loading with gac's own classes, which never run it", problem)
         return
     raise GacError(
-        f"{problem}: remove it (gac never runs it; `gac export DIR --format hf --out NEW` then writes "
+        f"{problem}: remove it (gac never runs it; `gac export DIR --format {export_format} --out NEW` then writes "
         "gac's own) or restore it, or load anyway with gac.load(DIR, allow_modified_code=True)"
     )

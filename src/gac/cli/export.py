@@ -35,9 +35,13 @@ def print_export(report: dict) -> None:
     type=click.Choice(FORMATS),
     default="gguf",
     show_default=True,
-    help="gguf: llama.cpp's GGUF file; hf: a Hugging Face directory (transformers, vLLM).",
+    help="gguf: llama.cpp's GGUF file; hf: a Hugging Face directory (transformers, vLLM with gac); deci: a DeciLM "
+    "directory of a pruned Llama-layout model (vLLM, transformers, llama.cpp without gac; SGLang and TensorRT-LLM "
+    "where every MLP width is a multiple of 256: `gac compress --target deci`).",
 )
-@click.option("--out", required=True, type=click.Path(), help="Output file (.gguf), or directory (--format hf).")
+@click.option(
+    "--out", required=True, type=click.Path(), help="Output file (.gguf), or directory (--format hf or deci)."
+)
 @click.option("--type", "type_", help="f16, q8_0, q4_0 or q4_k_m (llama.cpp's quantizer) [default: f16].")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the per-tensor type report (JSON).")
 @click.option("--threads", type=Int(0, 1024, example=2), help="Quantizer threads [default: 0, all cores].")
@@ -50,9 +54,10 @@ def print_export(report: dict) -> None:
 @click.option("--force", is_flag=True, help="Replace an existing output file.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def command(model, format_, out, type_, report, threads, pad_mlp, force, quiet) -> None:
-    """Export MODEL (a gac output, an HF directory, a .gguf or an alias) for a serving engine: llama.cpp (gguf) or
-    transformers and vLLM (hf)."""
+    """Export MODEL (a gac output, an HF directory, a .gguf or an alias) for a serving engine: llama.cpp (gguf),
+    transformers and vLLM (hf), or engines without gac (deci)."""
     from gac.cli.output import setup_logging
+    from gac.export.deci import engines_line, export_deci
     from gac.export.export import ExportConfig, export, export_hf
 
     setup_logging(quiet)
@@ -60,5 +65,10 @@ def command(model, format_, out, type_, report, threads, pad_mlp, force, quiet) 
     cfg = ExportConfig(model=model, out=out, format=format_, pad_mlp=pad_mlp, force=force, **given)
     if format_ == "hf":
         click.echo(f"saved {model} as a Hugging Face directory: {export_hf(cfg)}")
+        return
+    if format_ == "deci":
+        result = export_deci(cfg)
+        click.echo(f"saved {model} as a DeciLM directory: {result.path}")
+        click.echo(engines_line(result.record["engines"]))
         return
     print_export(export(cfg).report)

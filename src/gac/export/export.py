@@ -1,6 +1,7 @@
 """`gac export`: a model (a gac output, an HF directory, a .gguf or the embedded alias) as a GGUF that llama.cpp
 serves, quantized by llama.cpp, with the per-tensor type report; or (`--format hf`) as a Hugging Face directory that
-transformers and vLLM read (the embedded original's baseline beside its compressed models). Outputs are atomic."""
+transformers and vLLM read (the embedded original's baseline beside its compressed models); or (`--format deci`,
+gac.export.deci) as a DeciLM directory that engines without gac serve. Outputs are atomic."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class ExportConfig:
 
     model: str
     out: str
-    format: str = "gguf"  # or "hf": a Hugging Face directory (safetensors, config, tokenizer)
+    format: str = "gguf"  # "hf": a Hugging Face directory (safetensors, config, tokenizer); "deci": DeciLM's
     type: str = "f16"
     report: str | None = None  # where to write the JSON type report (default: none)
     threads: int = 0  # quantizer threads; 0: llama.cpp's default (all cores)
@@ -38,18 +39,18 @@ class ExportConfig:
         if self.format not in FORMATS:
             raise GacError(f"unknown format {self.format!r}: use one of {', '.join(FORMATS)}")
         check_type(self.type)
-        if self.format == "hf" and (self.type != "f16" or self.report):
+        if self.format != "gguf" and (self.type != "f16" or self.report):
             raise ConfigError(
-                "{type} and {report} are for {format:gguf}: an HF directory keeps the weights as loaded "
+                "{type} and {report} are for {format:gguf}: a model directory keeps the weights as loaded "
                 "(float32); drop them"
             )
-        if self.format == "hf" and self.pad_mlp:
+        if self.format != "gguf" and self.pad_mlp:
             raise ConfigError(
-                "{pad_mlp:True} is for {format:gguf}: an HF directory keeps each layer's own MLP width; drop it"
+                "{pad_mlp:True} is for {format:gguf}: a model directory keeps each layer's own MLP width; drop it"
             )
 
 
-FORMATS = ("gguf", "hf")
+FORMATS = ("gguf", "hf", "deci")
 
 
 @dataclass

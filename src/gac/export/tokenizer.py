@@ -19,7 +19,9 @@ PREFIX = "tokenizer."
 
 def source_gguf(spec: str) -> Path | None:
     """The GGUF a model spec's tokenizer comes from: the alias's or the file's, or, for a gac output, that of the
-    model it was compressed from (gac_plan.json's source_model), when that still resolves; else None."""
+    model it was compressed from (gac_plan.json's source_model), for a DeciLM export that of the model it was
+    exported from (gac_export.json), when that still resolves; else None."""
+    from gac.checkpoint.deci import is_deci_dir, read_record
     from gac.checkpoint.gac_dir import is_gac_dir, read_plan
     from gac.checkpoint.loading import gguf_of
 
@@ -31,6 +33,13 @@ def source_gguf(spec: str) -> Path | None:
         path = Path(spec).expanduser()
         if path.is_dir() and is_gac_dir(path):
             source = read_plan(path).get("source_model")
+            if not isinstance(source, str):
+                return None
+            spec = source
+            continue
+        if path.is_dir() and is_deci_dir(path):
+            record = read_record(path)
+            source = (record.get("source_plan") or {}).get("source_model") or record.get("source")
             if not isinstance(source, str):
                 return None
             spec = source

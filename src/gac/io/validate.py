@@ -303,7 +303,8 @@ def local_model_typo(spec: str) -> None:
 def not_a_gac_output(spec: str, flag: str = "--model") -> None:
     """gac compress reads an original model; a gac output is already compressed."""
     p = Path(spec).expanduser()
-    if p.is_dir() and ((p / "gac_plan.json").exists() or (p / "modeling_gac.py").exists()):
+    written = ("gac_plan.json", "modeling_gac.py", "gac_export.json")  # a gac output, or a DeciLM export of one
+    if p.is_dir() and any((p / name).exists() for name in written):
         raise GacError(
             f"{spec} is a gac output (already compressed): pass the original model to {flag} "
             "(its source_model is in gac_plan.json); to fix its dims use `gac repair`"

@@ -54,14 +54,26 @@ def quantize_dir(model, out, cfg: QuantizeConfig, *, force: bool = False, progre
     from gac.checkpoint.loading import load_model
 
     loaded = load_model(model, dtype=cfg.dtype)
+    deci_layers = _deci_layers(model, loaded.model)  # read while the linears are plain ones
     qplan = qplan or plan(loaded.model.config, cfg)
     check_covers(qplan, loaded.model)
     start = time.perf_counter()
-    compressor = quantize_model(loaded.model, loaded.tokenizer, qplan, progress=progress)
+    # llm-compressor reads the source's config.json again: a DeciLM directory's names its code, which gac.load has
+    # just checked is the code gac wrote
+    compressor = quantize_model(
+        loaded.model, loaded.tokenizer, qplan, progress=progress, trust_code=deci_layers is not None
+    )
     _cast(loaded.model, cfg.saved_dtype)
     report = quantize_report(model, qplan, time.perf_counter() - start)
-    written = _save(loaded, model, out, report, compressor, force)
+    written = _save(loaded, model, out, report, compressor, force, deci_layers)
     return QuantizeResult(report, written)
+
+
+def _deci_layers(spec: str, model):
+    """A DeciLM directory's layers (gac.checkpoint.deci.layers_of), or None for any other model."""
+    from gac.checkpoint import deci
+
+    return deci.layers_of(model) if Path(spec).is_dir() and deci.is_deci_dir(spec) else None
 
 
 def _config(spec: str):
@@ -69,8 +81,11 @@ def _config(spec: str):
     path = Path(spec)
     if not (path / "config.json").is_file():
         return None
+    from gac.checkpoint import deci
     from gac.checkpoint.gac_dir import is_gac_dir, read_config
 
+    if deci.is_deci_dir(path):
+        return deci.read_config(path)
     if is_gac_dir(path):
         return read_config(path)
     from gac.checkpoint.loading import read_config_checked
@@ -78,9 +93,10 @@ def _config(spec: str):
     return read_config_checked(str(path), spec)
 
 
-def quantize_model(model, tokenizer, qplan: QuantPlan, *, progress: bool = True):
+def quantize_model(model, tokenizer, qplan: QuantPlan, *, progress: bool = True, trust_code: bool = False):
     """Quantize `model` in place by the plan (llm-compressor finds the scales; compressed-tensors packs the weights);
-    returns the compressed-tensors ModelCompressor, whose update_config writes the checkpoint's quantization_config."""
+    returns the compressed-tensors ModelCompressor, whose update_config writes the checkpoint's quantization_config.
+    trust_code: llm-compressor may run the code the source directory's config names (its config is read again)."""
     import os
 
     # llm-compressor logs INFO lines and, on import, "No accelerator available!" on any CPU: errors only, unless the
@@ -106,11 +122,13 @@ def quantize_model(model, tokenizer, qplan: QuantPlan, *, progress: bool = True)
             num_calibration_samples=len(windows),
             max_seq_length=windows.shape[1],
             shuffle_calibration_samples=False,
+            trust_remote_code_model=trust_code,
         )
     else:
         from llmcompressor.modifiers.quantization import QuantizationModifier
 
-        oneshot(model=model, recipe=QuantizationModifier(config_groups=groups, ignore=qplan.ignore))
+        recipe = QuantizationModifier(config_groups=groups, ignore=qplan.ignore)
+        oneshot(model=model, recipe=recipe, trust_remote_code_model=trust_code)
     remove_dispatch(model)  # llm-compressor's offloading hooks: the model is saved and used as a plain one
     vars(model).pop("save_pretrained", None)  # and its save wrapper: gac writes the checkpoint (update_config)
     compressor = ModelCompressor.from_pretrained_model(model)
@@ -163,17 +181,41 @@ def quantize_report(model: str, qplan: QuantPlan, seconds: float) -> dict:
     }
 
 
+# gac_export.json's engines for a quantized DeciLM directory: what gac checks (vLLM's compressed-tensors kernels,
+# transformers' decompression); llama.cpp reads GGUF from the unquantized export; SGLang and TensorRT-LLM are not
+# checked on quantized checkpoints
+QUANTIZED_ENGINES = {
+    "vLLM": {"serves": True, "reads": "compressed-tensors (quantization_config) and ffn_mult, else intermediate_size"},
+    "transformers": {"serves": True, "reads": "gac's modeling_decilm.py, compressed-tensors decompressing"},
+    "llama.cpp": {"serves": False, "why": "a compressed-tensors checkpoint: export the unquantized one to GGUF"},
+}
+
+
 def quantized_summary(report: dict) -> dict:
     """gac_plan.json's "quantization": what the checkpoint is (quantize.json beside it has the rest)."""
     return {k: report[k] for k in ("scheme", "label", "quantized", "unquantized")}
 
 
-def _save(loaded, model: str, out: str, report: dict, compressor, force: bool) -> Path:
-    """A gac output stays one (its structure, plan and modeling code; the plan records the quantization); any other
-    model is written as a plain Hugging Face directory. Both atomically, quantization_config in config.json."""
+def _save(loaded, model: str, out: str, report: dict, compressor, force: bool, deci_layers=None) -> Path:
+    """A gac output stays one (its structure, plan and modeling code; the plan records the quantization), and a
+    DeciLM export one too (its config and code, which engines without gac read; its record, the quantization); any
+    other model is written as a plain Hugging Face directory. All atomically, quantization_config in config.json."""
+    from gac.checkpoint import deci
     from gac.checkpoint.gac_dir import is_gac_dir, read_plan, save
 
     files = {QUANTIZE_FILE: json.dumps(report, indent=2) + "\n"}
+    if deci_layers is not None:
+        record = {**deci.read_record(model), "quantization": quantized_summary(report), "engines": QUANTIZED_ENGINES}
+        return deci.save(
+            loaded.model,
+            loaded.tokenizer,
+            out,
+            record=record,
+            layers=deci_layers,
+            extra_files=files,
+            force=force,
+            finish=compressor.update_config,
+        )
     if Path(model).is_dir() and is_gac_dir(model):
         return save(
             loaded.model,
