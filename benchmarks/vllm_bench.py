@@ -8,23 +8,32 @@ tokens, then --decode-tokens greedy steps: the time beyond the same requests' on
 ratios against the first model; written to DIR/vllm_bench.json and DIR/vllm_bench.md, never asserted.
 
 Run: .venv/bin/python benchmarks/vllm_bench.py BASELINE UNALIGNED GAC --dtype bfloat16 --out bench/vllm-bf16
+Each engine is a process of its own, talking to this one over loopback; a model given as DIR@PYTHON is served by
+that interpreter's vLLM (a stock environment without gac: the directory's own code, trust_remote_code), timed in the
+same rounds as the others.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import platform
+import secrets
 import statistics
+import subprocess
+import sys
 import time
+from multiprocessing.connection import Client, Listener
 from pathlib import Path
+
+AUTHKEY = secrets.token_bytes(16)  # engines connect back to main over loopback with it
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("models", nargs="+", help="model directories (the first is the reference and gets the A/A twin)")
+    p.add_argument("models", nargs="+", help="model directories (the first is the reference and gets the A/A twin); "
+                   "DIR@PYTHON serves DIR with another environment's interpreter (e.g. a stock vLLM without gac)")
     p.add_argument("--out", required=True, help="directory for vllm_bench.json and vllm_bench.md")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--prefill", default="1x512,8x512", help="prefill points BxS [default: 1x512,8x512]")
@@ -48,10 +57,17 @@ def serve(model_dir: str, dtype: str, kv_gib: int, eager: bool, conn) -> None:
 
     from vllm import SamplingParams, TokensPrompt
 
-    from gac.serve.vllm_engine import make_llm
+    try:
+        from gac.serve.vllm_engine import make_llm
+    except ImportError:  # a stock environment (MODEL@PYTHON): vLLM alone, the directory's own code trusted
+        from vllm import LLM
 
-    llm = make_llm(model_dir, dtype=dtype, max_model_len=2048, kv_cache_gib=kv_gib, enforce_eager=eager,
-                   enable_prefix_caching=False)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_gib))
+        llm = LLM(model=model_dir, dtype=dtype, max_model_len=2048, enforce_eager=eager, enable_prefix_caching=False,
+                  trust_remote_code=True)
+    else:
+        llm = make_llm(model_dir, dtype=dtype, max_model_len=2048, kv_cache_gib=kv_gib, enforce_eager=eager,
+                       enable_prefix_caching=False)
     vocab = llm.get_tokenizer().vocab_size
 
     def run(batch, seq, tokens, seed):
@@ -79,23 +95,27 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     from gac.serve.vllm_engine import check_servable
 
-    for model in args.models:  # every engine's limit stated before any starts (a W4A16 model on a CPU without AVX-512)
-        check_servable(model)
+    models = [(m.partition("@")[0], m.partition("@")[2] or None) for m in args.models]  # (dir, interpreter)
+    for model, python in models:  # every engine's limit stated before any starts (a W4A16 model without AVX-512)
+        if python is None:
+            check_servable(model)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    labels = [Path(m).name for m in args.models]
-    specs = list(zip(labels, args.models))
+    labels = [Path(m).name + (" (stock)" if py else "") for m, py in models]
+    specs = list(zip(labels, models))
     if not args.no_aa:
-        specs.append((f"{labels[0]} (A/A)", args.models[0]))
-    ctx = mp.get_context("spawn")
+        specs.append((f"{labels[0]} (A/A)", models[0]))
     engines = {}
-    for label, model in specs:  # started one at a time: two engines loading at once would share 2 cores
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=serve, args=(model, args.dtype, args.kv_cache_gib, args.eager, child))
-        proc.start()
-        assert parent.recv() == "ready"
-        engines[label] = (proc, parent)
-        print(f"{label}: engine ready", flush=True)
+    with Listener(("127.0.0.1", 0), authkey=AUTHKEY) as listener:
+        for label, (model, python) in specs:  # one at a time: two engines loading at once would share 2 cores
+            cmd = [python or sys.executable, __file__, "--engine", model, "--dtype", args.dtype,
+                   "--kv-cache-gib", str(args.kv_cache_gib), "--port", str(listener.address[1])]
+            proc = subprocess.Popen(cmd + (["--eager"] if args.eager else []),
+                                    env={**os.environ, "GAC_BENCH_KEY": AUTHKEY.hex()})
+            conn = listener.accept()
+            assert conn.recv() == "ready"
+            engines[label] = (proc, conn)
+            print(f"{label}: engine ready", flush=True)
     prefill, batches = points(args.prefill), [int(b) for b in args.decode_batches.split(",")]
     tasks = [("prefill", b, s) for b, s in prefill] + [("decode", b, args.context, args.decode_tokens)
                                                         for b in batches]
@@ -112,7 +132,7 @@ def main(argv=None) -> None:
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     for proc, conn in engines.values():
         conn.send(None)
-        proc.join(timeout=120)
+        proc.wait(timeout=120)
     result = summarize(args, tasks, times, names)
     (out / "vllm_bench.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "vllm_bench.md").write_text(markdown(result))
@@ -140,7 +160,8 @@ def summarize(args, tasks, times, names) -> dict:
     import vllm
 
     aa = next((n for n in names if n.endswith("(A/A)")), None)
-    paths = dict(zip(names, [*args.models, args.models[0]]))
+    dirs = [m.partition("@")[0] for m in args.models]
+    paths = dict(zip(names, [*dirs, dirs[0]]))
     return {"models": paths, "dtype": args.dtype,
             "weights_bytes": {n: sum(f.stat().st_size for f in Path(p).glob("*.safetensors")) for n, p in paths.items()},
             "rounds": args.rounds, "context": args.context, "decode_tokens": args.decode_tokens,
@@ -172,5 +193,21 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def engine_main(argv: list[str]) -> None:
+    """An engine process (started by main, in its model's environment): serve() over a connection to main's listener."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--engine", required=True)
+    p.add_argument("--dtype", required=True)
+    p.add_argument("--kv-cache-gib", type=int, required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--eager", action="store_true")
+    a = p.parse_args(argv)
+    conn = Client(("127.0.0.1", a.port), authkey=bytes.fromhex(os.environ["GAC_BENCH_KEY"]))
+    serve(a.engine, a.dtype, a.kv_cache_gib, a.eager, conn)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--engine"]:
+        engine_main(sys.argv[1:])
+    else:
+        main()
