@@ -50,6 +50,14 @@ class World:
         """Note which of n windows each rank took (share()'s split), once per kind of window."""
         self.ledger[what] = {r: list(range(r, n, self.size)) for r in range(self.size)}
 
+    def record_batches(self, what: str, n: int, batch_size: int) -> None:
+        """Note which of n windows each rank took in batches of batch_size (batches_share()'s split)."""
+        starts = range(0, n, batch_size)
+        self.ledger[what] = {
+            r: [i for k, b in enumerate(starts) if k % self.size == r for i in range(b, min(b + batch_size, n))]
+            for r in range(self.size)
+        }
+
     def summary(self) -> dict:
         """report.json's "distributed": world size, backend, timeout and what each rank computed."""
         whats = sorted(self.ledger)

@@ -80,6 +80,9 @@ def test_ledger_summary():
     w.record_shares("windows_calibration", 3)
     w.record("factorized", {0: ["a"], 1: ["b", "c"]})
     w.record("factorized", {0: ["d"]})
+    w.record_batches("windows_gradients", 5, 2)
+    assert w.ledger["windows_gradients"] == {0: [0, 1, 4], 1: [2, 3]}
+    del w.ledger["windows_gradients"]
     ranks = w.summary()["ranks"]
     assert ranks[0] == {"rank": 0, "factorized": ["a", "d"], "windows_calibration": [0, 2]}
     assert ranks[1] == {"rank": 1, "factorized": ["b", "c"], "windows_calibration": [1]}
@@ -155,12 +158,31 @@ def test_two_ranks_choose_the_dims_of_one_process(tiny_model_dir, tmp_path, comp
     assert b["distributed"]["world_size"] == 2 and [r["rank"] for r in ranks] == [0, 1]
     assert ranks[0]["windows_calibration"] == [0, 2, 4] and ranks[1]["windows_calibration"] == [1, 3]
     assert ranks[0]["windows_held_out"] == [0, 2] and ranks[1]["windows_held_out"] == [1]
+    if compressor == "prune":  # the taylor gradients in batches of two: batches 0 and 2 to rank 0
+        assert ranks[0]["windows_gradients"] == [0, 1, 4] and ranks[1]["windows_gradients"] == [2, 3]
     if compressor == "asvd":  # every weight factorized once, by one rank
         done = ranks[0]["factorized"] + ranks[1]["factorized"]
         assert ranks[0]["factorized"] and ranks[1]["factorized"] and len(done) == len(set(done))
     # rank 0 alone wrote, and printed the report
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]
     assert two.stdout.count("saved gac model") == 1
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("compressor,extra", [("asvd", ()), ("prune", ("--prune-layers", "all"))])
+def test_a_rank_without_windows_adds_nothing(tiny_model_dir, tmp_path, compressor, extra):
+    """One calibration and one evaluation window for two ranks: rank 1 runs none of its own (its passes run the first
+    window to shape their sums, then count nothing), and the result is one process's."""
+    args = ("compress", "--model", tiny_model_dir, "--compressor", compressor, "--seq-len", "32", "--quiet", *extra)
+    args = (*args, "--calib-windows", "1", "--eval-windows", "1", "--no-align")
+    one = run_gac(*args, "--out", tmp_path / "one", env=_env(), timeout=300)
+    two = _torchrun("-m", "gac", *args, "--out", tmp_path / "two")
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-2000:]
+    a, b = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("one", "two"))
+    assert a["dims"] == b["dims"]
+    assert b["variants"]["unaligned"]["ppl"] == pytest.approx(a["variants"]["unaligned"]["ppl"], rel=1e-6)
+    assert b["distributed"]["ranks"][1]["windows_calibration"] == []
 
 
 @pytest.mark.subprocess

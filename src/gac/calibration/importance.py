@@ -160,10 +160,14 @@ def gradient_stats(
     Memory-aware: gradients are folded in and freed weight by weight (collect_gradients), and a batch that runs
     out of accelerator memory is retried at half the size, with the sums it had already folded in rolled back.
     Under torchrun each rank runs its share of the batches and the sums are all-reduced: every rank calls it."""
-    from gac.distributed import batches_share
+    from gac.distributed import batches_share, world
 
     device = next(model.parameters()).device
-    windows = batches_share(windows, batch_size)
+    if world().active:
+        world().record_batches("windows_gradients", len(windows), batch_size)
+    mine = batches_share(windows, batch_size)
+    idle = len(mine) == 0  # fewer batches than ranks: run the first window to shape the sums, then count nothing
+    windows = windows[:1] if idle else mine
     with (
         collect_gradients(model, names) as stats,
         torch.inference_mode(False),
@@ -196,6 +200,11 @@ def gradient_stats(
                 continue
             start += len(ids)
             bar.update(len(ids))
+    if idle:
+        for g in stats.values():
+            g.batches = 0
+            for t in (g.taylor_out, g.taylor_in, g.fisher_out, g.fisher_in):
+                t.zero_()
     _reduce_grads(stats)
     return stats
 
@@ -355,7 +364,8 @@ def output_fisher(
     device = next(model.parameters()).device
     terms, generator = 0, None
     mine = share(len(windows))
-    batches = [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]  # global window indices
+    idle = not mine  # fewer windows than ranks: run the first to shape the sums, then count nothing
+    batches = [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)] or [[0]]  # global window indices
 
     def leaf(_module, _inputs, output):
         return output.detach().requires_grad_(True)
@@ -384,6 +394,10 @@ def output_fisher(
                     bar.update(len(batch))
         finally:
             handle.remove()
+    if idle:
+        terms = 0
+        for t in sums.values():
+            t.zero_()
     if world().active:
         (terms_all,) = sum_numbers([terms], "summing output-gradient token counts")
         terms = int(terms_all)

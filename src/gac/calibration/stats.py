@@ -115,14 +115,31 @@ def calibrate(
     from gac.distributed import windows_share, world
 
     device = next(model.parameters()).device
-    batches = windows_share(windows).split(batch_size)
+    mine = windows_share(windows)
+    idle = len(mine) == 0  # fewer windows than ranks: run the first to shape the statistics, then count nothing
+    batches = (windows[:1] if idle else mine).split(batch_size)
     with collect_stats(model, names, xtx=xtx) as stats, torch.inference_mode():
         for batch in tqdm(batches, desc="calibrating", unit="batch", disable=not progress):
             model(batch.to(device), use_cache=False)
+        if idle:
+            _zero(stats)
     if world().active:
         world().record_shares("windows_calibration", len(windows))
         reduce_stats(stats)
     return stats
+
+
+def _zero(stats: dict[str, LinearStats]) -> None:
+    """Statistics of no tokens, in the shapes (and X^T X sharing) a pass gave them: an idle rank's part of a sum."""
+    for s in stats.values():
+        s.abs_sum.zero_()
+        s.tokens = 0
+        if isinstance(s.extra.get("routed"), torch.Tensor):
+            s.extra["routed"].zero_()
+        if s.xtx is not None:
+            s.xtx.rows = [r[:0] for r in s.xtx.rows]  # no rows, in their dtype (the gather sends that dtype)
+            if s.xtx.sum is not None:
+                s.xtx.sum.zero_()
 
 
 def reduce_stats(stats: dict[str, LinearStats]) -> None:

@@ -21,7 +21,8 @@ def perplexity(
     nll, count = 0.0, 0
     if world().active:
         world().record_shares("windows_held_out", len(windows))
-    for batch in tqdm(windows_share(windows).split(batch_size), desc=desc, unit="batch", disable=not progress):
+    mine = windows_share(windows)  # none where there are fewer windows than ranks
+    for batch in tqdm(mine.split(batch_size) if len(mine) else (), desc=desc, unit="batch", disable=not progress):
         batch = batch.to(device)
         logits = model(batch, use_cache=False).logits[:, :-1].float()  # [B, S-1, V]
         target = batch[:, 1:]  # [B, S-1]

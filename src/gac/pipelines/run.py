@@ -113,7 +113,7 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
         qplan = _quantize_plan(saved, cfg)  # a kernel's refusal before evaluation and saving
         variants, latency_method = evaluate_variants(models, selected.names, held_out, cfg, measured=measured)
         if not world.is_main:  # rank 0 reports and writes; the others wait for it
-            barrier(f"waiting for rank 0 to write {cfg.out}")
+            barrier("waiting for rank 0 to report and write")
             return CompressResult({}, None, models, world.rank)
         report = build_report(cfg, opened.name, selected, variants, choice, latency_method)
         if world.active:
