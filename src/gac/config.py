@@ -52,6 +52,8 @@ class CompressConfig:
     heal: HealConfig | None = None  # distill the saved variant from the original (gac.heal)
     quantize: QuantizeConfig | None = None  # the saved variant quantized after healing, a compressed-tensors
     # checkpoint (gac.quantize)
+    dist_timeout_s: float | None = None  # under torchrun: how long a rank waits for the others at a collective (None:
+    # GAC_DIST_TIMEOUT, else gac.distributed.DEFAULT_TIMEOUT_S)
 
     def __post_init__(self):
         if self.speedup is not None and self.ratio is not None:
@@ -76,6 +78,8 @@ class CompressConfig:
             )
         if self.compressor == AUTO:
             self._check_auto()
+        if self.dist_timeout_s is not None and not self.dist_timeout_s > 0:
+            raise ConfigError(f"dist_timeout_s {self.dist_timeout_s} must be positive, e.g. {{dist_timeout_s:300}}")
         if self.alignment < 1:
             raise ConfigError(f"alignment {self.alignment} must be a positive integer, e.g. {{alignment:8}}")
         if self.factorization not in ("auto", *FACTORIZATIONS):

@@ -13,6 +13,7 @@ into fp32 channel sums as soon as autograd accumulates it and then freed, so no 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -157,8 +158,16 @@ def gradient_stats(
     """Language-modelling loss on the calibration windows [n, seq], backward batch by batch, per-channel sums.
 
     Memory-aware: gradients are folded in and freed weight by weight (collect_gradients), and a batch that runs
-    out of accelerator memory is retried at half the size, with the sums it had already folded in rolled back."""
+    out of accelerator memory is retried at half the size, with the sums it had already folded in rolled back.
+    Under torchrun each rank runs its share of the batches and the sums are all-reduced: every rank calls it."""
+    from gac.distributed import batches_share, world
+
     device = next(model.parameters()).device
+    if world().active:
+        world().record_batches("windows_gradients", len(windows), batch_size)
+    mine = batches_share(windows, batch_size)
+    idle = len(mine) == 0  # fewer batches than ranks: run the first window to shape the sums, then count nothing
+    windows = windows[:1] if idle else mine
     with (
         collect_gradients(model, names) as stats,
         torch.inference_mode(False),
@@ -191,7 +200,27 @@ def gradient_stats(
                 continue
             start += len(ids)
             bar.update(len(ids))
+    if idle:
+        for g in stats.values():
+            g.batches = 0
+            for t in (g.taylor_out, g.taylor_in, g.fisher_out, g.fisher_in):
+                t.zero_()
+    _reduce_grads(stats)
     return stats
+
+
+def _reduce_grads(stats: dict[str, GradStats]) -> None:
+    """Every rank's gradient sums (fp32) and batch counts summed in place; a no-op in one process."""
+    from gac.distributed import all_reduce_sum, sum_numbers, world
+
+    if not world().active:
+        return
+    names = sorted(stats)
+    for name, batches in zip(names, sum_numbers([stats[n].batches for n in names], "summing gradient batches")):
+        g = stats[name]
+        g.batches = int(batches)
+        for t in (g.taylor_out, g.taylor_in, g.fisher_out, g.fisher_in):
+            all_reduce_sum(t, "summing gradient statistics")
 
 
 def channel_scores(
@@ -277,20 +306,40 @@ def weight_scores(
     return [scores[n].total / weight_of(model, n).numel() for n in names]
 
 
-def drawn_label_losses(logits: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
+def drawn_label_losses(
+    logits: torch.Tensor, generator: torch.Generator, skipped: Sequence[int] | None = None
+) -> list[torch.Tensor]:
     """FISHER_SAMPLES summed cross-entropies of the next-token predictions in logits [b, seq, V] (positions 0..seq-2)
     against labels drawn from their own softmax. The squared gradients of these losses average to the Fisher of the
     model's predictive distribution, i.e. the Hessian of the KL divergence from the original's predictions: what
     healing then distils toward, and what the text's own labels (the empirical Fisher) fit to the calibration text's
     domain. The labels are drawn on the CPU (`generator` is fisher_generator's),
     whatever the logits' device: a GPU's generator draws other numbers from the same seed, so the same command
-    would choose other dims on a CPU and on a GPU."""
+    would choose other dims on a CPU and on a GPU.
+
+    skipped[i]: the windows other ranks took just before window i of the batch (under torchrun); the generator is
+    advanced past their draws, so every window gets the labels one process draws for it."""
     log_p = logits[:, :-1].reshape(-1, logits.shape[-1]).float().log_softmax(-1)  # [N, V], one for every draw
     with torch.no_grad():
         probs = log_p.exp().cpu()
-        labels = torch.multinomial(probs, FISHER_SAMPLES, replacement=True, generator=generator)  # [N, K]
+        if not skipped or not any(skipped):
+            labels = torch.multinomial(probs, FISHER_SAMPLES, replacement=True, generator=generator)  # [N, K]
+        else:
+            rows = logits.shape[1] - 1  # predicted tokens per window
+            parts = []
+            for i, part in enumerate(probs.split(rows)):  # [rows, V] per window
+                skip_draws(generator, skipped[i] * rows)
+                parts.append(torch.multinomial(part, FISHER_SAMPLES, replacement=True, generator=generator))
+            labels = torch.cat(parts)  # [N, K]
         labels = labels.to(log_p.device)
     return [-log_p.gather(1, labels[:, k : k + 1]).sum() for k in range(FISHER_SAMPLES)]
+
+
+def skip_draws(generator: torch.Generator, rows: int) -> None:
+    """Advance `generator` past FISHER_SAMPLES label draws for each of `rows` predicted tokens: multinomial sampling
+    with replacement takes one uniform number per draw, whatever the distribution."""
+    if rows:
+        torch.multinomial(torch.ones(rows, 2), FISHER_SAMPLES, replacement=True, generator=generator)
 
 
 def fisher_generator() -> torch.Generator:
@@ -307,9 +356,16 @@ def output_fisher(
 
     Only activation gradients are computed (no weight requires grad: the embeddings' output is the leaf); the
     pass costs one forward and FISHER_SAMPLES backwards. Layer by layer, the same figures come from a reverse sweep
-    that recomputes one decoder layer from its stored input and back-propagates the gradients of its output."""
+    that recomputes one decoder layer from its stored input and back-propagates the gradients of its output.
+    Under torchrun each rank runs its share of the windows, drawing the labels one process would draw for them, and
+    the sums and token counts are all-reduced: every rank calls it."""
+    from gac.distributed import all_reduce_sum, share, sum_numbers, world
+
     device = next(model.parameters()).device
     terms, generator = 0, None
+    mine = share(len(windows))
+    idle = not mine  # fewer windows than ranks: run the first to shape the sums, then count nothing
+    batches = [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)] or [[0]]  # global window indices
 
     def leaf(_module, _inputs, output):
         return output.detach().requires_grad_(True)
@@ -323,10 +379,14 @@ def output_fisher(
                 torch.enable_grad(),
                 tqdm(total=len(windows), desc="output gradients", unit="window", disable=not progress) as bar,
             ):
-                for batch in windows.split(batch_size):
+                drawn_to = 0  # the windows whose labels the generator has drawn
+                for ids in batches:
+                    batch = windows[ids[0] : ids[-1] + 1 : max(world().size, 1)]  # [b, seq]
                     logits = model(batch.to(device), use_cache=False).logits  # [b, seq, V]
                     generator = generator or fisher_generator()
-                    losses = drawn_label_losses(logits, generator)
+                    skipped = [j - (ids[k - 1] + 1 if k else drawn_to) for k, j in enumerate(ids)]
+                    losses = drawn_label_losses(logits, generator, skipped if world().active else None)
+                    drawn_to = ids[-1] + 1
                     for k, loss in enumerate(losses):
                         loss.backward(retain_graph=k < len(losses) - 1)
                     del logits, losses
@@ -334,6 +394,15 @@ def output_fisher(
                     bar.update(len(batch))
         finally:
             handle.remove()
+    if idle:
+        terms = 0
+        for t in sums.values():
+            t.zero_()
+    if world().active:
+        (terms_all,) = sum_numbers([terms], "summing output-gradient token counts")
+        terms = int(terms_all)
+        for name in sorted(sums):
+            all_reduce_sum(sums[name], "summing output gradients")
     return {name: s / max(terms, 1) for name, s in sums.items()}
 
 

@@ -109,10 +109,67 @@ def calibrate(
     xtx: bool = False,
     progress: bool = True,
 ) -> dict[str, LinearStats]:
-    """Run the calibration windows [n, seq] through the model and return per-linear input statistics."""
+    """Run the calibration windows [n, seq] through the model and return per-linear input statistics. Under torchrun
+    each rank runs its share of the windows (r, r + N, ...) and the sums are all-reduced (reduce_stats): every rank
+    calls it and gets the statistics of all the windows."""
+    from gac.distributed import windows_share, world
+
     device = next(model.parameters()).device
-    batches = windows.split(batch_size)
+    mine = windows_share(windows)
+    idle = len(mine) == 0  # fewer windows than ranks: run the first to shape the statistics, then count nothing
+    batches = (windows[:1] if idle else mine).split(batch_size)
     with collect_stats(model, names, xtx=xtx) as stats, torch.inference_mode():
         for batch in tqdm(batches, desc="calibrating", unit="batch", disable=not progress):
             model(batch.to(device), use_cache=False)
+        if idle:
+            _zero(stats)
+    if world().active:
+        world().record_shares("windows_calibration", len(windows))
+        reduce_stats(stats)
     return stats
+
+
+def _zero(stats: dict[str, LinearStats]) -> None:
+    """Statistics of no tokens, in the shapes (and X^T X sharing) a pass gave them: an idle rank's part of a sum."""
+    for s in stats.values():
+        s.abs_sum.zero_()
+        s.tokens = 0
+        if isinstance(s.extra.get("routed"), torch.Tensor):
+            s.extra["routed"].zero_()
+        if s.xtx is not None:
+            s.xtx.rows = [r[:0] for r in s.xtx.rows]  # no rows, in their dtype (the gather sends that dtype)
+            if s.xtx.sum is not None:
+                s.xtx.sum.zero_()
+
+
+def reduce_stats(stats: dict[str, LinearStats]) -> None:
+    """Sum every rank's statistics in place (SUM, in the dtype they accumulate in: fp32 |x| sums, fp64 X^T X, token
+    and routing counts), each shared X^T X once; a no-op in one process."""
+    from gac.distributed import all_reduce_sum, sum_numbers
+
+    names = sorted(stats)
+    tokens = sum_numbers([stats[n].tokens for n in names], "summing calibration token counts")
+    for n, t in zip(names, tokens):
+        s = stats[n]
+        s.tokens = int(t)
+        all_reduce_sum(s.abs_sum, "summing calibration statistics")
+        routed = s.extra.get("routed")
+        if isinstance(routed, torch.Tensor):
+            all_reduce_sum(routed, "summing routed token counts")
+    grams = list({id(s.xtx): s.xtx for n in names if (s := stats[n]).xtx is not None}.values())
+    for gram in grams:
+        reduce_gram(gram)
+
+
+def reduce_gram(gram: Gram) -> None:
+    """One X^T X summed over the ranks in place: the rows of every rank gathered while all of them together stay
+    fewer than the columns (as one process keeps them), else the [in, in] float64 sums all-reduced."""
+    from gac.distributed import all_gather_rows, all_reduce_sum, sum_numbers
+
+    rows, summed = sum_numbers([gram.row_count, float(gram.sum is not None)], "summing X^T X row counts")
+    if not summed and rows <= gram.width:
+        stacked = torch.cat(gram.rows) if gram.rows else torch.zeros(0, gram.width)
+        gram.rows = [r for r in all_gather_rows(stacked, "gathering X^T X rows") if r.shape[0]]
+        return
+    total = gram.matrix().clone()
+    gram.rows, gram.sum = [], all_reduce_sum(total, "summing X^T X")

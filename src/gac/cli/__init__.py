@@ -55,7 +55,14 @@ class _Group(click.Group):
             click.echo(f"error: {_one_line(in_flags(e))}", err=True)
             sys.exit(2)
         except Terminated as e:
-            click.echo(f"interrupted ({e}): no partial output was left", err=True)
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun stops the other ranks when one fails
+                click.echo(
+                    f"error: rank {os.environ.get('RANK', '?')} of {os.environ['WORLD_SIZE']} stopped ({e}; torchrun "
+                    "stops every rank when one fails: see the first failure it lists): no partial output was left",
+                    err=True,
+                )
+            else:
+                click.echo(f"interrupted ({e}): no partial output was left", err=True)
             sys.exit(128 + e.signum)
         except KeyboardInterrupt:
             click.echo("interrupted: no partial output was left", err=True)

@@ -186,6 +186,12 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 )
 @quantize_options
 @click.option(
+    "--dist-timeout",
+    type=Real(0, example=300),
+    help="Under torchrun: seconds a rank waits for the others at a collective before it stops with an error "
+    "[default: GAC_DIST_TIMEOUT, else 300].",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Print the forecast (peak memory per device, disk, rough time) from the config alone and exit.",
@@ -243,6 +249,7 @@ def command(
     skip_unfit,
     serve_device,
     serve_tp,
+    dist_timeout,
     dry_run,
 ):
     """Compress a model, select aligned dims under the same budget, evaluate, and save."""
@@ -327,6 +334,7 @@ def command(
         progress=not quiet,
         layerwise=layerwise,
         max_memory=max_memory,
+        dist_timeout_s=dist_timeout,
         heal=heal_config(**{**healing, "heal_file": heal_file or calib_file}) if heal else None,
         quantize=quantize_config(quantize_scheme, skip_unfit=skip_unfit, dtype=dtype or "float32", **quantizing)
         if quantize_scheme
@@ -340,6 +348,8 @@ def command(
         click.echo(describe(forecast_of(cfg, choice.layerwise), choice))
         return
     result = compress(cfg)
+    if result.rank != 0:  # under torchrun rank 0 reports and writes; the others computed their shares
+        return
     print_report(result.report)
     how = result.report.get("latency_method") or {}
     if how.get("method") == "per_layer":

@@ -20,6 +20,7 @@ CONFIG_FLAGS = {
     "device_map": "--device-map",
     "offload_folder": "--offload-folder",
     "device": "--device",
+    "dist_timeout_s": "--dist-timeout",
     "heal": "--heal",
     "quantize": "--quantize",
     "compressor": "--compressor",

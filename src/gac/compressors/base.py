@@ -32,7 +32,7 @@ from gac.compressors.loss_model import (
 )
 from gac.compressors.quality import curve_quality, energy_quality
 from gac.errors import ConfigError, GacError
-from gac.hw.threads import map_side_by_side
+from gac.hw.threads import map_over_ranks
 from gac.models.groups import DimGroup, RankGroup, groups_of, linears_of
 
 log = logging.getLogger(__name__)
@@ -394,8 +394,13 @@ class LowRankCompressor(Compressor[RankGroup, LowRankUnit]):
         with tqdm(total=len(units), desc=f"{self.name}: factorizing", unit="weight", disable=not progress) as bar:
             for u, svd in zip(
                 units,
-                map_side_by_side(
-                    factorize, units, cost=lambda u: u.factorization_work, on_done=bar.update, device=device
+                map_over_ranks(
+                    factorize,
+                    units,
+                    cost=lambda u: u.factorization_work,
+                    label=lambda u: u.name,
+                    on_done=bar.update,
+                    device=device,
                 ),
             ):
                 u.svd = svd
@@ -488,7 +493,10 @@ def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progr
         return lowrank_loss_curve(s, P, Q / max(linear_stats.tokens, 1), u.max_dim)
 
     device = units[0].spectrum.vectors()[0].device if units else "cpu"
-    for u, c in zip(units, map_side_by_side(curve, units, cost=lambda u: u.factorization_work, device=device)):
+    curves = map_over_ranks(
+        curve, units, cost=lambda u: u.factorization_work, label=lambda u: u.name, what="loss_curves", device=device
+    )
+    for u, c in zip(units, curves):
         u.curve = c
     log.info("loss model: %d curves in %.1f s", len(units), time.perf_counter() - start)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gac.compressors.base import LowRankCompressor, LowRankUnit, add_loss_curves, normalize_scores
 from gac.compressors.linalg import scaled_svd, whiten
 from gac.errors import ConfigError
-from gac.hw.threads import map_side_by_side
+from gac.hw.threads import map_over_ranks
 from gac.models.groups import HeadRankGroup, groups_of, linears_of
 
 
@@ -79,7 +79,10 @@ class PaluCompressor(LowRankCompressor):
             return scaled_svd(w, whitened[u.group.linear], self.factorization, u.max_dim)
 
         for u, svd in zip(
-            units, map_side_by_side(factorize, units, cost=lambda u: u.factorization_work, device=device)
+            units,
+            map_over_ranks(
+                factorize, units, cost=lambda u: u.factorization_work, label=lambda u: u.name, device=device
+            ),
         ):
             u.svd = svd
 

@@ -12,12 +12,17 @@ from tqdm.auto import tqdm
 def perplexity(
     model, windows: torch.Tensor, *, batch_size: int = 4, desc: str = "perplexity", progress: bool = True
 ) -> float:
-    """exp(mean next-token NLL) over all predicted tokens of windows [n, seq]."""
+    """exp(mean next-token NLL) over all predicted tokens of windows [n, seq]. Under torchrun each rank runs its
+    share of the windows and the NLL sums and token counts are all-reduced: every rank calls it."""
     from gac.checkpoint.placement import input_device
+    from gac.distributed import sum_numbers, windows_share, world
 
     device = input_device(model)  # a model dispatched by accelerate moves the batch on from there
     nll, count = 0.0, 0
-    for batch in tqdm(windows.split(batch_size), desc=desc, unit="batch", disable=not progress):
+    if world().active:
+        world().record_shares("windows_held_out", len(windows))
+    mine = windows_share(windows)  # none where there are fewer windows than ranks
+    for batch in tqdm(mine.split(batch_size) if len(mine) else (), desc=desc, unit="batch", disable=not progress):
         batch = batch.to(device)
         logits = model(batch, use_cache=False).logits[:, :-1].float()  # [B, S-1, V]
         target = batch[:, 1:]  # [B, S-1]
@@ -26,6 +31,9 @@ def perplexity(
         )
         nll += float(loss)
         count += target.numel()
+    if world().active:
+        nll, total = sum_numbers([nll, count], "summing perplexity")
+        return math.exp(nll / total)
     return math.exp(nll / count)
 
 

@@ -44,6 +44,7 @@ class Report:
     latency_method: dict | None = None  # how the latencies were obtained (whole models, or layer by layer)
     auto: dict | None = None  # --compressor auto: every compressor's predicted and measured figures, which was kept
     experts_kept: dict | None = None  # --drop-experts: {MoE layer's experts module: experts the saved variant kept}
+    distributed: dict | None = None  # under torchrun: world size, backend, and what each rank computed
 
     def to_dict(self) -> dict:
         """report.json's object: every field, those of another objective (None) left out; profile_excluded with

@@ -9,7 +9,7 @@ threads."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -70,3 +70,33 @@ def map_side_by_side(
             for f in futures.values():
                 f.add_done_callback(lambda _f: on_done())
         return [futures[i].result() for i in range(len(items))]
+
+
+def map_over_ranks(
+    fn: Callable,
+    items: Sequence,
+    *,
+    cost: Callable,
+    label: Callable | None = None,
+    what: str = "factorized",
+    on_done: Callable[[], None] | None = None,
+    device: str | torch.device = "cpu",
+) -> list:
+    """map_side_by_side's results, the items spread over torchrun's ranks by cost (the costliest first, each to the
+    least loaded rank) and every result sent to every rank; label(item) names what each rank computed in
+    report.json. In one process, map_side_by_side itself."""
+    from gac.distributed import all_gather_object, assign_by_cost, map_tensors, world
+
+    w = world()
+    if not w.active:
+        return map_side_by_side(fn, items, cost=cost, on_done=on_done, device=device)
+    owners = assign_by_cost([float(cost(item)) for item in items], w.size)
+    mine = [i for i, r in enumerate(owners) if r == w.rank]
+    done = map_side_by_side(fn, [items[i] for i in mine], cost=cost, on_done=on_done, device=device)
+    results: list = [None] * len(items)
+    for part in all_gather_object(dict(zip(mine, done)), what=f"sharing what was {what}"):
+        for i, result in part.items():
+            results[i] = map_tensors(result, lambda t: t.to(device))
+    if label is not None:
+        w.record(what, {r: [label(items[i]) for i, o in enumerate(owners) if o == r] for r in range(w.size)})
+    return results

@@ -47,6 +47,7 @@ class CompressResult:
     report: dict  # report.json's content (gac.evaluate.report.Report.to_dict)
     out: Path | None
     models: dict  # variant name -> model (kept for callers that go on using them)
+    rank: int = 0  # under torchrun, this process's rank: rank 0 alone has the report and wrote the output
 
 
 class Pipeline(ABC):

@@ -19,7 +19,8 @@ def evaluate_variants(
     """({variant: figures}, how latency was measured or None): each model's parameters and aligned fraction over
     `names` and, with cfg.evaluate, its held-out perplexity and prefill and decode latency, all models timed side by
     side (cfg.evaluation_latency). `measured`: perplexities and layer timings taken layer by layer (the models were
-    never whole: gac.evaluate.layer_latency). What is not measured is null."""
+    never whole: gac.evaluate.layer_latency). What is not measured is null. Under torchrun perplexity is computed on
+    shares of the windows (every rank calls this), latency on rank 0 alone."""
     from gac.evaluate.latency import measure_latency
     from gac.evaluate.layer_latency import WHOLE_MODEL
     from gac.evaluate.perplexity import perplexity
@@ -39,6 +40,10 @@ def evaluate_variants(
         return variants, measured.latency.method()
     for name, m in models.items():
         variants[name]["ppl"] = perplexity(m, held_out, desc=f"perplexity {name}", progress=cfg.progress)
+    from gac.distributed import world
+
+    if not world().is_main:  # under torchrun rank 0 alone times the models; the others leave latency null
+        return variants, None
     log.info("timing %s side by side", ", ".join(models))
     for name, lat in measure_latency(models, cfg.evaluation_latency).items():
         variants[name].update(lat)

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 
 from gac.compressors import AUTO
 from gac.config import CompressConfig
+from gac.distributed import World, barrier
 from gac.errors import ConfigError, GacError, literal
+from gac.objectives.base import Analyzed, Selected
 from gac.pipelines import get_pipeline
 from gac.pipelines.base import CompressResult
 
@@ -29,7 +31,38 @@ log = logging.getLogger(__name__)
 def run(cfg: CompressConfig) -> CompressResult:
     """load -> calibrate -> analyze -> select -> materialize -> evaluate -> report -> save. Whole in memory, or layer
     by layer (cfg.layerwise, or a max_memory the whole model would exceed): the two pipelines differ only in how the
-    model is read, cut and written; selection, evaluation and the report are one path."""
+    model is read, cut and written; selection, evaluation and the report are one path. Under torchrun (the
+    whole-model pipeline) every rank calibrates and evaluates on its share of the windows and factorizes its share of
+    the weights; rank 0 alone selects, times, reports and writes (gac.distributed)."""
+    from gac.distributed import session
+
+    with session(cfg.device, cfg.dist_timeout_s) as world:
+        if world.active:
+            cfg = _for_rank(cfg, world)
+        return _run(cfg, world)
+
+
+def _for_rank(cfg: CompressConfig, world: World) -> CompressConfig:
+    """The run's config on one of several ranks: what this slice of distributed compression does not split refused,
+    the rank's own device, progress bars on rank 0 only."""
+    excluded = (
+        (cfg.compressor == AUTO, "compressor:auto"),
+        (cfg.speedup is not None, "speedup"),
+        (cfg.heal is not None, "heal"),
+        (cfg.quantize is not None, "quantize"),
+        (cfg.layerwise, "layerwise"),
+        (cfg.max_memory, "max_memory"),
+    )
+    for given, name in excluded:
+        if given:
+            raise ConfigError(
+                f"{{{name}}} does not run under torchrun yet (rank {world.rank} of {world.size}): run it in one "
+                "process, or drop it"
+            )
+    return dataclasses.replace(cfg, device=world.device, progress=cfg.progress and world.is_main, layerwise=False)
+
+
+def _run(cfg: CompressConfig, world: World) -> CompressResult:
     from gac.calibration.texts import load_windows
     from gac.checkpoint.gac_dir import check_out_dir
     from gac.compressors import make_compressor
@@ -39,7 +72,7 @@ def run(cfg: CompressConfig) -> CompressResult:
     from gac.pipelines.outputs import build_report, experts_kept
 
     compressor = None if cfg.compressor == AUTO else make_compressor(cfg.compressor, **cfg.compressor_options)
-    if cfg.out is not None:
+    if cfg.out is not None and world.is_main:
         check_out_dir(cfg.out, cfg.force)  # fail before the long work, not after
     if cfg.profile and cfg.profile != "auto":
         from gac.hw.profile import load_profile
@@ -69,13 +102,22 @@ def run(cfg: CompressConfig) -> CompressResult:
         cfg, selected, auto = choose(model, calib, held_back, cfg)
         compressor = selected.compressor
     else:
-        selected = select_dims(model, pipeline.analyze(opened, calib, cfg, compressor, held_back), cfg)
+        analyzed = pipeline.analyze(opened, calib, cfg, compressor, held_back)
+        if world.active:  # rank 0 selects; every rank cuts its dims
+            selected = _shared_selection(analyzed, select_dims(model, analyzed, cfg) if world.is_main else None)
+        else:
+            selected = select_dims(model, analyzed, cfg)
     with pipeline.output(cfg) as streamed_to:
         models, measured = pipeline.materialize(opened, selected, cfg, held_out, streamed_to)
         saved = models[cfg.saved_variant]
         qplan = _quantize_plan(saved, cfg)  # a kernel's refusal before evaluation and saving
         variants, latency_method = evaluate_variants(models, selected.names, held_out, cfg, measured=measured)
+        if not world.is_main:  # rank 0 reports and writes; the others wait for it
+            barrier("waiting for rank 0 to report and write")
+            return CompressResult({}, None, models, world.rank)
         report = build_report(cfg, opened.name, selected, variants, choice, latency_method)
+        if world.active:
+            report.distributed = world.summary()
         report.auto = auto
         if cfg.compressor_options.get("drop_experts"):
             report.experts_kept = experts_kept(saved)
@@ -98,7 +140,24 @@ def run(cfg: CompressConfig) -> CompressResult:
                 streamed_to=streamed_to,
                 finish=quantizer.update_config if quantizer is not None else None,
             )
+        barrier("the final barrier")
     return CompressResult(report.to_dict(), out, models)
+
+
+def _shared_selection(analyzed: Analyzed, selected: Selected | None) -> Selected:
+    """Rank 0's selection on every rank: its dims and how it chose them, beside each rank's own analysis."""
+    from gac.distributed import broadcast_object
+
+    chosen = None
+    if selected is not None:
+        chosen = {f.name: getattr(selected, f.name) for f in dataclasses.fields(Selected) if f.name not in _OWN}
+    chosen = broadcast_object(chosen, what="sharing rank 0's selection")
+    if selected is not None:
+        return selected
+    return Selected(**{f.name: getattr(analyzed, f.name) for f in dataclasses.fields(Analyzed)}, **chosen)
+
+
+_OWN = {f.name for f in dataclasses.fields(Analyzed)} | {"built"}  # what every rank has of its own
 
 
 def _check_uncompressed(model: nn.Module, source: str) -> None:

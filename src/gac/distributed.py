@@ -1,0 +1,288 @@
+"""Several processes under torchrun: the process group read off torchrun's environment and the few collectives a run
+needs. Without torchrun (WORLD_SIZE unset or 1) every helper is a no-op and the one-process path is unchanged."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import heapq
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from gac.errors import GacError
+
+DEFAULT_TIMEOUT_S = 300.0  # how long a rank waits at a collective for the others (GAC_DIST_TIMEOUT, --dist-timeout)
+T = TypeVar("T")
+
+
+@dataclass
+class World:
+    """This process's place among torchrun's: rank, world size, local rank and the backend (None: one process)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    device: str = "cpu"  # the run's device, set to this rank's CUDA device under torchrun
+    ledger: dict = field(default_factory=dict)  # {what: {rank: [item, ...]}}: what each rank computed (report.json)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.size > 1
+
+    def record(self, what: str, by_rank: dict[int, list]) -> None:
+        """Note what each rank computed of `what` (extended, in order, across calls)."""
+        for r, items in by_rank.items():
+            self.ledger.setdefault(what, {}).setdefault(r, []).extend(items)
+
+    def record_shares(self, what: str, n: int) -> None:
+        """Note which of n windows each rank took (share()'s split), once per kind of window."""
+        self.ledger[what] = {r: list(range(r, n, self.size)) for r in range(self.size)}
+
+    def record_batches(self, what: str, n: int, batch_size: int) -> None:
+        """Note which of n windows each rank took in batches of batch_size (batches_share()'s split)."""
+        starts = range(0, n, batch_size)
+        self.ledger[what] = {
+            r: [i for k, b in enumerate(starts) if k % self.size == r for i in range(b, min(b + batch_size, n))]
+            for r in range(self.size)
+        }
+
+    def summary(self) -> dict:
+        """report.json's "distributed": world size, backend, timeout and what each rank computed."""
+        whats = sorted(self.ledger)
+        ranks = [{"rank": r, **{w: self.ledger[w].get(r, []) for w in whats}} for r in range(self.size)]
+        return {"world_size": self.size, "backend": self.backend, "timeout_s": self.timeout_s, "ranks": ranks}
+
+
+_WORLD = World()
+
+
+def world() -> World:
+    """The current world (one process unless a session() under torchrun is open)."""
+    return _WORLD
+
+
+def from_env(env: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's RANK, WORLD_SIZE and LOCAL_RANK; (0, 1, 0) without them."""
+    given: Mapping[str, str] = os.environ if env is None else env
+    size = int(given.get("WORLD_SIZE", "1"))
+    rank = int(given.get("RANK", "0"))
+    return rank, size, int(given.get("LOCAL_RANK", str(rank)))
+
+
+def timeout_from_env(given: float | None = None) -> float:
+    """The collective timeout in seconds: `given`, else GAC_DIST_TIMEOUT, else DEFAULT_TIMEOUT_S."""
+    if given is not None:
+        return float(given)
+    raw = os.environ.get("GAC_DIST_TIMEOUT")
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise GacError(f"GAC_DIST_TIMEOUT={raw!r} is not a positive number of seconds: set e.g. GAC_DIST_TIMEOUT=300")
+    return value
+
+
+@contextlib.contextmanager
+def session(device: str, timeout_s: float | None = None) -> Iterator[World]:
+    """The process group of a torchrun launch for the block (gloo on CPU, nccl on CUDA, each rank on its local
+    CUDA device), destroyed on exit; without torchrun a world of one and nothing initialized."""
+    global _WORLD
+    rank, size, local_rank = from_env()
+    timeout = timeout_from_env(timeout_s)
+    if size <= 1:
+        yield _WORLD
+        return
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        present = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if local_rank >= present:
+            fix = f"start at most {present} per node (--nproc-per-node {present})" if present else "this node has none"
+            raise GacError(
+                f"rank {rank}: local rank {local_rank} has no CUDA device of its own ({fix}): use one process per "
+                "device, or --device cpu"
+            )
+        torch.cuda.set_device(local_rank)
+    backend = "nccl" if cuda else "gloo"
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    except (RuntimeError, ValueError) as e:
+        raise _failed(rank, size, timeout, "joining the process group", e) from None
+    _WORLD = World(rank, size, local_rank, backend, timeout, f"cuda:{local_rank}" if cuda else str(device))
+    try:
+        yield _WORLD
+    finally:
+        _WORLD = World()
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _failed(rank: int, size: int, timeout: float, what: str, e: Exception) -> GacError:
+    first = re.sub(r"^\[[^\]]*\]\s*", "", (str(e).strip().splitlines() or [type(e).__name__])[0])[:160]
+    return GacError(
+        f"rank {rank} of {size}: {what} failed ({first}): another rank stopped or did not reach it within "
+        f"{timeout:g} s; nothing was written (set the wait with --dist-timeout)"
+    )
+
+
+@contextlib.contextmanager
+def _collective(what: str) -> Iterator[None]:
+    """A collective's failure (a peer gone, a timeout) as one line naming this rank."""
+    try:
+        yield
+    except RuntimeError as e:
+        w = _WORLD
+        raise _failed(w.rank, w.size, w.timeout_s, what, e) from None
+
+
+def share(n: int) -> list[int]:
+    """The indices of n items this rank takes: r, r + N, r + 2N, ... (all of them in one process)."""
+    w = _WORLD
+    return list(range(w.rank, n, w.size))
+
+
+def batches_share(windows: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """This rank's batches of windows [n, seq] cut into batches of batch_size: batches r, r + N, ..., back to back,
+    so a pass over them in batches of batch_size forms the batches one process forms (a gradient pass folds
+    |g w| per batch: its sums depend on which windows share a batch). The same tensor in one process."""
+    w = _WORLD
+    if not w.active:
+        return windows
+    mine = [b for k, b in enumerate(windows.split(batch_size)) if k % w.size == w.rank]
+    return torch.cat(mine) if mine else windows[:0]
+
+
+def windows_share(windows: torch.Tensor) -> torch.Tensor:
+    """This rank's windows of windows [n, seq]: the same tensor in one process."""
+    w = _WORLD
+    return windows if not w.active else windows[w.rank :: w.size]
+
+
+def all_reduce_sum(tensor: torch.Tensor, what: str = "a reduction") -> torch.Tensor:
+    """Sum `tensor` over the ranks, in place and in its own dtype (on the backend's device and back for nccl)."""
+    w = _WORLD
+    if not w.active:
+        return tensor
+    import torch.distributed as dist
+
+    with _collective(what):
+        if w.backend == "nccl" and tensor.device.type != "cuda":
+            moved = tensor.to(w.device)
+            dist.all_reduce(moved)
+            tensor.copy_(moved.to(tensor.device))
+        else:
+            dist.all_reduce(tensor)
+    return tensor
+
+
+def sum_numbers(values: Sequence[float], what: str = "a reduction") -> list[float]:
+    """Each value summed over the ranks (float64)."""
+    if not _WORLD.active:
+        return list(values)
+    t = torch.tensor(list(values), dtype=torch.float64)
+    return all_reduce_sum(t, what).tolist()
+
+
+def all_gather_rows(rows: torch.Tensor, what: str = "a gather") -> list[torch.Tensor]:
+    """Every rank's rows [t_r, ...] (t_r may differ), in rank order."""
+    w = _WORLD
+    if not w.active:
+        return [rows]
+    counts = torch.zeros(w.size, dtype=torch.float64)
+    counts[w.rank] = rows.shape[0]
+    counts_list = [int(c) for c in all_reduce_sum(counts, what).tolist()]
+    padded = torch.zeros((max(counts_list), *rows.shape[1:]), dtype=rows.dtype)
+    padded[: rows.shape[0]] = rows.cpu()
+    import torch.distributed as dist
+
+    device = w.device if w.backend == "nccl" else "cpu"
+    gathered = [torch.empty_like(padded, device=device) for _ in range(w.size)]
+    with _collective(what):
+        dist.all_gather(gathered, padded.to(device))
+    return [g[:c].to(rows.device) for g, c in zip(gathered, counts_list)]
+
+
+def broadcast_object(obj: T | None, src: int = 0, what: str = "a broadcast") -> T:
+    """`obj` as rank `src` holds it, on every rank (pickled: its tensors travel on the CPU)."""
+    w = _WORLD
+    if not w.active:
+        return obj  # type: ignore[return-value]
+    import torch.distributed as dist
+
+    box = [map_tensors(obj, lambda t: t.cpu()) if w.rank == src else None]
+    with _collective(what):
+        dist.broadcast_object_list(box, src=src, device=_object_device())
+    return box[0]  # type: ignore[return-value]
+
+
+def all_gather_object(obj: Any, what: str = "a gather") -> list:
+    """Every rank's `obj`, in rank order (pickled: tensors travel on the CPU)."""
+    w = _WORLD
+    if not w.active:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list = [None] * w.size
+    with _collective(what):
+        dist.all_gather_object(out, map_tensors(obj, lambda t: t.cpu()))
+    return out
+
+
+def barrier(what: str = "the final barrier") -> None:
+    w = _WORLD
+    if not w.active:
+        return
+    import torch.distributed as dist
+
+    with _collective(what):
+        if w.backend == "nccl":
+            dist.barrier(device_ids=[w.local_rank])
+        else:
+            dist.barrier()
+
+
+def _object_device() -> torch.device | None:
+    w = _WORLD
+    return torch.device(w.device) if w.backend == "nccl" else None
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`obj` with fn applied to every tensor inside (tuples, lists, dicts, dataclasses)."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(x, fn) for x in obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changed = {f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **changed)
+    return obj
+
+
+def assign_by_cost(costs: Sequence[float], ranks: int) -> list[int]:
+    """The rank of each item: the costliest first, each to the least loaded rank (ties to the lower rank)."""
+    owners = [0] * len(costs)
+    loads = [(0.0, r) for r in range(ranks)]
+    heapq.heapify(loads)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        load, r = heapq.heappop(loads)
+        owners[i] = r
+        heapq.heappush(loads, (load + costs[i], r))
+    return owners

@@ -1,0 +1,222 @@
+"""`gac compress` under torchrun (gac.distributed): the split helpers in one process, and two gloo ranks on a tiny
+model against one process (same dims and parameters, rank 0 alone writing, a killed rank stopping the others)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gac import distributed
+from gac.distributed import World
+from tests.helpers import run_gac
+
+# --- the helpers, in one process ---------------------------------------------------------------------------------
+
+
+def test_one_process_is_a_world_of_one(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert distributed.from_env() == (0, 1, 0)
+    with distributed.session("cpu") as w:
+        assert not w.active and w.is_main
+        windows = torch.arange(12).reshape(6, 2)
+        assert distributed.windows_share(windows) is windows
+        assert distributed.batches_share(windows, 2) is windows
+        t = torch.ones(3)
+        assert distributed.all_reduce_sum(t) is t and t.tolist() == [1.0, 1.0, 1.0]
+        assert distributed.sum_numbers([1.5, 2]) == [1.5, 2]
+        assert distributed.broadcast_object({"a": 1}) == {"a": 1}
+        distributed.barrier()  # nothing to wait for
+
+
+def test_env_and_timeout(monkeypatch):
+    assert distributed.from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}) == (3, 4, 1)
+    monkeypatch.delenv("GAC_DIST_TIMEOUT", raising=False)
+    assert distributed.timeout_from_env() == distributed.DEFAULT_TIMEOUT_S
+    assert distributed.timeout_from_env(12) == 12.0
+    monkeypatch.setenv("GAC_DIST_TIMEOUT", "45")
+    assert distributed.timeout_from_env() == 45.0
+    monkeypatch.setenv("GAC_DIST_TIMEOUT", "soon")
+    with pytest.raises(distributed.GacError, match="GAC_DIST_TIMEOUT=300"):
+        distributed.timeout_from_env()
+
+
+def test_assign_by_cost_balances_the_largest_first():
+    costs = [1, 9, 4, 4, 2, 8]
+    owners = distributed.assign_by_cost(costs, 2)
+    loads = [sum(c for c, r in zip(costs, owners) if r == rank) for rank in range(2)]
+    assert owners[1] == 0 and owners[5] == 1  # the two largest to the two ranks
+    assert sorted(loads) == [14, 14]
+    assert distributed.assign_by_cost(costs, 1) == [0] * len(costs)
+    assert len(set(distributed.assign_by_cost([1.0] * 5, 8))) == 5  # fewer items than ranks: one each
+
+
+def test_shares_of_windows_and_batches(monkeypatch):
+    windows = torch.arange(7)[:, None].expand(7, 3)  # window i is all i
+    monkeypatch.setattr(distributed, "_WORLD", World(rank=1, size=2))
+    assert distributed.share(7) == [1, 3, 5]
+    assert distributed.windows_share(windows)[:, 0].tolist() == [1, 3, 5]
+    assert distributed.batches_share(windows, 2)[:, 0].tolist() == [2, 3, 6]  # batches [2, 3] and [6]
+    monkeypatch.setattr(distributed, "_WORLD", World(rank=0, size=2))
+    assert distributed.batches_share(windows, 2)[:, 0].tolist() == [0, 1, 4, 5]
+
+
+def test_map_tensors_reaches_dataclasses_and_containers():
+    from gac.compressors.linalg import ScaledSVD
+
+    svd = ScaledSVD(torch.ones(2, 1), torch.ones(1), None, torch.ones(2))
+    doubled = distributed.map_tensors({"x": (svd, [torch.ones(1)]), "n": 3}, lambda t: t * 2)
+    assert doubled["n"] == 3 and doubled["x"][1][0].item() == 2.0
+    assert doubled["x"][0].U.sum().item() == 4.0 and doubled["x"][0].Vh is None
+
+
+def test_ledger_summary():
+    w = World(rank=0, size=2, backend="gloo")
+    w.record_shares("windows_calibration", 3)
+    w.record("factorized", {0: ["a"], 1: ["b", "c"]})
+    w.record("factorized", {0: ["d"]})
+    w.record_batches("windows_gradients", 5, 2)
+    assert w.ledger["windows_gradients"] == {0: [0, 1, 4], 1: [2, 3]}
+    del w.ledger["windows_gradients"]
+    ranks = w.summary()["ranks"]
+    assert ranks[0] == {"rank": 0, "factorized": ["a", "d"], "windows_calibration": [0, 2]}
+    assert ranks[1] == {"rank": 1, "factorized": ["b", "c"], "windows_calibration": [1]}
+
+
+def test_skipped_draws_give_each_window_its_one_process_labels():
+    """The output Fisher's labels: drawn per rank with the other ranks' windows skipped, each window's losses are
+    those one process draws, so the summed Fisher is the same."""
+    from gac.calibration.importance import drawn_label_losses, fisher_generator
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 6, 11)  # [windows, seq, V]
+    whole = drawn_label_losses(logits, fisher_generator())
+    parts = [torch.zeros(()) for _ in whole]
+    for rank in range(2):
+        ids = [rank, rank + 2]
+        skipped = [ids[0], ids[1] - ids[0] - 1]
+        for k, loss in enumerate(drawn_label_losses(logits[ids], fisher_generator(), skipped)):
+            parts[k] = parts[k] + loss
+    for a, b in zip(whole, parts):
+        torch.testing.assert_close(a, b)
+
+
+# --- two gloo ranks under torchrun ---------------------------------------------------------------------------------
+
+TINY_RUN = ("--calib-windows", "5", "--eval-windows", "3", "--seq-len", "32", "--quiet", "--ratio", "0.15")
+KILL_RANK_1 = """
+import os, signal, sys
+import gac.calibration.stats as stats
+calibrate = stats.calibrate
+def killed(*args, **kwargs):
+    if os.environ.get("RANK") == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return calibrate(*args, **kwargs)
+stats.calibrate = killed
+from gac.cli import main
+sys.argv[0] = "gac"
+main()
+"""
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return {**env, "OMP_NUM_THREADS": "1", "GAC_DIST_TIMEOUT": "60"}
+
+
+def _torchrun(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=timeout, check=False)
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("compressor,extra", [("asvd", ()), ("prune", ("--prune-layers", "all"))])
+def test_two_ranks_choose_the_dims_of_one_process(tiny_model_dir, tmp_path, compressor, extra):
+
+    args = ("compress", "--model", tiny_model_dir, "--compressor", compressor, *TINY_RUN, *extra)
+    one = run_gac(*args, "--out", tmp_path / "one", env=_env(), timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = _torchrun("-m", "gac", *args, "--out", tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("one", "two"))
+    assert a["dims"] == b["dims"]
+    for variant, figures in a["variants"].items():
+        assert b["variants"][variant]["params"] == figures["params"]
+        assert b["variants"][variant]["ppl"] == pytest.approx(figures["ppl"], rel=1e-3)
+    assert "distributed" not in a
+    ranks = b["distributed"]["ranks"]
+    assert b["distributed"]["world_size"] == 2 and [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["windows_calibration"] == [0, 2, 4] and ranks[1]["windows_calibration"] == [1, 3]
+    assert ranks[0]["windows_held_out"] == [0, 2] and ranks[1]["windows_held_out"] == [1]
+    if compressor == "prune":  # the taylor gradients in batches of two: batches 0 and 2 to rank 0
+        assert ranks[0]["windows_gradients"] == [0, 1, 4] and ranks[1]["windows_gradients"] == [2, 3]
+    if compressor == "asvd":  # every weight factorized once, by one rank
+        done = ranks[0]["factorized"] + ranks[1]["factorized"]
+        assert ranks[0]["factorized"] and ranks[1]["factorized"] and len(done) == len(set(done))
+    # rank 0 alone wrote, and printed the report
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]
+    assert two.stdout.count("saved gac model") == 1
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("compressor,extra", [("asvd", ()), ("prune", ("--prune-layers", "all"))])
+def test_a_rank_without_windows_adds_nothing(tiny_model_dir, tmp_path, compressor, extra):
+    """One calibration and one evaluation window for two ranks: rank 1 runs none of its own (its passes run the first
+    window to shape their sums, then count nothing), and the result is one process's."""
+    args = ("compress", "--model", tiny_model_dir, "--compressor", compressor, "--seq-len", "32", "--quiet", *extra)
+    args = (*args, "--calib-windows", "1", "--eval-windows", "1", "--no-align")
+    one = run_gac(*args, "--out", tmp_path / "one", env=_env(), timeout=300)
+    two = _torchrun("-m", "gac", *args, "--out", tmp_path / "two")
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-2000:]
+    a, b = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("one", "two"))
+    assert a["dims"] == b["dims"]
+    assert b["variants"]["unaligned"]["ppl"] == pytest.approx(a["variants"]["unaligned"]["ppl"], rel=1e-6)
+    assert b["distributed"]["ranks"][1]["windows_calibration"] == []
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_a_killed_rank_stops_the_others_with_one_error_line(tiny_model_dir, tmp_path):
+    script = tmp_path / "kill_rank_1.py"
+    script.write_text(KILL_RANK_1)
+    out = tmp_path / "out"
+    p = _torchrun(script, "compress", "--model", tiny_model_dir, *TINY_RUN, "--out", out, timeout=120)
+    assert p.returncode != 0
+    errors = _error_lines(p.stderr)
+    assert len(errors) == 1 and errors[0].startswith("error: rank 0 of 2"), p.stderr[-2000:]
+    assert not out.exists() and sorted(x.name for x in tmp_path.iterdir()) == ["kill_rank_1.py"]
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of CUDA ranks on a machine without CUDA")
+def test_cuda_ranks_without_cuda_refused_per_rank(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    p = _torchrun("-m", "gac", "compress", "--model", tiny_model_dir, "--device", "cuda", *TINY_RUN, "--out", out)
+    errors = _error_lines(p.stderr)
+    assert sorted(e.split(":")[1] for e in errors) == [" rank 0", " rank 1"], p.stderr[-2000:]
+    assert all("--device cpu" in e for e in errors)
+    assert "exitcode  : 2" in p.stderr and not out.exists()
+
+
+def test_refused_options_name_torchrun(monkeypatch):
+    from gac.config import CompressConfig
+    from gac.errors import ConfigError
+    from gac.pipelines.run import _for_rank
+
+    w = World(rank=1, size=2, backend="gloo")
+    with pytest.raises(ConfigError, match="torchrun"):
+        _for_rank(CompressConfig(compressor="auto"), w)
+    cfg = _for_rank(CompressConfig(), w)
+    assert cfg.progress is False and cfg.layerwise is False
