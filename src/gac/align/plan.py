@@ -107,7 +107,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Plan:
-        """Build and validate a plan from its JSON object (see the contract in DESIGN.md)."""
+        """Build and validate a plan from its JSON object (a contract, docs/DESIGN.md)."""
         if not isinstance(d, Mapping):
             raise GacError(f"plan must be a JSON object with 'budget' and 'weights', got {type(d).__name__}")
         for key in ("budget", "weights"):

@@ -1,4 +1,4 @@
-"""report.json (the contract in DESIGN.md): the Report a run builds once, its JSON, and a readable report.md table."""
+"""report.json (a contract, docs/DESIGN.md): the Report a run builds once, its JSON, and a readable report.md table."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def parameter_budget(ratio: float, compressible: int) -> int:
 
 
 def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, candidates_for=None) -> dict:
-    """The selection plan (DESIGN.md contract) for the units the compressor reduced (dim None: left whole).
+    """The selection plan (a contract, docs/DESIGN.md) for the units the compressor reduced (dim None: left whole).
 
     candidates_for(unit, d*, window) -> dims, from a hardware profile or a deployment target (gac.align.targets,
     which also covers head-grid groups); None: the static rule of the plan.
