@@ -2,37 +2,67 @@
 
     python benchmarks/same_results_torchrun.py --out runs/ asvd prune svd_llm palu
     python benchmarks/same_results_torchrun.py --nproc 2 --out runs/ asvd -- --calib-windows 2 --eval-windows 2 \\
-        --seq-len 256
+        --seq-len 256 --layerwise
+    python benchmarks/same_results_torchrun.py --nodes 2 --nproc 1 --out runs/ asvd      # two nodes on localhost
+    python benchmarks/same_results_torchrun.py --threads 2 --amdahl 8 --out runs/ prune   # wall time, estimate
 
 Each compressor runs `gac compress --ratio R` twice with the same flags (those after `--` added): in one process
-and under `torchrun --standalone --nproc-per-node N`; their report.json files are compared (dims and parameters
-equal, every variant's perplexity within --rtol) and both wall times printed. Exits 1 when any differs.
+(OMP_NUM_THREADS=--threads) and under `torchrun --standalone --nproc-per-node N` (one thread per rank), or, with
+--nodes K, K torchrun launches as nodes of a c10d rendezvous on localhost (N ranks each). Their report.json files are
+compared (dims and parameters equal, every variant's perplexity within --rtol) and both wall times printed with
+their ratio, and the Amdahl estimate for --amdahl ranks from the one-process run's stage times (report.json's
+stages_s: the split stages divided by the ranks, the rest of its wall time as it is). Exits 1 when any differs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from gac.pipelines.stages import amdahl
 
-def compress(launcher: list[str], compressor: str, ratio: float, out: Path, extra: list[str]) -> tuple[dict, float]:
-    """(report.json, wall seconds) of one `gac compress` run."""
-    args = [*launcher, "compress", "--compressor", compressor, "--ratio", str(ratio), "--out", str(out)]
+
+def compress(
+    launchers: list[list[str]], compressor: str, ratio: float, out: Path, extra: list[str], threads: int | None = None
+) -> tuple[dict, float]:
+    """(report.json, wall seconds) of one `gac compress` run, started by each launcher side by side (the nodes of a
+    rendezvous; one launcher otherwise)."""
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+    args = ["compress", "--compressor", compressor, "--ratio", str(ratio), "--out", str(out), "--force", "--quiet"]
     start = time.perf_counter()
-    subprocess.run([*args, "--force", "--quiet", *extra], check=True)
+    running = [subprocess.Popen([*launcher, *args, *extra], env=env) for launcher in launchers]
+    if any(p.wait() != 0 for p in running):
+        raise SystemExit(f"{compressor}: a run failed")
     return json.loads((out / "report.json").read_text()), time.perf_counter() - start
+
+
+def launchers(torchrun: str, nproc: int, nodes: int) -> list[list[str]]:
+    """torchrun's command lines: one standalone launch, or one per node of a c10d rendezvous on localhost."""
+    if nodes == 1:
+        return [[torchrun, "--standalone", "--nproc-per-node", str(nproc), "-m", "gac"]]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rdzv = ["--nnodes", str(nodes), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
+    rdzv += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "same-results"]
+    return [[torchrun, *rdzv, "--node-rank", str(r), "-m", "gac"] for r in range(nodes)]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("compressors", nargs="*", default=["asvd", "prune"])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per node")
+    parser.add_argument("--nodes", type=int, default=1, help="torchrun launches as nodes on localhost")
+    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the one-process run")
+    parser.add_argument("--amdahl", type=int, default=8, help="ranks of the Amdahl estimate")
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--rtol", type=float, default=1e-3)
     argv = sys.argv[1:]
@@ -40,21 +70,25 @@ def main() -> int:
     args, extra = parser.parse_args(argv[:cut]), argv[cut + 1 :]
     one = [sys.executable, "-m", "gac"]
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    ranks = [torchrun, "--standalone", "--nproc-per-node", str(args.nproc), "-m", "gac"]
+    world = args.nproc * args.nodes
     failed = False
     for name in args.compressors:
-        a, a_s = compress(one, name, args.ratio, args.out / f"{name}-1", extra)
-        b, b_s = compress(ranks, name, args.ratio, args.out / f"{name}-{args.nproc}", extra)
+        a, a_s = compress([one], name, args.ratio, args.out / f"{name}-1", extra, args.threads)
+        b, b_s = compress(
+            launchers(torchrun, args.nproc, args.nodes), name, args.ratio, args.out / f"{name}-{world}", extra
+        )
         params = {k: (a["variants"][k]["params"], b["variants"][k]["params"]) for k in a["variants"]}
         ppl = {k: (a["variants"][k]["ppl"], b["variants"][k]["ppl"]) for k in a["variants"]}
         drift = max(abs(y - x) / x for x, y in ppl.values())
         same_dims, same_params = a["dims"] == b["dims"], all(x == y for x, y in params.values())
-        ok = same_dims and same_params and drift <= args.rtol and b["distributed"]["world_size"] == args.nproc
+        ok = same_dims and same_params and drift <= args.rtol and b["distributed"]["world_size"] == world
         failed |= not ok
         print(
             f"{name}: dims {'equal' if same_dims else 'DIFFERENT'}, params {'equal' if same_params else 'DIFFERENT'}, "
-            f"gac ppl {ppl['gac'][0]:.6g} (1 process) vs {ppl['gac'][1]:.6g} ({args.nproc} ranks), largest relative "
-            f"ppl difference {drift:.1e}; wall {a_s:.1f} s vs {b_s:.1f} s",
+            f"gac ppl {ppl['gac'][0]:.6g} (1 process) vs {ppl['gac'][1]:.6g} ({world} ranks), largest relative "
+            f"ppl difference {drift:.1e}; wall {a_s:.1f} s vs {b_s:.1f} s ({b_s / a_s:.2f}x); Amdahl estimate for "
+            f"{args.amdahl} ranks {amdahl(a['stages_s'], a_s, args.amdahl):.2f}x; stages of one process "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in a["stages_s"].items()),
             flush=True,
         )
     return 1 if failed else 0

@@ -9,6 +9,8 @@ import datetime
 import heapq
 import os
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -18,6 +20,7 @@ import torch
 from gac.errors import GacError
 
 DEFAULT_TIMEOUT_S = 300.0  # how long a rank waits at a collective for the others (GAC_DIST_TIMEOUT, --dist-timeout)
+BEAT_S = 2.0  # rank 0's heartbeat while the others wait for work it does alone (run_on_main)
 T = TypeVar("T")
 
 
@@ -52,11 +55,14 @@ class World:
 
     def record_batches(self, what: str, n: int, batch_size: int) -> None:
         """Note which of n windows each rank took in batches of batch_size (batches_share()'s split)."""
+        self.ledger[what] = {r: self.batch_windows(n, batch_size, r) for r in range(self.size)}
+
+    def batch_windows(self, n: int, batch_size: int, rank: int | None = None) -> list[int]:
+        """The indices of the n windows that `rank` (default this one) takes in batches of batch_size: batches r,
+        r + N, ..., back to back (batches_share()'s split)."""
+        r = self.rank if rank is None else rank
         starts = range(0, n, batch_size)
-        self.ledger[what] = {
-            r: [i for k, b in enumerate(starts) if k % self.size == r for i in range(b, min(b + batch_size, n))]
-            for r in range(self.size)
-        }
+        return [i for k, b in enumerate(starts) if k % self.size == r for i in range(b, min(b + batch_size, n))]
 
     def summary(self) -> dict:
         """report.json's "distributed": world size, backend, timeout and what each rank computed."""
@@ -242,6 +248,96 @@ def all_gather_object(obj: Any, what: str = "a gather") -> list:
     with _collective(what):
         dist.all_gather_object(out, map_tensors(obj, lambda t: t.cpu()))
     return out
+
+
+def on_main(fn: Callable[[], T], what: str) -> T:
+    """fn() computed on rank 0 alone and its result on every rank; a GacError it raises is raised on every rank
+    (the others would otherwise wait for a result that never comes). fn() itself in one process."""
+    w = _WORLD
+    if not w.active:
+        return fn()
+    outcome: tuple[bool, Any] | None = None
+    if w.is_main:
+        try:
+            outcome = (True, fn())
+        except GacError as e:
+            outcome = (False, e)
+    ok, value = broadcast_object(outcome, what=what)
+    if not ok:
+        raise value
+    return value
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """This rank as a world of one for the block (work rank 0 does by itself: its passes take every window and
+    reduce nothing); the world restored on exit."""
+    global _WORLD
+    saved = _WORLD
+    _WORLD = World(device=saved.device, timeout_s=saved.timeout_s)
+    try:
+        yield
+    finally:
+        _WORLD = saved
+
+
+def run_on_main(fn: Callable[[], T], what: str) -> T:
+    """fn() run by rank 0 alone (as a world of one: alone()), however long it takes, its result on every rank; a
+    GacError it raises is raised on every rank. The others wait without a collective's deadline while rank 0's
+    heartbeat goes on (torchrun's store), and stop with one error line when it has been silent for the timeout: a
+    rank 0 that died or hangs outside fn. fn() itself in one process."""
+    w = _WORLD
+    if not w.active:
+        return fn()
+    import torch.distributed as dist
+
+    # the rendezvous store every rank already reaches: no port of its own to open
+    store = dist.distributed_c10d._get_default_store()
+    beat_key, done_key = f"gac/{what}/beat", f"gac/{what}/done"
+    outcome: tuple[bool, Any] | None = None
+    if w.is_main:
+        stop = threading.Event()
+
+        def beat() -> None:
+            n = 0
+            while not stop.wait(BEAT_S):
+                n += 1
+                store.set(beat_key, str(n))
+
+        beating = threading.Thread(target=beat, daemon=True)
+        beating.start()
+        try:
+            with alone():
+                outcome = (True, fn())
+        except GacError as e:
+            outcome = (False, e)
+        finally:
+            stop.set()
+            beating.join()
+        store.set(done_key, "1")
+    else:
+        _wait_for(store, beat_key, done_key, w, what)
+    ok, value = broadcast_object(outcome, what=what)
+    if not ok:
+        raise value
+    return value
+
+
+def _wait_for(store: Any, beat_key: str, done_key: str, w: World, what: str) -> None:
+    """Until rank 0 sets done_key; an error once its heartbeat (beat_key) has not moved for w.timeout_s."""
+    last, since = None, time.monotonic()
+    while True:
+        try:
+            if store.check([done_key]):
+                return
+            beat = store.get(beat_key) if store.check([beat_key]) else None
+        except RuntimeError as e:  # the store's host gone
+            raise _failed(w.rank, w.size, w.timeout_s, what, e) from None
+        if beat != last:
+            last, since = beat, time.monotonic()
+        elif time.monotonic() - since > w.timeout_s:
+            raise _failed(w.rank, w.size, w.timeout_s, what, TimeoutError("rank 0's heartbeat stopped"))
+        time.sleep(min(BEAT_S / 4, 0.5))
 
 
 def barrier(what: str = "the final barrier") -> None:

@@ -21,6 +21,9 @@ class InfeasibleBudget(GacError):
         super().__init__(message)
         self.smallest = smallest
 
+    def __reduce__(self):  # pickled whole: under torchrun rank 0's error is raised on every rank
+        return type(self), (str(self), self.smallest)
+
 
 class ConfigError(GacError):
     """A configuration value or combination the caller can fix, worded in the config's own names: in the message,

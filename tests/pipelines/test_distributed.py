@@ -75,6 +75,56 @@ def test_map_tensors_reaches_dataclasses_and_containers():
     assert doubled["x"][0].U.sum().item() == 4.0 and doubled["x"][0].Vh is None
 
 
+class _Store:
+    """torchrun's store as run_on_main's waiting ranks read it: rank 0's heartbeat and done keys."""
+
+    def __init__(self, beats: list, done_after: int | None = None):
+        self.beats, self.done_after, self.reads = beats, done_after, 0
+
+    def check(self, keys):
+        if keys[0].endswith("/done"):
+            self.reads += 1
+            return self.done_after is not None and self.reads > self.done_after
+        return bool(self.beats)
+
+    def get(self, key):
+        return self.beats[min(self.reads, len(self.beats)) - 1]
+
+
+def test_waiting_ranks_follow_rank_0s_heartbeat(monkeypatch):
+    from gac.errors import GacError
+
+    monkeypatch.setattr(distributed, "BEAT_S", 0.04)
+    w = World(rank=1, size=2, backend="gloo", timeout_s=0.2)
+    beating = _Store([b"1", b"2", b"3", b"4", b"5", b"6"] * 10, done_after=40)  # moving, then done: no error
+    distributed._wait_for(beating, "x/beat", "x/done", w, "selecting")
+    assert beating.reads == 41
+    with pytest.raises(GacError, match=r"rank 1 of 2: selecting failed \(rank 0's heartbeat stopped\)"):
+        distributed._wait_for(_Store([b"7"]), "x/beat", "x/done", w, "selecting")  # silent past the timeout
+
+
+def test_on_main_and_run_on_main_in_one_process_call_through():
+    assert distributed.on_main(lambda: 3, "x") == 3 and distributed.run_on_main(lambda: 4, "y") == 4
+    before = distributed.world()
+    with distributed.alone():
+        assert not distributed.world().active
+    assert distributed.world() is before
+
+
+def test_stage_clock_and_amdahl():
+    from gac.pipelines.stages import StageClock, amdahl
+
+    clock = StageClock()
+    for _ in range(2):
+        with clock.stage("analyze"):
+            pass
+    assert list(clock.to_dict()) == ["analyze"] and clock.seconds["analyze"] >= 0
+    stages = {"open": 10.0, "analyze": 60.0, "select": 5.0, "materialize": 10.0, "perplexity": 10.0, "timing": 5.0}
+    assert amdahl(stages, 100.0, 1) == 1.0
+    assert amdahl(stages, 100.0, 8) == pytest.approx(100 / (20 + 80 / 8))
+    assert amdahl(stages, 100.0, 10**9) < 100 / 20
+
+
 def test_ledger_summary():
     w = World(rank=0, size=2, backend="gloo")
     w.record_shares("windows_calibration", 3)
@@ -110,14 +160,14 @@ def test_skipped_draws_give_each_window_its_one_process_labels():
 
 TINY_RUN = ("--calib-windows", "5", "--eval-windows", "3", "--seq-len", "32", "--quiet", "--ratio", "0.15")
 KILL_RANK_1 = """
-import os, signal, sys
-import gac.calibration.stats as stats
-calibrate = stats.calibrate
+import importlib, os, signal, sys
+module = importlib.import_module("{module}")
+real = getattr(module, "{function}")
 def killed(*args, **kwargs):
     if os.environ.get("RANK") == "1":
         os.kill(os.getpid(), signal.SIGKILL)
-    return calibrate(*args, **kwargs)
-stats.calibrate = killed
+    return real(*args, **kwargs)
+setattr(module, "{function}", killed)
 from gac.cli import main
 sys.argv[0] = "gac"
 main()
@@ -134,16 +184,46 @@ def _torchrun(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=timeout, check=False)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(*args, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Two torchrun launches of one rank each, as nodes 0 and 1 of a c10d rendezvous on localhost."""
+    rdzv = ("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "gac-test")
+    rdzv = (*rdzv, "--rdzv-endpoint", f"127.0.0.1:{_free_port()}")
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *rdzv, "--node-rank", str(node), *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        for node in (0, 1)
+    ]
+    done = []
+    for node in nodes:
+        out, err = node.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess(node.args, node.returncode, out, err))
+    return done
+
+
 def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
 @pytest.mark.subprocess
 @pytest.mark.slow
+@pytest.mark.parametrize("pipeline", ["--whole-model", "--layerwise"])
 @pytest.mark.parametrize("compressor,extra", [("asvd", ()), ("prune", ("--prune-layers", "all"))])
-def test_two_ranks_choose_the_dims_of_one_process(tiny_model_dir, tmp_path, compressor, extra):
+def test_two_ranks_choose_the_dims_of_one_process(tiny_model_dir, tmp_path, compressor, extra, pipeline):
 
-    args = ("compress", "--model", tiny_model_dir, "--compressor", compressor, *TINY_RUN, *extra)
+    args = ("compress", "--model", tiny_model_dir, "--compressor", compressor, *TINY_RUN, *extra, pipeline)
     one = run_gac(*args, "--out", tmp_path / "one", env=_env(), timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     two = _torchrun("-m", "gac", *args, "--out", tmp_path / "two")
@@ -156,7 +236,11 @@ def test_two_ranks_choose_the_dims_of_one_process(tiny_model_dir, tmp_path, comp
     assert "distributed" not in a
     ranks = b["distributed"]["ranks"]
     assert b["distributed"]["world_size"] == 2 and [r["rank"] for r in ranks] == [0, 1]
-    assert ranks[0]["windows_calibration"] == [0, 2, 4] and ranks[1]["windows_calibration"] == [1, 3]
+    assert a["pipeline_choice"]["pipeline"] == b["pipeline_choice"]["pipeline"] == pipeline.strip("-").split("-")[0]
+    if pipeline == "--whole-model":  # window by window
+        assert ranks[0]["windows_calibration"] == [0, 2, 4] and ranks[1]["windows_calibration"] == [1, 3]
+    else:  # each rank carries whole gradient batches of two through the layers
+        assert ranks[0]["windows_calibration"] == [0, 1, 4] and ranks[1]["windows_calibration"] == [2, 3]
     assert ranks[0]["windows_held_out"] == [0, 2] and ranks[1]["windows_held_out"] == [1]
     if compressor == "prune":  # the taylor gradients in batches of two: batches 0 and 2 to rank 0
         assert ranks[0]["windows_gradients"] == [0, 1, 4] and ranks[1]["windows_gradients"] == [2, 3]
@@ -170,11 +254,13 @@ def test_two_ranks_choose_the_dims_of_one_process(tiny_model_dir, tmp_path, comp
 
 @pytest.mark.subprocess
 @pytest.mark.slow
+@pytest.mark.parametrize("pipeline", ["--whole-model", "--layerwise"])
 @pytest.mark.parametrize("compressor,extra", [("asvd", ()), ("prune", ("--prune-layers", "all"))])
-def test_a_rank_without_windows_adds_nothing(tiny_model_dir, tmp_path, compressor, extra):
+def test_a_rank_without_windows_adds_nothing(tiny_model_dir, tmp_path, compressor, extra, pipeline):
     """One calibration and one evaluation window for two ranks: rank 1 runs none of its own (its passes run the first
     window to shape their sums, then count nothing), and the result is one process's."""
     args = ("compress", "--model", tiny_model_dir, "--compressor", compressor, "--seq-len", "32", "--quiet", *extra)
+    args = (*args, pipeline)
     args = (*args, "--calib-windows", "1", "--eval-windows", "1", "--no-align")
     one = run_gac(*args, "--out", tmp_path / "one", env=_env(), timeout=300)
     two = _torchrun("-m", "gac", *args, "--out", tmp_path / "two")
@@ -187,9 +273,50 @@ def test_a_rank_without_windows_adds_nothing(tiny_model_dir, tmp_path, compresso
 
 @pytest.mark.subprocess
 @pytest.mark.slow
-def test_a_killed_rank_stops_the_others_with_one_error_line(tiny_model_dir, tmp_path):
+def test_two_nodes_choose_the_dims_of_one_process(tiny_model_dir, tmp_path):
+    """Two torchrun launches as two nodes (c10d rendezvous on localhost), one rank each: one process's dims and
+    perplexity; node 0's rank 0 alone writes."""
+    args = ("compress", "--model", tiny_model_dir, "--compressor", "asvd", *TINY_RUN)
+    one = run_gac(*args, "--out", tmp_path / "one", env=_env(), timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    nodes = _two_nodes("-m", "gac", *args, "--out", tmp_path / "two")
+    assert [n.returncode for n in nodes] == [0, 0], "".join(n.stderr for n in nodes)[-3000:]
+    a, b = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("one", "two"))
+    assert a["dims"] == b["dims"] and b["distributed"]["world_size"] == 2
+    assert b["variants"]["gac"]["ppl"] == pytest.approx(a["variants"]["gac"]["ppl"], rel=1e-3)
+    assert nodes[0].stdout.count("saved gac model") == 1 and "saved gac model" not in nodes[1].stdout
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_speedup_selected_by_rank_0_is_cut_alike_on_every_rank(tiny_model_dir, tmp_path):
+    """--speedup under torchrun: rank 0 alone runs the timed loop; every rank cuts its selection, so the perplexity
+    summed over both ranks' windows is the saved model's own, evaluated in one process."""
+    from gac import load
+    from gac.calibration.texts import TextConfig, load_windows
+    from gac.evaluate.perplexity import perplexity
+
+    out = tmp_path / "out"
+    args = ("compress", "--model", tiny_model_dir, "--compressor", "prune", "--prune-layers", "all", *TINY_RUN[:-2])
+    p = _torchrun("-m", "gac", *args, "--speedup", "1.03", "--out", out)
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["objective"]["kind"] == "latency" and report["distributed"]["world_size"] == 2
+    loaded = load(out)
+    _, held_out = load_windows(loaded.tokenizer, TextConfig(calib_windows=5, eval_windows=3, seq_len=32))
+    assert perplexity(loaded.model, held_out, progress=False) == pytest.approx(report["variants"]["gac"]["ppl"], rel=1e-4)
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "module,function",
+    [("gac.calibration.stats", "calibrate"), ("gac.hw.threads", "map_side_by_side")],
+    ids=["calibration", "factorization"],
+)
+def test_a_killed_rank_stops_the_others_with_one_error_line(tiny_model_dir, tmp_path, module, function):
     script = tmp_path / "kill_rank_1.py"
-    script.write_text(KILL_RANK_1)
+    script.write_text(KILL_RANK_1.format(module=module, function=function))
     out = tmp_path / "out"
     p = _torchrun(script, "compress", "--model", tiny_model_dir, *TINY_RUN, "--out", out, timeout=120)
     assert p.returncode != 0
@@ -218,5 +345,5 @@ def test_refused_options_name_torchrun(monkeypatch):
     w = World(rank=1, size=2, backend="gloo")
     with pytest.raises(ConfigError, match="torchrun"):
         _for_rank(CompressConfig(compressor="auto"), w)
-    cfg = _for_rank(CompressConfig(), w)
-    assert cfg.progress is False and cfg.layerwise is False
+    cfg = _for_rank(CompressConfig(layerwise=True), w)
+    assert cfg.progress is False and cfg.layerwise is True

@@ -66,6 +66,12 @@ class GradStats:
     fisher_in: torch.Tensor  # [in]
     batches: int = 0
 
+    def zero(self) -> None:
+        """No batches counted: an idle rank's part of a sum over ranks."""
+        self.batches = 0
+        for t in (self.taylor_out, self.taylor_in, self.fisher_out, self.fisher_in):
+            t.zero_()
+
     def copy(self) -> GradStats:
         return GradStats(
             self.taylor_out.clone(),
@@ -202,14 +208,12 @@ def gradient_stats(
             bar.update(len(ids))
     if idle:
         for g in stats.values():
-            g.batches = 0
-            for t in (g.taylor_out, g.taylor_in, g.fisher_out, g.fisher_in):
-                t.zero_()
-    _reduce_grads(stats)
+            g.zero()
+    reduce_grads(stats)
     return stats
 
 
-def _reduce_grads(stats: dict[str, GradStats]) -> None:
+def reduce_grads(stats: dict[str, GradStats]) -> None:
     """Every rank's gradient sums (fp32) and batch counts summed in place; a no-op in one process."""
     from gac.distributed import all_reduce_sum, sum_numbers, world
 

@@ -122,14 +122,14 @@ def calibrate(
         for batch in tqdm(batches, desc="calibrating", unit="batch", disable=not progress):
             model(batch.to(device), use_cache=False)
         if idle:
-            _zero(stats)
+            zero_stats(stats)
     if world().active:
         world().record_shares("windows_calibration", len(windows))
         reduce_stats(stats)
     return stats
 
 
-def _zero(stats: dict[str, LinearStats]) -> None:
+def zero_stats(stats: dict[str, LinearStats]) -> None:
     """Statistics of no tokens, in the shapes (and X^T X sharing) a pass gave them: an idle rank's part of a sum."""
     for s in stats.values():
         s.abs_sum.zero_()

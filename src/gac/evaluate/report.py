@@ -45,6 +45,7 @@ class Report:
     auto: dict | None = None  # --compressor auto: every compressor's predicted and measured figures, which was kept
     experts_kept: dict | None = None  # --drop-experts: {MoE layer's experts module: experts the saved variant kept}
     distributed: dict | None = None  # under torchrun: world size, backend, and what each rank computed
+    stages_s: dict | None = None  # wall seconds of each stage but the write (gac.pipelines.stages), rank 0's
 
     def to_dict(self) -> dict:
         """report.json's object: every field, those of another objective (None) left out; profile_excluded with

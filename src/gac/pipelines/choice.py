@@ -131,6 +131,17 @@ def _cgroup_room() -> Available | None:
     return None
 
 
+def _per_rank(available: Available | None, device: str) -> Available | None:
+    """Under torchrun the ranks of one node share its CPU memory: each rank's part of what is free (a --max-memory
+    figure is one process's already; each CUDA rank has its own device)."""
+    import os
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if available is None or local <= 1 or str(device).startswith("cuda") or available.source.startswith("--max"):
+        return available
+    return Available(available.bytes // local, f"{available.source} shared by {local} ranks")
+
+
 def plan_memory(cfg) -> PipelineChoice:
     """The pipeline of a CompressConfig: forced by --layerwise / --whole-model (cfg.layerwise True / False) or
     --speedup (the whole model, timed on the device), else choose_pipeline from the whole-model forecast and the
@@ -144,7 +155,7 @@ def plan_memory(cfg) -> PipelineChoice:
         forced_by = "--speedup"
     elif forced is None and cfg.compressor == AUTO:
         forced_by = "--compressor auto"  # every compressor analyzed on one calibration of the whole model
-    available = available_memory(cfg.device, cfg.max_memory)
+    available = _per_rank(available_memory(cfg.device, cfg.max_memory), cfg.device)
     whole = None
     if forced is None and forced_by is None:
         try:

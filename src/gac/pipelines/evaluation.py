@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from gac.pipelines.base import Measured
+from gac.pipelines.stages import StageClock
 
 log = logging.getLogger(__name__)
 
@@ -14,13 +15,14 @@ NOT_EVALUATED = ("ppl", "prefill_ms", "prefill_spread_pct", "decode_ms_per_token
 
 
 def evaluate_variants(
-    models: dict, names: list[str], held_out, cfg, *, measured: Measured | None = None
+    models: dict, names: list[str], held_out, cfg, *, measured: Measured | None = None, clock: StageClock | None = None
 ) -> tuple[dict, dict | None]:
     """({variant: figures}, how latency was measured or None): each model's parameters and aligned fraction over
     `names` and, with cfg.evaluate, its held-out perplexity and prefill and decode latency, all models timed side by
     side (cfg.evaluation_latency). `measured`: perplexities and layer timings taken layer by layer (the models were
     never whole: gac.evaluate.layer_latency). What is not measured is null. Under torchrun perplexity is computed on
-    shares of the windows (every rank calls this), latency on rank 0 alone."""
+    shares of the windows (every rank calls this), latency on rank 0 alone. clock: where the perplexity and timing
+    stages' seconds go."""
     from gac.evaluate.latency import measure_latency
     from gac.evaluate.layer_latency import WHOLE_MODEL
     from gac.evaluate.perplexity import perplexity
@@ -38,13 +40,17 @@ def evaluate_variants(
         for name, figures in measured.latency.figures().items():
             variants[name].update(figures)
         return variants, measured.latency.method()
-    for name, m in models.items():
-        variants[name]["ppl"] = perplexity(m, held_out, desc=f"perplexity {name}", progress=cfg.progress)
+    clock = clock or StageClock()
+    with clock.stage("perplexity"):
+        for name, m in models.items():
+            variants[name]["ppl"] = perplexity(m, held_out, desc=f"perplexity {name}", progress=cfg.progress)
     from gac.distributed import world
 
     if not world().is_main:  # under torchrun rank 0 alone times the models; the others leave latency null
         return variants, None
     log.info("timing %s side by side", ", ".join(models))
-    for name, lat in measure_latency(models, cfg.evaluation_latency).items():
+    with clock.stage("timing"):
+        timed = measure_latency(models, cfg.evaluation_latency)
+    for name, lat in timed.items():
         variants[name].update(lat)
     return variants, dict(WHOLE_MODEL)

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 
 from gac.compressors import AUTO
 from gac.config import CompressConfig
-from gac.distributed import World, barrier
+from gac.distributed import World, barrier, on_main
 from gac.errors import ConfigError, GacError, literal
 from gac.objectives.base import Analyzed, Selected
 from gac.pipelines import get_pipeline
 from gac.pipelines.base import CompressResult
+from gac.pipelines.stages import StageClock
 
 if TYPE_CHECKING:
     import torch
@@ -31,9 +32,9 @@ log = logging.getLogger(__name__)
 def run(cfg: CompressConfig) -> CompressResult:
     """load -> calibrate -> analyze -> select -> materialize -> evaluate -> report -> save. Whole in memory, or layer
     by layer (cfg.layerwise, or a max_memory the whole model would exceed): the two pipelines differ only in how the
-    model is read, cut and written; selection, evaluation and the report are one path. Under torchrun (the
-    whole-model pipeline) every rank calibrates and evaluates on its share of the windows and factorizes its share of
-    the weights; rank 0 alone selects, times, reports and writes (gac.distributed)."""
+    model is read, cut and written; selection, evaluation and the report are one path. Under torchrun (either
+    pipeline) every rank calibrates and evaluates on its share of the windows and factorizes its share of the
+    weights; rank 0 alone chooses the pipeline, selects, times, reports and writes (gac.distributed)."""
     from gac.distributed import session
 
     with session(cfg.device, cfg.dist_timeout_s) as world:
@@ -47,11 +48,8 @@ def _for_rank(cfg: CompressConfig, world: World) -> CompressConfig:
     the rank's own device, progress bars on rank 0 only."""
     excluded = (
         (cfg.compressor == AUTO, "compressor:auto"),
-        (cfg.speedup is not None, "speedup"),
         (cfg.heal is not None, "heal"),
         (cfg.quantize is not None, "quantize"),
-        (cfg.layerwise, "layerwise"),
-        (cfg.max_memory, "max_memory"),
     )
     for given, name in excluded:
         if given:
@@ -59,14 +57,13 @@ def _for_rank(cfg: CompressConfig, world: World) -> CompressConfig:
                 f"{{{name}}} does not run under torchrun yet (rank {world.rank} of {world.size}): run it in one "
                 "process, or drop it"
             )
-    return dataclasses.replace(cfg, device=world.device, progress=cfg.progress and world.is_main, layerwise=False)
+    return dataclasses.replace(cfg, device=world.device, progress=cfg.progress and world.is_main)
 
 
 def _run(cfg: CompressConfig, world: World) -> CompressResult:
     from gac.calibration.texts import load_windows
     from gac.checkpoint.gac_dir import check_out_dir
     from gac.compressors import make_compressor
-    from gac.objectives import select_dims
     from gac.pipelines.choice import plan_memory
     from gac.pipelines.evaluation import evaluate_variants
     from gac.pipelines.outputs import build_report, experts_kept
@@ -78,7 +75,8 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
         from gac.hw.profile import load_profile
 
         load_profile(cfg.profile)  # a bad profile fails now, not after calibration
-    choice = plan_memory(cfg)  # layer by layer when the whole model would not fit
+    # layer by layer when the whole model would not fit; under torchrun rank 0's choice, every rank's pipeline
+    choice = on_main(lambda: plan_memory(cfg), "sharing rank 0's choice of pipeline")
     log.info("pipeline: %s (%s)", choice.pipeline, choice.reason)
     if cfg.heal is not None and choice.layerwise:
         raise ConfigError(
@@ -87,12 +85,14 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
         )
     cfg = dataclasses.replace(cfg, layerwise=choice.layerwise)
     pipeline = get_pipeline(choice.pipeline)
-    opened = pipeline.open(cfg)
-    model, tokenizer = opened.model, opened.tokenizer
-    _check_uncompressed(model, cfg.model)
-    if tokenizer is None:
-        raise GacError(f"{cfg.model} has no tokenizer: put its tokenizer files beside the weights")
-    calib, held_out = load_windows(tokenizer, cfg.text)
+    clock = StageClock()
+    with clock.stage("open"):
+        opened = pipeline.open(cfg)
+        model, tokenizer = opened.model, opened.tokenizer
+        _check_uncompressed(model, cfg.model)
+        if tokenizer is None:
+            raise GacError(f"{cfg.model} has no tokenizer: put its tokenizer files beside the weights")
+        calib, held_out = load_windows(tokenizer, cfg.text)
     held_back = _held_back(tokenizer, cfg)
     heal_texts = _heal_config(cfg).windows(tokenizer) if cfg.heal is not None else None  # a bad text fails now
     auto = None
@@ -102,16 +102,18 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
         cfg, selected, auto = choose(model, calib, held_back, cfg)
         compressor = selected.compressor
     else:
-        analyzed = pipeline.analyze(opened, calib, cfg, compressor, held_back)
-        if world.active:  # rank 0 selects; every rank cuts its dims
-            selected = _shared_selection(analyzed, select_dims(model, analyzed, cfg) if world.is_main else None)
-        else:
-            selected = select_dims(model, analyzed, cfg)
+        with clock.stage("analyze"):
+            analyzed = pipeline.analyze(opened, calib, cfg, compressor, held_back)
+        with clock.stage("select"):
+            selected = _select(model, analyzed, cfg, world)
     with pipeline.output(cfg) as streamed_to:
-        models, measured = pipeline.materialize(opened, selected, cfg, held_out, streamed_to)
+        with clock.stage("materialize"):
+            models, measured = pipeline.materialize(opened, selected, cfg, held_out, streamed_to)
         saved = models[cfg.saved_variant]
         qplan = _quantize_plan(saved, cfg)  # a kernel's refusal before evaluation and saving
-        variants, latency_method = evaluate_variants(models, selected.names, held_out, cfg, measured=measured)
+        variants, latency_method = evaluate_variants(
+            models, selected.names, held_out, cfg, measured=measured, clock=clock
+        )
         if not world.is_main:  # rank 0 reports and writes; the others wait for it
             barrier("waiting for rank 0 to report and write")
             return CompressResult({}, None, models, world.rank)
@@ -127,6 +129,7 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
         if qplan is not None:
             report.quantization, quantizer = _quantize(saved, tokenizer, qplan, cfg)
         out = None
+        report.stages_s = clock.to_dict()  # before writing: the write's own time is in the log
         if cfg.out is not None:
             from gac.pipelines.outputs import plan_and_files
 
@@ -144,16 +147,23 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
     return CompressResult(report.to_dict(), out, models)
 
 
-def _shared_selection(analyzed: Analyzed, selected: Selected | None) -> Selected:
-    """Rank 0's selection on every rank: its dims and how it chose them, beside each rank's own analysis."""
-    from gac.distributed import broadcast_object
+def _select(model: nn.Module, analyzed: Analyzed, cfg: CompressConfig, world: World) -> Selected:
+    """The objective's selection; under torchrun rank 0's (its --speedup loop timed on its device alone, the others
+    waiting), shared with every rank beside each rank's own analysis."""
+    from gac.distributed import run_on_main
+    from gac.objectives import select_dims
 
-    chosen = None
-    if selected is not None:
-        chosen = {f.name: getattr(selected, f.name) for f in dataclasses.fields(Selected) if f.name not in _OWN}
-    chosen = broadcast_object(chosen, what="sharing rank 0's selection")
-    if selected is not None:
-        return selected
+    if not world.active:
+        return select_dims(model, analyzed, cfg)
+    mine: list[Selected] = []
+
+    def choose() -> dict:
+        mine.append(select_dims(model, analyzed, cfg))
+        return {f.name: getattr(mine[0], f.name) for f in dataclasses.fields(Selected) if f.name not in _OWN}
+
+    chosen = run_on_main(choose, "rank 0's selection")
+    if mine:
+        return mine[0]
     return Selected(**{f.name: getattr(analyzed, f.name) for f in dataclasses.fields(Analyzed)}, **chosen)
 
 

@@ -9,10 +9,12 @@ weights and statistics plus the calibration activations (the pattern of GPTQ and
                  of calibration: the same sums as the whole model's), recompute it with hooks (output-gradient
                  Fisher or weight gradients), back-propagate the output gradient, analyze, release.
                  The gradients are the whole model's (the chain rule, one layer at a time), not a local proxy.
-Only what selection reads is kept per unit (spectra, loss curves, channel importances); what `cut` needs (the
-compressor's cut_state: factors at the largest rank) goes to a FactorCache on disk, one file per layer, which
-materialization (gac.pipelines.layerwise.materialize) reads instead of factorizing again. Scores are normalized over all
-layers."""
+Under torchrun each rank carries its share of the windows (whole gradient batches) from layer to layer; each layer's
+statistics and gradient sums are all-reduced before it is analyzed, and its factorizations are spread over the ranks
+(gac.hw.threads.map_over_ranks). Only what selection reads is kept per unit (spectra, loss curves, channel importances);
+what `cut` needs (the compressor's cut_state: factors at the largest rank) goes to a FactorCache on disk, one file per
+layer, which materialization (gac.pipelines.layerwise.materialize) reads instead of factorizing again. Scores are
+normalized over all layers."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import contextlib
 import logging
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -35,8 +38,10 @@ from gac.calibration.importance import (
     fisher_generator,
     frozen_parameters,
     output_grad_sums,
+    reduce_grads,
 )
-from gac.calibration.stats import CALIB_BATCH, collect_stats
+from gac.calibration.stats import CALIB_BATCH, collect_stats, reduce_stats, zero_stats
+from gac.distributed import all_reduce_sum, sum_numbers, world
 from gac.errors import ConfigError, GacError
 from gac.hw.heap import map_large_allocations
 from gac.models.groups import linears_of
@@ -75,6 +80,60 @@ def check_layerwise(compressor) -> None:
         )
 
 
+@dataclass
+class RankWindows:
+    """The calibration windows this rank carries through the layers: under torchrun whole gradient batches r, r + N,
+    ... (so the batches one process forms, calibration's and the gradient passes', are formed here too), with their
+    indices among all windows; all of them in one process. A rank with none (fewer batches than ranks) runs the first
+    window to shape its sums and counts nothing."""
+
+    windows: torch.Tensor  # [n_r, seq]
+    indices: list[int]  # of each of `windows` among all windows
+    idle: bool = False
+
+    @classmethod
+    def of(cls, calib: torch.Tensor) -> RankWindows:
+        w = world()
+        if not w.active:
+            return cls(calib, list(range(len(calib))))
+        w.record_batches("windows_calibration", len(calib), GRAD_BATCH)
+        mine = w.batch_windows(len(calib), GRAD_BATCH)
+        return cls(calib[mine], mine) if mine else cls(calib[:1], [0], idle=True)
+
+    def skipped(self, k: int) -> list[int] | None:
+        """Gradient batch k's windows that other ranks drew labels for just before each of its own (the output
+        Fisher's draws: drawn_label_losses); None in one process."""
+        if not world().active or self.idle:
+            return None
+        ids = self.indices[k * GRAD_BATCH : (k + 1) * GRAD_BATCH]
+        before = self.indices[k * GRAD_BATCH - 1] + 1 if k else 0
+        return [ids[0] - before] + [0] * (len(ids) - 1)
+
+
+def _finish_stats(stats: dict, share: RankWindows) -> None:
+    """A layer's input statistics: an idle rank's zeroed, then every rank's summed (under torchrun)."""
+    if share.idle:
+        zero_stats(stats)
+    if world().active:
+        reduce_stats(stats)
+
+
+def _finish_grad_sums(grad_sums: dict, output_loss: bool, share: RankWindows) -> None:
+    """A layer's gradient sums (output gradients, or GradStats of the weights): an idle rank's zeroed, then every
+    rank's summed (under torchrun)."""
+    if output_loss:
+        for name in sorted(grad_sums):
+            if share.idle:
+                grad_sums[name].zero_()
+            if world().active:
+                all_reduce_sum(grad_sums[name], "summing output gradients")
+        return
+    if share.idle:
+        for g in grad_sums.values():
+            g.zero()
+    reduce_grads(grad_sums)
+
+
 class LayerwiseUnits(list):
     """The units of a layer-wise analysis and its FactorCache (`factors`), which materialize_layerwise reads."""
 
@@ -97,7 +156,7 @@ def analyze_layerwise(
     factors = FactorCache(device=source.device)
     try:
         sweep = _reverse_sweep if proxy in (OUTPUT, *GRADIENT_PROXIES) else _forward_sweep
-        units = sweep(model, source, compressor, by_layer, calib, keep, factors, progress)
+        units = sweep(model, source, compressor, by_layer, RankWindows.of(calib), keep, factors, progress)
     except BaseException:  # KeyboardInterrupt included: no cache left behind
         factors.close()
         raise
@@ -118,8 +177,8 @@ def _analyze_layer(model, compressor, groups, stats, keep, factors, i) -> list:
     return units
 
 
-def _forward_sweep(model, source, compressor, by_layer, calib, keep, factors, progress) -> list:
-    batches = embed(model, calib, CALIB_BATCH)
+def _forward_sweep(model, source, compressor, by_layer, share, keep, factors, progress) -> list:
+    batches = embed(model, share.windows, CALIB_BATCH)
     units = []
     for i in tqdm(range(layer_count(model)), desc="layers", unit="layer", disable=not progress):
         source.load_layer(i)
@@ -127,21 +186,24 @@ def _forward_sweep(model, source, compressor, by_layer, calib, keep, factors, pr
         with collect_stats(model, names, xtx=compressor.needs_xtx) as stats, torch.no_grad():
             for b in batches:
                 b.hidden = run_layer(layer, b, i)  # [b, seq, D]
+            _finish_stats(stats, share)
         units += _analyze_layer(model, compressor, by_layer[i], stats, keep, factors, i)
         del stats
         source.release_layer(i)
     return units
 
 
-def _reverse_sweep(model, source, compressor, by_layer, calib, keep, factors, progress) -> list:
-    batches = embed(model, calib, CALIB_BATCH)  # the forward pass and the statistics: as calibration batches them
-    grad_batches = embed(model, calib, GRAD_BATCH)  # the gradient passes: their ids and call arguments
+def _reverse_sweep(model, source, compressor, by_layer, share, keep, factors, progress) -> list:
+    batches = embed(model, share.windows, CALIB_BATCH)  # the forward pass and the statistics: as calibration batches
+    grad_batches = embed(model, share.windows, GRAD_BATCH)  # the gradient passes: their ids and call arguments
+    if world().active:
+        world().ledger["windows_gradients"] = world().ledger["windows_calibration"]
     for b in grad_batches:
         b.hidden = None  # their inputs are the stored ones, split
     # inputs[i][k]: layer i's input of batch k [b, seq, D]
     with ActivationStore(spill=source.lazy, device=source.device) as inputs:
         units = _reverse_sweep_stored(
-            model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors, progress
+            model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors, progress, share
         )
     return units
 
@@ -152,7 +214,7 @@ def _split(hidden: list) -> list:
 
 
 def _reverse_sweep_stored(
-    model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors, progress
+    model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors, progress, share
 ) -> list:
     n_layers = layer_count(model)
     with torch.no_grad():
@@ -165,13 +227,13 @@ def _reverse_sweep_stored(
             source.release_layer(i)
     output_loss = compressor.proxy == OUTPUT
     grads, terms, generator = [], 0, None  # grads[k]: d loss / d (last layer's output) of batch k, one per loss
-    for b, last in zip(grad_batches, _split([b.hidden for b in batches])):
+    for k, (b, last) in enumerate(zip(grad_batches, _split([b.hidden for b in batches]))):
         h = last.detach().requires_grad_(True)
         with torch.enable_grad():
             if output_loss:  # as importance.output_fisher: labels drawn from the model's own softmax
                 logits = logits_from_last_hidden(model, b.ids, h)
                 generator = generator or fisher_generator()
-                losses = drawn_label_losses(logits, generator)
+                losses = drawn_label_losses(logits, generator, share.skipped(k))
                 del logits  # the losses hold what the backwards need; the next batch's head must not meet this one
             else:  # as importance.gradient_stats: the text's own labels
                 losses = [loss_from_last_hidden(model, b.ids, h)]
@@ -180,6 +242,10 @@ def _reverse_sweep_stored(
             )
         del losses, h
         terms += b.ids.shape[0] * (b.ids.shape[1] - 1) * len(grads[-1])
+    if share.idle:
+        terms = 0
+    if world().active:
+        terms = int(sum_numbers([terms], "summing output-gradient token counts")[0])
     units_by_layer = {}
     for i in tqdm(
         reversed(range(n_layers)), total=n_layers, desc="layers (reverse)", unit="layer", disable=not progress
@@ -190,6 +256,7 @@ def _reverse_sweep_stored(
         with collect_stats(model, names, xtx=compressor.needs_xtx) as stats, torch.no_grad():
             for k, b in enumerate(batches):
                 run_layer(layer, b, i, stored[k])  # the statistics of calibration, to the bit: exact cached factors
+            _finish_stats(stats, share)
         # activation gradients only (collect_gradients turns on the weights it needs)
         with (
             frozen_parameters(layer),
@@ -204,6 +271,7 @@ def _reverse_sweep_stored(
                     y.backward(g, retain_graph=j < len(grads[k]) - 1)
                     passed.append(h.grad)
                 grads[k] = passed
+        _finish_grad_sums(grad_sums, output_loss, share)
         for n in names:
             if output_loss:
                 stats[n].out_fisher = grad_sums[n] / max(terms, 1)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from gac.distributed import barrier, sum_numbers, windows_share, world
 from gac.errors import GacError
 from gac.hw.heap import map_large_allocations, return_freed_memory
 from gac.models.adapters import adapter_for, text_config
@@ -87,6 +88,7 @@ def materialize_layerwise(
     held_out: torch.Tensor | None = None,
     timer=None,
     progress: bool = True,
+    release: bool = False,
 ) -> dict:
     """{variant: model} for each variant of dims ({variant: {unit name: dim or None}}), cut layer by layer.
 
@@ -96,7 +98,12 @@ def materialize_layerwise(
     kept, for counting). held_out: evaluation windows [n, seq] run through the baseline's and every variant's layers
     on the way; their perplexities are returned under the key "ppl" ({variant or "baseline": float}). timer: a
     gac.evaluate.layer_latency.LayerLatency; at the layers it wants, the baseline's and every variant's layer are
-    handed to it together, before any is released."""
+    handed to it together, before any is released. release: every variant's layers released once cut, written or
+    not (a rank that writes nothing keeps no model).
+
+    Under torchrun every rank cuts every layer (from the factors every rank has); each carries its share of the
+    held-out windows (the perplexity sums are all-reduced), rank 0 alone times the layers while the others wait, and
+    the writer is rank 0's."""
     factors = getattr(units, "factors", None)
     if factors is None or not all(i in factors for i in range(layer_count(model))):
         raise GacError(
@@ -104,19 +111,22 @@ def materialize_layerwise(
             "is read once: analyze again (gac.pipelines.layerwise.analyze) before materializing again"
         )
     try:
-        return _materialize(model, source, compressor, units, dims, factors, writer, held_out, timer, progress)
+        return _materialize(model, source, compressor, units, dims, factors, writer, held_out, timer, progress, release)
     finally:
         factors.close()
 
 
-def _materialize(model, source, compressor, units, dims, factors, writer, held_out, timer, progress) -> dict:
+def _materialize(model, source, compressor, units, dims, factors, writer, held_out, timer, progress, release) -> dict:
     map_large_allocations()  # layer-sized blocks freed to the OS, not kept in a fragmenting heap
     by_layer = groups_by_layer(model, [u.group for u in units])
     unit_of = {u.group.name: u for u in units}
     shells = {v: shell_of(model) for v in dims}
     evals = None
     if held_out is not None:  # embedded once; each variant gets its own Batch objects (only `hidden` is replaced)
-        embedded = embed(model, held_out, CALIB_BATCH)
+        if world().active:
+            world().record_shares("windows_held_out", len(held_out))
+        mine = windows_share(held_out)  # none where there are fewer windows than ranks
+        embedded = embed(model, mine, CALIB_BATCH) if len(mine) else []
         evals = {v: [Batch(b.ids, b.states().clone(), list(b.calls)) for b in embedded] for v in ("baseline", *dims)}
     for i in tqdm(range(layer_count(model)), desc="materializing", unit="layer", disable=not progress):
         source.load_layer(i)
@@ -134,10 +144,13 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
             if evals is not None:
                 _advance(cuts[variant], evals[variant], i)
         if timer is not None and timer.wants(i):
-            timer.time_layer(i, {"baseline": layer, **cuts}, lambda one, i=i: one_layer_model(model, one, i))
-        if writer is not None:
+            barrier(f"waiting for rank 0 to time layer {i}")  # the others idle while it times: no shared cores
+            if world().is_main:
+                timer.time_layer(i, {"baseline": layer, **cuts}, lambda one, i=i: one_layer_model(model, one, i))
+            barrier(f"waiting for rank 0 to time layer {i}")
+        if writer is not None or release:
             for variant, cut in cuts.items():
-                if variant == writer[0]:
+                if writer is not None and variant == writer[0]:
                     prefix = adapter_for(model.config).layer_prefix(i)
                     writer[1].add({f"{prefix}.{k}": v for k, v in cut.state_dict().items()})
                 release_module(cut)
@@ -145,7 +158,7 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
         compressor.release_factors(layer_units)
         del factors[i]  # its disk is what the output grows into
         source.release_layer(i)
-        if writer is not None:
+        if writer is not None or release:
             return_freed_memory()
     models: dict[str, Any] = {v: s.eval() for v, s in shells.items()}  # and "ppl": {variant: perplexity}
     if evals is not None:
@@ -161,12 +174,15 @@ def _advance(layer: nn.Module, batches: list, i: int) -> None:
 
 @torch.no_grad()
 def _perplexity(model, batches: list) -> float:
-    """exp(mean next-token NLL) from the last layer's outputs, as gac.evaluate.perplexity computes it whole."""
-    nll, count = 0.0, 0
+    """exp(mean next-token NLL) from the last layer's outputs, as gac.evaluate.perplexity computes it whole (under
+    torchrun over every rank's batches: every rank calls it)."""
+    nll, count = 0.0, 0.0
     for b in batches:
         n = b.ids.shape[0] * (b.ids.shape[1] - 1)  # predicted tokens; the loss is their mean
         nll += float(loss_from_last_hidden(model, b.ids, b.states())) * n
         count += n
+    if world().active:
+        nll, count = sum_numbers([nll, count], "summing perplexity")
     return math.exp(nll / count)
 
 

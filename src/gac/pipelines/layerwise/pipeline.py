@@ -60,7 +60,9 @@ class Layerwise(Pipeline):
     def output(self, cfg):
         """The atomic output directory (renamed to cfg.out on success) that the saved variant's weights are streamed
         into as they are cut; None for a run with no output."""
-        if cfg.out is None:
+        from gac.distributed import world
+
+        if cfg.out is None or not world().is_main:  # under torchrun rank 0 alone writes
             yield None
             return
         from gac.checkpoint.gac_dir import check_out_dir
@@ -75,6 +77,7 @@ class Layerwise(Pipeline):
         """Every variant cut from the analysis' factor cache, with perplexity and latency measured as the layers go
         by and the saved variant's weights streamed to `streamed_to`."""
         from gac.checkpoint.sharded import ShardWriter
+        from gac.distributed import world
         from gac.pipelines.layerwise.materialize import materialize_layerwise, outer_tensors
 
         model, saved = opened.model, cfg.saved_variant
@@ -95,6 +98,7 @@ class Layerwise(Pipeline):
             progress=cfg.progress,
             held_out=held_out if cfg.evaluate else None,
             timer=timer,
+            release=not world().is_main,  # a rank that writes nothing keeps no cut layers
         )
         ppl = models.pop("ppl", None)
         if writer is not None:
