@@ -101,8 +101,8 @@ def test_config_errors_name_the_fields_and_the_cli_its_flags():
     assert in_flags(e.value) == ("--speedup and --no-align exclude each other (--no-align is for the compressor's "
                                  "own dims under a ratio): give one of them")
     with pytest.raises(ConfigError) as e:
-        CompressConfig(compressor="auto", layerwise=True)
-    assert "compressor=auto analyzes" in str(e.value) and "drop layerwise/max_memory" in str(e.value)
+        CompressConfig(compressor="auto", pipeline="layerwise")
+    assert "compressor=auto analyzes" in str(e.value) and "drop pipeline=layerwise/max_memory" in str(e.value)
     assert "--compressor auto analyzes" in in_flags(e.value) and "drop --layerwise/--max-memory" in in_flags(e.value)
 
 

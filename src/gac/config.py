@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from gac.quantize.schemes import QuantizeConfig
 
 DEFAULT_RATIO = 0.15  # the parameter objective's ratio when neither a ratio nor a speedup is given
+AUTO_PIPELINE = "auto"  # CompressConfig.pipeline's default: the memory forecast chooses (gac.pipelines.choice)
+# the pipeline with the whole model in memory (gac.pipelines.whole_model): what heal, quantize, a speedup and
+# --compressor auto need
+WHOLE_MODEL = "whole"
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,9 @@ class CompressConfig:
     evaluate: bool = True
     force: bool = False
     progress: bool = True
-    layerwise: bool | None = None  # the layer-by-layer pipeline (True), the whole model (False), or None: chosen
-    # by the memory forecast against the memory available (gac.pipelines.choice); a model directory is read lazily
+    # a name in gac.pipelines.PIPELINES ("whole", "layerwise": a model directory read one layer at a time), or
+    # "auto": chosen by the memory forecast against the memory available (gac.pipelines.choice checks the name)
+    pipeline: str = AUTO_PIPELINE
     max_memory: str | None = None  # "cpu=8GiB,0=20GiB": the memory the forecast must fit (else what is free now)
     heal: HealConfig | None = None  # distill the saved variant from the original (gac.heal)
     quantize: QuantizeConfig | None = None  # the saved variant quantized after healing, a compressed-tensors
@@ -66,15 +71,15 @@ class CompressConfig:
             raise ConfigError(
                 f"ratio {self.ratio} is outside (0, 1): pass the share of parameters to remove, e.g. {{ratio:0.15}}"
             )
-        if self.quantize is not None and (self.layerwise or self.max_memory):
+        if self.quantize is not None and (off_whole := self._off_whole_model()):
             raise ConfigError(
                 "{quantize} quantizes the whole model in memory, so it cannot run layer by layer: drop "
-                "{layerwise}/{max_memory}, or quantize the output later with `gac quantize`"
+                f"{off_whole}, or quantize the output later with `gac quantize`"
             )
-        if self.heal is not None and (self.layerwise or self.max_memory):
+        if self.heal is not None and (off_whole := self._off_whole_model()):
             raise ConfigError(
                 "{heal} trains the whole model in memory, so it cannot run layer by layer: drop "
-                "{layerwise}/{max_memory}, or heal the output later with `gac heal`"
+                f"{off_whole}, or heal the output later with `gac heal`"
             )
         if self.compressor == AUTO:
             self._check_auto()
@@ -132,10 +137,10 @@ class CompressConfig:
                 "{drop_experts} removes parameters under a ratio's budget, and {speedup} has none: drop "
                 "{drop_experts}, or use {ratio}"
             )
-        if self.layerwise or self.max_memory:
+        if off_whole := self._off_whole_model():
             raise ConfigError(
                 "{speedup} times the whole model on the device, so it cannot run layer by layer: drop "
-                "{layerwise}/{max_memory}, or use {ratio}"
+                f"{off_whole}, or use {{ratio}}"
             )
 
     def _check_auto(self) -> None:
@@ -146,11 +151,19 @@ class CompressConfig:
                 "compressors, and {compressor:auto} compares each at its defaults: drop them, or name "
                 "one compressor"
             )
-        if self.layerwise or self.max_memory:
+        if off_whole := self._off_whole_model():
             raise ConfigError(
                 "{compressor:auto} analyzes every compressor with the whole model in memory, so it "
-                "cannot run layer by layer: drop {layerwise}/{max_memory}, or name one compressor"
+                f"cannot run layer by layer: drop {off_whole}, or name one compressor"
             )
+
+    def _off_whole_model(self) -> str | None:
+        """What may take this run off the whole model in memory, in a ConfigError's words (a pipeline other than the
+        whole model's, or a max_memory the forecast may choose layer by layer for); None when nothing does."""
+        named = self.pipeline not in (AUTO_PIPELINE, WHOLE_MODEL)
+        if not (named or self.max_memory):
+            return None
+        return f"{{pipeline:{self.pipeline if named else 'layerwise'}}}/{{max_memory}}"
 
     @property
     def analysis_ratio(self) -> float:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import gac_cli, run_gac
+from tests.helpers import assert_one_error_line, gac_cli, run_gac
 
 FAST = ["--seq-len", "32", "--calib-windows", "4", "--eval-windows", "2", "--prefill-tokens", "16", "--quiet"]
 
@@ -100,3 +100,24 @@ def test_compressor_choices_are_the_registry_and_auto():
     option = next(p for p in command.params if p.name == "compressor")
     assert list(option.type.choices) == [*REGISTRY, AUTO]
     assert set(AUTO_CANDIDATES) <= set(REGISTRY)
+
+
+def test_pipeline_choices_are_the_registry_and_auto():
+    from gac.cli.compress import PIPELINES as SPELLED
+    from gac.config import AUTO_PIPELINE
+    from gac.pipelines import PIPELINES
+
+    assert SPELLED == (*PIPELINES, AUTO_PIPELINE)
+
+
+def test_pipeline_flags_name_a_pipeline():
+    """--layerwise / --whole-model are --pipeline's names; two different ones are refused in one line."""
+    from tests.pipelines.test_memory import DOCS
+
+    model = ["compress", "--model", str(DOCS / "llama-3-8b"), "--dry-run"]
+    for flag, name in (("--layerwise", "layerwise"), ("--whole-model", "whole")):
+        named, flagged = gac_cli(*model, "--pipeline", name), gac_cli(*model, flag)
+        assert named.returncode == flagged.returncode == 0, (named.stderr, flagged.stderr)
+        assert named.stdout == flagged.stdout and f"pipeline: {name} ({flag} asks for it)" in named.stdout
+    assert_one_error_line(gac_cli(*model, "--layerwise", "--pipeline", "whole"), "name two pipelines")
+    assert "--pipeline" in gac_cli(*model, "--pipeline", "offloaded").stderr  # click's one-line choice error

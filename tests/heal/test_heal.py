@@ -312,7 +312,7 @@ def test_compress_with_heal(original, tmp_path):
     assert "Healed by distillation" in (out / "report.md").read_text()
     _assert_heal_png(out / "heal.png")
     with pytest.raises(GacError, match="layer by layer"):
-        CompressConfig(heal=HEAL, layerwise=True)
+        CompressConfig(heal=HEAL, pipeline="layerwise")
 
 
 @pytest.mark.slow

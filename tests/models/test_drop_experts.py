@@ -129,8 +129,9 @@ def test_drop_experts_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_pat
     runs = {}
     for layerwise in (False, True):
         out = tmp_path / f"out-{layerwise}"
+        pipeline = "layerwise" if layerwise else "whole"
         result = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
-                                      layerwise=layerwise, compressor_options=DROP))
+                                      pipeline=pipeline, compressor_options=DROP))
         runs[layerwise] = (result.report["dims"]["gac"], result.report["experts_kept"], load(out).model)
     assert runs[True][:2] == runs[False][:2]
     ids = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(1))

@@ -105,8 +105,9 @@ def test_gpt_oss_layerwise_equals_the_whole_model_pipeline(gpt_oss_dir, tmp_path
     runs = {}
     for layerwise in (False, True):
         out = tmp_path / f"out-{layerwise}"
+        pipeline = "layerwise" if layerwise else "whole"
         result = compress(fast_config(gpt_oss_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=layerwise,
-                                      layerwise=layerwise, compressor_options={"layers": "all"}))
+                                      pipeline=pipeline, compressor_options={"layers": "all"}))
         runs[layerwise] = (result.report, load(out).model)
     assert runs[True][0]["dims"]["gac"] == runs[False][0]["dims"]["gac"]
     assert any(n.endswith(".experts") for n in runs[True][0]["dims"]["gac"])
@@ -252,9 +253,9 @@ def test_a_quantized_gpt_oss_checkpoint_is_refused_in_one_line(tmp_path):
     tiny_tokenizer().save_pretrained(d)
     config = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "mxfp4"}}))
-    for layerwise in (False, True):
+    for pipeline in ("whole", "layerwise"):
         with pytest.raises(GacError, match="quantized checkpoint") as e:
             compress(fast_config(d, compressor="prune", ratio=0.3, out=str(tmp_path / "out"), evaluate=False,
-                                 layerwise=layerwise, compressor_options={"layers": "all"}))
+                                 pipeline=pipeline, compressor_options={"layers": "all"}))
         assert "Mxfp4Config(dequantize=True)" in str(e.value)
         assert_names_a_fix(str(e.value))

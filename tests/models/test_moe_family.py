@@ -110,8 +110,9 @@ def test_moe_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_path):
     runs = {}
     for layerwise in (False, True):
         out = tmp_path / f"out-{layerwise}"
+        pipeline = "layerwise" if layerwise else "whole"
         result = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=layerwise,
-                                      layerwise=layerwise, compressor_options={"layers": "all"}))
+                                      pipeline=pipeline, compressor_options={"layers": "all"}))
         runs[layerwise] = (result.report["dims"]["gac"], load(out).model)
         # evaluated layer by layer: the unaligned variant's layers (copies holding their own config) run eagerly
         assert not layerwise or result.report["variants"]["unaligned"]["ppl"] > 1

@@ -639,7 +639,8 @@ def test_bad_speedup_options(bad):
 
 @pytest.mark.parametrize("extra, field", [({"profile": "auto"}, "and profile"), ({"align": False}, "align=False"),
                                           ({"target": "llama.cpp:q8_0"}, "and target"),
-                                          ({"layerwise": True}, "layerwise"), ({"ratio": 0.2}, "and ratio")])
+                                          ({"pipeline": "layerwise"}, "pipeline=layerwise"),
+                                          ({"ratio": 0.2}, "and ratio")])
 def test_speedup_exclusions_hold_for_the_python_api(extra, field):
     """Named by the config's fields (the CLI names its flags: tests/cli/test_speedup_cli.py)."""
     with pytest.raises(GacError, match=field) as e:

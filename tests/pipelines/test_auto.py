@@ -229,7 +229,7 @@ def test_auto_and_the_single_run_keep_one_model_through_the_timing_journal(tiny4
 
 @pytest.mark.parametrize("kw, expected", [
     ({"compressor_options": {"alpha": 0.5}}, "apply to only some compressors"),
-    ({"layerwise": True}, "cannot run layer by layer"),
+    ({"pipeline": "layerwise"}, "cannot run layer by layer"),
     ({"max_memory": "cpu=8GiB"}, "cannot run layer by layer"),
 ])
 def test_auto_refusals_are_one_line(kw, expected):

@@ -21,7 +21,7 @@ from tests.pipelines.test_memory import DOCS, RATE, llama  # the forecast's test
 def test_layerwise_exactly_when_the_whole_model_would_not_fit():
     free = Available(24 * GIB, "MemAvailable")
     big = choose_pipeline(139 * GIB, free)
-    assert big.pipeline == "layerwise" and big.layerwise
+    assert big.pipeline == "layerwise"
     assert "139.0 GiB" in big.reason and "24.0 GiB (MemAvailable)" in big.reason  # both figures, and whence
     assert (big.whole_forecast_bytes, big.available_bytes, big.available_from) == (139 * GIB, 24 * GIB, "MemAvailable")
     small = choose_pipeline(2 * GIB, free)
@@ -62,7 +62,7 @@ def test_plan_follows_the_forecast_against_the_budget(tmp_path):
     d = tmp_path / "cfg"
     llama(16).save_pretrained(d)
     cfg = CompressConfig(model=str(d), evaluate=False)
-    whole = forecast(llama(16), layerwise=False, flops_per_s=RATE).peak_bytes
+    whole = forecast(llama(16), pipeline="whole", flops_per_s=RATE).peak_bytes
     layerwise = forecast(llama(16), flops_per_s=RATE).peak_bytes
     assert layerwise < whole
     roomy = plan_memory(dataclasses.replace(cfg, max_memory=f"cpu={whole + GIB}"))
@@ -71,8 +71,9 @@ def test_plan_follows_the_forecast_against_the_budget(tmp_path):
     assert tight.pipeline == "layerwise" and tight.whole_forecast_bytes >= whole * 0.9
     with pytest.raises(GacError, match="needs about"):  # not even layer by layer: refused before any work
         plan_memory(dataclasses.replace(cfg, max_memory=f"cpu={layerwise // 2}"))
-    assert plan_memory(dataclasses.replace(cfg, max_memory=f"cpu={whole + GIB}", layerwise=True)).layerwise
-    assert not plan_memory(dataclasses.replace(cfg, max_memory=f"cpu={layerwise + 1}", layerwise=False)).layerwise
+    for pipeline, budget in (("layerwise", whole + GIB), ("whole", layerwise + 1)):  # named: taken, whatever fits
+        named = dataclasses.replace(cfg, max_memory=f"cpu={budget}", pipeline=pipeline)
+        assert plan_memory(named).pipeline == pipeline
 
 
 def test_dry_run_chooses_layer_by_layer_for_an_8b_model_by_itself():

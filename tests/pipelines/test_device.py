@@ -28,7 +28,7 @@ def source_dir(tmp_path_factory):
 
 def _run(source_dir, out, **kw):
     return compress(CompressConfig(model=str(source_dir), compressor="asvd", ratio=0.2, text=TEXT, latency=FAST,
-                                   progress=False, layerwise=True, out=str(out), factorization="gram", **kw))
+                                   progress=False, pipeline="layerwise", out=str(out), factorization="gram", **kw))
 
 
 @pytest.mark.slow

@@ -346,5 +346,5 @@ def test_refused_options_name_torchrun(monkeypatch):
     w = World(rank=1, size=2, backend="gloo")
     with pytest.raises(ConfigError, match="torchrun"):
         _for_rank(CompressConfig(compressor="auto"), w)
-    cfg = _for_rank(CompressConfig(layerwise=True), w)
-    assert cfg.progress is False and cfg.layerwise is True
+    cfg = _for_rank(CompressConfig(pipeline="layerwise"), w)
+    assert cfg.progress is False and cfg.pipeline == "layerwise"

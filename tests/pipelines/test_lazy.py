@@ -50,7 +50,7 @@ def test_layerwise_output_equals_whole_model_output(source_dir, tmp_path, name, 
     base = dict(model=str(source_dir), compressor=name, ratio=0.2, compressor_options=options, text=TEXT,
                 evaluate=False, progress=False)
     whole = compress(CompressConfig(**base, out=str(tmp_path / "whole")))
-    lazy = compress(CompressConfig(**base, out=str(tmp_path / "lazy"), layerwise=True))
+    lazy = compress(CompressConfig(**base, out=str(tmp_path / "lazy"), pipeline="layerwise"))
     assert lazy.report["pipeline"] == "layerwise"
     assert lazy.report["dims"] == whole.report["dims"]
     assert lazy.report["variants"] == whole.report["variants"]  # params and alignment of every variant
@@ -79,7 +79,7 @@ def test_layerwise_report_carries_what_the_whole_report_does(source_dir, tmp_pat
     base = dict(model=str(source_dir), compressor="svd", ratio=0.2, text=TEXT, evaluate=False, progress=False,
                 profile=str(profile), latency=LatencyConfig(prefill_tokens=8))
     whole = compress(CompressConfig(**base)).report
-    lazy = compress(CompressConfig(**base, out=str(tmp_path / "lazy"), layerwise=True))
+    lazy = compress(CompressConfig(**base, out=str(tmp_path / "lazy"), pipeline="layerwise"))
     assert json.loads((lazy.out / "report.json").read_text()) == json.loads(json.dumps(lazy.report))
     lazy = lazy.report
     assert set(lazy) == set(whole) and (whole["pipeline"], lazy["pipeline"]) == ("whole", "layerwise")
@@ -93,7 +93,7 @@ def test_layerwise_report_carries_what_the_whole_report_does(source_dir, tmp_pat
 @pytest.mark.slow
 def test_layerwise_output_loads_offloaded(source_dir, tmp_path):
     cfg = CompressConfig(model=str(source_dir), compressor="svd", ratio=0.2, text=TEXT, evaluate=False,
-                         progress=False, out=str(tmp_path / "out"), layerwise=True)
+                         progress=False, out=str(tmp_path / "out"), pipeline="layerwise")
     out = compress(cfg).out
     ids = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(0))
     whole = load(out).model
@@ -110,7 +110,7 @@ def test_layerwise_perplexity_equals_whole_model(source_dir, tmp_path):
     base = dict(model=str(source_dir), compressor="asvd", ratio=0.4, text=TEXT, progress=False,
                 latency=LatencyConfig(warmup=0, prefill_rounds=1, decode_rounds=1, prefill_tokens=8))
     whole = compress(CompressConfig(**base)).report["variants"]
-    lazy = compress(CompressConfig(**base, layerwise=True)).report["variants"]
+    lazy = compress(CompressConfig(**base, pipeline="layerwise")).report["variants"]
     assert set(lazy) == {"baseline", "unaligned", "gac"}
     for variant in whole:
         assert lazy[variant]["ppl"] == pytest.approx(whole[variant]["ppl"], rel=1e-5)
@@ -125,8 +125,8 @@ def test_cli_layerwise_with_a_memory_budget(source_dir, tmp_path):
     from gac.pipelines.memory import forecast
 
     config = AutoConfig.from_pretrained(source_dir)
-    sizes = [forecast(config, compressor="svd", ratio=0.2, calib_windows=4, seq_len=32, layerwise=lw,
-                      flops_per_s=1e10).peak_bytes for lw in (True, False)]
+    sizes = [forecast(config, compressor="svd", ratio=0.2, calib_windows=4, seq_len=32, pipeline=p,
+                      flops_per_s=1e10).peak_bytes for p in ("layerwise", "whole")]
     assert sizes[0] < sizes[1]
     budget = (sizes[0] + sizes[1]) // 2  # the whole model would not fit, layer by layer does
     out = tmp_path / "out"

@@ -33,7 +33,7 @@ def test_layerwise_forecast_grows_with_one_layer_not_depth():
     shallow, deep = (forecast(llama(n), flops_per_s=RATE) for n in (4, 16))
     layer_bytes = 4 * Shapes.of(llama(1)).layer_params
     assert 0 <= deep.peak_bytes - shallow.peak_bytes < 2 * layer_bytes
-    whole_shallow, whole_deep = (forecast(llama(n), layerwise=False, flops_per_s=RATE) for n in (4, 16))
+    whole_shallow, whole_deep = (forecast(llama(n), pipeline="whole", flops_per_s=RATE) for n in (4, 16))
     assert whole_deep.peak_bytes - whole_shallow.peak_bytes > 12 * layer_bytes  # the whole model grows with depth
     assert deep.seconds > shallow.seconds > 0
     assert whole_deep.disk_bytes < 4 * Shapes.of(llama(16)).params  # the output is smaller than the fp32 model
@@ -75,7 +75,7 @@ def test_forecast_follows_the_compressor_not_its_name():
     """What is counted comes from the compressor the run builds: asvd with measured sensitivity (importance None)
     collects no X^T X and runs no loss model nor gradient pass, unlike its default ("output")."""
     config = llama(4)
-    default, measured = (forecast(config, options=opts, layerwise=False, flops_per_s=RATE)
+    default, measured = (forecast(config, options=opts, pipeline="whole", flops_per_s=RATE)
                          for opts in ({}, {"importance": None}))
     assert default.parts["all X^T X"] > 0 and measured.parts["all X^T X"] == 0
     assert measured.parts[WORK] < default.parts[WORK]  # the SVD's work only: no float64 loss-model curve
@@ -97,8 +97,8 @@ def test_layerwise_forecast_counts_the_factor_cache_and_one_svd():
     s = Shapes.of(config)
     layer = sum(((o * i - 1) // (o + i)) * (o + i) for o, i in s.linears())  # cached values of one layer
     for dtype, b in (("float32", 4), ("bfloat16", 2)):
-        layerwise, whole = (forecast(config, compressor="svd", dtype=dtype, layerwise=lw, factorization="svd",
-                                     flops_per_s=RATE) for lw in (True, False))
+        layerwise, whole = (forecast(config, compressor="svd", dtype=dtype, pipeline=p, factorization="svd",
+                                     flops_per_s=RATE) for p in ("layerwise", "whole"))
         assert layerwise.disk_bytes == max(whole.disk_bytes, s.layers * layer * b) + layer * b
     tokens = 16 * 512  # forecast's default windows
     forward = 2 * tokens * (s.params - s.outer_params) + 2 * tokens * s.vocab * s.hidden
@@ -106,7 +106,8 @@ def test_layerwise_forecast_counts_the_factor_cache_and_one_svd():
     svd_seconds = svd / (RATE * SVD_SHARE)  # the magnitude proxy: no loss model, no X^T X
     assert layerwise.seconds == pytest.approx(forward / RATE + svd_seconds)  # one forward sweep, one SVD per weight
     assert whole.seconds == pytest.approx(2 * forward / RATE + svd_seconds)
-    layerwise, whole = (forecast(config, compressor="prune", layerwise=lw, flops_per_s=RATE) for lw in (True, False))
+    layerwise, whole = (forecast(config, compressor="prune", pipeline=p, flops_per_s=RATE)
+                        for p in ("layerwise", "whole"))
     assert layerwise.disk_bytes - whole.disk_bytes == s.layers * tokens * s.hidden * 4  # stored inputs, no factors
 
 
@@ -162,15 +163,15 @@ def test_auto_forecast_adds_a_second_built_candidate_on_the_whole_model():
 
     model = str(DOCS / "llama-3-8b")
     auto = CompressConfig(model=model, compressor="auto", ratio=0.15)
-    singles = [forecast_of(CompressConfig(model=model, compressor=n, ratio=0.15), False) for n in AUTO_CANDIDATES]
+    singles = [forecast_of(CompressConfig(model=model, compressor=n, ratio=0.15), "whole") for n in AUTO_CANDIDATES]
     heaviest = max(singles, key=lambda f: f.peak_bytes)
     second = max((f for f in singles if f is not heaviest), key=lambda f: f.parts[BUILT_COPY] + f.parts[FACTORS])
-    whole = forecast_of(auto, False)
+    whole = forecast_of(auto, "whole")
     assert whole.peak_bytes == heaviest.peak_bytes + second.parts[BUILT_COPY] + second.parts[FACTORS]
     assert whole.peak_bytes > heaviest.peak_bytes
-    assert forecast_of(auto, True).peak_bytes == max(forecast_of(CompressConfig(model=model, compressor=n,
-                                                                                ratio=0.15), True).peak_bytes
-                                                     for n in AUTO_CANDIDATES)
+    assert forecast_of(auto, "layerwise").peak_bytes == max(
+        forecast_of(CompressConfig(model=model, compressor=n, ratio=0.15), "layerwise").peak_bytes
+        for n in AUTO_CANDIDATES)
 
 
 def test_auto_forecast_times_every_analysis_and_the_built_factorized_again():
@@ -183,8 +184,8 @@ def test_auto_forecast_times_every_analysis_and_the_built_factorized_again():
     from gac.pipelines.memory import FACTORIZING, forecast_of
 
     model = str(DOCS / "llama-3-8b")
-    singles = {n: forecast_of(CompressConfig(model=model, compressor=n, ratio=0.15), False) for n in AUTO_CANDIDATES}
-    auto = forecast_of(CompressConfig(model=model, compressor="auto", ratio=0.15), False)
+    singles = {n: forecast_of(CompressConfig(model=model, compressor=n, ratio=0.15), "whole") for n in AUTO_CANDIDATES}
+    auto = forecast_of(CompressConfig(model=model, compressor="auto", ratio=0.15), "whole")
     one = singles["prune"].pass_seconds["calibration pass"]  # no X^T X (the rate is measured once a process)
     statistics = singles["asvd"].pass_seconds["calibration pass"] - one  # X^T X, collected once for all
     assert statistics > 0

@@ -15,6 +15,7 @@ from gac.compressors import AUTO, CHOICES  # names only: the compressors themsel
 # them equal)
 IMPORTANCE = ("output", "magnitude", "activation", "taylor", "fisher")
 FACTORIZATIONS = ("svd", "gram", "gram32")  # gac.compressors.linalg.FACTORIZATIONS, likewise
+PIPELINES = ("whole", "layerwise", "auto")  # gac.pipelines.PIPELINES' names and gac.config.AUTO_PIPELINE, likewise
 # the compressor options' flags (each compressor's config fields)
 FLAGS = {k: CONFIG_FLAGS[k] for k in ("alpha", "importance", "layers", "head_mode", "group_size", "drop_experts")}
 
@@ -167,6 +168,12 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
     "[default: layer by layer exactly when the whole-model forecast exceeds the memory available].",
 )
 @click.option(
+    "--pipeline",
+    type=click.Choice(PIPELINES),
+    help="The pipeline by its name: whole or layerwise (as --whole-model, --layerwise), or auto: chosen by the "
+    "memory forecast [default: auto].",
+)
+@click.option(
     "--max-memory",
     help="Memory budget in accelerate's format, e.g. cpu=8GiB [default: what the device has free]: layer "
     "by layer when the whole model would not fit; refused before any work when even that would not.",
@@ -232,6 +239,7 @@ def command(
     force,
     quiet,
     layerwise,
+    pipeline,
     max_memory,
     heal,
     heal_file,
@@ -261,6 +269,11 @@ def command(
         from gac.checkpoint.placement import parse_max_memory
 
         parse_max_memory(max_memory)  # a bad budget fails now, in one line
+    if layerwise is not None:  # --layerwise / --whole-model: a pipeline's name, as --pipeline gives it
+        flag, named = ("--layerwise", "layerwise") if layerwise else ("--whole-model", "whole")
+        if pipeline not in (None, named):
+            raise GacError(f"{flag} and --pipeline {pipeline} name two pipelines: give one of them")
+        pipeline = named
     if out is None and not dry_run:
         raise GacError("missing --out: name the output model directory, e.g. --out out/model (or pass --dry-run)")
     if not dry_run:
@@ -315,6 +328,7 @@ def command(
             dtype=dtype,
             device=device,
             factorization=factorization,
+            pipeline=pipeline,
         ),
         align=not no_align,
         compressor_options=options,
@@ -332,7 +346,6 @@ def command(
         evaluate=not no_eval,
         force=force,
         progress=not quiet,
-        layerwise=layerwise,
         max_memory=max_memory,
         dist_timeout_s=dist_timeout,
         heal=heal_config(**{**healing, "heal_file": heal_file or calib_file}) if heal else None,
@@ -345,7 +358,7 @@ def command(
         from gac.pipelines.memory import describe, forecast_of
 
         choice = plan_memory(cfg)
-        click.echo(describe(forecast_of(cfg, choice.layerwise), choice))
+        click.echo(describe(forecast_of(cfg, choice.pipeline), choice))
         return
     result = compress(cfg)
     if result.rank != 0:  # under torchrun rank 0 reports and writes; the others computed their shares

@@ -1,7 +1,7 @@
-"""The pipeline interface: how a run reads, analyzes, cuts and writes a model. Two peers implement it, the whole model
-in memory (gac.pipelines.whole_model) and layer by layer in bounded memory (gac.pipelines.layerwise), registered by
-name in gac.pipelines.PIPELINES; gac.pipelines.run drives either through the same stages, so selection (the
-objective), evaluation and the report are one path."""
+"""The pipeline interface: how a run reads, analyzes, cuts and writes a model, and what that costs (its memory
+forecast). Two peers implement it, the whole model in memory (gac.pipelines.whole_model) and layer by layer in bounded
+memory (gac.pipelines.layerwise), registered by name in gac.pipelines.PIPELINES; gac.pipelines.run drives either
+through the same stages, so selection (the objective), evaluation and the report are one path."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gac.evaluate.layer_latency import LayerLatency
     from gac.models.groups import DimGroup
     from gac.objectives.base import Analyzed, Selected
+    from gac.pipelines.memory import Forecast, Workload
 
 
 @dataclass
@@ -53,7 +54,17 @@ class CompressResult:
 class Pipeline(ABC):
     """How a run reads, analyzes, cuts and writes a model; the run's stages between are gac.pipelines.run's."""
 
-    name: ClassVar[str]  # its key in PIPELINES, report.json's "pipeline"
+    name: ClassVar[str]  # its key in PIPELINES, CompressConfig.pipeline, report.json's "pipeline"
+    title: ClassVar[str]  # in a sentence: "the whole-model pipeline"
+
+    @abstractmethod
+    def forecast(self, work: Workload) -> Forecast:
+        """Peak memory, disk and time of a run through this pipeline, added up from `work` (gac.pipelines.memory's
+        terms, from the model's config alone)."""
+
+    def check(self, compressor: Compressor) -> None:
+        """Refuse, in one line (a ConfigError), a compressor this pipeline cannot run; the forecast asks first."""
+        return None  # here every compressor runs
 
     @abstractmethod
     def open(self, cfg) -> Opened:

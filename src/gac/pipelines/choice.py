@@ -1,12 +1,15 @@
-"""Which pipeline a run takes, whole model or layer by layer, and why: the whole-model forecast
-(gac.pipelines.memory) against the memory available on the compute device (--max-memory, else what is free now)."""
+"""Which pipeline a run takes, whole model or layer by layer, and why: the one the config names, else the whole-model
+forecast (gac.pipelines.memory) against the memory available on the compute device (--max-memory, else what is free
+now)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
 
+from gac.config import AUTO_PIPELINE, WHOLE_MODEL
 from gac.errors import ConfigError, GacError, literal
+from gac.pipelines import check_pipeline, get_pipeline
 from gac.pipelines.memory import GIB, forecast_of
 
 log = logging.getLogger(__name__)
@@ -24,29 +27,26 @@ class Available:
 class PipelineChoice:
     """Which pipeline a run takes and why: report.json's pipeline_choice, the log's and --dry-run's line."""
 
-    pipeline: str  # "whole" or "layerwise"
+    pipeline: str  # its gac.pipelines.PIPELINES name: "whole" or "layerwise"
     reason: str
     whole_forecast_bytes: int | None = None  # the whole-model pipeline's forecast peak (None: not forecast)
     available_bytes: int | None = None
     available_from: str | None = None
 
-    @property
-    def layerwise(self) -> bool:
-        return self.pipeline == "layerwise"
-
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-FORCING_FLAGS = {"layerwise": "--layerwise", "whole": "--whole-model"}
+LAYERWISE = "layerwise"  # the pipeline the forecast takes when the whole model would not fit
+FORCING_FLAGS = {LAYERWISE: "--layerwise", WHOLE_MODEL: "--whole-model"}  # else --pipeline NAME
 
 
 def choose_pipeline(
     whole_bytes: int | None, available: Available | None, forced: str | None = None, forced_by: str | None = None
 ) -> PipelineChoice:
-    """The pipeline of a run: `forced` ("whole", "layerwise") as a flag (forced_by, default its FORCING_FLAGS entry)
-    asks, else layer by layer exactly when the whole-model forecast `whole_bytes` exceeds the memory `available`;
-    whole when either figure is unknown (nothing to compare). Pure: the figures are given."""
+    """The pipeline of a run: `forced` (a pipeline's name) as a flag (forced_by, default its FORCING_FLAGS entry, else
+    --pipeline NAME) asks, else layer by layer exactly when the whole-model forecast `whole_bytes` exceeds the memory
+    `available`; whole when either figure is unknown (nothing to compare). Pure: the figures are given."""
 
     def chosen(pipeline: str, reason: str) -> PipelineChoice:
         return PipelineChoice(
@@ -58,17 +58,17 @@ def choose_pipeline(
         )
 
     if forced is not None:
-        return chosen(forced, f"{forced_by or FORCING_FLAGS[forced]} asks for it")
+        return chosen(forced, f"{forced_by or FORCING_FLAGS.get(forced, f'--pipeline {forced}')} asks for it")
     if whole_bytes is None or available is None:
         missing = "no whole-model forecast (no config to read)" if whole_bytes is None else "no memory figure"
-        return chosen("whole", f"{missing}: the whole-model pipeline")
+        return chosen(WHOLE_MODEL, f"{missing}: the whole-model pipeline")
     need, have = f"{whole_bytes / GIB:.1f} GiB", f"{available.bytes / GIB:.1f} GiB ({available.source})"
     if whole_bytes > available.bytes:
         return chosen(
-            "layerwise",
+            LAYERWISE,
             f"the whole-model pipeline would need about {need}, more than the {have} available: layer by layer",
         )
-    return chosen("whole", f"the whole-model pipeline needs about {need}, within the {have} available")
+    return chosen(WHOLE_MODEL, f"the whole-model pipeline needs about {need}, within the {have} available")
 
 
 def available_memory(device: str = "cpu", max_memory: str | dict | None = None) -> Available | None:
@@ -143,11 +143,13 @@ def _per_rank(available: Available | None, device: str) -> Available | None:
 
 
 def plan_memory(cfg) -> PipelineChoice:
-    """The pipeline of a CompressConfig: forced by --layerwise / --whole-model (cfg.layerwise True / False) or
-    --speedup (the whole model, timed on the device), else choose_pipeline from the whole-model forecast and the
-    memory available (available_memory). A layer-wise forecast beyond --max-memory is refused before any work;
-    beyond the memory detected it is a warning (the forecast errs above measured peaks)."""
-    forced = {True: "layerwise", False: "whole"}.get(cfg.layerwise)
+    """The pipeline of a CompressConfig: the one cfg.pipeline names (--layerwise / --whole-model / --pipeline NAME),
+    the whole model under --speedup (timed on the device) or --compressor auto, else choose_pipeline from the
+    whole-model forecast and the memory available (available_memory). Another pipeline's own forecast beyond
+    --max-memory is refused before any work; beyond the memory detected it is a warning (the forecast errs above
+    measured peaks)."""
+    check_pipeline(cfg.pipeline)  # a name no pipeline has, before any work
+    forced = None if cfg.pipeline == AUTO_PIPELINE else cfg.pipeline
     from gac.compressors import AUTO
 
     forced_by = None
@@ -159,15 +161,15 @@ def plan_memory(cfg) -> PipelineChoice:
     whole = None
     if forced is None and forced_by is None:
         try:
-            whole = forecast_of(cfg, False).peak_bytes
+            whole = forecast_of(cfg, WHOLE_MODEL).peak_bytes
         except GacError as e:  # e.g. a hub id: no local config to forecast from
             log.info("no whole-model forecast: %s", e)
-    choice = choose_pipeline(whole, available, forced or ("whole" if forced_by else None), forced_by)
-    if choice.layerwise and available is not None:
-        need = forecast_of(cfg, True).peak_bytes
+    choice = choose_pipeline(whole, available, forced or (WHOLE_MODEL if forced_by else None), forced_by)
+    if choice.pipeline != WHOLE_MODEL and available is not None:  # the whole model's was compared, or is forced
+        need = forecast_of(cfg, choice.pipeline).peak_bytes
         if need > available.bytes:
             text = (
-                f"the layer-by-layer pipeline needs about {need / GIB:.1f} GiB but {available.source} allows "
+                f"{get_pipeline(choice.pipeline).title} needs about {need / GIB:.1f} GiB but {available.source} allows "
                 f"{available.bytes / GIB:.1f} GiB"
             )
             if available.source.startswith("--max-memory"):

@@ -1,29 +1,20 @@
 """The memory, disk and time forecast of `gac compress`, from the model's config alone (no weight is read): what
 `--dry-run` prints and what the choice of pipeline (gac.pipelines.choice) compares with the memory available.
 
-Peak resident memory of each pipeline, in bytes, b = bytes per parameter of the working dtype:
-  whole model   weights + two variants (deep copies) + every weight's SVD factors (fp32) + every linear's X^T X
-                (fp64, when collected) + activations
-  layer-wise    embeddings/head + one layer's weights (and its cut copies) + that layer's factors and X^T X + the
-                loss model's float64 work for its largest weight + stored calibration activations (every layer's
-                input, for the reverse sweep) + the head's logits of one batch; materialization reads each layer's
-                factors from the analysis's cache (no X^T X, no SVD)
-plus the interpreter with torch and transformers imported (measured ~0.6 GB on CPU). Which terms apply is read off
-the compressor the run builds (gac.compressors.make_compressor): X^T X when it needs_xtx (own_xtx: the whitened SVD's
-work), the loss model's work for importance "output", the gradient pass (the reverse sweep layer-wise)
-when it needs_windows, factors where it factorizes (and the layer-wise cache: its cut_state_bytes), one probe
-pass per weight for measured sensitivity.
-Disk: the output; layer-wise, also the stored activations (reverse sweep) and the factor cache (factors at the
-largest rank selection may ask for, in the working dtype): activations + max(output, cache) + one layer's cache, an
-upper bound (the reverse sweep frees each layer's input as it caches its factors, materialization each layer's
-factors as it writes its output).
-Time: forward-pass FLOPs over the calibration tokens (the analysis's passes, one more whole; layer-wise
-materialization runs none: it reads the cached factors) and the probe passes at this device's measured matmul rate;
-the factorizations (factorization_cost: LAPACK's SVD, or the Gram path's products and eigh) at their share of it;
-the loss model's and the statistics' float64 products (loss_model_flops, X^T X once rows outnumber an input's
-columns) at FP64_SHARE of it. `--compressor auto`: each kind of pass once, every candidate's own work, and the
-built candidates' factorizations once more (_auto_forecast). Rough by design: within a few tens of per cent
-(docs/results/layerwise-8b.md compares it with measured peaks and times)."""
+Here the shared arithmetic, pure: a Workload, the terms of compressing a model of one config with one compressor
+(bytes b per value of the working dtype). Each pipeline adds them up its own way (gac.pipelines.base.Pipeline's
+forecast: the whole model's in gac.pipelines.whole_model, layer by layer's in gac.pipelines.layerwise.pipeline), plus
+the interpreter with torch and transformers imported (measured ~0.6 GB on CPU). Which terms apply is read off the
+compressor the run builds (gac.compressors.make_compressor): X^T X when it needs_xtx (own_xtx: the whitened SVD's
+work), the loss model's work for importance "output", a gradient pass when it needs_windows, factors where it
+factorizes (and the layer-wise cache: its cut_state_bytes), one probe pass per weight for measured sensitivity.
+Disk: the output, and what a pipeline keeps beside it.
+Time: forward-pass FLOPs over the calibration tokens (each pipeline counts its passes) and the probe passes at this
+device's measured matmul rate; the factorizations (factorization_cost: LAPACK's SVD, or the Gram path's products and
+eigh) at their share of it; the loss model's and the statistics' float64 products (loss_model_flops, X^T X once rows
+outnumber an input's columns) at FP64_SHARE of it. `--compressor auto`: each kind of pass once, every candidate's own
+work, and the built candidates' factorizations once more (_auto_forecast). Rough by design: within a few tens of per
+cent (docs/results/layerwise-8b.md compares it with measured peaks and times)."""
 
 from __future__ import annotations
 
@@ -31,10 +22,14 @@ import functools
 import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
 from gac.hw.threads import workers
 from gac.models.adapters import adapter_for
+
+if TYPE_CHECKING:
+    from gac.compressors.base import Compressor
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -48,6 +43,7 @@ FP64_SHARE = 0.40
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 BUILT_COPY, FACTORS = "two variants (copies)", "all factors"  # whole-model parts that auto holds twice
 FACTORIZING = "factorizations"  # the work auto repeats for each candidate it builds
+WORK = "SVD / loss model / whitening work (largest weight)"  # a part of either pipeline's peak
 
 
 @dataclass(frozen=True)
@@ -125,7 +121,7 @@ class Shapes:
 
 @dataclass(frozen=True)
 class Forecast:
-    pipeline: str  # "whole" or "layerwise"
+    pipeline: str  # its gac.pipelines.PIPELINES name: "whole" or "layerwise"
     peak_bytes: int  # resident memory on the compute device (the CPU here)
     weights_bytes: int
     disk_bytes: int  # the output directory
@@ -138,6 +134,53 @@ class Forecast:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What compressing a model of one config with one compressor costs, whichever the pipeline: the terms each
+    pipeline's forecast (gac.pipelines.base.Pipeline.forecast) adds up its own way. Bytes unless named otherwise."""
+
+    shapes: Shapes
+    compressor: Compressor  # built as the run builds it: what it does is read off it
+    value_bytes: int  # per value of the working dtype (weights, hidden states)
+    ratio: float
+    tokens: int  # calibration tokens
+    backwards: int  # backward passes per gradient batch (the loss model's: one per drawn label)
+    probe: int  # tokens of one measured-sensitivity probe pass (0: none)
+    layer_factors: int  # one layer's SVD factors (float32)
+    cached: int  # one layer's cut state, what layer-wise materialization reads instead of factorizing again
+    layer_xtx: int  # one layer's X^T X (or its input rows)
+    largest: int  # the SVD, loss model and whitening work on the largest weight(s) at once
+    transient: int  # one layer's activations of one batch
+    logits: int  # the head's logits, gradient and softmax of one gradient batch
+    flight: int  # calibration hidden states (and gradients) carried between layers
+    output_bytes: int  # the output directory
+    one_pass_s: float  # one forward pass over the calibration tokens
+    statistics_s: float  # X^T X summed in the calibration pass
+    work_seconds: dict  # name -> seconds of each candidate's own work on its weights
+
+    @property
+    def reverse(self) -> bool:
+        """A gradient pass over the calibration text (whole), the reverse sweep (layer-wise)."""
+        return self.compressor.needs_windows
+
+    @property
+    def weights(self) -> int:
+        return self.shapes.params * self.value_bytes
+
+    def forecast(self, pipeline: str, parts: dict, disk_bytes: int, pass_seconds: dict) -> Forecast:
+        """The Forecast of `pipeline` (its name) from its peak's `parts`, its disk and its passes' seconds."""
+        return Forecast(
+            pipeline,
+            int(sum(parts.values())),
+            int(self.weights),
+            disk_bytes,
+            sum(pass_seconds.values()) + sum(self.work_seconds.values()),
+            {k: int(v) for k, v in parts.items()},
+            pass_seconds,
+            dict(self.work_seconds),
+        )
 
 
 def _factor_bytes(o: int, i: int) -> int:
@@ -154,23 +197,50 @@ def forecast(
     dtype: str = "float32",
     calib_windows: int = 16,
     seq_len: int = 512,
-    layerwise: bool = True,
+    pipeline: str = "layerwise",
     factorization: str = "gram32",
     flops_per_s: float | None = None,
 ) -> Forecast:
     """Predicted peak memory, output size and time of compressing a model of this config with the compressor
-    `compressor` built from `options` (its config options, as CompressConfig.compressor_options)."""
-    from gac.calibration.importance import FISHER_SAMPLES, FOLD_ELEMENTS, GRADIENT_PROXIES, OUTPUT
+    `compressor` built from `options` (its config options, as CompressConfig.compressor_options) through the
+    pipeline registered as `pipeline` (gac.pipelines.PIPELINES), which adds up the workload its own way."""
     from gac.compressors import make_compressor
+    from gac.pipelines import get_pipeline
+
+    chosen = get_pipeline(pipeline)
+    c = make_compressor(compressor, **(options or {}))  # what the run does is read off the compressor itself
+    chosen.check(c)  # the same one-line refusal as the run
+    work = workload(
+        config,
+        c,
+        ratio=ratio,
+        dtype=dtype,
+        calib_windows=calib_windows,
+        seq_len=seq_len,
+        factorization=factorization,
+        flops_per_s=flops_per_s,
+    )
+    return chosen.forecast(work)
+
+
+def workload(
+    config,
+    c: Compressor,
+    *,
+    ratio: float,
+    dtype: str,
+    calib_windows: int,
+    seq_len: int,
+    factorization: str,
+    flops_per_s: float | None = None,
+) -> Workload:
+    """The terms of compressing a model of this config with the compressor `c`, from the config alone (pure but for
+    this machine's matmul rate, measured once where `flops_per_s` is not given)."""
+    from gac.calibration.importance import FISHER_SAMPLES, FOLD_ELEMENTS, GRADIENT_PROXIES, OUTPUT
     from gac.compressors.sensitivity import PROBE_TOKENS
 
     s = Shapes.of(config)
     b = BYTES[dtype]
-    c = make_compressor(compressor, **(options or {}))  # what the run does is read off the compressor itself
-    if layerwise:
-        from gac.pipelines.layerwise.analyze import check_layerwise
-
-        check_layerwise(c)  # the same one-line refusal as the run
     lowrank = c.factorizes
     xtx, own = c.needs_xtx, c.own_xtx  # X^T X collected in the analysis; own: the SVD is whitened by it
     loss_model = lowrank and c.proxy == OUTPUT
@@ -203,45 +273,8 @@ def forecast(
     transient = 6 * batch * seq_len * max(s.intermediate, s.hidden) * act  # one layer's activations
     logits = 3 * 2 * seq_len * s.vocab * 4 if reverse else 0  # float logits, grad, softmax of a gradient batch
     flight = (2 + backwards if reverse else 1) * tokens * s.hidden * act  # hidden states, gradients; inputs on disk
-    weights = s.params * b
-    if layerwise:  # the larger of the two sweeps: analysis, materialization
-        analysis = {
-            "outer weights": s.outer_params * b,
-            "one layer's weights": s.layer_params * b,
-            "one layer's factors": layer_factors,
-            "one layer's X^T X": layer_xtx,
-            "SVD / loss model / whitening work (largest weight)": largest,
-            "activations in flight": flight + max(transient, logits),
-            "runtime": RUNTIME_BYTES,
-        }
-        materialize = {
-            "outer weights": s.outer_params * b,
-            # an MoE layer is written per expert (the checkpoint layout): presumed one more copy of the layer
-            "one layer's weights and its two cut copies": (3 + bool(s.experts)) * s.layer_params * b,
-            "one layer's factors": cached,  # read from the cache: no X^T X, no SVD
-            "one layer's X^T X": 0,
-            "SVD / loss model / whitening work (largest weight)": 0,
-            "activations in flight": tokens * s.hidden * act + transient,
-            "runtime": RUNTIME_BYTES,
-        }
-        parts = max(analysis, materialize, key=lambda p: sum(p.values()))
-    else:
-        parts = {
-            "weights": weights,
-            BUILT_COPY: 2 * int(weights * (1 - ratio * 0.8)),
-            FACTORS: s.layers * layer_factors,
-            "all X^T X": s.layers * layer_xtx,
-            "SVD / loss model / whitening work (largest weight)": largest,
-            "activations and logits": (
-                transient * s.layers // 4 + max(logits, 2 * probe * s.vocab * 4) + 4 * tokens * s.hidden * act
-            ),
-            "runtime": RUNTIME_BYTES,
-        }
     compressible = s.layers * sum(o * i for o, i in (s.factorized() if lowrank else s.linears()))
-    disk = int((s.params - compressible * ratio) * b)  # the output
-    if layerwise:  # temporary: each layer's stored input, the factor cache (emptied as the output is written)
-        stored = s.layers * tokens * s.hidden * act if reverse else 0
-        disk = stored + max(disk, s.layers * cached) + cached
+    output = int((s.params - compressible * ratio) * b)
     forward_flops = 2 * tokens * s.layers * s.active_layer_params + 2 * tokens * s.vocab * s.hidden
     # a whitened weight takes the exact SVD (gac.compressors.linalg.scaled_svd)
     method = "svd" if own and factorization == "gram32" else factorization
@@ -255,28 +288,29 @@ def forecast(
         s.layers * sum(2 * tokens * i * i for i in (s.hidden, s.q_width, s.intermediate) if tokens > i) if xtx else 0
     )
     rate = flops_per_s or matmul_rate()
-    one, statistics = forward_flops / rate, xtx_flops / (rate * FP64_SHARE)
-    if layerwise:  # forward (reverse sweep: + statistics, recompute, backward); materialization runs none
-        passes = {"calibration sweep": (1 + 1 + 1 + 2 * backwards if reverse else 1) * one + statistics}
-    else:  # the analysis's forward (a gradient pass: forward, recompute, backward), materialization's forward
-        passes = {
-            "calibration pass": one + statistics,
-            "materialization pass": one,
-            **({f"gradient pass ({c.proxy})": (1 + 2 * backwards) * one} if reverse else {}),
-        }
     work = {
         "probe passes": probe_flops / rate,
         FACTORIZING: s.layers * sum(f / (rate * share) for f, share in factorizing),
         "loss model (float64)": fp64_flops / (rate * FP64_SHARE),
     }
-    return Forecast(
-        "layerwise" if layerwise else "whole",
-        int(sum(parts.values())),
-        int(weights),
-        disk,
-        sum(passes.values()) + sum(work.values()),
-        {k: int(v) for k, v in parts.items()},
-        passes,
+    return Workload(
+        s,
+        c,
+        b,
+        ratio,
+        tokens,
+        backwards,
+        probe,
+        layer_factors,
+        cached,
+        layer_xtx,
+        largest,
+        transient,
+        logits,
+        flight,
+        output,
+        forward_flops / rate,
+        xtx_flops / (rate * FP64_SHARE),
         work,
     )
 
@@ -332,9 +366,10 @@ def config_of(spec: str):
     raise GacError(f"no config for {spec!r}: pass a model directory, a .gguf file, a config.json or an alias")
 
 
-def forecast_of(cfg, layerwise: bool) -> Forecast:
-    """The forecast for a CompressConfig (gac.config); under `--compressor auto` (_auto_forecast), its heaviest
-    candidate's memory and the time of every candidate's analysis."""
+def forecast_of(cfg, pipeline: str) -> Forecast:
+    """The forecast for a CompressConfig (gac.config) run through the pipeline registered as `pipeline`; under
+    `--compressor auto` (_auto_forecast), its heaviest candidate's memory and the time of every candidate's
+    analysis."""
     from gac.compressors import candidates_of
 
     config = config_of(cfg.model)
@@ -350,7 +385,7 @@ def forecast_of(cfg, layerwise: bool) -> Forecast:
                     dtype=cfg.dtype,
                     calib_windows=cfg.text.calib_windows,
                     seq_len=cfg.text.seq_len,
-                    layerwise=layerwise,
+                    pipeline=pipeline,
                     factorization=cfg.factorization_method,
                 )
             )
@@ -378,7 +413,7 @@ def _auto_forecast(forecasts: list[Forecast]) -> Forecast:
     longest = sorted((f.work_seconds[FACTORIZING] for f in forecasts), reverse=True)
     work[f"{FACTORIZING} again ({AUTO_BUILT} built, auto)"] = sum(longest[:AUTO_BUILT])
     timed = replace(heaviest, seconds=sum(passes.values()) + sum(work.values()), pass_seconds=passes, work_seconds=work)
-    if heaviest.pipeline != "whole":
+    if BUILT_COPY not in heaviest.parts:  # a pipeline that holds no built copies (layer by layer) holds no second
         return timed
     # the whole model: auto holds a second built candidate beside the first, its built model and the copy its
     # held-back pass measures, and its factors

@@ -66,7 +66,7 @@ def build_report(
         eval_tokens=cfg.text.eval_windows * cfg.text.seq_len,
         versions=versions(),
         threads=torch.get_num_threads(),
-        pipeline="layerwise" if cfg.layerwise else "whole",
+        pipeline=cfg.pipeline,  # the one the run took (gac.pipelines.run sets it from the choice)
         pipeline_choice=choice.to_dict() if choice is not None else None,
         latency_method=latency_method,
         variants=variants,

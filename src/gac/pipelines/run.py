@@ -9,7 +9,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from gac.compressors import AUTO
-from gac.config import CompressConfig
+from gac.config import WHOLE_MODEL, CompressConfig
 from gac.distributed import World, barrier, on_main
 from gac.errors import ConfigError, GacError, literal
 from gac.objectives.base import Analyzed, Selected
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def run(cfg: CompressConfig) -> CompressResult:
     """load -> calibrate -> analyze -> select -> materialize -> evaluate -> report -> save. Whole in memory, or layer
-    by layer (cfg.layerwise, or a max_memory the whole model would exceed): the two pipelines differ only in how the
+    by layer (cfg.pipeline, or a max_memory the whole model would exceed): the two pipelines differ only in how the
     model is read, cut and written; selection, evaluation and the report are one path. Under torchrun (either
     pipeline) every rank calibrates and evaluates on its share of the windows and factorizes its share of the
     weights; rank 0 alone chooses the pipeline, selects, times, reports and writes (gac.distributed)."""
@@ -78,12 +78,12 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
     # layer by layer when the whole model would not fit; under torchrun rank 0's choice, every rank's pipeline
     choice = on_main(lambda: plan_memory(cfg), "sharing rank 0's choice of pipeline")
     log.info("pipeline: %s (%s)", choice.pipeline, choice.reason)
-    if cfg.heal is not None and choice.layerwise:
+    if cfg.heal is not None and choice.pipeline != WHOLE_MODEL:
         raise ConfigError(
             f"{{heal}} trains the whole model in memory, and it does not fit ({literal(choice.reason)}): "
             "compress without {heal}, then heal the output with `gac heal` where it fits"
         )
-    cfg = dataclasses.replace(cfg, layerwise=choice.layerwise)
+    cfg = dataclasses.replace(cfg, pipeline=choice.pipeline)
     pipeline = get_pipeline(choice.pipeline)
     clock = StageClock()
     with clock.stage("open"):

@@ -7,8 +7,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gac.config import WHOLE_MODEL
 from gac.objectives.base import Analyzed, Selected
 from gac.pipelines.base import Measured, Opened, Pipeline, compressor_groups
+from gac.pipelines.memory import BUILT_COPY, FACTORS, RUNTIME_BYTES, WORK, Forecast, Workload
 
 if TYPE_CHECKING:
     import torch
@@ -75,7 +77,35 @@ def materialize_variants(model: nn.Module, selected: Selected) -> dict:
 class WholeModel(Pipeline):
     """The model whole in memory: loaded, analyzed, cut into deep copies and saved at the end."""
 
-    name = "whole"
+    name = WHOLE_MODEL
+    title = "the whole-model pipeline"
+
+    def forecast(self, work: Workload) -> Forecast:
+        """Peak: the weights, two variants (deep copies), every weight's SVD factors (fp32), every linear's X^T X
+        (when collected) and the largest weight's SVD / loss-model / whitening work, activations and logits. Disk:
+        the output. Time: the calibration pass (with the statistics), materialization's pass, a gradient pass where
+        the compressor needs one, and the compressor's own work."""
+        s, act, tokens = work.shapes, work.value_bytes, work.tokens
+        parts = {
+            "weights": work.weights,
+            BUILT_COPY: 2 * int(work.weights * (1 - work.ratio * 0.8)),
+            FACTORS: s.layers * work.layer_factors,
+            "all X^T X": s.layers * work.layer_xtx,
+            WORK: work.largest,
+            "activations and logits": (
+                work.transient * s.layers // 4
+                + max(work.logits, 2 * work.probe * s.vocab * 4)
+                + 4 * tokens * s.hidden * act
+            ),
+            "runtime": RUNTIME_BYTES,
+        }
+        one = work.one_pass_s
+        passes = {  # the analysis's forward (a gradient pass: forward, recompute, backward), materialization's
+            "calibration pass": one + work.statistics_s,
+            "materialization pass": one,
+            **({f"gradient pass ({work.compressor.proxy})": (1 + 2 * work.backwards) * one} if work.reverse else {}),
+        }
+        return work.forecast(self.name, parts, work.output_bytes, passes)
 
     def open(self, cfg) -> Opened:
         from gac.checkpoint.loading import load_model

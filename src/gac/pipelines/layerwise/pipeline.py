@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gac.objectives.base import Analyzed, Selected
 from gac.pipelines.base import Measured, Opened, Pipeline, compressor_groups
+from gac.pipelines.memory import RUNTIME_BYTES, WORK, Forecast, Workload
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +45,48 @@ class Layerwise(Pipeline):
     """One decoder layer at a time, in memory bounded by a layer's weights and statistics."""
 
     name = "layerwise"
+    title = "the layer-by-layer pipeline"
+
+    def check(self, compressor: Compressor) -> None:
+        from gac.pipelines.layerwise.analyze import check_layerwise
+
+        check_layerwise(compressor)
+
+    def forecast(self, work: Workload) -> Forecast:
+        """Peak: the larger of the two sweeps. The analysis holds the embeddings and head, one layer's weights, its
+        factors and X^T X, the loss model's float64 work for its largest weight, the calibration activations in
+        flight (every layer's input is stored on disk for the reverse sweep) and one batch's head logits;
+        materialization one layer's weights and its cut copies and that layer's factors read from the analysis's
+        cache (no X^T X, no SVD). Disk: the stored activations (reverse sweep) + max(output, factor cache) + one
+        layer's cache, an upper bound (the reverse sweep frees each layer's input as it caches its factors,
+        materialization each layer's factors as it writes its output). Time: the calibration sweep (forward; the
+        reverse sweep's statistics, recompute and backward) and the compressor's own work; materialization runs no
+        pass (it reads the cached factors)."""
+        s, b, tokens = work.shapes, work.value_bytes, work.tokens
+        analysis = {
+            "outer weights": s.outer_params * b,
+            "one layer's weights": s.layer_params * b,
+            "one layer's factors": work.layer_factors,
+            "one layer's X^T X": work.layer_xtx,
+            WORK: work.largest,
+            "activations in flight": work.flight + max(work.transient, work.logits),
+            "runtime": RUNTIME_BYTES,
+        }
+        materialize = {
+            "outer weights": s.outer_params * b,
+            # an MoE layer is written per expert (the checkpoint layout): presumed one more copy of the layer
+            "one layer's weights and its two cut copies": (3 + bool(s.experts)) * s.layer_params * b,
+            "one layer's factors": work.cached,  # read from the cache: no X^T X, no SVD
+            "one layer's X^T X": 0,
+            WORK: 0,
+            "activations in flight": tokens * s.hidden * b + work.transient,
+            "runtime": RUNTIME_BYTES,
+        }
+        parts = max(analysis, materialize, key=lambda p: sum(p.values()))
+        stored = s.layers * tokens * s.hidden * b if work.reverse else 0  # each layer's input, for the reverse sweep
+        disk = stored + max(work.output_bytes, s.layers * work.cached) + work.cached
+        sweeps = (1 + 1 + 1 + 2 * work.backwards if work.reverse else 1) * work.one_pass_s
+        return work.forecast(self.name, parts, disk, {"calibration sweep": sweeps + work.statistics_s})
 
     def open(self, cfg) -> Opened:
         from gac.checkpoint.lazy import open_source
