@@ -89,7 +89,7 @@ def main() -> None:
     layers = adapter_for(config).layer_count(config)
     start = time.perf_counter()
     result = compress(CompressConfig(model=args.model, compressor=args.compressor, ratio=args.ratio, dtype=args.dtype,
-                                     layerwise=True, evaluate=False, out=args.out, force=True, progress=False,
+                                     pipeline="layerwise", evaluate=False, out=args.out, force=True, progress=False,
                                      text=TextConfig(calib_windows=args.calib_windows, seq_len=args.seq_len)))
     TIMES["wall"] = time.perf_counter() - start
     stages = ("statistics forward", "gradient pass", "factorizations (SVD)", "loss-model curves", "factor cache write")

@@ -13,6 +13,7 @@ round, since only dims, parameters and perplexity are compared). Equal means equ
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -31,7 +32,10 @@ def run(compressors: list[str], out: Path, ratio: float, layerwise: bool = False
     for name in compressors:
         start = time.time()
         latency = LatencyConfig(warmup=0, prefill_rounds=1, decode_rounds=1, prefill_tokens=64)
-        extra = {"layerwise": True} if layerwise else {}  # older commits have no layer-by-layer pipeline
+        extra: dict = {}  # older commits have no layer-by-layer pipeline, later ones a bool field, now a name
+        if layerwise:
+            named = "pipeline" in {f.name for f in dataclasses.fields(CompressConfig)}
+            extra = {"pipeline": "layerwise"} if named else {"layerwise": True}
         if text:
             extra["text"] = TextConfig(**text)
         r = compress(CompressConfig(compressor=name, ratio=ratio, progress=False, latency=latency, **extra)).report
