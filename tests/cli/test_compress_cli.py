@@ -8,8 +8,7 @@ import sys
 import pytest
 
 from tests.helpers import gac_cli, run_gac
-
-FAST = ["--seq-len", "32", "--calib-windows", "4", "--eval-windows", "2", "--prefill-tokens", "16", "--quiet"]
+from tests.helpers_compress import FAST_ARGS as FAST
 
 
 @pytest.mark.subprocess
