@@ -29,7 +29,7 @@ def write_random_model(config_dir: str, out: Path, *, dtype: str = "bfloat16", l
 
     from gac.checkpoint.sharded import ShardWriter
     from gac.models.adapters import adapter_for
-    from tests.conftest import tiny_tokenizer
+    from tests.helpers_tiny import tiny_tokenizer
 
     config = AutoConfig.from_pretrained(config_dir)
     if layers is not None:

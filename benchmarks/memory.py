@@ -42,7 +42,7 @@ def make_model(d: Path, layers: int, hidden: int, dtype: str = "float32", expert
     import transformers
 
     sys.path.insert(0, str(ROOT))
-    from tests.conftest import tiny_tokenizer
+    from tests.helpers_tiny import tiny_tokenizer
 
     heads = max(1, hidden // 128)
     shape = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,

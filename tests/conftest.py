@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny random Llama-family model with a real (tiny, trained-here) tokenizer, saved as an
-HF directory, so every test runs offline in seconds."""
+HF directory, so every test runs offline in seconds (the builders: tests/helpers_tiny.py); and the suite's hooks:
+each test's tier and each worker's unit of work (tests/helpers_tiers.py)."""
 
 from __future__ import annotations
 
@@ -15,63 +16,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=320, max_position_embeddings=256, tie_word_embeddings=True)
-
-
-# Gemma 3: its head_dim is not hidden / heads, its query scale is its own, half its layers see a sliding window
-FAMILY_EXTRA = {"gemma3_text": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
-                                    layer_types=["sliding_attention", "full_attention"])}
-
-
-def tiny_tokenizer():
-    """A byte-level BPE tokenizer trained on Python's docs, wrapped for transformers."""
-    from pydoc_data.topics import topics
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TINY["vocab_size"], special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    texts = [topics[k] for k in sorted(topics)[:60]]
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-
-
-def save_tiny(model, d, **save_options):
-    """`model` and the tiny tokenizer saved as an HF model directory at `d` (save_options: save_pretrained's);
-    returns `d`."""
-    model.save_pretrained(d, **save_options)
-    tiny_tokenizer().save_pretrained(d)
-    return d
-
-
-def tiny_model(model_type: str = "llama", seed: int = 0):
-    import transformers
-
-    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-                  "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
-                  "granite": transformers.GraniteConfig, "olmo2": transformers.Olmo2Config,
-                  "phi": transformers.PhiConfig, "gemma3_text": transformers.Gemma3TextConfig}[model_type]
-    torch.manual_seed(seed)
-    config = config_cls(**TINY, **FAMILY_EXTRA.get(model_type, {}))
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
-
-
-def installed_for_ci(module: str, package: str, setup_arg: str):
-    """Import `module` (an engine the test set-up installs: `bash scripts/setup.sh llamacpp vllm`); where it is
-    missing, fail under CI and skip elsewhere, so CI never passes by skipping."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail(f"{package} is not installed: CI's set-up is `bash scripts/setup.sh llamacpp vllm`")
-        pytest.skip(f"{package} is not installed: bash scripts/setup.sh {setup_arg}")
+from tests.helpers import installed_for_ci
+from tests.helpers_tiers import SHARED_UNITS, tier_markers, work_unit
+from tests.helpers_tiny import save_tiny, tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -107,41 +54,12 @@ def tiny():
     return tiny_model()
 
 
-SLOW_MARKERS = ("integration", "vllm")
-
-# The quick tier (`pytest -m quick`): a test is quick unless it asks for an engine's fixture (it is then marked
-# `engine`) or is marked one of NOT_QUICK. That a quick test neither reads the embedded model nor starts a process is
-# checked while it runs (quick_guard below), so a test that does either is marked `integration` or `subprocess`.
-ENGINE_FIXTURES = ("vllm", "llama_cpp", "lm_eval")
-NOT_QUICK = ("engine", "gpu", "integration", "slow", "subprocess", "vllm")
-
-
-# Directories whose files share session fixtures (vLLM's served models, llama.cpp's exports): under pytest-xdist
-# each runs on one worker, started first and in this order (the longest units); every other file runs whole on one
-# worker (its module fixtures built once)
-SHARED_UNITS = ("tests/serve", "tests/export")
-MAX_WORKERS = 4  # past this, the two directories above bound the wall time and more workers only add memory
-
-
-def work_unit(nodeid: str) -> str:
-    """The unit pytest-xdist gives one worker: a directory above, else the test's file."""
-    path = nodeid.split("::", 1)[0]
-    directory = "/".join(path.split("/")[:2])
-    return directory if directory in SHARED_UNITS else path
-
-
-def tier_markers(marked: set[str], fixtures: set[str]) -> list[str]:
-    """The markers collection adds to a test marked `marked` that asks for `fixtures`: every test on the embedded
-    model or in vLLM is also `slow`, one asking for an engine fixture is `engine`, one marked none of NOT_QUICK
-    then is `quick`."""
-    added = ["slow"] if marked & set(SLOW_MARKERS) else []
-    added += ["engine"] if fixtures & set(ENGINE_FIXTURES) else []
-    return added + ([] if (marked | set(added)) & set(NOT_QUICK) else ["quick"])
+MAX_WORKERS = 4  # past this, SHARED_UNITS' two directories bound the wall time and more workers only add memory
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each test's tier (tier_markers). The directories above come first (a stable sort), so that workers start on
-    them."""
+    """Each test's tier (tier_markers). SHARED_UNITS' directories come first (a stable sort), so that workers start
+    on them."""
     for item in items:
         marked = {m.name for m in item.iter_markers()}
         for name in tier_markers(marked, set(getattr(item, "fixturenames", ()))):

@@ -1,12 +1,17 @@
-"""What several test files share: running the `gac` command, what a user-facing error must look like, and the head
-of a fresh-process script that reads its resident size."""
+"""What several test files share: running the `gac` command, what a user-facing error must look like, the head
+of a fresh-process script that reads its resident size, and importing an engine the test set-up installs. (Shared
+helpers of one kind have their own tests/helpers_*.py; a test module never imports another, nor a conftest:
+tests/test_layout.py.)"""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import subprocess
 import sys
+
+import pytest
 
 # an error names its fix with one of these (the `error: <problem>: <fix>` rule)
 FIX_WORDS = ("pass ", "use ", "run ", "put ", "choose ", "give ", "check ", "convert", "re-run", "re-measure",
@@ -106,3 +111,14 @@ def sentencepiece_bpe_tokenizer():
     tok.train_from_iterator([topics[k] for k in sorted(topics)[:40]], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
                                    pad_token="<pad>")
+
+
+def installed_for_ci(module: str, package: str, setup_arg: str):
+    """Import `module` (an engine the test set-up installs: `bash scripts/setup.sh llamacpp vllm`); where it is
+    missing, fail under CI and skip elsewhere, so CI never passes by skipping."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail(f"{package} is not installed: CI's set-up is `bash scripts/setup.sh llamacpp vllm`")
+        pytest.skip(f"{package} is not installed: bash scripts/setup.sh {setup_arg}")

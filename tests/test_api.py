@@ -8,17 +8,9 @@ import re
 import pytest
 
 from gac.api import CompressConfig, compress
-from gac.calibration.texts import TextConfig
 from gac.errors import GacError
-from gac.evaluate.latency import LatencyConfig
 from gac.pipelines.evaluation import NOT_EVALUATED
-
-FAST_TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
-FAST_LATENCY = LatencyConfig(prefill_tokens=16, decode_context=8, warmup=1, prefill_rounds=2, decode_rounds=3)
-
-
-def fast_config(model, **kw):
-    return CompressConfig(model=str(model), text=FAST_TEXT, latency=FAST_LATENCY, progress=False, **kw)
+from tests.helpers_compress import fast_config
 
 
 @pytest.mark.parametrize("compressor", ["svd", "asvd"])

@@ -4,7 +4,7 @@ its layer table the rules tests/test_layers.py enforces."""
 import re
 from pathlib import Path
 
-from tests.test_layers import ABOVE, ALLOWED
+from tests.helpers_layers import ABOVE, ALLOWED
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

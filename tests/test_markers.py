@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import SHARED_UNITS, tier_markers, work_unit
+from tests.helpers_tiers import SHARED_UNITS, tier_markers, work_unit
 
 
 @pytest.mark.integration

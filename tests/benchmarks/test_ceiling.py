@@ -13,7 +13,7 @@ import torch
 from gac.compressors import make_compressor
 from gac.evaluate.latency import decode_call, prefill_call
 from gac.models.groups import linears_of
-from tests.conftest import tiny_model
+from tests.helpers_tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("ceiling_bench", ROOT / "benchmarks/ceiling.py")

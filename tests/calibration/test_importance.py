@@ -27,7 +27,7 @@ def _windows(vocab, n=4, seq=24, seed=0):
 
 @pytest.fixture(scope="module")
 def setup():
-    from tests.conftest import tiny_model
+    from tests.helpers_tiny import tiny_model
 
     model = tiny_model()
     names = adapter_for(model.config).linear_names(model.config)

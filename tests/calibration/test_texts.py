@@ -6,7 +6,7 @@ import torch
 from gac.calibration.texts import (EVAL_EVERY, TextConfig, load_windows, pydoc_split, read_text, stdlib_sources,
                                    token_windows)
 from gac.errors import GacError
-from tests.conftest import tiny_tokenizer
+from tests.helpers_tiny import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch
 
 from gac.checkpoint import gac_dir
 from gac.checkpoint.gac_dir import plan_record, save
-from tests.conftest import tiny_model, tiny_tokenizer
+from tests.helpers_tiny import tiny_model, tiny_tokenizer
 
 
 @pytest.mark.subprocess

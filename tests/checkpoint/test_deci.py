@@ -13,24 +13,8 @@ from gac.errors import GacError
 from gac.models import surgery
 from gac.models.groups import groups_of
 from gac.models.structure import structure_of
+from tests.helpers_deci import ENGINE_RULES, sglang_width
 
-
-# The MLP width of a block's ffn_mult as SGLang and TensorRT-LLM compute it (their only rule: neither reads
-# intermediate_size): SGLang python/sglang/srt/models/nemotron_nas.py and TensorRT-LLM
-# tensorrt_llm/_torch/models/modeling_nemotron_nas.py, both `_ffn_mult_to_intermediate_size(ffn_mult, n_embd)`:
-# `intermediate_size = int(2 * ffn_mult * n_embd / 3)`, then `_find_multiple(intermediate_size, 256)`, which returns
-# n when `n % k == 0`, else `n + k - (n % k)`. Written here from their statement, not imported from gac.
-def sglang_width(ffn_mult: float, n_embd: int) -> int:
-    n = int(2 * ffn_mult * n_embd / 3)
-    return n if n % 256 == 0 else n + 256 - (n % 256)
-
-
-def tensorrt_llm_width(ffn_mult: float, hidden_size: int) -> int:
-    n = int(2 * ffn_mult * hidden_size / 3)
-    return n if n % 256 == 0 else n + 256 - (n % 256)
-
-
-ENGINE_RULES = {"SGLang": sglang_width, "TensorRT-LLM": tensorrt_llm_width}
 # hidden sizes of real Llama-layout models (SmolLM2 135M/360M/1.7B, Llama 3 1B/3B/8B/70B, Mistral 7B, Nemotron 51B)
 HIDDEN = (576, 960, 2048, 3072, 4096, 8192, 5120, 7168, 64)
 

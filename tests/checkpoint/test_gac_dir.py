@@ -20,7 +20,7 @@ from gac.errors import GacError
 from gac.models.adapters import adapter_for
 from gac.models import modeling_gac
 from gac.models.modeling_gac import LowRankLinear
-from tests.conftest import tiny_model, tiny_tokenizer
+from tests.helpers_tiny import tiny_model, tiny_tokenizer
 
 
 def _irregular_ranks(analyses):

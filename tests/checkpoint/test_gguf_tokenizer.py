@@ -12,8 +12,8 @@ import pytest
 from gac.checkpoint.gguf_tokenizer import PROBE, GgufTokenizerFlags, check_tokenizer
 from gac.errors import GacError
 from gac.export.tokenizer import fields_from_hf
-from tests.conftest import tiny_tokenizer
 from tests.helpers import sentencepiece_bpe_tokenizer
+from tests.helpers_tiny import tiny_tokenizer
 
 
 def _vocab_gguf(tokenizer, directory, *, add_bos: bool):
@@ -140,7 +140,7 @@ def test_a_gguf_model_loads_with_the_files_tokenizer_or_not_at_all(llama_cpp, tm
 
     from gac.checkpoint.loading import load_model
     from gac.export.gguf_writer import write_gguf
-    from tests.conftest import tiny_model
+    from tests.helpers_tiny import tiny_model
 
     tiny_tokenizer().save_pretrained(tmp_path)
     path = tmp_path / "tiny.gguf"

@@ -10,8 +10,8 @@ import torch
 from gac.checkpoint.loading import embedded_gguf, load_model
 from gac.errors import GacError
 from gac.hw.device import DTYPES
-from tests.conftest import tiny_model
 from tests.helpers import FIX_WORDS
+from tests.helpers_tiny import tiny_model
 
 
 
@@ -211,7 +211,7 @@ def test_the_embedded_models_copy_is_read_replaced_when_broken_and_optional(tmp_
     written costs only the time. The GGUF read is stood in for by a tiny model (a real one takes 50 s)."""
     import gac.checkpoint.loading as loading
     from gac.checkpoint.gac_dir import LoadedModel
-    from tests.conftest import tiny_tokenizer
+    from tests.helpers_tiny import tiny_tokenizer
 
     reads = []
     real_load_hf = loading._load_hf

@@ -13,7 +13,7 @@ from gac.checkpoint.placement import Placement, is_dispatched, parse_max_memory,
 from gac.cli.options import in_flags
 from gac.errors import GacError
 from gac.evaluate.perplexity import perplexity
-from tests.conftest import tiny_model, tiny_tokenizer
+from tests.helpers_tiny import tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,7 @@ import sys
 import pytest
 
 from tests.helpers import assert_one_error_line, gac_cli, run_gac
-
-FAST = ["--seq-len", "32", "--calib-windows", "4", "--eval-windows", "2", "--prefill-tokens", "16", "--quiet"]
+from tests.helpers_compress import FAST_ARGS as FAST
 
 
 @pytest.mark.subprocess
@@ -112,7 +111,7 @@ def test_pipeline_choices_are_the_registry_and_auto():
 
 def test_pipeline_flags_name_a_pipeline():
     """--layerwise / --whole-model are --pipeline's names; two different ones are refused in one line."""
-    from tests.pipelines.test_memory import DOCS
+    from tests.helpers_forecast import DOCS
 
     model = ["compress", "--model", str(DOCS / "llama-3-8b"), "--dry-run"]
     for flag, name in (("--layerwise", "layerwise"), ("--whole-model", "whole")):

@@ -11,7 +11,7 @@ import transformers
 from click.testing import CliRunner
 
 from gac.cli import main
-from tests.conftest import TINY
+from tests.helpers_tiny import TINY
 
 
 def run(*args):

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from gac.evaluate.report import kept_round
-from tests.cli.test_compress_cli import FAST, run_gac
-from tests.helpers import gac_cli
+from tests.helpers import gac_cli, run_gac
+from tests.helpers_compress import FAST_ARGS as FAST
 
 TOKENS = FAST.index("--prefill-tokens")
 FAST_SPEEDUP = FAST[:TOKENS] + FAST[TOKENS + 2:]  # --speedup times at its --shape: no --prefill-tokens

@@ -14,7 +14,7 @@ from gac.errors import GacError
 from gac.models.dims import params_and_alignment
 from gac.models.groups import linears_of
 from gac.models.modeling_gac import GroupedLowRankLinear
-from tests.conftest import tiny_model
+from tests.helpers_tiny import tiny_model
 
 
 def test_whitened_truncation_beats_plain_svd_in_the_data_norm():

@@ -13,33 +13,18 @@ import numpy as np
 import pytest
 import torch
 
-from gac.calibration.stats import calibrate
 from gac.compressors import make_compressor
 from gac.compressors.prune import AttentionUnit, MLPUnit, allocate_steps, parse_layers
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
 from gac.models.dims import params_and_alignment
-from tests.conftest import tiny_model
-
-
-def _windows(vocab, n=4, seq=24, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (n, seq), generator=g)  # [n, seq]
+from tests.helpers_compress import prune_setup, random_windows
+from tests.helpers_tiny import tiny_model
 
 
 def _logits(model, ids):
     with torch.inference_mode():
         return model(ids, use_cache=False).logits.float()
-
-
-def _setup(model_type="llama", importance="magnitude", head_mode="group", layers="all"):
-    model = tiny_model(model_type)
-    names = adapter_for(model.config).linear_names(model.config)
-    windows = _windows(model.config.vocab_size)
-    stats = calibrate(model, windows, names, batch_size=2, progress=False)
-    comp = make_compressor("prune", importance=importance, head_mode=head_mode, layers=layers)
-    units = comp.analyze(model, comp.groups(model), stats, windows=windows, progress=False)
-    return model, names, windows, comp, units
 
 
 def _covered(names, units):
@@ -57,7 +42,7 @@ def _valid_dims(u):
 @pytest.mark.parametrize("head_mode", ["group", "uniform"])
 def test_any_head_pruning_builds_a_consistent_model_that_runs(model_type, head_mode):
     """Every width the attention unit can take gives a model whose head counts agree with its projections."""
-    model, names, windows, comp, units = _setup(model_type, head_mode=head_mode)
+    model, names, windows, comp, units = prune_setup(model_type, head_mode=head_mode)
     attn_units = [u for u in units if isinstance(u, AttentionUnit)]
     assert len(attn_units) == model.config.num_hidden_layers
     geo = adapter_for(model.config).geometry(model.config)
@@ -90,7 +75,7 @@ def test_any_head_pruning_builds_a_consistent_model_that_runs(model_type, head_m
 
 
 def test_gate_up_down_are_cut_together():
-    model, names, windows, comp, units = _setup(head_mode="none")
+    model, names, windows, comp, units = prune_setup(head_mode="none")
     assert all(isinstance(u, MLPUnit) for u in units)
     dims = {units[0].name: 37, units[1].name: 101}
     pruned = copy.deepcopy(model)
@@ -116,7 +101,7 @@ def test_gate_up_down_are_cut_together():
 @pytest.mark.parametrize("importance", ["magnitude", "activation", "taylor", "fisher"])
 @pytest.mark.parametrize("head_mode", ["group", "uniform"])
 def test_budget_respected_and_measured_params_equal_planned(importance, head_mode):
-    model, names, windows, comp, units = _setup(importance=importance, head_mode=head_mode)
+    model, names, windows, comp, units = prune_setup(importance=importance, head_mode=head_mode)
     covered = _covered(names, units)
     assert covered == names  # every layer pruned: the units cover every linear
     compressible, _ = params_and_alignment(model, covered, 8)
@@ -156,7 +141,7 @@ def test_removing_dead_channels_and_groups_is_exact():
     dims = {u.name: u.max_dim - (len(dead) if isinstance(u, MLPUnit) else geo.head_dim) for u in units}
     pruned = copy.deepcopy(model)
     comp.materialize(pruned, units, dims)
-    ids = _windows(model.config.vocab_size)[:2]
+    ids = random_windows(model.config.vocab_size)[:2]
     torch.testing.assert_close(_logits(pruned, ids), _logits(model, ids), rtol=1e-5, atol=1e-5)
 
 
@@ -167,7 +152,7 @@ def test_round_trip_gac_load_and_transformers(tmp_path):
     import gac
     from gac.checkpoint.gac_dir import save
 
-    model, names, windows, comp, units = _setup(head_mode="uniform")
+    model, names, windows, comp, units = prune_setup(head_mode="uniform")
     dims = comp.allocate(units, math.floor(0.7 * sum(u.numel for u in units)))
     pruned = copy.deepcopy(model)
     structure = comp.materialize(pruned, units, dims)
@@ -241,7 +226,7 @@ def test_allocate_steps_greedy_by_gain_per_parameter():
 
 
 def test_a_ratio_that_removes_every_head_is_an_error():
-    model, names, windows, comp, units = _setup()
+    model, names, windows, comp, units = prune_setup()
     smallest = sum(u.params(u.min_dim) for u in units)
     with pytest.raises(GacError, match="every head of a layer"):
         comp.allocate(units, smallest - 1)
@@ -258,10 +243,10 @@ def test_config_and_layer_errors():
         make_compressor("prune", layers="1-x")
     assert parse_layers("1-3,7") == (1, 2, 3, 7) and parse_layers([2, 1]) == (1, 2) and parse_layers(None) is None
     with pytest.raises(GacError, match="first and last are kept"):  # the 2-layer model has nothing left by default
-        _setup(layers=None)
+        prune_setup(layers=None)
     with pytest.raises(GacError, match="layer 5 does not exist"):
-        _setup(layers="1,5")
-    model, names, windows, comp, units = _setup(layers="1")
+        prune_setup(layers="1,5")
+    model, names, windows, comp, units = prune_setup(layers="1")
     assert [u.name for u in units] == ["model.layers.1.mlp", "model.layers.1.self_attn"]
     assert _covered(names, units) == [n for n in names if n.startswith("model.layers.1.")]
 
@@ -306,7 +291,7 @@ def test_profile_candidates_drive_pruned_widths(tiny_model_dir, tmp_path):
 
 def test_heads_at_their_minimum_are_one_warning(caplog):
     """A deep cut floors the heads of most layers at once: one line names how many, not one line per layer."""
-    model, names, windows, comp, units = _setup(head_mode="group")
+    model, names, windows, comp, units = prune_setup(head_mode="group")
     with caplog.at_level("WARNING", logger="gac.compressors.prune"):
         minimum = sum(u.fixed_params + u.min_dim * u.params_per_dim for u in units)
         dims = comp.allocate(units, minimum + 64)  # a little above the least every layer must keep

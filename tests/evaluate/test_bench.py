@@ -8,7 +8,7 @@ import pytest
 from gac.errors import GacError
 from gac.evaluate.bench import BenchConfig, bench, bench_table_markdown, plot_latency_vs_seq, ratios_vs_first
 from gac.hw.timing import cpu_threads
-from tests.conftest import tiny_model
+from tests.helpers_tiny import tiny_model
 
 TINY_BENCH = BenchConfig(points=((1, 8), (1, 32), (2, 16)), decode_context=8, warmup=1, rounds=5, decode_rounds=5)
 

@@ -7,7 +7,7 @@ import torch
 
 from gac.evaluate.latency import LatencyConfig, measure_latency
 from gac.evaluate.perplexity import perplexity
-from tests.conftest import tiny_model
+from tests.helpers_tiny import tiny_model
 
 TINY_LATENCY = LatencyConfig(prefill_tokens=16, decode_context=8, warmup=1, prefill_rounds=2, decode_rounds=3)
 KEYS = {"prefill_ms", "prefill_spread_pct", "decode_ms_per_token", "decode_spread_pct"}

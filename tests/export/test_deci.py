@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from gac.checkpoint import deci
-from tests.checkpoint.test_deci import ENGINE_RULES
-from tests.conftest import save_tiny, tiny_model
 from tests.helpers import assert_one_error_line, gac_cli
+from tests.helpers_deci import ENGINE_RULES
+from tests.helpers_export import MAX_REL_ERROR, round_trip
+from tests.helpers_tiny import save_tiny, tiny_model
 
 FAST = dict(seq_len=32, calib_windows=2, eval_windows=1)
 MAX_REL = 1e-4  # float32, the same layers: transformers without gac against gac.load
@@ -38,7 +39,7 @@ WIDTHS = (100, 136)  # the pruned MLP widths of the tiny Llama's two layers (its
 
 def _saved(model, d):
     from gac.checkpoint.gac_dir import plan_record, save
-    from tests.conftest import tiny_tokenizer
+    from tests.helpers_tiny import tiny_tokenizer
 
     return save(model, tiny_tokenizer(), d, plan=plan_record(variant="gac", source_model="tiny", alignment=8, dims={},
                                                               compressor={"name": "prune"}))
@@ -171,14 +172,12 @@ def test_a_deci_directory_exports_to_a_deci_gguf(deci_export, tmp_path):
 def test_the_deci_gguf_runs_in_llama_cpp_with_gacs_logits(llama_cpp, deci_export, tmp_path):
     from gac.checkpoint.loading import load_model
 
-    from .test_engine import MAX_REL_ERROR, _round_trip
-
     out, _ = deci_export
     path = tmp_path / "m.gguf"
     assert gac_cli("export", str(out), "--out", str(path), "--quiet").returncode == 0
     loaded = load_model(str(out))
     tokens = loaded.tokenizer("def f(x): return x + 1  # a tiny test")["input_ids"][:24]
-    rel, same = _round_trip(path, loaded.model, tokens)
+    rel, same = round_trip(path, loaded.model, tokens)
     assert rel < MAX_REL_ERROR and same >= 0.99, (rel, same)
 
 

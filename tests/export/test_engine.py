@@ -4,34 +4,16 @@ model's own hidden size apart; a Llama-shaped model whose hidden size is a multi
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from gac.checkpoint.gac_dir import LoadedModel
 from gac.export.export import write_f16
 from gac.export.quantize import quantize, tensor_types, type_report
-
-from .conftest import pruned_variants
+from tests.helpers_deci import deci_model
+from tests.helpers_export import MAX_REL_ERROR, pruned_variants, round_trip
 
 ROUND_TRIP_TOKENS = 128
-MAX_REL_ERROR = 1e-2  # f16 weights vs gac's fp32: measured 2.1e-3 on the embedded model (results/llama-cpp-gguf.md)
-
-
-def _gac_logits(model, tokens):
-    with torch.inference_mode():
-        return model(torch.tensor([tokens]), use_cache=False).logits[0].float().numpy()  # [S, V]
-
-
-def _round_trip(path, model, tokens):
-    from gac.export.engine import logits, open_gguf
-
-    with open_gguf(path, logits_all=True) as llm:
-        got = logits(llm, tokens)  # [S, V]
-    ref = _gac_logits(model, tokens)
-    rel = float(np.abs(got - ref).max() / np.abs(ref).max())
-    same = float((got.argmax(-1) == ref.argmax(-1)).mean())
-    return rel, same
 
 
 def _export(model, tokenizer, source, path):
@@ -56,16 +38,14 @@ def _names(report, cause):
 
 
 def test_tiny_deci_gguf_runs_in_llama_cpp_with_gacs_logits(llama_cpp, tiny, tiny_model_dir, tmp_path):
-    from .test_gguf_writer import _deci_model
-
-    model = _deci_model(tiny)
+    model = deci_model(tiny)
     from gac.checkpoint.loading import load_model
 
     tokenizer = load_model(str(tiny_model_dir)).tokenizer
     report, geo, path = _export(model, tokenizer, str(tiny_model_dir), tmp_path / "deci.gguf")
     assert geo.arch == "deci"
     tokens = tokenizer("def f(x): return x + 1  # a tiny test")["input_ids"][:24]
-    rel, same = _round_trip(path, model, tokens)
+    rel, same = round_trip(path, model, tokens)
     assert rel < MAX_REL_ERROR and same >= 0.99, (rel, same)
 
 
@@ -94,7 +74,7 @@ def test_embedded_round_trip_f16_logits_match_gac(smollm, variant):
     import gguf
 
     report, geo, path = smollm["exports"][variant]
-    rel, same = _round_trip(path, smollm["models"][variant], smollm["tokens"])
+    rel, same = round_trip(path, smollm["models"][variant], smollm["tokens"])
     assert rel < MAX_REL_ERROR and same >= 0.99, (variant, rel, same)
     r = gguf.GGUFReader(path)  # metadata and per-layer shapes as written
     arch = r.fields["general.architecture"].contents()

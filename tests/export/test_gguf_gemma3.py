@@ -17,8 +17,8 @@ from gac.export.gguf_writer import write_gguf
 from gac.export.tokenizer import fields_from_hf
 from gac.models.groups import groups_of
 from gac.models.surgery import Keep, KeepHeads
-from tests.conftest import FAMILY_EXTRA, TINY, save_tiny, tiny_tokenizer
 from tests.helpers import assert_names_a_fix, assert_one_error_line, run_gac, sentencepiece_bpe_tokenizer
+from tests.helpers_tiny import FAMILY_EXTRA, TINY, save_tiny, tiny_gemma3_multimodal, tiny_tokenizer
 
 MAX_REL_ERROR = 1e-2  # max |difference| / max |logit|, f16 weights against gac's fp32 (measured ~2e-3)
 # rope bases apart from llama.cpp's defaults, so a base written to the wrong layer type (or not at all) shows
@@ -206,7 +206,6 @@ def test_multimodal_gemma3s_language_model_runs_in_llama_cpp(llama_cpp, tmp_path
     from gac.calibration.texts import TextConfig
     from gac.checkpoint.gac_dir import load
     from gac.export.export import write_f16
-    from tests.models.test_gemma3_family import tiny_gemma3_multimodal
 
     src, out = tmp_path / "mm", tmp_path / "mm-pruned"
     _randomize_norms(tiny_gemma3_multimodal()).save_pretrained(src)

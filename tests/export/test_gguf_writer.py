@@ -11,19 +11,11 @@ from gac.errors import GacError
 from gac.export.gguf_writer import geometry, permute_rotary, write_gguf
 from gac.export.tokenizer import fields_from_hf
 from gac.models.groups import groups_of
-from gac.models.surgery import Keep, KeepHeads
+from tests.helpers_deci import deci_model
 
 
 def _field(reader, key):
     return reader.fields[key].contents()
-
-
-def _deci_model(model):
-    """Layer 0: MLP cut to 100 of 160 channels; layer 1: one of two KV groups (and its query heads) removed."""
-    groups_of(model, "mlp")[0].cut(model, Keep(torch.arange(30, 130)))  # 100 channels
-    # KV head 1 serves query heads 2 and 3
-    groups_of(model, "heads")[1].cut(model, KeepHeads(torch.tensor([2, 3]), torch.tensor([1])))
-    return model
 
 
 def _write(model, tokenizer_dir, path):
@@ -58,7 +50,7 @@ def test_uniform_model_is_a_llama_gguf_with_its_metadata_and_shapes(tiny, tiny_m
 def test_per_layer_widths_and_heads_make_a_deci_gguf(tiny, tiny_model_dir, tmp_path):
     import gguf
 
-    model = _deci_model(tiny)
+    model = deci_model(tiny)
     path = tmp_path / "deci.gguf"
     geo = _write(model, tiny_model_dir, path)
     assert geo.arch == "deci" and geo.ff == (100, 160) and geo.heads == (4, 2) and geo.kv_heads == (2, 1)
@@ -87,7 +79,7 @@ def test_rotary_permutation_is_per_head_and_interleaves_halves():
 
 
 def test_geometry_reads_the_live_model_not_the_config(tiny):
-    model = _deci_model(tiny)
+    model = deci_model(tiny)
     geo = geometry(model)
     assert geo.original_ff == 160 and model.config.intermediate_size == 160
     assert geo.original_row_length("blk.0.ffn_down.weight") == 160

@@ -29,7 +29,7 @@ def original(tmp_path_factory):
     distributions are near uniform and compressing it costs almost no KL to win back)."""
     import transformers
 
-    from tests.conftest import TINY, tiny_tokenizer
+    from tests.helpers_tiny import TINY, tiny_tokenizer
 
     d = tmp_path_factory.mktemp("heal") / "original"
     torch.manual_seed(0)

@@ -332,13 +332,13 @@ def test_chunks_hold_at_most_chunk_bytes(monkeypatch):
 def test_spec_from_an_moe_model_sweeps_its_experts():
     """`gac profile --model` on a mixture of experts adds the experts op at the model's expert count, experts a
     token and hidden size, and sweeps around its expert width; a dense model's ops are left as given."""
-    from tests.models.test_moe_family import tiny_moe
+    from tests.helpers_moe import tiny_moe
 
     spec = spec_from_model(tiny_moe("qwen3_moe"), TINY)
     assert spec.ops == (*TINY.ops, "experts")
     assert (spec.sizes.experts, spec.sizes.top_k, spec.sizes.hidden) == (4, 2, 64)
     assert 40 in spec.dims
-    from tests.conftest import tiny_model
+    from tests.helpers_tiny import tiny_model
 
     assert spec_from_model(tiny_model(), TINY).ops == TINY.ops
 

@@ -9,7 +9,7 @@ from gac.models.dims import inspect_model
 from gac.models.adapters import adapter_for
 from gac.models.dims import params_and_alignment
 from gac.models.surgery import factorize
-from tests.conftest import TINY
+from tests.helpers_tiny import TINY
 
 ALIGNMENTS = (8, 16, 32, 64)
 LAYERS = TINY["num_hidden_layers"]

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from gac.api import compress
-from tests.conftest import save_tiny, tiny_tokenizer
 from tests.helpers import assert_one_error_line, gac_cli
-from tests.models.test_moe_family import FAMILIES, tiny_moe
-from tests.test_api import fast_config
+from tests.helpers_compress import fast_config
+from tests.helpers_moe import FAMILIES, tiny_moe
+from tests.helpers_tiny import save_tiny, tiny_tokenizer
 
 NEVER = 3  # the expert no token is routed to, in every MoE layer of the models below
 COUNT_KEY = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts"}

@@ -10,7 +10,7 @@ from gac.checkpoint.gac_dir import load, save
 from gac.compressors import make_compressor
 from gac.models.adapters import adapter_for
 from gac.models.modeling_gac import LowRankLinear
-from tests.conftest import tiny_model, tiny_tokenizer
+from tests.helpers_tiny import tiny_model, tiny_tokenizer
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "phi", "gemma3_text"]
 

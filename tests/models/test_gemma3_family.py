@@ -8,22 +8,8 @@ import pytest
 import torch
 
 from gac.api import compress
-from tests.conftest import save_tiny, tiny_model
-from tests.test_api import fast_config
-
-
-def tiny_gemma3_multimodal():
-    import transformers
-
-    from tests.conftest import FAMILY_EXTRA, TINY
-
-    text = transformers.Gemma3TextConfig(**TINY, **FAMILY_EXTRA["gemma3_text"])
-    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                             num_attention_heads=2, image_size=28, patch_size=14)
-    config = transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
-                                       mm_tokens_per_image=4)
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
+from tests.helpers_compress import fast_config
+from tests.helpers_tiny import save_tiny, tiny_gemma3_multimodal, tiny_model
 
 
 @pytest.fixture(scope="module", params=["gemma3_text", "gemma3"])

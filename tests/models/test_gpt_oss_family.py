@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from gac.api import compress
-from tests.conftest import TINY, save_tiny, tiny_tokenizer
-from tests.models.test_moe_family import pruned_experts
-from tests.test_api import fast_config
+from tests.helpers_compress import fast_config
+from tests.helpers_moe import assert_gguf_export_refused, assert_unaligned_output_repairs, expert_widths, pruned_experts
+from tests.helpers_tiny import TINY, save_tiny, tiny_tokenizer
 
 E, H, I, HEADS, KV, HD = 4, 64, 40, 4, 2, 16  # experts, hidden, expert width, query heads, KV heads, head_dim
 
@@ -51,12 +51,6 @@ def _logits(model, ids=IDS):
         return model(ids, use_cache=False).logits
 
 
-def _expert_widths(model) -> list[int]:
-    from gac.models.groups import groups_of
-
-    return [g.dim for g in groups_of(model, "experts")]
-
-
 def _reloaded(out):
     """The saved output as gac.load, transformers after `import gac`, and trust_remote_code build it."""
     from transformers import AutoModelForCausalLM
@@ -77,7 +71,7 @@ def test_gpt_oss_prune_cuts_one_aligned_expert_width_per_layer_and_round_trips(g
     out = tmp_path / "out"
     result, experts = pruned_experts(gpt_oss_dir, out, ratio)  # heads too (group mode): not refused
     saved = result.models["gac"]
-    widths = _expert_widths(saved)
+    widths = expert_widths(saved)
     assert widths == [experts.get(f"model.layers.{i}.mlp.experts") or I for i in range(3)]
     for i, w in enumerate(widths):  # one width for every expert of a layer, biases cut with their channels
         block = saved.get_submodule(f"model.layers.{i}.mlp.experts")
@@ -92,7 +86,7 @@ def test_gpt_oss_prune_cuts_one_aligned_expert_width_per_layer_and_round_trips(g
     want = _logits(saved)
     for model in _reloaded(out):
         assert torch.equal(_logits(model), want)
-        assert _expert_widths(model) == widths
+        assert expert_widths(model) == widths
 
 
 @pytest.mark.slow
@@ -198,8 +192,6 @@ def test_gpt_oss_heads_are_cut_with_their_sinks_and_round_trip(tmp_path, monkeyp
 @pytest.mark.slow
 def test_unaligned_gpt_oss_output_repairs_to_the_same_function(gpt_oss_dir, tmp_path):
     """Zero padding an interleaved, biased expert width: zero (gate, up) pairs and biases at the end, zero down rows."""
-    from tests.models.test_moe_family import assert_unaligned_output_repairs
-
     assert_unaligned_output_repairs(gpt_oss_dir, tmp_path)
 
 
@@ -219,7 +211,7 @@ def test_gpt_oss_asvd_factorizes_the_biased_attention_and_leaves_the_experts_who
     for name in r["dims"]["gac"]:  # every factorized attention weight (all biased) keeps its bias on the second factor
         m = saved.get_submodule(name)
         assert type(m).__name__ == "LowRankLinear" and m.b.bias is not None, name
-    assert _expert_widths(saved) == [I] * 3
+    assert expert_widths(saved) == [I] * 3
     want = _logits(saved)
     for model in _reloaded(out):
         assert torch.equal(_logits(model), want)
@@ -237,8 +229,6 @@ def test_inspect_reads_the_transposed_expert_weights_the_right_way_round():
 
 @pytest.mark.subprocess
 def test_gpt_oss_gguf_export_is_one_line(gpt_oss_dir, tmp_path):
-    from tests.models.test_moe_family import assert_gguf_export_refused
-
     assert_gguf_export_refused(gpt_oss_dir, tmp_path)
 
 

@@ -11,7 +11,7 @@ from gac.models.adapters import adapter_for
 from gac.models.groups import HeadGroup, HeadRankGroup, RankGroup, WidthGroup, compressed_dims_of, groups_of, linears_of
 from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear, apply_gac_structure
 from gac.models.structure import structure_of
-from tests.conftest import TINY, tiny_model
+from tests.helpers_tiny import TINY, tiny_model
 
 H, I, L = TINY["hidden_size"], TINY["intermediate_size"], TINY["num_hidden_layers"]
 HEADS, KV = TINY["num_attention_heads"], TINY["num_key_value_heads"]

@@ -13,7 +13,7 @@ import torch
 
 from gac.models.configuration_decilm import BlockConfig, DeciLMConfig, ffn_mult_width
 from gac.models.modeling_decilm import DeciLMForCausalLM, DeciLMModel
-from tests.conftest import TINY
+from tests.helpers_tiny import TINY
 
 BLOCKS = [
     {"attention": {"no_op": False, "replace_with_linear": False, "n_heads_in_group": 2},

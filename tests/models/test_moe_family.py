@@ -10,28 +10,16 @@ import pytest
 import torch
 
 from gac.api import compress
-from tests.conftest import TINY, save_tiny
-from tests.helpers import assert_one_error_line, run_gac
-from tests.test_api import fast_config
-
-FAMILIES = ("qwen3_moe", "mixtral")
-
-
-def tiny_moe(model_type: str, seed: int = 0):
-    import transformers
-
-    if model_type == "qwen3_moe":  # one dense layer (mlp_only_layers) beside the sparse ones
-        config = transformers.Qwen3MoeConfig(**{**TINY, "num_hidden_layers": 3, "intermediate_size": 96},
-                                             moe_intermediate_size=40, num_experts=4, num_experts_per_tok=2,
-                                             head_dim=16, mlp_only_layers=[2])
-    elif model_type == "olmoe":  # its q/k norms span all heads (heads not prunable); eos within the tiny vocabulary
-        config = transformers.OlmoeConfig(**{**TINY, "intermediate_size": 40}, num_experts=4, num_experts_per_tok=2,
-                                          eos_token_id=1, pad_token_id=1)
-    else:
-        config = transformers.MixtralConfig(**{**TINY, "intermediate_size": 40}, num_local_experts=4,
-                                            num_experts_per_tok=2)
-    torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
+from tests.helpers_compress import fast_config
+from tests.helpers_moe import (
+    FAMILIES,
+    assert_gguf_export_refused,
+    assert_unaligned_output_repairs,
+    expert_widths,
+    pruned_experts,
+    tiny_moe,
+)
+from tests.helpers_tiny import save_tiny
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -45,26 +33,6 @@ def _logits(model, ids):
         return model(ids, use_cache=False).logits
 
 
-def pruned_experts(model_dir, out, ratio):
-    """prune every layer of `model_dir` at `ratio` into `out`: within budget, 100% aligned, and the budget met by
-    cutting expert widths (multiples of 8). The result and {experts module: its dim (None: whole)}."""
-    result = compress(fast_config(model_dir, compressor="prune", ratio=ratio, out=str(out), evaluate=False,
-                                  compressor_options={"layers": "all"}))
-    r = result.report
-    assert r["variants"]["gac"]["params"] <= r["budget_params"]
-    assert r["variants"]["gac"]["aligned_fraction"] == 1.0
-    experts = {n: d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")}
-    assert experts and all(d is None or d % 8 == 0 for d in experts.values())
-    assert any(d is not None for d in experts.values())  # the budget is met by cutting experts
-    return result, experts
-
-
-def _expert_widths(model) -> list[int]:
-    from gac.models.groups import groups_of
-
-    return [g.dim for g in groups_of(model, "experts")]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("ratio", [0.15, 0.30])
 def test_moe_prune_aligned_within_budget_and_round_trips(moe_dir, tmp_path, monkeypatch, ratio):
@@ -76,7 +44,7 @@ def test_moe_prune_aligned_within_budget_and_round_trips(moe_dir, tmp_path, monk
     out = tmp_path / "out"
     result, experts = pruned_experts(moe_dir, out, ratio)
     saved = result.models["gac"]
-    widths = _expert_widths(saved)
+    widths = expert_widths(saved)
     assert widths == [experts[n] or g for n, g in zip(sorted(experts), widths)]
     for name, w in zip(sorted(experts), widths):  # one width for every expert of a layer: [E, 2w, H] and [E, H, w]
         block = saved.get_submodule(name)
@@ -88,7 +56,7 @@ def test_moe_prune_aligned_within_budget_and_round_trips(moe_dir, tmp_path, monk
     for model in (load(out).model, AutoModelForCausalLM.from_pretrained(out).eval(),
                   AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()):
         assert torch.equal(_logits(model, ids), want)
-        assert _expert_widths(model) == widths
+        assert expert_widths(model) == widths
 
 
 def test_moe_saved_output_keeps_the_per_expert_checkpoint_layout(moe_dir, tmp_path):
@@ -132,7 +100,7 @@ def test_moe_attention_is_factorized_and_experts_left_whole(moe_dir, tmp_path):
     model = load(out).model
     assert all(".self_attn." in g.name or ".mlp." in g.name for g in groups_of(model, "rank"))
     assert not any(".experts" in g.name for g in groups_of(model, "rank"))
-    assert _expert_widths(model) == [g.full for g in groups_of(model, "experts")]
+    assert expert_widths(model) == [g.full for g in groups_of(model, "experts")]
 
 
 @pytest.mark.slow
@@ -140,34 +108,9 @@ def test_unaligned_moe_output_repairs_to_the_same_function(moe_dir, tmp_path):
     assert_unaligned_output_repairs(moe_dir, tmp_path)
 
 
-def assert_unaligned_output_repairs(model_dir, tmp_path):
-    """prune without alignment leaves irregular expert widths; repair pads them to multiples of 8 with the same
-    logits (argmax identical, relative error under 1e-5)."""
-    from gac.checkpoint.gac_dir import load
-    from gac.repair import repair_dir
-
-    raw = tmp_path / "raw"  # at 0.25 every tiny family's own widths are irregular (at 0.3 mixtral's are 32 and 24)
-    compress(fast_config(model_dir, compressor="prune", ratio=0.25, out=str(raw), align=False, evaluate=False,
-                         compressor_options={"layers": "all", "head_mode": "none"}))
-    assert any(w % 8 for w in _expert_widths(load(raw).model))  # the compressor's own widths are irregular
-    out = repair_dir(str(raw), str(tmp_path / "fixed"), align=8, measure_latency=False)
-    assert out.report["logits_check"]["argmax_identical"] and out.report["logits_check"]["max_rel_error"] < 1e-5
-    assert all(w % 8 == 0 for w in _expert_widths(load(out.out).model))
-
-
 @pytest.mark.subprocess
 def test_moe_gguf_export_is_one_line(moe_dir, tmp_path):
     assert_gguf_export_refused(moe_dir, tmp_path)
-
-
-def assert_gguf_export_refused(model_dir, tmp_path):
-    """A pruned MoE output's GGUF export is refused in one line, and no file is written."""
-    out = tmp_path / "out"
-    compress(fast_config(model_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
-                         compressor_options={"layers": "all"}))
-    p = run_gac("export", out, "--format", "gguf", "--out", tmp_path / "m.gguf")
-    assert_one_error_line(p, "GGUF export supports")
-    assert not (tmp_path / "m.gguf").exists()
 
 
 def test_experts_kind_cuts_each_expert_its_own_channels():
@@ -325,7 +268,7 @@ def test_moe_speedup_predicts_the_experts_from_the_experts_sweep(moe_dir, tmp_pa
     stand-in: the knapsack reaches the target by cutting expert widths, aligned."""
     import gac.hw.profile as hp
     from gac.objectives.latency.config import Instruments, SpeedupConfig
-    from tests.objectives.test_latency import FAST, ShortThenReached
+    from tests.helpers_latency import FAST, ShortThenReached
 
     swept = []
     run_profile = hp.run_profile

@@ -7,9 +7,9 @@ import torch
 
 from gac.api import compress
 from gac.errors import GacError
-from tests.conftest import TINY, save_tiny
 from tests.helpers import assert_names_a_fix
-from tests.test_api import fast_config
+from tests.helpers_compress import fast_config
+from tests.helpers_tiny import TINY, save_tiny
 
 
 def tiny_phi3(seed: int = 0):

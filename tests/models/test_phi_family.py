@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gac.api import compress
-from tests.test_api import fast_config
+from tests.helpers_compress import fast_config
 
 
 @pytest.mark.slow

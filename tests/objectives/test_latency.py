@@ -20,68 +20,8 @@ from gac.errors import GacError
 from gac.evaluate.report import kept_round, report_markdown
 from gac.objectives.latency.config import Instruments, SpeedupConfig, parse_shape
 from tests.helpers import assert_names_a_fix
-from tests.test_api import FAST_TEXT, fast_config
-
-
-def _linear_latency(groups, phase, *, alignment=8, **_):
-    """A latency model whose op times grow with the dim, so any target below the groups' share is reachable."""
-    from gac.objectives.latency.model import LatencyModel, build_tables, sweep_needs
-
-    per_dim = {"gemm_k": 0.0001}  # a cheap up-projection, so that PaLU's groups can be faster than the dense share
-    op_tables = {key: {d: per_dim.get(key[0], 0.01) * d for d in dims}
-                 for key, dims in sweep_needs(groups, alignment).items()}
-    full_dims = {g.name: g.full_dim for g in groups if g.full_dim is not None}  # as measure_latency_model keys them
-    return LatencyModel(phase, *build_tables(groups, alignment, op_tables), full_dims=full_dims)
-
-
-BASE_MS = 2.0
-
-
-class ShortThenReached:
-    """Timer stand-in: the baseline at 2 ms (its A/A twin at `aa` times that: 2.02), each built model (the knapsack's,
-    "latency", and the guard's, "parameter") 5% short of the target on its first timing and 1% under it afterwards,
-    so that each stream's closed loop must tighten once. `factors` {stream: {call: factor}} overrides a stream's
-    schedule. `seen` lists every (name, model) it timed."""
-
-    def __init__(self, factors=None, aa=1.01):
-        from collections import Counter
-
-        self.calls = Counter()
-        self.factors = factors or {}
-        self.aa = aa
-        self.seen = []
-
-    def factor(self, name, call):
-        return self.factors.get(name, {}).get(call, self.factors.get(name, {}).get("else", 1.05 if call == 1 else
-                                                                                     0.99))
-
-    def __call__(self, models, cfg, aa=True):
-        from gac.hw.timing import Timing
-
-        def t(ms):
-            return Timing(ms, ms, ms, ms, 1)
-
-        out = {"baseline": t(BASE_MS)}
-        for name, model in models.items():
-            if name != "baseline":
-                self.calls[name] += 1
-                self.seen.append((name, model))
-                out[name] = t(BASE_MS / cfg.speedup * self.factor(name, self.calls[name]))
-        if aa:
-            out["baseline (A/A)"] = t(BASE_MS * self.aa)
-        return out
-
-
-# margin 0: the loop's mechanics against the target itself (test_the_loop_aims_at_the_target_and_its_margin: with one)
-FAST = {"seq": 16, "timing_rounds": 3, "profile_repeats": 3, "rounds": 2, "halvings": 0, "gate_band": 0.0,
-        "margin": 0.0, "line_rounds": 0}
-
-
-def objective(timer=None, loss=None, speedup=1.05, **kw) -> SpeedupConfig:
-    """The latency objective at FAST (kw overrides) on the linear latency tables, timed by `timer` (None: the real
-    timer) and the guard's loss from `loss` (None: the real one)."""
-    instruments = Instruments(latency_model=_linear_latency, loss=loss, **({"timer": timer} if timer else {}))
-    return SpeedupConfig(speedup, **{**FAST, **kw}, instruments=instruments)
+from tests.helpers_compress import FAST_TEXT, fast_config, prune_setup
+from tests.helpers_latency import BASE_MS, FAST, ShortThenReached, linear_latency, objective
 
 
 @pytest.mark.slow
@@ -572,9 +512,8 @@ def test_held_heads_leave_the_knapsack_one_candidate_per_head_group():
     from gac.objectives.latency.config import held_whole
     from gac.objectives.latency.model import FULL, LatencyModel, Phase
     from gac.objectives.latency.steps import latency_items
-    from tests.compressors.test_prune import _setup
 
-    *_, units = _setup()
+    *_, units = prune_setup()
     heads = [u for u in units if isinstance(u.group, HeadGroup)]
     assert heads and len(heads) < len(units)
     tables = {u.name: {d: 1.0 + (d or 0) for d in u.group.wide_candidates(8)} for u in units}
@@ -676,7 +615,7 @@ def test_parameter_choice_is_the_smallest_ratio_within_the_budget(asvd_analysis)
 
     _, analyzed = asvd_analysis
     units, comp = analyzed.units, analyzed.compressor
-    lm = _linear_latency([u.group for u in units], Phase(seq=16))
+    lm = linear_latency([u.group for u in units], Phase(seq=16))
     full = lm.full_ms()
 
     def groups_ms(dims):
@@ -715,7 +654,7 @@ def test_parameter_choice_probes_ratios_quietly(tiny_model_dir, caplog):
     calib, _ = load_windows(loaded.tokenizer, cfg.text)
     analyzed = analyze(loaded.model, calib, cfg)
     units, comp = analyzed.units, analyzed.compressor
-    lm = _linear_latency([u.group for u in units], Phase(seq=16))
+    lm = linear_latency([u.group for u in units], Phase(seq=16))
     prune_log = logging.getLogger(type(comp).__module__)
     with caplog.at_level("WARNING", logger=prune_log.name):
         deep = next(r for r in (MAX_RATIO, 0.9, 0.85, 0.8, 0.75, 0.7)
@@ -744,7 +683,7 @@ def test_fit_latency_times_a_reference_model_beside_the_original(asvd_analysis):
 
     model, analyzed = asvd_analysis
     units = analyzed.units
-    lm = _linear_latency([u.group for u in units], Phase(seq=16))
+    lm = linear_latency([u.group for u in units], Phase(seq=16))
     ref = reference_dims(lm, [u.name for u in units])
     saving = lm.predict({}) - lm.predict(ref)
     base = 2 * lm.full_ms()
@@ -772,7 +711,7 @@ def test_the_closed_loop_runs_on_its_instruments_alone(asvd_analysis):
 
     def tables(groups, phase, **kw):
         phases.append((phase.name, phase.batch, phase.seq, kw["repeats"]))
-        return _linear_latency(groups, phase, **kw)
+        return linear_latency(groups, phase, **kw)
 
     timer = ShortThenReached()
     speedup = SpeedupConfig(1.05, **{**FAST, "batch": 2}, guard=False,

@@ -15,7 +15,7 @@ from gac.objectives.latency.model import (
 )
 from gac.errors import GacError
 from gac.models.groups import groups_of
-from tests.conftest import tiny_model
+from tests.helpers_tiny import tiny_model
 
 
 def test_phase_rows_and_bad_input():

@@ -14,7 +14,7 @@ from gac.api import CompressConfig, compress
 from gac.compressors import AUTO_BUILT, AUTO_CANDIDATES
 from gac.errors import GacError
 from tests.helpers import assert_names_a_fix, assert_one_error_line, gac_cli
-from tests.test_api import fast_config
+from tests.helpers_compress import fast_config
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def tiny4_dir(tmp_path_factory):
     import torch
     import transformers
 
-    from tests.conftest import TINY, tiny_tokenizer
+    from tests.helpers_tiny import TINY, tiny_tokenizer
 
     d = tmp_path_factory.mktemp("tiny4")
     torch.manual_seed(0)
@@ -123,7 +123,7 @@ def test_auto_under_speedup_keeps_the_best_reaching(tiny4_dir, tmp_path):
     """--speedup: each compressor's prediction from its fitted latency tables (no round timed), the best two through
     their closed loops, the lower measured loss of those that reached kept (stand-in timer and tables; the guard's
     loss, which auto reuses, falls with every model measured: the second built is kept)."""
-    from tests.objectives.test_latency import ShortThenReached, objective
+    from tests.helpers_latency import ShortThenReached, objective
 
     result = compress(fast_config(tiny4_dir, compressor="auto", out=str(tmp_path / "out"),
                                   speedup=objective(ShortThenReached(), loss=Sequence(-0.1))))
@@ -159,7 +159,7 @@ def test_auto_under_speedup_keeps_the_best_of_what_the_single_runs_keep(tiny4_di
     closed loop, the guard on the same held-back windows, by the same loss), and the kept one is the lowest loss of
     every reaching stream of every compressor built: never worse on those windows than the best single run. (Timed
     by size, palu's K and V cannot reach the target: a built compressor that does not reach is not kept.)"""
-    from tests.objectives.test_latency import objective
+    from tests.helpers_latency import objective
 
     target = objective(BySize(), rounds=4)  # the kept one's parameter stream reaches in its fourth round
     auto = compress(fast_config(tiny4_dir, compressor="auto", evaluate=False, speedup=target)).report
@@ -201,7 +201,7 @@ def test_auto_and_the_single_run_keep_one_model_through_the_timing_journal(tiny4
     on this machine, or auto's loop replays the single run's: both keep the same dims by the same guard, whichever
     ran first."""
     from gac.objectives.latency.journal import TimingJournal
-    from tests.objectives.test_latency import objective
+    from tests.helpers_latency import objective
 
     def run(compressor):
         cfg = objective(NoisyBySize(), rounds=4)

@@ -14,7 +14,7 @@ from gac.pipelines import choice as choice_module
 from gac.pipelines.choice import Available, available_memory, choose_pipeline, plan_memory
 from gac.pipelines.memory import GIB, forecast
 from tests.helpers import gac_cli
-from tests.pipelines.test_memory import DOCS, RATE, llama  # the forecast's test model and rate
+from tests.helpers_forecast import DOCS, RATE, llama  # the forecast's test model and rate
 
 
 

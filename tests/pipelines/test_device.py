@@ -13,7 +13,7 @@ from gac.checkpoint.gac_dir import load
 from gac.checkpoint.lazy import LazyCheckpoint
 from gac.evaluate.latency import LatencyConfig
 from gac.pipelines.layerwise.analyze import ActivationStore, FactorCache
-from tests.conftest import save_tiny, tiny_model
+from tests.helpers_tiny import save_tiny, tiny_model
 
 TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
 FAST = LatencyConfig(warmup=0, prefill_rounds=1, decode_rounds=1, prefill_tokens=8, decode_context=4)

@@ -20,7 +20,7 @@ from gac.pipelines.layerwise.analyze import analyze_layerwise
 from gac.pipelines.layerwise.materialize import materialize_layerwise
 from gac.pipelines.whole_model import analyze as analyze_whole
 from gac.pipelines.whole_model import materialize_variants
-from tests.conftest import tiny_model
+from tests.helpers_tiny import tiny_model
 
 CALIB = torch.randint(0, 320, (6, 32), generator=torch.Generator().manual_seed(1))  # [n, seq]
 HELD_OUT = torch.randint(0, 320, (3, 32), generator=torch.Generator().manual_seed(2))

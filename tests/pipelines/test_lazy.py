@@ -14,8 +14,8 @@ from gac.api import CompressConfig, compress
 from gac.calibration.texts import TextConfig
 from gac.checkpoint.gac_dir import load
 from gac.checkpoint.lazy import LazyCheckpoint
-from tests.conftest import save_tiny, tiny_model
 from tests.helpers import RSS_SCRIPT
+from tests.helpers_tiny import save_tiny, tiny_model
 
 TEXT = TextConfig(seq_len=32, calib_windows=4, eval_windows=2)
 

@@ -3,8 +3,6 @@ for the layer-by-layer pipeline (the choice of pipeline it feeds: test_choice.py
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import transformers
 
@@ -13,15 +11,7 @@ from gac.errors import GacError
 from gac.pipelines.memory import (FP64_SHARE, GRAM32_SHARE, SVD_SHARE, Shapes, factorization_cost, forecast,
                                  loss_model_flops)
 from tests.helpers import gac_cli
-
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "configs"
-RATE = 1e11  # FLOP/s: fixed so the tests do not time this machine
-
-
-def llama(layers: int, hidden: int = 1024):
-    return transformers.LlamaConfig(hidden_size=hidden, intermediate_size=int(3.5 * hidden), num_hidden_layers=layers,
-                                    num_attention_heads=hidden // 128, num_key_value_heads=hidden // 512,
-                                    vocab_size=8192, tie_word_embeddings=False)
+from tests.helpers_forecast import DOCS, RATE, llama
 
 
 def test_shapes_count_llama_3_8b_parameters():

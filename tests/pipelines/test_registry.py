@@ -17,7 +17,7 @@ from gac.pipelines.base import Pipeline
 from gac.pipelines.choice import plan_memory
 from gac.pipelines.memory import Forecast, Workload, forecast
 from gac.pipelines.whole_model import WholeModel
-from tests.pipelines.test_memory import RATE, llama  # the forecast's test model and rate
+from tests.helpers_forecast import RATE, llama  # the forecast's test model and rate
 
 
 @pytest.mark.parametrize("name", list(PIPELINES))

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from gac.checkpoint import deci
-from tests.conftest import tiny_tokenizer
 from tests.helpers import gac_cli
-from tests.quantize.conftest import FAST
+from tests.helpers_quantize import FAST
+from tests.helpers_tiny import tiny_tokenizer
 
 
 @pytest.mark.slow
@@ -24,7 +24,7 @@ def test_a_quantized_deci_directory_keeps_its_config_and_code(tmp_path):
     from gac.models.groups import groups_of
     from gac.quantize.run import quantize_dir
     from gac.quantize.schemes import QuantizeConfig
-    from tests.serve.conftest import serve_tiny_model
+    from tests.helpers_serve import serve_tiny_model
 
     model = serve_tiny_model()  # head_dim 32; MLP 320
     surgery.apply(model, [(g, surgery.Keep(torch.arange(w))) for g, w in zip(groups_of(model, "mlp"), (256, 288))])

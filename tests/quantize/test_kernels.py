@@ -11,7 +11,7 @@ from gac.errors import GacError
 from gac.quantize.kernels import CHANNEL, RULES, EngineLinear, engine_linears, unfit
 from gac.quantize.plan import plan
 from gac.quantize.schemes import QuantizeConfig
-from tests.quantize.conftest import UNFIT_WIDTH, structures
+from tests.helpers_quantize import UNFIT_WIDTH, structures
 
 W4_CPU, W8_CPU, W4_GPU = RULES[("w4a16", "cpu")], RULES[("w4a16", "cuda")], RULES[("w4a16", "cuda")]
 
@@ -132,7 +132,7 @@ def test_w4a16_target_combines_with_tensor_parallelism():
 
 
 def test_a_mixture_of_experts_is_refused_in_one_line():
-    from tests.serve.conftest import serve_tiny_family
+    from tests.helpers_serve import serve_tiny_family
 
     with pytest.raises(GacError, match="quantizing a mixture of experts is not supported yet"):
         plan(serve_tiny_family("qwen3_moe").config, QuantizeConfig("w8a8"))

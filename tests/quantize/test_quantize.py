@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.helpers import assert_one_error_line, gac_cli
-from tests.quantize.conftest import FAST
+from tests.helpers_quantize import FAST
 
 RUNS = {"w4a16-rtn": ("w4a16", "rtn"), "w8a8-rtn": ("w8a8", "rtn"), "w4a16-gptq": ("w4a16", "gptq")}
 
@@ -176,8 +176,8 @@ def test_bad_inputs_are_one_line(quantized, tmp_path):
 
 @pytest.fixture(scope="module")
 def original_dir(tmp_path_factory):
-    from tests.conftest import tiny_tokenizer
-    from tests.serve.conftest import serve_tiny_model
+    from tests.helpers_serve import serve_tiny_model
+    from tests.helpers_tiny import tiny_tokenizer
 
     d = tmp_path_factory.mktemp("original") / "tiny"
     serve_tiny_model().save_pretrained(d)

@@ -21,7 +21,7 @@ from gac.models.groups import linears_of
 from gac.models.modeling_gac import LowRankLinear
 from gac.repair import repair, repair_dir
 from gac.repair.repair import resolve_alignment
-from tests.conftest import TINY, tiny_tokenizer
+from tests.helpers_tiny import TINY, tiny_tokenizer
 
 IRREGULAR_WIDTH = 150
 
@@ -279,7 +279,7 @@ def test_repair_pads_palu_group_ranks_exactly():
     from gac.calibration.stats import calibrate
     from gac.models.modeling_gac import GroupedLowRankLinear
     from gac.repair.repair import repair
-    from tests.conftest import tiny_model
+    from tests.helpers_tiny import tiny_model
 
     model = tiny_model()
     palu = make_compressor("palu")
@@ -305,7 +305,7 @@ def test_profile_sizes_expert_widths_by_the_experts_op():
     """An MoE layer's expert width is padded to the size the profile's experts op (the whole experts forward at the
     layer's expert count and experts a token) finds fastest, not by a dense GEMM's table."""
     from gac.models.modeling_gac import fit_experts_implementation
-    from tests.conftest import TINY
+    from tests.helpers_tiny import TINY
 
     config = transformers.Qwen3MoeConfig(**{**TINY, "intermediate_size": 96}, moe_intermediate_size=37,
                                          num_experts=4, num_experts_per_tok=2, head_dim=16)

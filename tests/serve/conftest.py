@@ -1,35 +1,24 @@
-"""Fixtures of the serving tests: a tiny Llama that vLLM's CPU attention runs (head_dim 32), and gac outputs of
-every structure kind written from it: low rank (mixed dense and factorized q/k/v, o and MLP pairs), PaLU groups,
-per-layer MLP widths and head counts (KV heads too), a repaired (zero-padded) model and the original."""
+"""Fixtures of the serving tests: gac outputs of every structure kind written from a tiny Llama that vLLM's CPU
+attention runs (head_dim 32; tests/helpers_serve.py builds it): low rank (mixed dense and factorized q/k/v, o and MLP
+pairs), PaLU groups, per-layer MLP widths and head counts (KV heads too), a repaired (zero-padded) model and the
+original."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
 
-from tests.conftest import installed_for_ci, tiny_tokenizer
-from tests.helpers import gac_cli, run_gac
+from tests.helpers import gac_cli, installed_for_ci
+from tests.helpers_serve import TP2_LLAMA, serve_check, serve_tiny_family, serve_tiny_model
+from tests.helpers_tiny import tiny_tokenizer
 
-SERVE_TINY = dict(hidden_size=128, intermediate_size=320, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=320, max_position_embeddings=512, tie_word_embeddings=True)
 FAST = ["--seq-len", "32", "--calib-windows", "4", "--no-eval", "--quiet"]
-LOGPROB_TOL = 1e-3  # float32: vLLM and transformers differ only by summation order (measured: about 1e-6)
-TP2_LLAMA = ("asvd", "palu", "prune")  # of serve_dirs, served at TP=2 beside every family
 
 
 @pytest.fixture(scope="session")
 def vllm():
     """vLLM, its CPU build here (required under CI)."""
     return installed_for_ci("vllm", "vLLM", "vllm")
-
-
-def serve_tiny_model():
-    import transformers
-
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**SERVE_TINY)).eval()
 
 
 def resized(model):
@@ -89,13 +78,13 @@ def int4_kernel(w4a16_dir) -> bool:
 
 def quantized_dirs(root, original) -> dict:
     """Quantized checkpoints served beside the others (the same engine starts): every structure gac writes (factor
-    pairs, PaLU groups, a pruned width; tests.quantize.conftest.structures) at W8A8 by GPTQ and at W4A16 by round to
+    pairs, PaLU groups, a pruned width; tests.helpers_quantize.structures) at W8A8 by GPTQ and at W4A16 by round to
     nearest (and, with a pruned width the int4 kernel refuses, under --skip-unfit), and the original at W8A8, a plain
     Hugging Face checkpoint served by vLLM's own class. The W4A16 ones are served only where vLLM's CPU build has its
     int4 GEMM; elsewhere they are refused before vLLM starts."""
     from gac.quantize.run import quantize_dir
     from gac.quantize.schemes import QuantizeConfig
-    from tests.quantize.conftest import FAST, UNFIT_WIDTH, save_gac, structures
+    from tests.helpers_quantize import FAST, UNFIT_WIDTH, save_gac, structures
 
     source = save_gac(structures(), root / "structures")
     unfit = save_gac(structures(UNFIT_WIDTH), root / "unfit")
@@ -108,30 +97,6 @@ def quantized_dirs(root, original) -> dict:
         for name in ("structures-w4a16", "unfit-w4a16-skip"):
             dirs[f"{name}-refused"] = dirs.pop(name)  # kept out of the served set
     return dirs
-
-
-def served_set(dirs: dict) -> list:
-    """The directories serve-check serves: all but those vLLM cannot run here (they are refused apart)."""
-    return [d for name, d in dirs.items() if not name.endswith("-refused")]
-
-
-# Serve-sized tiny models (head_dim 32) of the families beyond Llama's layout that the plugin serves
-FAMILY_CONFIGS = {
-    "gemma3_text": dict(intermediate_size=320, head_dim=32, query_pre_attn_scalar=32, sliding_window=16,
-                        layer_types=["sliding_attention", "full_attention"] * 2),
-    "phi3": dict(intermediate_size=320, pad_token_id=0),
-    "qwen3_moe": dict(intermediate_size=320, head_dim=32, moe_intermediate_size=96, num_experts=4,
-                      num_experts_per_tok=2, mlp_only_layers=[3]),
-    "mixtral": dict(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2),
-}
-
-
-def serve_tiny_family(model_type: str):
-    import transformers
-
-    config = transformers.AutoConfig.for_model(model_type, **{**SERVE_TINY, **FAMILY_CONFIGS[model_type]})
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
 def fused_phi3():
@@ -175,13 +140,6 @@ def family_dirs(tmp_path_factory):
          plan=plan_record(variant="unaligned", source_model="phi3", alignment=None, dims={}))
     dirs["phi3-fused"] = root / "phi3-fused"
     return dirs
-
-
-def serve_check(dirs, out, *args):
-    """`gac serve-check DIRS --out OUT ARGS`: its results, {dir: figures}."""
-    p = run_gac("serve-check", *map(str, dirs), "--out", str(out), *args, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="session")

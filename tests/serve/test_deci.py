@@ -14,9 +14,9 @@ import textwrap
 import pytest
 import torch
 
-from tests.conftest import tiny_tokenizer
 from tests.helpers import gac_cli
-from tests.serve.conftest import LOGPROB_TOL, serve_tiny_model
+from tests.helpers_serve import LOGPROB_TOL, serve_tiny_model
+from tests.helpers_tiny import tiny_tokenizer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.subprocess]
 

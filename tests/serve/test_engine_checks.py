@@ -62,7 +62,7 @@ def test_more_ranks_than_cores_is_refused(monkeypatch):
 
 def test_a_family_the_plugin_does_not_serve_is_refused(tmp_path):
     from gac.checkpoint.gac_dir import plan_record, save
-    from tests.conftest import tiny_model, tiny_tokenizer
+    from tests.helpers_tiny import tiny_model, tiny_tokenizer
 
     save(tiny_model("olmo2"), tiny_tokenizer(), tmp_path / "q", plan=plan_record(
         variant="unaligned", source_model="x", alignment=None, dims={}))

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.helpers import assert_one_error_line, gac_cli
-from tests.serve.conftest import LOGPROB_TOL, TP2_LLAMA, serve_check, served_set
+from tests.helpers_serve import LOGPROB_TOL, TP2_LLAMA, serve_check, served_set
 
 pytestmark = pytest.mark.vllm
 

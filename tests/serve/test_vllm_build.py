@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.serve.conftest import FAMILY_CONFIGS, SERVE_TINY
+from tests.helpers_serve import FAMILY_CONFIGS, SERVE_TINY
 
 pytestmark = pytest.mark.vllm
 
@@ -80,7 +80,7 @@ def built(vllm, tmp_path_factory):
 
     from gac.checkpoint.gac_dir import plan_record, save
     from gac.models.adapters import VLLM_FAMILIES
-    from tests.conftest import tiny_tokenizer
+    from tests.helpers_tiny import tiny_tokenizer
 
     root, tokenizer, dirs = tmp_path_factory.mktemp("built"), tiny_tokenizer(), []
     for family in VLLM_FAMILIES:

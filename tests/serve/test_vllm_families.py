@@ -11,7 +11,7 @@ import json
 import pytest
 from transformers import AutoConfig
 
-from tests.serve.conftest import LOGPROB_TOL
+from tests.helpers_serve import LOGPROB_TOL
 
 pytestmark = pytest.mark.vllm
 

@@ -1,8 +1,31 @@
-"""Fixtures of the export tests: pruned variants of small models."""
+"""What the llama.cpp export tests share: a GGUF's logits in llama.cpp against gac's own, and pruned variants of one
+model (prune's own widths, GAC's under each deployment target) from one analysis."""
 
 from __future__ import annotations
 
 import copy
+
+import numpy as np
+import torch
+
+MAX_REL_ERROR = 1e-2  # f16 weights vs gac's fp32: measured 2.1e-3 on the embedded model (results/llama-cpp-gguf.md)
+
+
+def gac_logits(model, tokens):
+    with torch.inference_mode():
+        return model(torch.tensor([tokens]), use_cache=False).logits[0].float().numpy()  # [S, V]
+
+
+def round_trip(path, model, tokens):
+    """(max relative logit error, argmax agreement) of the GGUF at `path` run in llama.cpp against `model` in gac."""
+    from gac.export.engine import logits, open_gguf
+
+    with open_gguf(path, logits_all=True) as llm:
+        got = logits(llm, tokens)  # [S, V]
+    ref = gac_logits(model, tokens)
+    rel = float(np.abs(got - ref).max() / np.abs(ref).max())
+    same = float((got.argmax(-1) == ref.argmax(-1)).mean())
+    return rel, same
 
 
 def pruned_variants(model, calib, *, ratio: float, targets: tuple[str, ...], layers="all") -> dict:
