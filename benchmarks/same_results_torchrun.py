@@ -4,13 +4,14 @@
     python benchmarks/same_results_torchrun.py --nproc 2 --out runs/ asvd -- --calib-windows 2 --eval-windows 2 \\
         --seq-len 256 --layerwise
     python benchmarks/same_results_torchrun.py --nodes 2 --nproc 1 --out runs/ asvd      # two nodes on localhost
-    python benchmarks/same_results_torchrun.py --threads 2 --amdahl 8 --out runs/ prune   # wall time, estimate
+    python benchmarks/same_results_torchrun.py --threads 2 --rounds 2 --out runs/ asvd   # wall time, A/A rounds
 
 Each compressor runs `gac compress --ratio R` twice with the same flags (those after `--` added): in one process
 (OMP_NUM_THREADS=--threads) and under `torchrun --standalone --nproc-per-node N` (one thread per rank), or, with
 --nodes K, K torchrun launches as nodes of a c10d rendezvous on localhost (N ranks each). Their report.json files are
 compared (dims and parameters equal, every variant's perplexity within --rtol) and both wall times printed with
-their ratio, and the Amdahl estimate for --amdahl ranks from the one-process run's stage times (report.json's
+their ratio (with --rounds R, R pairs in alternating order, ABBA..., each ratio and the spread of each side's times:
+the A/A floor), and the Amdahl estimate for --amdahl ranks from the one-process run's stage times (report.json's
 stages_s: the split stages divided by the ranks, the rest of its wall time as it is). Exits 1 when any differs.
 """
 
@@ -35,7 +36,9 @@ def compress(
     """(report.json, wall seconds) of one `gac compress` run, started by each launcher side by side (the nodes of a
     rendezvous; one launcher otherwise)."""
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
-    args = ["compress", "--compressor", compressor, "--ratio", str(ratio), "--out", str(out), "--force", "--quiet"]
+    args = ["compress", "--compressor", compressor, "--out", str(out), "--force", "--quiet"]
+    if "--speedup" not in extra:  # the latency objective has no ratio
+        args += ["--ratio", str(ratio)]
     start = time.perf_counter()
     running = [subprocess.Popen([*launcher, *args, *extra], env=env) for launcher in launchers]
     if any(p.wait() != 0 for p in running):
@@ -63,6 +66,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1, help="torchrun launches as nodes on localhost")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the one-process run")
     parser.add_argument("--amdahl", type=int, default=8, help="ranks of the Amdahl estimate")
+    parser.add_argument("--rounds", type=int, default=1, help="pairs of runs, in alternating order")
     parser.add_argument("--ratio", type=float, default=0.15)
     parser.add_argument("--rtol", type=float, default=1e-3)
     argv = sys.argv[1:]
@@ -73,10 +77,27 @@ def main() -> int:
     world = args.nproc * args.nodes
     failed = False
     for name in args.compressors:
-        a, a_s = compress([one], name, args.ratio, args.out / f"{name}-1", extra, args.threads)
-        b, b_s = compress(
-            launchers(torchrun, args.nproc, args.nodes), name, args.ratio, args.out / f"{name}-{world}", extra
-        )
+        walls: dict[str, list[float]] = {"one": [], "ranks": []}
+        for r in range(args.rounds):
+            order = ("one", "ranks") if r % 2 == 0 else ("ranks", "one")
+            for side in order:
+                if side == "one":
+                    a, a_s = compress([one], name, args.ratio, args.out / f"{name}-1", extra, args.threads)
+                    walls["one"].append(a_s)
+                else:
+                    runners = launchers(torchrun, args.nproc, args.nodes)
+                    b, b_s = compress(runners, name, args.ratio, args.out / f"{name}-{world}", extra)
+                    walls["ranks"].append(b_s)
+        if args.rounds > 1:
+            ratios = [y / x for x, y in zip(walls["one"], walls["ranks"])]
+            spread = {k: 100 * (max(v) - min(v)) / min(v) for k, v in walls.items()}
+            print(
+                f"{name}: wall 1 process {', '.join(f'{x:.1f}' for x in walls['one'])} s; {world} ranks "
+                f"{', '.join(f'{x:.1f}' for x in walls['ranks'])} s; ratios {', '.join(f'{x:.2f}' for x in ratios)} "
+                f"(median {sorted(ratios)[len(ratios) // 2]:.2f}x); A/A spread 1 process {spread['one']:.1f}%, "
+                f"{world} ranks {spread['ranks']:.1f}%",
+                flush=True,
+            )
         params = {k: (a["variants"][k]["params"], b["variants"][k]["params"]) for k in a["variants"]}
         ppl = {k: (a["variants"][k]["ppl"], b["variants"][k]["ppl"]) for k in a["variants"]}
         drift = max(abs(y - x) / x for x, y in ppl.values())
