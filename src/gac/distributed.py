@@ -72,6 +72,14 @@ class World:
 
 
 _WORLD = World()
+_BROKEN = False  # a collective of this process failed: its process group cannot be torn down reliably
+
+
+def broken() -> bool:
+    """Whether a collective of this process failed (a peer gone or past the timeout): gac's CLI then leaves at once
+    after its error line, as tearing a broken group down can wait on a peer that never answers, and torchrun stops
+    the other ranks only once this one has ended."""
+    return _BROKEN
 
 
 def world() -> World:
@@ -135,11 +143,14 @@ def session(device: str, timeout_s: float | None = None) -> Iterator[World]:
         yield _WORLD
     finally:
         _WORLD = World()
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+        if not _BROKEN:  # a broken group's teardown may block: the process leaves without it (broken())
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
 
 
 def _failed(rank: int, size: int, timeout: float, what: str, e: Exception) -> GacError:
+    global _BROKEN
+    _BROKEN = True
     first = re.sub(r"^\[[^\]]*\]\s*", "", (str(e).strip().splitlines() or [type(e).__name__])[0])[:160]
     return GacError(
         f"rank {rank} of {size}: {what} failed ({first}): another rank stopped or did not reach it within "

@@ -66,6 +66,21 @@ def test_weighted_shares_average_to_the_steps_mean_loss(monkeypatch, size, ids):
     assert taken_by_rank(ids) == dict(enumerate(parts))
 
 
+def test_a_failed_collective_marks_the_group_broken(monkeypatch):
+    """A peer gone at a collective: one line naming the rank, and the process marked to leave without tearing the
+    group down; in one process the error passes as it is."""
+    monkeypatch.setattr(distributed, "_BROKEN", False)
+    monkeypatch.setattr(distributed, "_WORLD", World())
+    with pytest.raises(RuntimeError, match="peer"), distributed.collective("a step"):
+        raise RuntimeError("peer gone")
+    assert not distributed.broken()
+    monkeypatch.setattr(distributed, "_WORLD", World(rank=1, size=2, backend="gloo", timeout_s=7))
+    failed = r"^rank 1 of 2: a step failed \(peer gone\).* 7 s"
+    with pytest.raises(distributed.GacError, match=failed), distributed.collective("a step"):
+        raise RuntimeError("peer gone")
+    assert distributed.broken()
+
+
 def test_more_ranks_than_windows_a_step_refused(compressed, tmp_path, monkeypatch):
     """Four ranks for two windows a step: refused in one line by each rank, before it loads a model."""
     import gac.checkpoint.gac_dir

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -52,10 +53,12 @@ def data_parallel(student: torch.nn.Module) -> Iterator[torch.nn.Module]:
     from torch.nn.parallel import DistributedDataParallel
 
     device = next(student.parameters()).device
-    # buffers (rotary frequencies) are the same on every rank and never trained: no broadcast each forward (the
-    # flag's name changed in torch 2.13)
-    params = inspect.signature(DistributedDataParallel).parameters
-    no_sync = {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": False}
+    # buffers (rotary frequencies) are the same on every rank and never trained: no broadcast each forward (newer
+    # torch names the flag forward_sync_buffers and warns on the old name)
+    flag = "forward_sync_buffers"
+    if flag not in inspect.signature(DistributedDataParallel).parameters:
+        flag = "broadcast_buffers"
+    no_sync: dict[str, Any] = {flag: False}
     with collective("sharing the student's tensors"):
         wrapped = DistributedDataParallel(
             student, device_ids=[device.index] if device.type == "cuda" else None, **no_sync
