@@ -34,20 +34,6 @@ def run_gac(*args, timeout: float = 600, env: dict | None = None, preexec_fn=Non
                           env=env, timeout=timeout, check=False, preexec_fn=preexec_fn)
 
 
-def peaked_tiny_llama(d):
-    """A tiny random Llama with peaked logits (initializer_range 0.3) and the tiny tokenizer saved at `d`: at the
-    default 0.02 its next-token distributions are near uniform and compressing it costs almost no KL to heal."""
-    import torch
-    import transformers
-
-    from tests.conftest import TINY, tiny_tokenizer
-
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY, initializer_range=0.3)).save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
-
-
 def torchrun_env() -> dict:
     """This process's environment for a torchrun launch: no rank variables of its own, one thread a rank, a short
     collective timeout."""

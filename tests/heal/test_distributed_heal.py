@@ -15,15 +15,8 @@ from gac.api import CompressConfig, compress
 from gac.calibration.texts import TextConfig
 from gac.distributed import World
 from gac.heal.parallel import check_ranks, step_share, taken_by_rank
-from tests.helpers import (
-    assert_one_error_line,
-    error_lines,
-    gac_cli,
-    peaked_tiny_llama,
-    run_gac,
-    torchrun,
-    torchrun_env,
-)
+from tests.helpers import assert_one_error_line, error_lines, gac_cli, run_gac, torchrun, torchrun_env
+from tests.helpers_tiny import peaked_tiny_llama
 
 TINY_HEAL = ("--seq-len", "32", "--eval-windows", "2", "--heal-tokens", "1536", "--heal-lr", "3e-3", "--quiet")
 
