@@ -34,6 +34,26 @@ def run_gac(*args, timeout: float = 600, env: dict | None = None, preexec_fn=Non
                           env=env, timeout=timeout, check=False, preexec_fn=preexec_fn)
 
 
+def torchrun_env() -> dict:
+    """This process's environment for a torchrun launch: no rank variables of its own, one thread a rank, a short
+    collective timeout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return {**env, "OMP_NUM_THREADS": "1", "GAC_DIST_TIMEOUT": "60"}
+
+
+def torchrun(*args, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc-per-node NPROC ARGS` (torch.distributed.run), output captured, never raising on
+    a non-zero exit."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, env=torchrun_env(), timeout=timeout, check=False)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The `error:` lines of a run's stderr (one a failed rank)."""
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
 def gac_cli(*args) -> subprocess.CompletedProcess:
     """`gac ARGS` run in this process (click's CliRunner: the same command object, error handling and exit codes),
     output captured as run_gac's. For refusals and dry runs, which a fresh process would spend most of its 5 s on

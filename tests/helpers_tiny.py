@@ -51,6 +51,16 @@ def tiny_model(model_type: str = "llama", seed: int = 0):
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
+def peaked_tiny_llama(d):
+    """A tiny random Llama with peaked logits (initializer_range 0.3) and the tiny tokenizer saved at `d`: at the
+    default 0.02 its next-token distributions are near uniform and compressing it costs almost no KL to heal."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY, initializer_range=0.3))
+    return save_tiny(model, d)
+
+
 def tiny_gemma3_multimodal():
     import transformers
 

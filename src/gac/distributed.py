@@ -72,6 +72,14 @@ class World:
 
 
 _WORLD = World()
+_BROKEN = False  # a collective of this process failed: its process group cannot be torn down reliably
+
+
+def broken() -> bool:
+    """Whether a collective of this process failed (a peer gone or past the timeout): gac's CLI then leaves at once
+    after its error line, as tearing a broken group down can wait on a peer that never answers, and torchrun stops
+    the other ranks only once this one has ended."""
+    return _BROKEN
 
 
 def world() -> World:
@@ -135,11 +143,14 @@ def session(device: str, timeout_s: float | None = None) -> Iterator[World]:
         yield _WORLD
     finally:
         _WORLD = World()
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+        if not _BROKEN:  # a broken group's teardown may block: the process leaves without it (broken())
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
 
 
 def _failed(rank: int, size: int, timeout: float, what: str, e: Exception) -> GacError:
+    global _BROKEN
+    _BROKEN = True
     first = re.sub(r"^\[[^\]]*\]\s*", "", (str(e).strip().splitlines() or [type(e).__name__])[0])[:160]
     return GacError(
         f"rank {rank} of {size}: {what} failed ({first}): another rank stopped or did not reach it within "
@@ -148,12 +159,17 @@ def _failed(rank: int, size: int, timeout: float, what: str, e: Exception) -> Ga
 
 
 @contextlib.contextmanager
-def _collective(what: str) -> Iterator[None]:
-    """A collective's failure (a peer gone, a timeout) as one line naming this rank."""
+def collective(what: str) -> Iterator[None]:
+    """A collective's failure (a peer gone, a timeout) as one line naming this rank: around anything that waits on
+    the other ranks, a DistributedDataParallel backward included."""
     try:
         yield
+    except torch.OutOfMemoryError:
+        raise  # this rank's own failure, not its peers': gac's handler words it
     except RuntimeError as e:
         w = _WORLD
+        if not w.active:
+            raise
         raise _failed(w.rank, w.size, w.timeout_s, what, e) from None
 
 
@@ -187,7 +203,7 @@ def all_reduce_sum(tensor: torch.Tensor, what: str = "a reduction") -> torch.Ten
         return tensor
     import torch.distributed as dist
 
-    with _collective(what):
+    with collective(what):
         if w.backend == "nccl" and tensor.device.type != "cuda":
             moved = tensor.to(w.device)
             dist.all_reduce(moved)
@@ -219,7 +235,7 @@ def all_gather_rows(rows: torch.Tensor, what: str = "a gather") -> list[torch.Te
 
     device = w.device if w.backend == "nccl" else "cpu"
     gathered = [torch.empty_like(padded, device=device) for _ in range(w.size)]
-    with _collective(what):
+    with collective(what):
         dist.all_gather(gathered, padded.to(device))
     return [g[:c].to(rows.device) for g, c in zip(gathered, counts_list)]
 
@@ -232,7 +248,7 @@ def broadcast_object(obj: T | None, src: int = 0, what: str = "a broadcast") -> 
     import torch.distributed as dist
 
     box = [map_tensors(obj, lambda t: t.cpu()) if w.rank == src else None]
-    with _collective(what):
+    with collective(what):
         dist.broadcast_object_list(box, src=src, device=_object_device())
     return box[0]  # type: ignore[return-value]
 
@@ -245,7 +261,7 @@ def all_gather_object(obj: Any, what: str = "a gather") -> list:
     import torch.distributed as dist
 
     out: list = [None] * w.size
-    with _collective(what):
+    with collective(what):
         dist.all_gather_object(out, map_tensors(obj, lambda t: t.cpu()))
     return out
 
@@ -346,7 +362,7 @@ def barrier(what: str = "the final barrier") -> None:
         return
     import torch.distributed as dist
 
-    with _collective(what):
+    with collective(what):
         if w.backend == "nccl":
             dist.barrier(device_ids=[w.local_rank])
         else:

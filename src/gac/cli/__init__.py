@@ -8,6 +8,20 @@ import click
 from gac.errors import GacError
 
 
+def _leave_if_group_broken(code: int) -> None:
+    """Under torchrun, once a collective failed (gac.distributed.broken()): exit now, the exit handlers run but no
+    teardown of the broken process group, which can wait forever on a peer that never answers."""
+    distributed = sys.modules.get("gac.distributed")  # imported by then wherever a group was formed
+    if distributed is None or not distributed.broken():
+        return
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -53,6 +67,7 @@ class _Group(click.Group):
             from gac.cli.options import in_flags
 
             click.echo(f"error: {_one_line(in_flags(e))}", err=True)
+            _leave_if_group_broken(2)
             sys.exit(2)
         except Terminated as e:
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun stops the other ranks when one fails

@@ -140,6 +140,12 @@ def describe(report: dict) -> list[str]:
 @click.option("--device", help="cpu or cuda[:N] [default: cpu].")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
+@click.option(
+    "--dist-timeout",
+    type=Real(0, example=300),
+    help="Under torchrun: seconds a rank waits for the others at a collective before it stops with an error "
+    "[default: GAC_DIST_TIMEOUT, else 300].",
+)
 def command(
     model,
     out,
@@ -159,8 +165,10 @@ def command(
     device,
     force,
     quiet,
+    dist_timeout,
 ):
-    """Recover MODEL (a gac output) by distillation from its original; dims and parameter count unchanged."""
+    """Recover MODEL (a gac output) by distillation from its original; dims and parameter count unchanged. Runs
+    under torchrun as data-parallel distillation, rank 0 writing."""
     from gac.calibration.texts import TextConfig
     from gac.cli.output import setup_logging
     from gac.io import validate
@@ -191,10 +199,13 @@ def command(
         device=device,
         force=force,
         progress=not quiet,
+        dist_timeout_s=dist_timeout,
     )
     from gac.heal.run import heal_dir
 
     result = heal_dir(model, out, cfg)
+    if result.out is None:  # a torchrun rank other than 0: rank 0 reports
+        return
     for line in describe(result.report):
         click.echo(line)
     from gac.heal.plot import PLOT_FILE

@@ -10,17 +10,24 @@ from tqdm.auto import tqdm
 
 @torch.inference_mode()
 def perplexity(
-    model, windows: torch.Tensor, *, batch_size: int = 4, desc: str = "perplexity", progress: bool = True
+    model,
+    windows: torch.Tensor,
+    *,
+    batch_size: int = 4,
+    desc: str = "perplexity",
+    progress: bool = True,
+    ledger: str = "windows_held_out",
 ) -> float:
     """exp(mean next-token NLL) over all predicted tokens of windows [n, seq]. Under torchrun each rank runs its
-    share of the windows and the NLL sums and token counts are all-reduced: every rank calls it."""
+    share of the windows and the NLL sums and token counts are all-reduced: every rank calls it (`ledger` names the
+    windows in the report's record of what each rank computed)."""
     from gac.checkpoint.placement import input_device
     from gac.distributed import sum_numbers, windows_share, world
 
     device = input_device(model)  # a model dispatched by accelerate moves the batch on from there
     nll, count = 0.0, 0
     if world().active:
-        world().record_shares("windows_held_out", len(windows))
+        world().record_shares(ledger, len(windows))
     mine = windows_share(windows)  # none where there are fewer windows than ranks
     for batch in tqdm(mine.split(batch_size) if len(mine) else (), desc=desc, unit="batch", disable=not progress):
         batch = batch.to(device)

@@ -201,16 +201,23 @@ def held_out_loss(
     student, teacher, windows: torch.Tensor, batch: int, dtype: torch.dtype = torch.float32, ce_weight: float = 0.0
 ) -> float:
     """The distillation loss (no hidden-state term) per token on windows [n, seq] never trained on: the
-    early-stopping loss."""
+    early-stopping loss. Under torchrun each rank runs its share of the windows and the sums are all-reduced: every
+    rank calls it."""
+    from gac.distributed import sum_numbers, windows_share, world
+
     device = next(student.parameters()).device
     total = 0.0
-    for chunk in windows.split(batch):
+    if world().active:
+        world().record_shares("windows_val", len(windows))
+    for chunk in windows_share(windows).split(batch):
         chunk = chunk.to(device)
         with autocast(device, dtype):
             loss = distillation_loss(
                 student(chunk, use_cache=False), teacher(chunk, use_cache=False), 0.0, chunk, ce_weight
             )
         total += float(loss) * chunk.numel()
+    if world().active:
+        (total,) = sum_numbers([total], "summing the held-out loss")
     return total / windows.numel()
 
 
@@ -220,7 +227,12 @@ def distill(
     """Train `student` in place to match `teacher` on token windows `train` [n, seq]; every cfg.eval_every steps its
     distillation loss on `val` [m, seq] (held_out_loss; never trained on) is measured and the best tensors are kept;
     an evaluation without improvement brings the best tensors back at cfg.backoff times the learning rate, and
-    cfg.patience of them in a row stop the run. Returns the run's figures."""
+    cfg.patience of them in a row stop the run. Returns the run's figures. Under torchrun every rank calls it with
+    the same windows and trains its share of each step's (gac.heal.parallel): the same steps as one process."""
+    from gac.distributed import collective, world
+    from gac.heal.parallel import check_ranks, data_parallel, step_losses, step_share, taken_by_rank
+
+    check_ranks(cfg.batch, world().size)
     device = next(student.parameters()).device
     params = trainable_parameters(student, teacher, cfg.train)
     was_trainable = {id(p): p.requires_grad for p in student.parameters()}
@@ -253,49 +265,57 @@ def distill(
     best_state = [p.detach().clone() for p in params]
     start, cpu_start, stale = time.perf_counter(), time.process_time(), 0
     hidden = cfg.hidden_weight > 0
+    taken: dict[int, list[int]] = {}  # {rank: the training windows it took}, for the report's ledger
+    weight = 1.0
     bar = tqdm(range(steps), desc="healing", unit="step", disable=not progress)
     try:
-        for step in bar:
-            if len(order) < cfg.batch:
-                order += torch.randperm(train.shape[0], generator=gen).tolist()
-            batch = train[order[: cfg.batch]].to(device)  # [B, S]
-            del order[: cfg.batch]
-            with torch.no_grad(), autocast(device, dtype):
-                teacher_out = teacher(batch, use_cache=False, output_hidden_states=hidden)
-            student.train()
-            with autocast(device, dtype):
-                loss = distillation_loss(
-                    student(batch, use_cache=False, output_hidden_states=hidden),
-                    teacher_out,
-                    cfg.hidden_weight,
-                    batch,
-                    cfg.ce_weight,
-                )
-            del teacher_out
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            result.steps, result.tokens = step + 1, result.tokens + batch.numel()
-            step_loss = float(loss.detach())
-            del loss  # the step's graph goes with it
-            result.train_loss.append((step + 1, step_loss))
-            bar.set_postfix(loss=f"{step_loss:.4f}", held_out=f"{best:.4f}")
-            if (step + 1) % cfg.eval_every and step + 1 < steps:
-                continue
-            value = held_out_loss(student.eval(), teacher, val, cfg.batch, dtype, cfg.ce_weight)
-            result.held_out_loss.append((step + 1, value))
-            if value < best * (1 - MIN_IMPROVEMENT):
-                best, stale, result.best_step = value, 0, step + 1
-                best_state = [p.detach().clone() for p in params]
-            else:
-                stale += 1
-                if stale >= cfg.patience:
-                    result.stopped = "early stop"
-                    break
-                _back_off(params, best_state, opt, sched, cfg.backoff)
-                result.backoffs.append(step + 1)
+        with data_parallel(student) as model:
+            for step in bar:
+                if len(order) < cfg.batch:
+                    order += torch.randperm(train.shape[0], generator=gen).tolist()
+                ids = order[: cfg.batch]  # the step's windows, on every rank alike
+                del order[: cfg.batch]
+                mine, weight = step_share(ids)
+                for r, part in taken_by_rank(ids).items():
+                    taken.setdefault(r, []).extend(part)
+                batch = train[mine].to(device)  # [B, S]
+                with torch.no_grad(), autocast(device, dtype):
+                    teacher_out = teacher(batch, use_cache=False, output_hidden_states=hidden)
+                student.train()
+                with autocast(device, dtype):
+                    loss = distillation_loss(
+                        model(batch, use_cache=False, output_hidden_states=hidden),
+                        teacher_out,
+                        cfg.hidden_weight,
+                        batch,
+                        cfg.ce_weight,
+                    )
+                del teacher_out
+                with collective(f"averaging the gradients of step {step + 1}"):
+                    (loss if weight == 1.0 else loss * weight).backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                result.steps, result.tokens = step + 1, result.tokens + len(ids) * train.shape[1]
+                step_loss = float(loss.detach())
+                del loss  # the step's graph goes with it
+                result.train_loss.append((step + 1, step_loss))
+                bar.set_postfix(loss=f"{step_loss:.4f}", held_out=f"{best:.4f}")
+                if (step + 1) % cfg.eval_every and step + 1 < steps:
+                    continue
+                value = held_out_loss(student.eval(), teacher, val, cfg.batch, dtype, cfg.ce_weight)
+                result.held_out_loss.append((step + 1, value))
+                if value < best * (1 - MIN_IMPROVEMENT):
+                    best, stale, result.best_step = value, 0, step + 1
+                    best_state = [p.detach().clone() for p in params]
+                else:
+                    stale += 1
+                    if stale >= cfg.patience:
+                        result.stopped = "early stop"
+                        break
+                    _back_off(params, best_state, opt, sched, cfg.backoff)
+                    result.backoffs.append(step + 1)
     finally:
         bar.close()
         _restore(params, best_state)
@@ -303,5 +323,8 @@ def distill(
             p.requires_grad_(was_trainable[id(p)])
         student.eval()
         del opt, best_state
+    result.train_loss = step_losses(result.train_loss, weight)
+    if world().active:
+        world().record("windows_train", taken)
     result.seconds, result.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     return result

@@ -3,15 +3,21 @@ healed model has the same dims and parameter count and loads wherever the unheal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gac.calibration.texts import TextConfig
 from gac.errors import ConfigError, GacError, literal
 from gac.heal.distill import DistillConfig
+
+if TYPE_CHECKING:
+    from gac.distributed import World
+    from gac.heal.texts import HealTexts
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +38,8 @@ class HealConfig:
     device: str = "cpu"
     force: bool = False
     progress: bool = True
+    dist_timeout_s: float | None = None  # under torchrun: how long a rank waits for the others at a collective (None:
+    # GAC_DIST_TIMEOUT, else gac.distributed.DEFAULT_TIMEOUT_S)
 
     def __post_init__(self):
         from gac.heal.texts import VAL_WINDOWS
@@ -39,6 +47,8 @@ class HealConfig:
 
         if self.samples != 0:  # some for early stopping, at least one to train on (or 0: none)
             field_integer(self.samples, "samples", minimum=VAL_WINDOWS + 1, example=64, also="0 for none")
+        if self.dist_timeout_s is not None and not self.dist_timeout_s > 0:
+            raise ConfigError(f"dist_timeout_s {self.dist_timeout_s} must be positive, e.g. {{dist_timeout_s:300}}")
 
     def windows(self, tokenizer):
         """The texts' token windows (gac.heal.texts.HealTexts): read before any model, so a bad text fails first."""
@@ -56,7 +66,7 @@ class HealConfig:
 
 @dataclass
 class HealOutput:
-    out: Path
+    out: Path | None  # None on a torchrun rank other than 0, which writes nothing
     report: dict  # heal.json's content
 
 
@@ -124,6 +134,7 @@ def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
     """Distill `student` (a compressed model, trained in place) from `teacher` (its original) on `texts`
     (cfg.windows(tokenizer)) and return the report: perplexity before and after on the held-out docs and on the
     unlike texts, the original's beside, and the run."""
+    from gac.distributed import broadcast_object
     from gac.heal.distill import distill
     from gac.heal.samples import sample_windows
 
@@ -135,16 +146,16 @@ def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
     before = texts.perplexities(student, "before", cfg.progress)
     start = time.perf_counter()
     if cfg.samples:
-        texts = texts.with_samples(
-            sample_windows(
-                teacher,
-                cfg.samples,
-                cfg.text.seq_len,
-                seed=cfg.distill.seed,
-                dtype=cfg.distill.compute_dtype(cfg.device),
-                progress=cfg.progress,
-            )
+        sampled = sample_windows(
+            teacher,
+            cfg.samples,
+            cfg.text.seq_len,
+            seed=cfg.distill.seed,
+            dtype=cfg.distill.compute_dtype(cfg.device),
+            progress=cfg.progress,
         )
+        # every rank samples alike, with the same seed; rank 0's for all, as ranks on other devices may draw others
+        texts = texts.with_samples(broadcast_object(sampled, what="sharing the sampled windows"))
     sampling_seconds = time.perf_counter() - start
     run = distill(student, teacher, texts.train, texts.val, cfg.distill, progress=cfg.progress)
     after = texts.perplexities(student, "after", cfg.progress)  # sampled windows join training only
@@ -178,26 +189,52 @@ def healed_summary(original: str, report: dict) -> dict:
 
 def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
     """Load the gac output `model`, heal it from its original and save it to `out` (atomically) with heal.json and
-    heal.png."""
-    from gac.checkpoint.gac_dir import MODELING_HASH, check_out_dir, is_gac_dir, load, plan_record, read_plan, save
-    from gac.checkpoint.loading import load_model
-    from gac.heal.plot import PLOT_FILE, heal_png
+    heal.png. Under torchrun every rank loads both models and trains its share of each step (gac.heal.parallel);
+    rank 0 alone writes, with heal.json's `distributed` recording what each rank computed, and the others write
+    nothing (out None)."""
+    from gac.checkpoint.gac_dir import check_out_dir, is_gac_dir, read_plan
+    from gac.distributed import from_env, session
+    from gac.heal.parallel import check_ranks
     from gac.io import validate
 
     validate.not_quantized(model, "heal")  # healing trains float weights: heal first, then quantize
-    check_out_dir(out, cfg.force)
+    rank, size, _ = from_env()
+    if rank == 0:
+        check_out_dir(out, cfg.force)
     path = Path(model).expanduser()
     if not path.is_dir() or not is_gac_dir(path):
         raise GacError(f"{model} is not a gac output (no gac_plan.json): pass a directory `gac compress` wrote")
     plan = read_plan(path)
     original = cfg.original or original_of(path, plan)
     _check_original(original, path, given=cfg.original is not None)
+    check_ranks(cfg.distill.batch, size)
     texts = cfg.windows(_tokenizer(path))
-    loaded = load(path, device=cfg.device)
+    with session(cfg.device, cfg.dist_timeout_s) as world:
+        if world.active:
+            cfg = dataclasses.replace(cfg, device=world.device, progress=cfg.progress and world.is_main)
+        return _heal_and_save(model, out, (plan, original), texts, cfg, world)
+
+
+def _heal_and_save(
+    model: str, out: str, source: tuple[dict, str], texts: HealTexts, cfg: HealConfig, world: World
+) -> HealOutput:
+    """heal_dir's work once its input is checked: `source` is the model's plan and its original."""
+    from gac.checkpoint.gac_dir import MODELING_HASH, load, plan_record, save
+    from gac.checkpoint.loading import load_model
+    from gac.distributed import barrier
+    from gac.heal.plot import PLOT_FILE, heal_png
+
+    plan, original = source
+    loaded = load(Path(model).expanduser(), device=cfg.device)
     teacher = load_model(original, device=cfg.device).model
     _check_teacher(teacher, loaded.model, original)
     report = {"model": str(model), "original": original, **heal_model(loaded.model, teacher, texts, cfg)}
     del teacher
+    if not world.is_main:  # rank 0 writes; the others wait for it
+        barrier("waiting for rank 0 to write")
+        return HealOutput(None, report)
+    if world.active:
+        report["distributed"] = world.summary()
     kept = {
         k: v
         for k, v in plan.items()
@@ -220,4 +257,5 @@ def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
         extra_files={HEAL_FILE: json.dumps(report, indent=2), PLOT_FILE: heal_png(report)},
         force=cfg.force,
     )
+    barrier("the final barrier")
     return HealOutput(saved, report)

@@ -35,28 +35,37 @@ class HealTexts:
         return {"held_out": self.held_out, **self.unlike}
 
     def perplexities(self, model, who: str = "model", progress: bool = True) -> dict:
-        """{id: perplexity of `model`} on every evaluation text (`who` names it in the progress bars)."""
+        """{id: perplexity of `model`} on every evaluation text (`who` names it in the progress bars); under torchrun
+        each rank evaluates its share of each text's windows (the report's ledger names them windows_<id>)."""
         from gac.evaluate.perplexity import perplexity
 
         return {
-            k: perplexity(model, w, desc=f"perplexity {who} {k}", progress=progress)
+            k: perplexity(model, w, desc=f"perplexity {who} {k}", progress=progress, ledger=f"windows_{k}")
             for k, w in self.evaluated().items()
         }
 
     def cached_perplexities(self, model, who: str = "model", progress: bool = True) -> dict:
         """perplexities(), measured once for a model's tensors on these windows (with this torch, on this device) and
-        then read back from gac's cache: the original's, which every healing of its compressions reports."""
+        then read back from gac's cache: the original's, which every healing of its compressions reports. Under
+        torchrun rank 0 alone reads and writes the cache and tells the others whether to measure."""
+        from gac.distributed import broadcast_object, world
         from gac.hw.profile import cache_root
         from gac.io.atomic import write_text
 
         path = cache_root() / "perplexity" / f"{_fingerprint(model, self.evaluated())}.json"
-        try:
-            cached = json.loads(path.read_text())
-            if isinstance(cached, dict) and cached.keys() == self.evaluated().keys():
-                return cached
-        except (OSError, ValueError):
-            pass
+        cached = None
+        if world().is_main:
+            try:
+                cached = json.loads(path.read_text())
+            except (OSError, ValueError):
+                pass
+        # ranks on other nodes may hold another cache, or none: they measure together, or not at all
+        cached = broadcast_object(cached, what="sharing the cached perplexities")
+        if isinstance(cached, dict) and cached.keys() == self.evaluated().keys():
+            return cached
         ppl = self.perplexities(model, who, progress)
+        if not world().is_main:
+            return ppl
         try:
             write_text(path, json.dumps(ppl))
         except GacError as e:
