@@ -1,11 +1,12 @@
 """The configuration of a `gac compress` run (CompressConfig): every default lives here, and the checks of its values
-and combinations, worded in its own field names (gac.errors.ConfigError; the CLI names its flags instead). gac.api
-takes it; the pipelines below the facade take it by its type."""
+and combinations, worded in its own field names (gac.errors.ConfigError; the CLI names its flags instead); its
+objective (gac.objectives.base.Objective) checks its own field and what excludes it. gac.api takes it; the pipelines
+below the facade take it by its type."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gac.calibration.texts import TextConfig
 from gac.compressors import AUTO
@@ -13,14 +14,15 @@ from gac.compressors.linalg import FACTORIZATIONS
 from gac.errors import ConfigError, GacError
 from gac.evaluate.latency import LatencyConfig
 from gac.hw.device import ALIGNMENT
+from gac.objectives import objective_for
 from gac.objectives.latency.config import SpeedupConfig
-from gac.objectives.parameter import COMPRESS_WINDOW
+from gac.objectives.parameter import COMPRESS_WINDOW, DEFAULT_RATIO
 
 if TYPE_CHECKING:
     from gac.heal.run import HealConfig
+    from gac.objectives.base import Objective
     from gac.quantize.schemes import QuantizeConfig
 
-DEFAULT_RATIO = 0.15  # the parameter objective's ratio when neither a ratio nor a speedup is given
 AUTO_PIPELINE = "auto"  # CompressConfig.pipeline's default: the memory forecast chooses (gac.pipelines.choice)
 # the pipeline with the whole model in memory (gac.pipelines.whole_model): what heal, quantize, a speedup and
 # --compressor auto need
@@ -61,22 +63,14 @@ class CompressConfig:
     # GAC_DIST_TIMEOUT, else gac.distributed.DEFAULT_TIMEOUT_S)
 
     def __post_init__(self):
-        if self.speedup is not None and self.ratio is not None:
-            raise ConfigError(
-                "{speedup} and {ratio} exclude each other ({ratio} is for the parameter objective): give one of them"
-            )
-        if self.speedup is None and self.ratio is None:
-            object.__setattr__(self, "ratio", DEFAULT_RATIO)
-        if self.speedup is None and not (isinstance(self.ratio, (int, float)) and 0.0 < self.ratio < 1.0):
-            raise ConfigError(
-                f"ratio {self.ratio} is outside (0, 1): pass the share of parameters to remove, e.g. {{ratio:0.15}}"
-            )
-        if self.quantize is not None and (off_whole := self._off_whole_model()):
+        objective = self.objective  # one of ratio and speedup
+        self._set(objective.settle(self))  # its own field checked first (a default ratio where none is given)
+        if self.quantize is not None and (off_whole := self.off_whole_model()):
             raise ConfigError(
                 "{quantize} quantizes the whole model in memory, so it cannot run layer by layer: drop "
                 f"{off_whole}, or quantize the output later with `gac quantize`"
             )
-        if self.heal is not None and (off_whole := self._off_whole_model()):
+        if self.heal is not None and (off_whole := self.off_whole_model()):
             raise ConfigError(
                 "{heal} trains the whole model in memory, so it cannot run layer by layer: drop "
                 f"{off_whole}, or heal the output later with `gac heal`"
@@ -96,13 +90,12 @@ class CompressConfig:
             raise ConfigError("{target} and {profile} both choose the candidates: pass one of them")
         if target is not None and not target.low_rank:
             self._check_no_low_rank(target.name)
-        if self.speedup is not None:
-            self._check_speedup()
-            from gac.objectives.latency.config import objective_config
+        self._set(objective.check(self))  # the other fields against the objective (a speedup's resolved for them)
 
-            object.__setattr__(
-                self, "speedup", objective_config(self.compressor, self.compressor_options, self.speedup)
-            )
+    def _set(self, fields: dict[str, Any]) -> None:
+        """Set fields of this frozen config while it checks itself (what an objective settled or resolved)."""
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
 
     def _check_no_low_rank(self, target: str) -> None:
         """A target whose format holds no low-rank projections (DeciLM's layers keep their MLP width and KV heads
@@ -120,29 +113,6 @@ class CompressConfig:
             "their own widths): use {compressor:prune}, or drop {target}"
         )
 
-    def _check_speedup(self) -> None:
-        """A speedup measures its own tables and saves its own dims, with the whole model on the device."""
-        excluded = (
-            (self.profile, "profile", "parameter candidates; {speedup} measures its own tables"),
-            (not self.align, "align:False", "the compressor's own dims under a ratio"),
-            (self.target, "target", "the parameter objective's candidates"),
-        )
-        for given, name, why in excluded:
-            if given:
-                raise ConfigError(
-                    f"{{speedup}} and {{{name}}} exclude each other ({{{name}}} is for {why}): give one of them"
-                )
-        if self.compressor_options.get("drop_experts"):
-            raise ConfigError(
-                "{drop_experts} removes parameters under a ratio's budget, and {speedup} has none: drop "
-                "{drop_experts}, or use {ratio}"
-            )
-        if off_whole := self._off_whole_model():
-            raise ConfigError(
-                "{speedup} times the whole model on the device, so it cannot run layer by layer: drop "
-                f"{off_whole}, or use {{ratio}}"
-            )
-
     def _check_auto(self) -> None:
         """--compressor auto compares every compressor at its defaults, analyzed on one whole-model calibration."""
         if self.compressor_options:
@@ -151,19 +121,24 @@ class CompressConfig:
                 "compressors, and {compressor:auto} compares each at its defaults: drop them, or name "
                 "one compressor"
             )
-        if off_whole := self._off_whole_model():
+        if off_whole := self.off_whole_model():
             raise ConfigError(
                 "{compressor:auto} analyzes every compressor with the whole model in memory, so it "
                 f"cannot run layer by layer: drop {off_whole}, or name one compressor"
             )
 
-    def _off_whole_model(self) -> str | None:
+    def off_whole_model(self) -> str | None:
         """What may take this run off the whole model in memory, in a ConfigError's words (a pipeline other than the
         whole model's, or a max_memory the forecast may choose layer by layer for); None when nothing does."""
         named = self.pipeline not in (AUTO_PIPELINE, WHOLE_MODEL)
         if not (named or self.max_memory):
             return None
         return f"{{pipeline:{self.pipeline if named else 'layerwise'}}}/{{max_memory}}"
+
+    @property
+    def objective(self) -> Objective:
+        """The objective this run keeps (gac.objectives.objective_for): latency with a speedup, else parameters."""
+        return objective_for(self)
 
     @property
     def analysis_ratio(self) -> float:
@@ -179,7 +154,7 @@ class CompressConfig:
     @property
     def evaluation_latency(self) -> LatencyConfig:
         """How the variants are timed: `latency`, at the objective's phase shape with a speedup."""
-        return self.latency if self.speedup is None else self.speedup.latency_config(self.latency)
+        return self.objective.evaluation_latency(self)
 
     @property
     def factorization_method(self) -> str:

@@ -1,22 +1,36 @@
 """What a run keeps (the objective axis): a parameter budget (`ratio`: gac.objectives.parameter) or a measured
-latency (`speedup`: gac.objectives.latency, with its closed loop). Each objective turns a compressor's analysis into the
-dims of every variant (gac.objectives.base); the registry is by name and lazy, as the compressors'."""
+latency (`speedup`: gac.objectives.latency, with its closed loop). Each is one gac.objectives.base.Objective, registered
+here by name: it turns a compressor's analysis into the dims of every variant and answers every choice a run makes
+differently under it. A run's is its config's (`CompressConfig.objective`, objective_for)."""
 
-import importlib
+from __future__ import annotations
 
-# name -> module; each module defines select_dims(model, analyzed, cfg, ...) -> gac.objectives.base.Selected
-OBJECTIVES = {
-    "parameter": "gac.objectives.parameter",
-    "latency": "gac.objectives.latency",
-}
+from typing import TYPE_CHECKING
+
+from gac.errors import ConfigError
+from gac.objectives.base import Objective, Selected
+from gac.objectives.latency import LATENCY
+from gac.objectives.parameter import PARAMETER
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from gac.objectives.base import Analyzed
+
+# name -> the objective (both modules are light: config.py imports their settings anyway)
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (PARAMETER, LATENCY)}
 
 
-def objective_of(cfg) -> str:
-    """The objective a run's config asks for: latency when it has a speedup, else parameters (its ratio)."""
-    return "latency" if cfg.speedup is not None else "parameter"
+def objective_for(cfg) -> Objective:
+    """The objective a run's config asks for: latency where it gives a speedup, else parameters (its ratio, a default
+    where none is given); a ConfigError where it gives both."""
+    if cfg.speedup is not None and cfg.ratio is not None:
+        raise ConfigError(
+            "{speedup} and {ratio} exclude each other ({ratio} is for the parameter objective): give one of them"
+        )
+    return OBJECTIVES[LATENCY.name if cfg.speedup is not None else PARAMETER.name]
 
 
-def select_dims(model, analyzed, cfg, **options):
-    """The dims of cfg's objective from analyzed units (gac.objectives.base.Selected); `options` are the objective's
-    own (latency: loop=, a closed loop already fitted)."""
-    return importlib.import_module(OBJECTIVES[objective_of(cfg)]).select_dims(model, analyzed, cfg, **options)
+def select_dims(model: nn.Module, analyzed: Analyzed, cfg) -> Selected:
+    """The dims of cfg's objective from analyzed units (objective_for(cfg).select_dims)."""
+    return objective_for(cfg).select_dims(model, analyzed, cfg)

@@ -1,22 +1,25 @@
-"""The objective interface: what an objective selects from (Analyzed: a compressor's calibrated units) and what it
-chose (Selected: the dims of every variant). An objective is a module with
-
-    select_dims(model, analyzed: Analyzed, cfg) -> Selected
-
-registered in gac.objectives.OBJECTIVES; the pipelines analyze, the objective selects, the pipelines cut."""
+"""The objective interface: what an objective selects from (Analyzed: a compressor's calibrated units), what it chose
+(Selected: the dims of every variant, and its own selection), and the Objective itself: its selection and every
+choice a run makes differently under it (its config checks, the pipeline it forces, its report sections,
+--compressor auto's comparison). Each objective is one Objective registered by name in gac.objectives.OBJECTIVES; the
+pipelines analyze, the objective selects, the pipelines cut."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from gac.align.plan import SelectionResult
     from gac.compressors.base import Compressor, Unit
-    from gac.objectives.latency.outcome import LatencyOutcome
+    from gac.evaluate.latency import LatencyConfig
+    from gac.models.groups import DimGroup
+
+S = TypeVar("S")  # an objective's selection (gac.align.plan.SelectionResult, the latency objective's LatencyOutcome)
 
 
 @dataclass
@@ -31,13 +34,100 @@ class Analyzed:
 
 
 @dataclass
-class Selected(Analyzed):
+class Selected(Analyzed, Generic[S]):
     """What the compressor found and GAC chose; models are cut later, except those the selection built itself."""
 
     budget: int
     dims: dict  # variant ("unaligned", "gac") -> {unit name: dim or None}
-    selection: SelectionResult | LatencyOutcome  # the parameter objective's, or the latency objective's closed loop's
+    selection: S  # the objective's own: its Objective reads it (report sections, --compressor auto's figures)
     profile_excluded: dict | None = None  # {unit name: {dim: reason}}: aligned dims the profile ruled out
     target: dict | None = None  # report.json's "target": which dims the deployment target constrained, and why
     built: dict[str, nn.Module] = field(default_factory=dict)  # {variant: model} already cut at its dims (the closed
     # loop's kept one)
+
+
+@dataclass
+class Prediction(Generic[S]):
+    """--compressor auto's prediction of one candidate at the objective, before it is built."""
+
+    dims: dict  # {unit name: dim or None} the candidate would be built at
+    figures: dict  # what the objective predicts besides the loss (latency: "ms", "speedup"), else empty
+    build: Callable[[], Selected[S]]  # the selection, its saved variant built (the candidate's factors computed again)
+
+
+class Objective(ABC, Generic[S]):
+    """What a run keeps, and every choice that differs with it. `cfg` is the run's gac.config.CompressConfig (which
+    sits above this layer); ConfigErrors name its fields."""
+
+    name: ClassVar[str]  # its key in OBJECTIVES
+    # the flag named as forcing the whole-model pipeline (gac.pipelines.choice), None where the forecast chooses
+    forces_whole_model: ClassVar[str | None] = None
+    # --compressor auto: whether building a candidate times it (the closed loop); else the built ones are timed
+    # beside the original, their speedups reported, not ranked by
+    times_candidates: ClassVar[bool] = False
+    ranking: ClassVar[str]  # --compressor auto: how the kept candidate was chosen, in report.json's "why"
+
+    # --- the config (gac.config.CompressConfig's checks, in its field names)
+    def settle(self, cfg) -> dict[str, Any]:
+        """Check the objective's own field of `cfg`; {field: value} to set (a default where none was given). Runs
+        before CompressConfig's other checks."""
+        return {}
+
+    def check(self, cfg) -> dict[str, Any]:
+        """Check `cfg`'s other options against this objective; {field: value} to set (resolved for them). Runs after
+        CompressConfig's other checks."""
+        return {}
+
+    def check_groups(self, groups: Sequence[DimGroup], cfg) -> None:
+        """Refuse, from the shapes of the compressor's groups alone and before any calibration, a target they cannot
+        meet (a ConfigError)."""
+        return None
+
+    def evaluation_latency(self, cfg) -> LatencyConfig:
+        """How the variants are timed: cfg.latency unless the objective has its own shape."""
+        return cfg.latency
+
+    def needs_held_back(self, cfg) -> bool:
+        """Whether the selection compares models on held-back calibration windows (Analyzed.windows)."""
+        return False
+
+    # --- the selection and its report
+    @abstractmethod
+    def select_dims(self, model: nn.Module, analyzed: Analyzed, cfg) -> Selected[S]:
+        """The dims of every variant from analyzed units (and, where the objective builds models, the kept one)."""
+
+    @abstractmethod
+    def report_sections(self, selected: Selected[S], cfg) -> dict[str, Any]:
+        """report.json's sections of this objective ({gac.evaluate.report.Report field: value}); the other
+        objectives' are left None."""
+
+    def variant_figures(self, selected: Selected[S]) -> dict[str, dict]:
+        """{variant: figures} the selection measured of the variants, added to report.json's variants."""
+        return {}
+
+    # --- --compressor auto (gac.pipelines.auto): the candidates compared at this objective
+    def candidate_config(self, cfg, groups: Sequence[DimGroup], common: int):
+        """A candidate's run config (its compressor named in `cfg`) at this objective, whose candidates' weights
+        hold `common` parameters in all; a GacError where it cannot be met."""
+        return cfg
+
+    @abstractmethod
+    def predict(self, model: nn.Module, analyzed: Analyzed, cfg) -> Prediction[S]:
+        """A candidate's dims at the objective, predicted without building it."""
+
+    def measured(self, selected: Selected[S], baseline_loss: float) -> tuple[dict, float | None]:
+        """(what building a candidate measured besides its loss; its held-back loss over `baseline_loss` where the
+        selection measured it, else None)."""
+        return {}, None
+
+    def rank(self, measured: dict) -> tuple:
+        """A built candidate's key from its measured figures: lower is better."""
+        return (measured["loss"],)
+
+    def why_kept(self, measured: dict, figures: str) -> str:
+        """report.json's "why" of the kept candidate (`measured`), `figures` the built candidates' losses."""
+        return f"{self.ranking}, nats/token over the original: {figures}"
+
+    def auto_report(self, cfg, common: int) -> dict[str, Any]:
+        """What report.json's "auto" section states of the objective's target."""
+        return {}

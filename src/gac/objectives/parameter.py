@@ -1,6 +1,7 @@
-"""The parameter objective (`ratio`): the compressor's d* under the budget B = floor((1 - ratio) |W|), then aligned
-dims by the knapsack. Its selection policy: the plan built from a compressor's units, the candidate window that is
-widened only when the budget cannot be met, and the fallback from profile candidates to the static rule.
+"""The parameter objective (`ratio`: ParameterObjective): the compressor's d* under the budget
+B = floor((1 - ratio) |W|), then aligned dims by the knapsack. Its selection policy: the plan built from a
+compressor's units, the candidate window that is widened only when the budget cannot be met, and the fallback from
+profile candidates to the static rule.
 
 A unit is what a compressor returns per dimension group: `unit.group` (gac.models.groups.DimGroup: params per
 dim, grid, bounds), `unit.marginal_score(d)` (importance per parameter at d) and `unit.loss_gains(d, candidates)`
@@ -9,16 +10,24 @@ dim, grid, bounds), `unit.marginal_score(d)` (importance per parameter at d) and
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gac.align.candidates import aligned_candidates
 from gac.align.plan import SelectionResult, select
 from gac.errors import ConfigError, InfeasibleBudget
-from gac.objectives.base import Analyzed, Selected
+from gac.objectives.base import Analyzed, Objective, Prediction, Selected
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from gac.models.groups import DimGroup
 
 log = logging.getLogger(__name__)
+DEFAULT_RATIO = 0.15  # the parameter objective's ratio when neither a ratio nor a speedup is given
 MAX_EXTRA_WINDOW = 3  # the window grows by at most this many alignment steps
 # `gac compress`'s re-selection: aligned candidates one step each side of the compressor's d* (an external plan,
 # whose d* may be far from any aligned dim, searches candidates.WINDOW steps)
@@ -112,56 +121,6 @@ def _widening(units, dims, budget, alignment, window, candidates_for) -> Selecti
     raise AssertionError("unreachable")
 
 
-def select_dims(model, analyzed: Analyzed, cfg) -> Selected:
-    """The parameter objective's dims from analyzed units: the compressor's d* under the ratio's budget, then aligned
-    dims by the knapsack (candidates from the static rule, a deployment target or a hardware profile). The model is
-    not changed."""
-    compressor, units = analyzed.compressor, analyzed.units
-    budget = parameter_budget(cfg.ratio, analyzed.compressible)
-    unaligned = compressor.allocate(units, budget)
-
-    candidates_for: Callable[..., list[int]] | None = None
-    profiled = None  # the profile's candidates, which remember what they ruled out
-    if cfg.target:
-        from gac.align.targets import get_target
-
-        candidates_for = get_target(cfg.target).candidates_for(cfg.alignment)
-    if cfg.profile:
-        from gac.align.profiled import profile_candidates_for
-
-        candidates_for = profiled = profile_candidates_for(
-            cfg.profile,
-            units,
-            unaligned,
-            device=cfg.device,
-            dtype=cfg.dtype,
-            m=cfg.latency.prefill_tokens,
-            alignment=cfg.alignment,
-            window=cfg.window,
-            progress=cfg.progress,
-        )
-    selection = select_within_budget(
-        units, unaligned, budget, alignment=cfg.alignment, window=cfg.window, candidates_for=candidates_for
-    )
-    excluded = profiled.excluded_dims() if profiled is not None else None
-    gac_dims = {**unaligned, **selection.dims}
-    target = None
-    if cfg.target:
-        from gac.align.targets import get_target
-
-        spec = get_target(cfg.target)
-        target = spec.report(units, gac_dims)
-        target["unaligned_met"] = spec.report(units, unaligned)["met"]
-    return Selected(
-        **vars(analyzed),
-        budget=budget,
-        dims={"unaligned": unaligned, "gac": gac_dims},
-        selection=selection,
-        profile_excluded=excluded,
-        target=target,
-    )
-
-
 def check_feasible(groups, cfg) -> None:
     """From the shapes alone, before any calibration: can every group keep its smallest (aligned) dim?"""
     compressible = sum(g.numel for g in groups)
@@ -173,3 +132,109 @@ def check_feasible(groups, cfg) -> None:
             f"ratio {cfg.ratio} leaves {budget:,} parameters but the {cfg.compressor} compressor's "
             f"smallest aligned dims need {smallest:,}: use {{ratio:{largest}}} or lower"
         )
+
+
+def removed_params(ratio: float, common: int) -> int:
+    """The parameters `ratio` removes of `common` (--compressor auto's one target for every candidate)."""
+    return common - parameter_budget(ratio, common)
+
+
+class ParameterObjective(Objective[SelectionResult]):
+    """`ratio`: a parameter budget and the knapsack over aligned candidates; its selection is the knapsack's
+    SelectionResult."""
+
+    name = "parameter"
+    ranking = "lowest loss on the held-back calibration windows"
+
+    def settle(self, cfg) -> dict[str, Any]:
+        ratio = DEFAULT_RATIO if cfg.ratio is None else cfg.ratio
+        if not (isinstance(ratio, (int, float)) and 0.0 < ratio < 1.0):
+            raise ConfigError(
+                f"ratio {ratio} is outside (0, 1): pass the share of parameters to remove, e.g. {{ratio:0.15}}"
+            )
+        return {"ratio": ratio}
+
+    def check_groups(self, groups: Sequence[DimGroup], cfg) -> None:
+        check_feasible(groups, cfg)
+
+    def select_dims(self, model: nn.Module, analyzed: Analyzed, cfg) -> Selected[SelectionResult]:
+        """The dims from analyzed units: the compressor's d* under the ratio's budget, then aligned dims by the
+        knapsack (candidates from the static rule, a deployment target or a hardware profile). The model is not
+        changed."""
+        compressor, units = analyzed.compressor, analyzed.units
+        budget = parameter_budget(cfg.ratio, analyzed.compressible)
+        unaligned = compressor.allocate(units, budget)
+
+        candidates_for: Callable[..., list[int]] | None = None
+        profiled = None  # the profile's candidates, which remember what they ruled out
+        if cfg.target:
+            from gac.align.targets import get_target
+
+            candidates_for = get_target(cfg.target).candidates_for(cfg.alignment)
+        if cfg.profile:
+            from gac.align.profiled import profile_candidates_for
+
+            candidates_for = profiled = profile_candidates_for(
+                cfg.profile,
+                units,
+                unaligned,
+                device=cfg.device,
+                dtype=cfg.dtype,
+                m=cfg.latency.prefill_tokens,
+                alignment=cfg.alignment,
+                window=cfg.window,
+                progress=cfg.progress,
+            )
+        selection = select_within_budget(
+            units, unaligned, budget, alignment=cfg.alignment, window=cfg.window, candidates_for=candidates_for
+        )
+        excluded = profiled.excluded_dims() if profiled is not None else None
+        gac_dims = {**unaligned, **selection.dims}
+        target = None
+        if cfg.target:
+            from gac.align.targets import get_target
+
+            spec = get_target(cfg.target)
+            target = spec.report(units, gac_dims)
+            target["unaligned_met"] = spec.report(units, unaligned)["met"]
+        return Selected(
+            **vars(analyzed),
+            budget=budget,
+            dims={"unaligned": unaligned, "gac": gac_dims},
+            selection=selection,
+            profile_excluded=excluded,
+            target=target,
+        )
+
+    def report_sections(self, selected: Selected[SelectionResult], cfg) -> dict[str, Any]:
+        return {"selection": {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}}
+
+    def candidate_config(self, cfg, groups: Sequence[DimGroup], common: int):
+        """`cfg` at the candidate's own ratio removing what cfg.ratio removes of the `common` parameters: one
+        parameter target for all (a ConfigError where that is more than it can remove)."""
+        own, removed = sum(g.numel for g in groups), removed_params(cfg.ratio, common)
+        if removed >= own:
+            raise ConfigError(
+                f"removing {removed:,} parameters needs more than its {own:,} compressible ones: use a lower {{ratio}}"
+            )
+        # the asked ratio itself where the compressor may touch every weight: its run is then the single one's
+        ratio = cfg.ratio if own == common else round(removed / own, 6)
+        cfg = dataclasses.replace(cfg, ratio=ratio)
+        check_feasible(groups, cfg)
+        return cfg
+
+    def predict(self, model: nn.Module, analyzed: Analyzed, cfg) -> Prediction[SelectionResult]:
+        """The selection itself (the knapsack is cheap); building cuts the saved variant at its dims."""
+        selected, variant = self.select_dims(model, analyzed, cfg), cfg.saved_variant
+
+        def build() -> Selected[SelectionResult]:
+            selected.built[variant] = analyzed.compressor.built(model, analyzed.units, selected.dims[variant])
+            return selected
+
+        return Prediction(selected.dims[variant], {}, build)
+
+    def auto_report(self, cfg, common: int) -> dict[str, Any]:
+        return {"ratio": cfg.ratio, "removed_params": removed_params(cfg.ratio, common)}
+
+
+PARAMETER = ParameterObjective()

@@ -3,10 +3,11 @@ shared calibration pass, its best dims at the run's objective predicted, the bes
 built and measured on held-back calibration windows, and the best measured kept. The evaluation text is never read
 here: it judges the kept model afterwards, as it would any single compressor's.
 
-Each built candidate goes through the single run's own selection (gac.objectives.select_dims; under --speedup its
-closed loop, whose guard compares its two streams by the same held-back loss on the same windows), so given the same
-timings it is the model `--compressor <name>` keeps, and the kept one is the best on those windows of every stream of
-every compressor built.
+Each built candidate goes through the single run's own selection (its objective's, gac.objectives.base.Objective:
+predict, then build; under --speedup its closed loop, whose guard compares its two streams by the same held-back loss
+on the same windows), so given the same timings it is the model `--compressor <name>` keeps, and the kept one is the
+best on those windows of every stream of every compressor built. What differs with the objective (one parameter
+target for all, which figures rank the candidates, the wording of why) is the objective's.
 
 Predicted loss is the increase of the mean next-token loss over the original, in nats per token. A unit whose
 quality is the loss model's (Unit.loss_in_nats: the low-rank compressors with importance "output") predicts it;
@@ -20,20 +21,17 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gac.compressors import AUTO_BUILT
 from gac.config import CompressConfig
 from gac.errors import ConfigError, GacError, literal
 from gac.evaluate.perplexity import mean_loss  # the held-back loss, the --speedup guard's too
-from gac.objectives.base import Analyzed, Selected
-from gac.objectives.parameter import parameter_budget
+from gac.objectives.base import Analyzed, Prediction, Selected
 
 if TYPE_CHECKING:
     from gac.compressors.base import Compressor
     from gac.models.groups import DimGroup
-    from gac.objectives.latency.loop import ClosedLoop
-    from gac.objectives.latency.outcome import LatencyOutcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,8 +64,8 @@ class Candidate:
     compressor: Compressor | None = None
     groups: Sequence[DimGroup] | None = None
     analyzed: Analyzed | None = None  # its heavy factors released once predicted
-    loop: ClosedLoop | None = None  # --speedup: its closed loop, fitted by the prediction
-    selected: Selected | None = None  # --ratio's at prediction, --speedup's once built
+    prediction: Prediction | None = None  # its objective's (--speedup: its closed loop fitted), which builds it
+    selected: Selected | None = None  # once built
     predicted: dict = field(default_factory=dict)  # loss, loss_from, params[, ms, speedup]
     measured: dict | None = None  # loss, params[, speedup, reached, streams]
     error: GacError | None = None  # why this compressor cannot run here
@@ -113,12 +111,16 @@ def choose(model, calib, held_back, cfg: CompressConfig) -> tuple[CompressConfig
     # Each analysis frees GiBs of factors and whitened weights before the next begins; from glibc's heap those would
     # stay resident and add up across the candidates.
     map_large_allocations()
+    objective = cfg.objective
     candidates = [_candidate(name, model, cfg) for name in AUTO_CANDIDATES]
     common = _compressible(model, [c for c in candidates if not c.skipped])
     for c in candidates:
         c.common = common
-        if cfg.speedup is None and not c.skipped:  # one parameter target for all: the same parameters removed
-            _at_common_ratio(c, common, cfg)
+        if not c.skipped:  # under --ratio one parameter target for all: the same parameters removed
+            try:
+                c.config = objective.candidate_config(c.config, _set(c.groups, "groups"), common)
+            except GacError as e:
+                c.skip(e)
     live = [c for c in candidates if not c.skipped]
     if not live:
         raise ConfigError(
@@ -148,9 +150,9 @@ def choose(model, calib, held_back, cfg: CompressConfig) -> tuple[CompressConfig
             f"no compressor built reaches this target ({_reasons(ranked[:AUTO_BUILT])}): use a smaller "
             "{ratio} or {speedup}"
         )
-    if cfg.speedup is None and cfg.evaluate:
+    if cfg.evaluate and not objective.times_candidates:
         _time_beside(model, built, cfg)
-    kept = min(built, key=lambda c: _rank(c, cfg))
+    kept = min(built, key=lambda c: objective.rank(_set(c.measured, "measurement")))
     for c in built:
         if c is not kept:
             _release(c)
@@ -166,8 +168,7 @@ def choose(model, calib, held_back, cfg: CompressConfig) -> tuple[CompressConfig
         "baseline_loss": baseline,
     }
     report["compressible_params"] = common
-    if cfg.speedup is None:
-        report.update(ratio=cfg.ratio, removed_params=_removed(common, cfg))
+    report.update(objective.auto_report(cfg, common))
     return kept.config, _set(kept.selected, "selection"), report
 
 
@@ -207,30 +208,6 @@ def _reasons(candidates: list[Candidate]) -> str:
     )
 
 
-def _removed(common: int, cfg) -> int:
-    return common - parameter_budget(cfg.ratio, common)
-
-
-def _at_common_ratio(c: Candidate, common: int, cfg) -> None:
-    """`c`'s config at its own ratio removing what cfg.ratio removes of the common compressible parameters (skipped
-    where that is more than it can remove)."""
-    from gac.objectives.parameter import check_feasible
-
-    groups = _set(c.groups, "groups")
-    own, removed = sum(g.numel for g in groups), _removed(common, cfg)
-    try:
-        if removed >= own:
-            raise ConfigError(
-                f"removing {removed:,} parameters needs more than its {own:,} compressible ones: use a lower {{ratio}}"
-            )
-        # the asked ratio itself where the compressor may touch every weight: its run is then the single one's
-        ratio = cfg.ratio if own == common else round(removed / own, 6)
-        c.config = dataclasses.replace(c.config, ratio=ratio)
-        check_feasible(groups, c.config)
-    except GacError as e:
-        c.skip(e)
-
-
 def shared_statistics(model, calib, live: list[Candidate], cfg) -> dict:
     """gac.calibration.stats's statistics over the union of the candidates' linears (X^T X when any needs it), with the
     loss model's output-gradient Fisher cached for every linear a candidate scores by it: the calibration pass and that
@@ -252,21 +229,15 @@ def shared_statistics(model, calib, live: list[Candidate], cfg) -> dict:
 def _predict(c: Candidate, model, calib, stats, held_back, baseline: float, cfg) -> None:
     """Analyze `c` and predict its loss, parameters (and, under --speedup, time) at the objective, from its loss model
     (or measured at the predicted dims where it has none in nats) and the latency tables; then drop its factors."""
-    from gac.objectives import select_dims
-    from gac.objectives.latency import latency_loop
     from gac.pipelines.whole_model import analyze_with
 
     compressor = _set(c.compressor, "compressor")
     try:
         c.analyzed = analyze_with(model, calib, c.config, compressor, _set(c.groups, "groups"), stats, held_back)
         units = c.analyzed.units
-        if cfg.speedup is None:
-            c.selected = select_dims(model, c.analyzed, c.config)
-            dims, timing = c.selected.dims[cfg.saved_variant], {}
-        else:  # the latency tables fitted and solved once: no round built or timed
-            c.loop = latency_loop(model, c.analyzed, c.config)
-            choice, ms, baseline_ms = c.loop.predict()
-            dims, timing = choice.dims, {"ms": ms, "speedup": baseline_ms / ms}
+        # --ratio: the selection itself; --speedup: the latency tables fitted and solved once, no round built or timed
+        c.prediction = cfg.objective.predict(model, c.analyzed, c.config)
+        dims, timing = c.prediction.dims, c.prediction.figures
         loss, source = predicted_loss(units, dims), LOSS_MODEL
         if loss is None:
             cut = compressor.built(model, units, dims)
@@ -294,22 +265,13 @@ def _build(c: Candidate, model, stats, held_back, baseline: float, cfg) -> None:
     the single run's) and measure it on the held-back windows (under --speedup the guard measured its streams' models
     there already: each reaching stream's loss is reported); the model waits in c.selected.built for the run to keep or
     drop it."""
-    from gac.objectives import select_dims
-
     compressor, analyzed = _set(c.compressor, "compressor"), _set(c.analyzed, "analysis")
-    units = analyzed.units
-    compressor.factorize_units(model, units, stats)  # the factors released after prediction
-    timing: dict[str, Any]
-    if cfg.speedup is None:
-        variant, selected = cfg.saved_variant, _set(c.selected, "selection")
-        selected.built[variant] = compressor.built(model, units, selected.dims[variant])
-        timing, loss = {}, None
-    else:  # the single run's closed loop, its fit already measured by the prediction
-        c.selected = selected = select_dims(model, analyzed, c.config, loop=c.loop)
-        variant, outcome = "gac", cast("LatencyOutcome", selected.selection)  # --speedup's: the closed loop's
-        streams = {s.name: s.loss - baseline for s in outcome.streams if s.loss is not None}
-        timing = {"speedup": outcome.final["measured_speedup"], "reached": outcome.chosen.reached, "streams": streams}
-        loss = streams.get(outcome.chosen.name)  # None where no guard measured it (--no-guard, or none reached)
+    compressor.factorize_units(model, analyzed.units, stats)  # the factors released after prediction
+    # --ratio: its saved variant cut; --speedup: the single run's closed loop, its fit already measured by the
+    # prediction
+    c.selected = selected = _set(c.prediction, "prediction").build()
+    timing, loss = cfg.objective.measured(selected, baseline)  # --speedup: the guard's loss, None where none measured
+    variant = cfg.saved_variant  # under --speedup "gac" (it excludes align:False)
     built, dims = selected.built[variant], selected.dims[variant]
     if loss is None:
         loss = mean_loss(built, held_back) - baseline
@@ -336,28 +298,13 @@ def _time_beside(model, built: list[Candidate], cfg) -> None:
         _set(c.measured, "measurement")["speedup"] = t["baseline"].median_ms / t[c.name].median_ms
 
 
-def _rank(c: Candidate, cfg) -> tuple:
-    """Lower is better: the measured loss; under --speedup first whether the closed loop reached, and of models
-    that did not, the faster."""
-    m = _set(c.measured, "measurement")
-    if cfg.speedup is None:
-        return (m["loss"],)
-    return (not m["reached"], m["loss"] if m["reached"] else -m["speedup"])
-
-
 def _release(c: Candidate) -> None:
     """Let a built candidate that was not kept go: its model and factors."""
     _set(c.compressor, "compressor").release_factors(_set(c.analyzed, "analysis").units)
     _set(c.selected, "selection").built.clear()
-    c.selected = None  # under --speedup its closed loop's outcome holds the model too
+    c.selected = c.prediction = None  # under --speedup its closed loop's outcome holds the model too
 
 
 def _why(kept: Candidate, built: list[Candidate], cfg) -> str:
     figures = ", ".join(f"{c.name} {_set(c.measured, 'measurement')['loss']:+.4f}" for c in built)
-    measured = _set(kept.measured, "measurement")
-    if cfg.speedup is not None and not measured["reached"]:
-        return f"no built compressor reached the target: the fastest measured ({measured['speedup']:.3f}x)"
-    what = "lowest loss on the held-back calibration windows" + (
-        " of those that reached the target" if cfg.speedup is not None else ""
-    )
-    return f"{what}, nats/token over the original: {figures}"
+    return cfg.objective.why_kept(_set(kept.measured, "measurement"), figures)

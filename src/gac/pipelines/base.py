@@ -107,14 +107,11 @@ def compressor_groups(
     model: nn.Module, cfg, compressor: Compressor | None = None
 ) -> tuple[Compressor, Sequence[DimGroup]]:
     """(the run's compressor, built from cfg where not given and set to its factorization; its groups on `model`),
-    the parameter objective's budget checked from the shapes alone, before any calibration."""
+    the objective's target checked from the shapes alone, before any calibration (the parameter objective's budget)."""
     from gac.compressors import make_compressor
 
     compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
     compressor.factorization = cfg.factorization_method
     groups = compressor.groups(model)
-    if cfg.speedup is None:
-        from gac.objectives.parameter import check_feasible
-
-        check_feasible(groups, cfg)
+    cfg.objective.check_groups(groups, cfg)
     return compressor, groups

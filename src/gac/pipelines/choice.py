@@ -153,8 +153,8 @@ def plan_memory(cfg) -> PipelineChoice:
     from gac.compressors import AUTO
 
     forced_by = None
-    if forced is None and cfg.speedup is not None:
-        forced_by = "--speedup"
+    if forced is None and cfg.objective.forces_whole_model is not None:
+        forced_by = cfg.objective.forces_whole_model  # --speedup: timed on the device
     elif forced is None and cfg.compressor == AUTO:
         forced_by = "--compressor auto"  # every compressor analyzed on one calibration of the whole model
     available = _per_rank(available_memory(cfg.device, cfg.max_memory), cfg.device)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from gac.config import CompressConfig
 from gac.objectives.base import Selected
@@ -15,10 +15,8 @@ from gac.objectives.base import Selected
 if TYPE_CHECKING:
     from torch import nn
 
-    from gac.align.plan import SelectionResult
     from gac.compressors.base import Compressor
     from gac.evaluate.report import Report
-    from gac.objectives.latency.outcome import LatencyOutcome
     from gac.pipelines.choice import PipelineChoice
 
 
@@ -36,20 +34,17 @@ def build_report(
     latency_method: dict | None = None,
 ) -> Report:
     """report.json of a run (gac.evaluate.report.Report), built once from the selection and the evaluated variants,
-    whichever the pipeline (choice: which and why); under a speedup the closed loop's rounds and each timed
-    variant's figures at the objective's shape."""
+    whichever the pipeline (choice: which and why); the objective's own sections (the knapsack's selection; under a
+    speedup the closed loop's rounds) and what it measured of the variants (each timed one's figures at its shape)."""
     import torch
 
     from gac.checkpoint.gac_dir import versions
     from gac.evaluate.report import Report
     from gac.hw.device import device_name
 
-    # --speedup's selection is its closed loop's outcome, the parameter objective's a SelectionResult
-    outcome = cast("LatencyOutcome", selected.selection) if cfg.speedup is not None else None
-    parameter = cast("SelectionResult", selected.selection) if cfg.speedup is None else None
-    if outcome is not None:
-        for variant, figures in outcome.variant_figures().items():
-            variants[variant].update(figures)
+    objective = cfg.objective
+    for variant, figures in objective.variant_figures(selected).items():
+        variants[variant].update(figures)
     return Report(
         model=model_name,
         compressor=cfg.compressor,
@@ -72,11 +67,9 @@ def build_report(
         variants=variants,
         dims={v: reduced_dims(d) for v, d in selected.dims.items()},
         saved_variant=cfg.saved_variant,
-        selection=None if parameter is None else {k: v for k, v in parameter.to_dict().items() if k != "dims"},
-        objective=cfg.speedup.objective() if cfg.speedup is not None else None,
-        latency_objective=outcome.report() if outcome else None,
         target=selected.target,
         profile_excluded=selected.profile_excluded,
+        **objective.report_sections(selected, cfg),
     )
 
 

@@ -151,14 +151,14 @@ def _select(model: nn.Module, analyzed: Analyzed, cfg: CompressConfig, world: Wo
     """The objective's selection; under torchrun rank 0's (its --speedup loop timed on its device alone, the others
     waiting), shared with every rank beside each rank's own analysis."""
     from gac.distributed import run_on_main
-    from gac.objectives import select_dims
 
+    objective = cfg.objective
     if not world.active:
-        return select_dims(model, analyzed, cfg)
+        return objective.select_dims(model, analyzed, cfg)
     mine: list[Selected] = []
 
     def choose() -> dict:
-        mine.append(select_dims(model, analyzed, cfg))
+        mine.append(objective.select_dims(model, analyzed, cfg))
         return {f.name: getattr(mine[0], f.name) for f in dataclasses.fields(Selected) if f.name not in _OWN}
 
     chosen = run_on_main(choose, "rank 0's selection")
@@ -187,7 +187,7 @@ def _held_back(tokenizer: PreTrainedTokenizerBase, cfg: CompressConfig) -> torch
     where neither runs."""
     from gac.calibration.texts import held_back_windows
 
-    if cfg.compressor == AUTO or (cfg.speedup is not None and cfg.speedup.guard):
+    if cfg.compressor == AUTO or cfg.objective.needs_held_back(cfg):
         return held_back_windows(tokenizer, cfg.text)
     return None
 
