@@ -35,6 +35,7 @@ class World:
     timeout_s: float = DEFAULT_TIMEOUT_S
     device: str = "cpu"  # the run's device, set to this rank's CUDA device under torchrun
     ledger: dict = field(default_factory=dict)  # {what: {rank: [item, ...]}}: what each rank computed (report.json)
+    local_size: int = 1  # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
 
     @property
     def is_main(self) -> bool:
@@ -139,6 +140,7 @@ def session(device: str, timeout_s: float | None = None) -> Iterator[World]:
     except (RuntimeError, ValueError) as e:
         raise _failed(rank, size, timeout, "joining the process group", e) from None
     _WORLD = World(rank, size, local_rank, backend, timeout, f"cuda:{local_rank}" if cuda else str(device))
+    _WORLD.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     try:
         yield _WORLD
     finally:
@@ -297,6 +299,25 @@ def alone() -> Iterator[None]:
         _WORLD = saved
 
 
+def timing_threads() -> int:
+    """The intra-op threads rank 0 times with (node_threads): on a CPU its own and those of the node's other ranks,
+    which wait idle meanwhile (a gloo wait takes no CPU), so its figures are those of one process on the node."""
+    w = _WORLD
+    n = torch.get_num_threads()
+    return n * w.local_size if w.active and w.backend == "gloo" else n
+
+
+@contextlib.contextmanager
+def node_threads() -> Iterator[None]:
+    """torch's intra-op threads at timing_threads() for the block (work rank 0 does while the others wait)."""
+    saved, n = torch.get_num_threads(), timing_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 def run_on_main(fn: Callable[[], T], what: str) -> T:
     """fn() run by rank 0 alone (as a world of one: alone()), however long it takes, its result on every rank; a
     GacError it raises is raised on every rank. The others wait without a collective's deadline while rank 0's
@@ -323,7 +344,7 @@ def run_on_main(fn: Callable[[], T], what: str) -> T:
         beating = threading.Thread(target=beat, daemon=True)
         beating.start()
         try:
-            with alone():
+            with node_threads(), alone():
                 outcome = (True, fn())
         except GacError as e:
             outcome = (False, e)

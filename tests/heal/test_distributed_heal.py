@@ -90,7 +90,17 @@ def test_more_ranks_than_windows_a_step_refused(compressed, tmp_path, monkeypatc
     monkeypatch.setenv("RANK", "1")
     p = gac_cli("heal", compressed, "--out", tmp_path / "out", *TINY_HEAL)
     assert_one_error_line(p, "run at most 2 ranks")
+    assert "--heal-batch 4" in p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_heal_batch_sets_the_windows_a_step():
+    """--heal-batch is the step's batch (the most ranks healing takes), under both commands that heal."""
+    from gac.cli.heal import heal_config
+
+    assert heal_config(heal_batch=8).distill.batch == 8 and heal_config().distill.batch == 2
+    for command in ("heal", "compress"):
+        assert "--heal-batch" in gac_cli(command, "--help").stdout
 
 
 # --- two gloo ranks under torchrun ---------------------------------------------------------------------------------

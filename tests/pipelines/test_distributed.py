@@ -121,8 +121,8 @@ def test_stage_clock_and_amdahl():
     assert list(clock.to_dict()) == ["analyze"] and clock.seconds["analyze"] >= 0
     stages = {"open": 10.0, "analyze": 60.0, "select": 5.0, "materialize": 10.0, "perplexity": 10.0, "timing": 5.0}
     assert amdahl(stages, 100.0, 1) == 1.0
-    assert amdahl(stages, 100.0, 8) == pytest.approx(100 / (20 + 80 / 8))
-    assert amdahl(stages, 100.0, 10**9) < 100 / 20
+    assert amdahl(stages, 100.0, 8) == pytest.approx(100 / (30 + 70 / 8))  # analyze and perplexity split
+    assert amdahl(stages, 100.0, 10**9) < 100 / 30
 
 
 def test_ledger_summary():

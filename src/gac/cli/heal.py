@@ -28,6 +28,12 @@ HEAL_OPTIONS = (
         help="Windows sampled from the original beside the healing text, so healing fits no one domain "
         "[default: 0, none; e.g. 64].",
     ),
+    click.option(
+        "--heal-batch",
+        type=Int(1, 4096, example=8),
+        help="Windows a step [default: 2]; under torchrun the ranks split each step's windows, so at most this "
+        "many ranks.",
+    ),
     click.option("--heal-lr", type=Real(0, 1, example=3e-4), help="Peak learning rate [default: 3e-4]."),
     click.option(
         "--heal-train",
@@ -72,6 +78,7 @@ def heal_config(
     heal_file=None,
     heal_tokens=None,
     heal_samples=None,
+    heal_batch=None,
     heal_lr=None,
     heal_train=None,
     hidden_weight=None,
@@ -93,6 +100,7 @@ def heal_config(
         k: v
         for k, v in (
             ("tokens", heal_tokens),
+            ("batch", heal_batch),
             ("lr", heal_lr),
             ("train", heal_train),
             ("hidden_weight", hidden_weight),
@@ -153,6 +161,7 @@ def command(
     heal_file,
     heal_tokens,
     heal_samples,
+    heal_batch,
     heal_lr,
     heal_train,
     hidden_weight,
@@ -188,6 +197,7 @@ def command(
         heal_file=heal_file,
         heal_tokens=heal_tokens,
         heal_samples=heal_samples,
+        heal_batch=heal_batch,
         heal_lr=heal_lr,
         heal_train=heal_train,
         hidden_weight=hidden_weight,

@@ -46,6 +46,7 @@ CONFIG_FLAGS = {
     "heal_file": "--heal-file",
     "samples": "--heal-samples",
     "distill.tokens": "--heal-tokens",
+    "distill.batch": "--heal-batch",
     "distill.lr": "--heal-lr",
     "distill.train": "--heal-train",
     "distill.precision": "--heal-precision",

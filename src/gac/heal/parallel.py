@@ -21,7 +21,7 @@ def check_ranks(batch: int, size: int) -> None:
     if size > batch:
         raise ConfigError(
             f"healing takes {batch} windows a step, fewer than the {size} ranks: run at most {batch} ranks "
-            f"(e.g. --nproc-per-node {batch} on one node)"
+            f"(e.g. --nproc-per-node {batch} on one node), or take {size} windows a step (--heal-batch {size})"
         )
 
 

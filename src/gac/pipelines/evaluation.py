@@ -44,12 +44,12 @@ def evaluate_variants(
     with clock.stage("perplexity"):
         for name, m in models.items():
             variants[name]["ppl"] = perplexity(m, held_out, desc=f"perplexity {name}", progress=cfg.progress)
-    from gac.distributed import world
+    from gac.distributed import node_threads, world
 
     if not world().is_main:  # under torchrun rank 0 alone times the models; the others leave latency null
         return variants, None
     log.info("timing %s side by side", ", ".join(models))
-    with clock.stage("timing"):
+    with clock.stage("timing"), node_threads():  # rank 0's figures are one process's on the node
         timed = measure_latency(models, cfg.evaluation_latency)
     for name, lat in timed.items():
         variants[name].update(lat)

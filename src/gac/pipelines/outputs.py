@@ -10,6 +10,7 @@ import json
 from typing import TYPE_CHECKING
 
 from gac.config import CompressConfig
+from gac.distributed import timing_threads
 from gac.objectives.base import Selected
 
 if TYPE_CHECKING:
@@ -36,7 +37,6 @@ def build_report(
     """report.json of a run (gac.evaluate.report.Report), built once from the selection and the evaluated variants,
     whichever the pipeline (choice: which and why); the objective's own sections (the knapsack's selection; under a
     speedup the closed loop's rounds) and what it measured of the variants (each timed one's figures at its shape)."""
-    import torch
 
     from gac.checkpoint.gac_dir import versions
     from gac.evaluate.report import Report
@@ -60,7 +60,7 @@ def build_report(
         latency=dataclasses.asdict(cfg.evaluation_latency),
         eval_tokens=cfg.text.eval_windows * cfg.text.seq_len,
         versions=versions(),
-        threads=torch.get_num_threads(),
+        threads=timing_threads(),  # what the variants were timed with
         pipeline=cfg.pipeline,  # the one the run took (gac.pipelines.run sets it from the choice)
         pipeline_choice=choice.to_dict() if choice is not None else None,
         latency_method=latency_method,

@@ -8,9 +8,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-# what torchrun's ranks share (gac.distributed); the rest (open, select, timing, the write, the process's start) is
-# rank 0's alone, or every rank's whole
-SPLIT = ("analyze", "materialize", "perplexity")
+# what torchrun's ranks share (gac.distributed): calibration, factorizations and held-out evaluation. The rest is
+# rank 0's alone (select, timing, the write) or every rank's whole (the process's start, open, and materialize: each
+# rank cuts every weight; layer by layer it also carries the split evaluation, counted here as unsplit)
+SPLIT = ("analyze", "perplexity")
 
 
 @dataclass

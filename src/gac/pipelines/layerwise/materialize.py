@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from gac.distributed import barrier, sum_numbers, windows_share, world
+from gac.distributed import barrier, node_threads, sum_numbers, windows_share, world
 from gac.errors import GacError
 from gac.hw.heap import map_large_allocations, return_freed_memory
 from gac.models.adapters import adapter_for, text_config
@@ -146,7 +146,8 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
         if timer is not None and timer.wants(i):
             barrier(f"waiting for rank 0 to time layer {i}")  # the others idle while it times: no shared cores
             if world().is_main:
-                timer.time_layer(i, {"baseline": layer, **cuts}, lambda one, i=i: one_layer_model(model, one, i))
+                with node_threads():
+                    timer.time_layer(i, {"baseline": layer, **cuts}, lambda one, i=i: one_layer_model(model, one, i))
             barrier(f"waiting for rank 0 to time layer {i}")
         if writer is not None or release:
             for variant, cut in cuts.items():
