@@ -54,6 +54,15 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
+def assert_cuda_ranks_refused(p: subprocess.CompletedProcess, out) -> None:
+    """A two-rank `--device cuda` launch on a machine without CUDA: each rank refused in one line naming the fix,
+    exit 2, nothing written."""
+    errors = error_lines(p.stderr)
+    assert sorted(e.split(":")[1] for e in errors) == [" rank 0", " rank 1"], p.stderr[-2000:]
+    assert all("--device cpu" in e for e in errors)
+    assert "exitcode  : 2" in p.stderr and not out.exists()
+
+
 def gac_cli(*args) -> subprocess.CompletedProcess:
     """`gac ARGS` run in this process (click's CliRunner: the same command object, error handling and exit codes),
     output captured as run_gac's. For refusals and dry runs, which a fresh process would spend most of its 5 s on

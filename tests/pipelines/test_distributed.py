@@ -4,7 +4,6 @@ model against one process (same dims and parameters, rank 0 alone writing, a kil
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import torch
 
 from gac import distributed
 from gac.distributed import World
-from tests.helpers import run_gac
+from tests.helpers import assert_cuda_ranks_refused, error_lines, run_gac, torchrun, torchrun_env
 
 # --- the helpers, in one process ---------------------------------------------------------------------------------
 
@@ -174,16 +173,6 @@ main()
 """
 
 
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return {**env, "OMP_NUM_THREADS": "1", "GAC_DIST_TIMEOUT": "60"}
-
-
-def _torchrun(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=timeout, check=False)
-
-
 def _free_port() -> int:
     import socket
 
@@ -202,7 +191,7 @@ def _two_nodes(*args, timeout: float = 300) -> list[subprocess.CompletedProcess]
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_env(),
+            env=torchrun_env(),
         )
         for node in (0, 1)
     ]
@@ -213,10 +202,6 @@ def _two_nodes(*args, timeout: float = 300) -> list[subprocess.CompletedProcess]
     return done
 
 
-def _error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("error:")]
-
-
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("pipeline", ["--whole-model", "--layerwise"])
@@ -224,9 +209,9 @@ def _error_lines(stderr: str) -> list[str]:
 def test_two_ranks_choose_the_dims_of_one_process(tiny_model_dir, tmp_path, compressor, extra, pipeline):
 
     args = ("compress", "--model", tiny_model_dir, "--compressor", compressor, *TINY_RUN, *extra, pipeline)
-    one = run_gac(*args, "--out", tmp_path / "one", env=_env(), timeout=300)
+    one = run_gac(*args, "--out", tmp_path / "one", env=torchrun_env(), timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = _torchrun("-m", "gac", *args, "--out", tmp_path / "two")
+    two = torchrun("-m", "gac", *args, "--out", tmp_path / "two")
     assert two.returncode == 0, two.stderr[-2000:]
     a, b = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("one", "two"))
     assert a["dims"] == b["dims"]
@@ -262,8 +247,8 @@ def test_a_rank_without_windows_adds_nothing(tiny_model_dir, tmp_path, compresso
     args = ("compress", "--model", tiny_model_dir, "--compressor", compressor, "--seq-len", "32", "--quiet", *extra)
     args = (*args, pipeline)
     args = (*args, "--calib-windows", "1", "--eval-windows", "1", "--no-align")
-    one = run_gac(*args, "--out", tmp_path / "one", env=_env(), timeout=300)
-    two = _torchrun("-m", "gac", *args, "--out", tmp_path / "two")
+    one = run_gac(*args, "--out", tmp_path / "one", env=torchrun_env(), timeout=300)
+    two = torchrun("-m", "gac", *args, "--out", tmp_path / "two")
     assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-2000:]
     a, b = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("one", "two"))
     assert a["dims"] == b["dims"]
@@ -277,7 +262,7 @@ def test_two_nodes_choose_the_dims_of_one_process(tiny_model_dir, tmp_path):
     """Two torchrun launches as two nodes (c10d rendezvous on localhost), one rank each: one process's dims and
     perplexity; node 0's rank 0 alone writes."""
     args = ("compress", "--model", tiny_model_dir, "--compressor", "asvd", *TINY_RUN)
-    one = run_gac(*args, "--out", tmp_path / "one", env=_env(), timeout=300)
+    one = run_gac(*args, "--out", tmp_path / "one", env=torchrun_env(), timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     nodes = _two_nodes("-m", "gac", *args, "--out", tmp_path / "two")
     assert [n.returncode for n in nodes] == [0, 0], "".join(n.stderr for n in nodes)[-3000:]
@@ -298,7 +283,7 @@ def test_speedup_selected_by_rank_0_is_cut_alike_on_every_rank(tiny_model_dir, t
 
     out = tmp_path / "out"
     args = ("compress", "--model", tiny_model_dir, "--compressor", "prune", "--prune-layers", "all", *TINY_RUN[:-2])
-    p = _torchrun("-m", "gac", *args, "--speedup", "1.03", "--out", out)
+    p = torchrun("-m", "gac", *args, "--speedup", "1.03", "--out", out)
     assert p.returncode == 0, p.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["objective"]["kind"] == "latency" and report["distributed"]["world_size"] == 2
@@ -319,9 +304,9 @@ def test_a_killed_rank_stops_the_others_with_one_error_line(tiny_model_dir, tmp_
     script = tmp_path / "kill_rank_1.py"
     script.write_text(KILL_RANK_1.format(module=module, function=function))
     out = tmp_path / "out"
-    p = _torchrun(script, "compress", "--model", tiny_model_dir, *TINY_RUN, "--out", out, timeout=120)
+    p = torchrun(script, "compress", "--model", tiny_model_dir, *TINY_RUN, "--out", out, timeout=120)
     assert p.returncode != 0
-    errors = _error_lines(p.stderr)
+    errors = error_lines(p.stderr)
     assert len(errors) == 1 and errors[0].startswith("error: rank 0 of 2"), p.stderr[-2000:]
     assert not out.exists() and sorted(x.name for x in tmp_path.iterdir()) == ["kill_rank_1.py"]
 
@@ -331,14 +316,11 @@ def test_a_killed_rank_stops_the_others_with_one_error_line(tiny_model_dir, tmp_
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of CUDA ranks on a machine without CUDA")
 def test_cuda_ranks_without_cuda_refused_per_rank(tiny_model_dir, tmp_path):
     out = tmp_path / "out"
-    p = _torchrun("-m", "gac", "compress", "--model", tiny_model_dir, "--device", "cuda", *TINY_RUN, "--out", out)
-    errors = _error_lines(p.stderr)
-    assert sorted(e.split(":")[1] for e in errors) == [" rank 0", " rank 1"], p.stderr[-2000:]
-    assert all("--device cpu" in e for e in errors)
-    assert "exitcode  : 2" in p.stderr and not out.exists()
+    p = torchrun("-m", "gac", "compress", "--model", tiny_model_dir, "--device", "cuda", *TINY_RUN, "--out", out)
+    assert_cuda_ranks_refused(p, out)
 
 
-def test_refused_options_name_torchrun(monkeypatch):
+def test_refused_options_nametorchrun(monkeypatch):
     from gac.config import CompressConfig
     from gac.errors import ConfigError
     from gac.pipelines.run import _for_rank

@@ -85,7 +85,7 @@ def map_over_ranks(
     """map_side_by_side's results, the items spread over torchrun's ranks by cost (the costliest first, each to the
     least loaded rank) and every result sent to every rank; label(item) names what each rank computed in
     report.json. In one process, map_side_by_side itself."""
-    from gac.distributed import all_gather_object, assign_by_cost, map_tensors, world
+    from gac.distributed import all_gather_tensors, assign_by_cost, map_tensors, world
 
     w = world()
     if not w.active:
@@ -94,7 +94,7 @@ def map_over_ranks(
     mine = [i for i, r in enumerate(owners) if r == w.rank]
     done = map_side_by_side(fn, [items[i] for i in mine], cost=cost, on_done=on_done, device=device)
     results: list = [None] * len(items)
-    for part in all_gather_object(dict(zip(mine, done)), what=f"sharing what was {what}"):
+    for part in all_gather_tensors(dict(zip(mine, done)), what=f"sharing what was {what}"):
         for i, result in part.items():
             results[i] = map_tensors(result, lambda t: t.to(device))
     if label is not None:
