@@ -12,8 +12,8 @@ def _leave_if_group_broken(code: int) -> None:
     """Under torchrun, once a collective failed (gac.distributed.broken()): exit now, the exit handlers run but no
     teardown of the broken process group, which can wait forever on a peer that never answers."""
     distributed = sys.modules.get("gac.distributed")  # imported by then wherever a group was formed
-    if distributed is None or not distributed.broken():
-        return
+    if distributed is None or not distributed.broken() or not distributed.from_env()[1] > 1:
+        return  # one process (a test's in-process CLI included) ends as always
     import atexit
 
     atexit._run_exitfuncs()
