@@ -141,8 +141,10 @@ def session(device: str, timeout_s: float | None = None) -> Iterator[World]:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     except (RuntimeError, ValueError) as e:
         raise _failed(rank, size, timeout, "joining the process group", e) from None
-    _WORLD = World(rank, size, local_rank, backend, timeout, f"cuda:{local_rank}" if cuda else str(device))
-    _WORLD.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device = f"cuda:{local_rank}" if cuda else str(device)
+    _WORLD = World(
+        rank, size, local_rank, backend, timeout, device, local_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    )
     try:
         yield _WORLD
     finally:
@@ -188,10 +190,7 @@ def batches_share(windows: torch.Tensor, batch_size: int) -> torch.Tensor:
     so a pass over them in batches of batch_size forms the batches one process forms (a gradient pass folds
     |g w| per batch: its sums depend on which windows share a batch). The same tensor in one process."""
     w = _WORLD
-    if not w.active:
-        return windows
-    mine = [b for k, b in enumerate(windows.split(batch_size)) if k % w.size == w.rank]
-    return torch.cat(mine) if mine else windows[:0]
+    return windows if not w.active else windows[w.batch_windows(len(windows), batch_size)]
 
 
 def windows_share(windows: torch.Tensor) -> torch.Tensor:
@@ -276,12 +275,19 @@ def on_main(fn: Callable[[], T], what: str) -> T:
     w = _WORLD
     if not w.active:
         return fn()
-    outcome: tuple[bool, Any] | None = None
-    if w.is_main:
-        try:
-            outcome = (True, fn())
-        except GacError as e:
-            outcome = (False, e)
+    return _shared(_outcome(fn) if w.is_main else None, what)
+
+
+def _outcome(fn: Callable[[], T]) -> tuple[bool, Any]:
+    """(True, fn()), or (False, the GacError it raised): what rank 0 sends the others."""
+    try:
+        return True, fn()
+    except GacError as e:
+        return False, e
+
+
+def _shared(outcome: tuple[bool, Any] | None, what: str) -> Any:
+    """Rank 0's outcome on every rank: its result, or its error raised."""
     ok, value = broadcast_object(outcome, what=what)
     if not ok:
         raise value
@@ -333,7 +339,7 @@ def run_on_main(fn: Callable[[], T], what: str) -> T:
     # the rendezvous store every rank already reaches: no port of its own to open
     store = dist.distributed_c10d._get_default_store()
     beat_key, done_key = f"gac/{what}/beat", f"gac/{what}/done"
-    outcome: tuple[bool, Any] | None = None
+    outcome = None
     if w.is_main:
         stop = threading.Event()
 
@@ -347,19 +353,14 @@ def run_on_main(fn: Callable[[], T], what: str) -> T:
         beating.start()
         try:
             with node_threads(), alone():
-                outcome = (True, fn())
-        except GacError as e:
-            outcome = (False, e)
+                outcome = _outcome(fn)
         finally:
             stop.set()
             beating.join()
         store.set(done_key, "1")
     else:
         _wait_for(store, beat_key, done_key, w, what)
-    ok, value = broadcast_object(outcome, what=what)
-    if not ok:
-        raise value
-    return value
+    return _shared(outcome, what)
 
 
 def _wait_for(store: Any, beat_key: str, done_key: str, w: World, what: str) -> None:
