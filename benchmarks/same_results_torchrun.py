@@ -112,6 +112,12 @@ def main() -> int:
             + ", ".join(f"{k} {v:.1f} s" for k, v in a["stages_s"].items()),
             flush=True,
         )
+        if "latency_objective" in a:  # --speedup: what each side's closed loop measured, which explains a difference
+            for side, r in (("1 process", a), (f"{world} ranks", b)):
+                lo = r["latency_objective"]
+                print(f"{name}, {side}: kept round {lo.get('round')} of {len(lo.get('rounds', []))} (stream "
+                      f"{lo.get('stream')}), measured baseline {lo.get('baseline_measured_ms')} ms, gac "
+                      f"{lo.get('gac_measured_ms')} ms, speed-up {lo.get('measured_speedup')}", flush=True)
     return 1 if failed else 0
 
 

@@ -321,13 +321,71 @@ def test_cuda_ranks_without_cuda_refused_per_rank(tiny_model_dir, tmp_path):
     assert_cuda_ranks_refused(p, out)
 
 
-def test_refused_options_nametorchrun(monkeypatch):
+def test_a_rank_s_config_and_heal_ranks_checked_first():
     from gac.config import CompressConfig
     from gac.errors import ConfigError
+    from gac.heal.distill import DistillConfig
+    from gac.heal.run import HealConfig
     from gac.pipelines.run import _for_rank
 
     w = World(rank=1, size=2, backend="gloo")
-    with pytest.raises(ConfigError, match="torchrun"):
-        _for_rank(CompressConfig(compressor="auto"), w)
     cfg = _for_rank(CompressConfig(pipeline="layerwise"), w)
     assert cfg.progress is False and cfg.pipeline == "layerwise"
+    assert _for_rank(CompressConfig(compressor="auto"), w).compressor == "auto"  # runs under torchrun now
+    one_a_step = HealConfig(distill=DistillConfig(batch=1))
+    with pytest.raises(ConfigError, match="--heal-batch 2"):  # before any rank loads the model
+        _for_rank(CompressConfig(heal=one_a_step), w)
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_auto_under_torchrun_keeps_one_process_s_choice(tiny_model_dir, tmp_path):
+    """--compressor auto on two ranks: rank 0 compares the compressors as one process does, and the ranks cut its
+    choice; the same kept compressor, dims and parameters, the perplexity within rounding."""
+    args = ("compress", "--model", tiny_model_dir, "--compressor", "auto", *TINY_RUN)
+    one = run_gac(*args, "--out", tmp_path / "one", env=torchrun_env(), timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = torchrun("-m", "gac", *args, "--out", tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("one", "two"))
+    assert a["auto"]["kept"] == b["auto"]["kept"] and a["compressor"] == b["compressor"]
+    assert a["dims"] == b["dims"] and b["distributed"]["world_size"] == 2
+    assert b["variants"]["gac"]["params"] == a["variants"]["gac"]["params"]
+    assert b["variants"]["gac"]["ppl"] == pytest.approx(a["variants"]["gac"]["ppl"], rel=1e-3)
+    assert two.stdout.count("saved gac model") == 1
+
+
+@pytest.fixture(scope="module")
+def serve_tiny_dir(tmp_path_factory):
+    """A tiny Llama whose widths meet the int4 kernel's multiples once aligned (head_dim 32)."""
+    from tests.helpers_serve import serve_tiny_model
+    from tests.helpers_tiny import tiny_tokenizer
+
+    d = tmp_path_factory.mktemp("serve-tiny")
+    serve_tiny_model().save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    return d
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_heal_and_quantize_under_torchrun(serve_tiny_dir, tmp_path):
+    """`compress --heal --quantize` on two ranks: every rank heals its share of each step (DDP), rank 0 alone runs
+    GPTQ (llm-compressor as one process) and writes; healing ends within 2% of one process's, the same
+    quantization."""
+    args = ("compress", "--model", serve_tiny_dir, "--compressor", "prune", "--ratio", "0.3", "--target",
+            "vllm:w4a16", "--heal", "--heal-tokens", "256", "--quantize", "w4a16", "--method", "gptq",
+            "--seq-len", "32", "--calib-windows", "4", "--eval-windows", "2", "--quiet")
+    one = run_gac(*args, "--out", tmp_path / "one", env=torchrun_env(), timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = torchrun("-m", "gac", *args, "--out", tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("one", "two"))
+    assert a["dims"] == b["dims"] and b["distributed"]["world_size"] == 2
+    assert b["heal"]["run"]["tokens"] == a["heal"]["run"]["tokens"]
+    for text, ppl in a["heal"]["ppl"]["after"].items():
+        assert b["heal"]["ppl"]["after"][text] == pytest.approx(ppl, rel=2e-2)
+    assert b["quantization"]["label"] == a["quantization"]["label"]
+    assert b["quantization"]["quantized"] == a["quantization"]["quantized"] == len(a["quantization"]["linears"])
+    assert json.loads((tmp_path / "two" / "config.json").read_text())["quantization_config"]
+    assert two.stdout.count("saved gac model") == 1

@@ -4,13 +4,15 @@ quantize -> save (the pipeline writes). The pipeline is chosen by the memory for
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from gac.compressors import AUTO
 from gac.config import WHOLE_MODEL, CompressConfig
-from gac.distributed import World, barrier, on_main
+from gac.distributed import World, on_main, run_on_main
 from gac.errors import ConfigError, GacError, literal
 from gac.objectives.base import Analyzed, Selected
 from gac.pipelines import get_pipeline
@@ -44,19 +46,12 @@ def run(cfg: CompressConfig) -> CompressResult:
 
 
 def _for_rank(cfg: CompressConfig, world: World) -> CompressConfig:
-    """The run's config on one of several ranks: what this slice of distributed compression does not split refused,
-    the rank's own device, progress bars on rank 0 only."""
-    excluded = (
-        (cfg.compressor == AUTO, "compressor:auto"),
-        (cfg.heal is not None, "heal"),
-        (cfg.quantize is not None, "quantize"),
-    )
-    for given, name in excluded:
-        if given:
-            raise ConfigError(
-                f"{{{name}}} does not run under torchrun yet (rank {world.rank} of {world.size}): run it in one "
-                "process, or drop it"
-            )
+    """The run's config on one of several ranks: the rank's own device, progress bars on rank 0 only; --heal's ranks
+    checked against its windows a step before any rank loads the model."""
+    if cfg.heal is not None:
+        from gac.heal.parallel import check_ranks
+
+        check_ranks(cfg.heal.distill.batch, world.size)
     return dataclasses.replace(cfg, device=world.device, progress=cfg.progress and world.is_main)
 
 
@@ -96,7 +91,13 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
     held_back = _held_back(tokenizer, cfg)
     heal_texts = _heal_config(cfg).windows(tokenizer) if cfg.heal is not None else None  # a bad text fails now
     auto = None
-    if compressor is None:  # --compressor auto: the best measured compressor's selection, then the run as its own
+    if compressor is None and world.active:  # auto under torchrun: rank 0 chooses, the ranks cut its choice
+        cfg, chosen, auto = _auto_on_main(model, calib, held_back, cfg)
+        compressor = make_compressor(cfg.compressor, **cfg.compressor_options)
+        with clock.stage("analyze"):
+            analyzed = pipeline.analyze(opened, calib, cfg, compressor, held_back)
+        selected = _with_choice(analyzed, chosen)
+    elif compressor is None:  # --compressor auto: the best measured compressor's selection, then the run as its own
         from gac.pipelines.auto import choose
 
         cfg, selected, auto = choose(model, calib, held_back, cfg)
@@ -114,44 +115,49 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
         variants, latency_method = evaluate_variants(
             models, selected.names, held_out, cfg, measured=measured, clock=clock
         )
-        if not world.is_main:  # rank 0 reports and writes; the others wait for it
-            barrier("waiting for rank 0 to report and write")
-            return CompressResult({}, None, models, world.rank)
-        report = build_report(cfg, opened.name, selected, variants, choice, latency_method)
-        if world.active:
-            report.distributed = world.summary()
-        report.auto = auto
-        if cfg.compressor_options.get("drop_experts"):
-            report.experts_kept = experts_kept(saved)
-        if cfg.heal is not None and heal_texts is not None:
-            report.heal = _heal(models, heal_texts, cfg)
-        quantizer = None
-        if qplan is not None:
-            report.quantization, quantizer = _quantize(saved, tokenizer, qplan, cfg)
-        out = None
-        report.stages_s = clock.to_dict()  # before writing: the write's own time is in the log
-        if cfg.out is not None:
-            from gac.pipelines.outputs import plan_and_files
+        healed = None
+        if cfg.heal is not None and heal_texts is not None:  # under torchrun every rank trains its share (DDP)
+            healed = _heal(models, heal_texts, cfg)
 
-            plan, files = plan_and_files(saved, cfg, report, compressor)
-            out = pipeline.write(
-                saved,
-                tokenizer,
-                cfg,
-                plan=plan,
-                files=files,
-                streamed_to=streamed_to,
-                finish=quantizer.update_config if quantizer is not None else None,
-            )
-        barrier("the final barrier")
-    return CompressResult(report.to_dict(), out, models)
+        def report_and_write() -> tuple[dict, str | None]:
+            report = build_report(cfg, opened.name, selected, variants, choice, latency_method)
+            if world.active:
+                report.distributed = world.summary()
+            report.auto = auto
+            report.heal = healed
+            if cfg.compressor_options.get("drop_experts"):
+                report.experts_kept = experts_kept(saved)
+            quantizer = None
+            if qplan is not None:
+                report.quantization, quantizer = _quantize(saved, tokenizer, qplan, cfg)
+            out = None
+            report.stages_s = clock.to_dict()  # before writing: the write's own time is in the log
+            if cfg.out is not None:
+                from gac.pipelines.outputs import plan_and_files
+
+                plan, files = plan_and_files(saved, cfg, report, compressor)
+                out = pipeline.write(
+                    saved,
+                    tokenizer,
+                    cfg,
+                    plan=plan,
+                    files=files,
+                    streamed_to=streamed_to,
+                    finish=quantizer.update_config if quantizer is not None else None,
+                )
+            return report.to_dict(), out
+
+        # rank 0 alone reports, quantizes and writes, on the node's threads, however long it takes; the others
+        # follow its heartbeat (gac.distributed.run_on_main)
+        report_dict, out = run_on_main(report_and_write, "rank 0's report and write")
+    if not world.is_main:
+        return CompressResult({}, None, models, world.rank)
+    return CompressResult(report_dict, out, models)
 
 
 def _select(model: nn.Module, analyzed: Analyzed, cfg: CompressConfig, world: World) -> Selected:
     """The objective's selection; under torchrun rank 0's (its --speedup loop timed on its device alone, the others
     waiting), shared with every rank beside each rank's own analysis."""
-    from gac.distributed import run_on_main
-
     objective = cfg.objective
     if not world.active:
         return objective.select_dims(model, analyzed, cfg)
@@ -164,7 +170,29 @@ def _select(model: nn.Module, analyzed: Analyzed, cfg: CompressConfig, world: Wo
     chosen = run_on_main(choose, "rank 0's selection")
     if mine:
         return mine[0]
+    return _with_choice(analyzed, chosen)
+
+
+def _with_choice(analyzed: Analyzed, chosen: dict) -> Selected:
+    """This rank's analysis with rank 0's choice of dims (the fields of Selected but this rank's own)."""
     return Selected(**{f.name: getattr(analyzed, f.name) for f in dataclasses.fields(Analyzed)}, **chosen)
+
+
+def _auto_on_main(
+    model: nn.Module, calib: torch.Tensor, held_back: torch.Tensor | None, cfg: CompressConfig
+) -> tuple[CompressConfig, dict, dict]:
+    """--compressor auto under torchrun: rank 0 runs the whole comparison as one process does (its loss and
+    latency measurements are one device's), and every rank gets (the kept compressor's config, its choice of dims,
+    auto's report section). The ranks then analyze that compressor together and cut rank 0's dims, as for a run
+    that named it: every analysis of the comparison runs on rank 0 alone, and the kept one once more split."""
+    from gac.pipelines.auto import choose
+
+    def compare() -> tuple[CompressConfig, dict, dict]:
+        kept_cfg, selected, auto = choose(model, calib, held_back, cfg)
+        chosen = {f.name: getattr(selected, f.name) for f in dataclasses.fields(Selected) if f.name not in _OWN}
+        return kept_cfg, chosen, auto
+
+    return run_on_main(compare, "rank 0's choice of compressor")
 
 
 _OWN = {f.name for f in dataclasses.fields(Analyzed)} | {"built"}  # what every rank has of its own
@@ -235,5 +263,22 @@ def _quantize(
     from gac.quantize.run import quantize_model, quantize_report
 
     start = time.perf_counter()
-    quantizer = quantize_model(model, tokenizer, qplan, progress=cfg.progress)
+    with _one_process():
+        quantizer = quantize_model(model, tokenizer, qplan, progress=cfg.progress)
     return quantize_report(cfg.model, qplan, time.perf_counter() - start), quantizer
+
+
+@contextlib.contextmanager
+def _one_process() -> Iterator[None]:
+    """llm-compressor as one process while torch's process group is up: under torchrun rank 0 quantizes alone
+    (gac.distributed.run_on_main), and llm-compressor would otherwise share its GPTQ work with ranks that are not
+    quantizing (compressed-tensors' own switch)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        yield
+        return
+    from compressed_tensors.offload import as_single_threaded  # lazy: an optional dependency of --quantize
+
+    with as_single_threaded():
+        yield
