@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gac.compressors import AUTO
@@ -119,7 +120,7 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
         if cfg.heal is not None and heal_texts is not None:  # under torchrun every rank trains its share (DDP)
             healed = _heal(models, heal_texts, cfg)
 
-        def report_and_write() -> tuple[dict, str | None]:
+        def report_and_write() -> tuple[dict, Path | None]:
             report = build_report(cfg, opened.name, selected, variants, choice, latency_method)
             if world.active:
                 report.distributed = world.summary()
