@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 from gac.errors import GacError
 
@@ -222,7 +223,13 @@ def _swap_in(tmp: Path, out: Path, force: bool) -> None:
             os.replace(tmp, out)
 
 
-def write_file(path: str | Path, write: Callable[[Path], object], *, flag: str = "--out") -> Path:
+class FileWriter(Protocol):
+    """Fills the file at the path it is given."""
+
+    def __call__(self, path: Path, /) -> object: ...
+
+
+def write_file(path: str | Path, write: FileWriter, *, flag: str = "--out") -> Path:
     """Fill a temporary sibling with `write(tmp_path)`, then rename it over `path`."""
     path = Path(path).expanduser()
     try:
