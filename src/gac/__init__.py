@@ -10,6 +10,11 @@ the same at once, explicitly.
 
 __version__ = "0.1.0"
 
+import importlib
+from typing import Any
+
+from gac.checkpoint.auto_classes import register_when_transformers_loads
+
 _EXPORTS = {
     "select": "gac.align.plan",
     "compress": "gac.api",
@@ -24,18 +29,10 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:  # one of the verbs above
     if name in _EXPORTS:
-        import importlib
-
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'gac' has no attribute {name!r}")
 
 
-def _register_with_transformers():
-    from gac.checkpoint.auto_classes import register_when_transformers_loads
-
-    register_when_transformers_loads()
-
-
-_register_with_transformers()
+register_when_transformers_loads()

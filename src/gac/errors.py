@@ -1,5 +1,7 @@
 """User-facing errors: one line naming the problem and the fix, printed by the CLI without a traceback."""
 
+from __future__ import annotations
+
 from collections.abc import Mapping
 from string import Formatter
 
@@ -17,11 +19,12 @@ def first_line(e: BaseException, limit: int | None = None) -> str:
 class InfeasibleBudget(GacError):
     """No choice of candidates fits the budget; `smallest` is the least budget that would."""
 
-    def __init__(self, message: str, smallest: int):
+    def __init__(self, message: str, smallest: int) -> None:
         super().__init__(message)
         self.smallest = smallest
 
-    def __reduce__(self):  # pickled whole: under torchrun rank 0's error is raised on every rank
+    # pickled whole: under torchrun rank 0's error is raised on every rank
+    def __reduce__(self) -> tuple[type[InfeasibleBudget], tuple[str, int]]:
         return type(self), (str(self), self.smallest)
 
 
@@ -30,11 +33,11 @@ class ConfigError(GacError):
     `{field}` names a field (CompressConfig.ratio: "ratio") and `{field:VALUE}` a setting of it ("ratio=0.15"); literal
     braces are doubled. str() is the library's wording; a front end names its own options (worded: the CLI's flags)."""
 
-    def __init__(self, template: str):
+    def __init__(self, template: str) -> None:
         self.template = template
         super().__init__(self.worded())
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str]]:
         return type(self), (self.template,)
 
     def worded(self, names: Mapping[str, str] | None = None) -> str:

@@ -200,7 +200,7 @@ def _head_pruned(d):
 
 @pytest.mark.slow
 def test_what_decilm_cannot_hold_is_one_line_before_loading(tiny_model_dir, tmp_path, monkeypatch):
-    import gac.checkpoint.loading
+    import gac.export.deci
 
     quantized = tmp_path / "quantized"
     shutil.copytree(tiny_model_dir, quantized)
@@ -226,7 +226,7 @@ def test_what_decilm_cannot_hold_is_one_line_before_loading(tiny_model_dir, tmp_
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(gac.checkpoint.loading, "load_model", no_load)
+    monkeypatch.setattr(gac.export.deci, "load_model", no_load)  # the name export_deci calls
     for case, (source, expected) in cases.items():
         line = assert_one_error_line(gac_cli("export", source, "--format", "deci", "--out", outs / case), expected)
         assert list(outs.iterdir()) == [], case  # nothing written

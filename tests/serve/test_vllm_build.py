@@ -38,11 +38,11 @@ def make_layers():
             if n.startswith(PREFIX) and hasattr(m, "make_layers")}
 
 seen = []
-factorize = vllm_model.GacCausalLM._factorize
+factorize = vllm_model.factorize_layer
 def recording(*args):  # runs while each layer is built: the modules whose make_layers is not vLLM's now
     seen.append(sorted(n for n, f in make_layers().items() if f is not before.get(n, f)))
     return factorize(*args)
-vllm_model.GacCausalLM._factorize = staticmethod(recording)
+vllm_model.factorize_layer = recording
 
 class GacMisnamed(vllm_model.GacCausalLM, LlamaForCausalLM):
     gac_decoder = MixtralModel  # whose module does not build Llama's layers

@@ -19,6 +19,11 @@ import importlib.abc
 import importlib.util
 import logging
 import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+
+from gac.models.adapters import FAMILIES
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +34,7 @@ def register() -> None:
     """Register gac's model types with transformers now: gac_<family> with AutoConfig, and its classes with
     AutoModelForCausalLM and AutoModel, for every family gac reads. Idempotent. Imports torch and each family's
     transformers modeling module, which is why `import gac` leaves this to its hook."""
-    from gac.models.adapters import FAMILIES
+    # lazy: `import gac` imports this module, and modeling_gac imports torch
     from gac.models.modeling_gac import gac_config_class, register_model_classes
 
     register_configs()
@@ -42,7 +47,7 @@ def register_configs() -> None:
     a gac config is first built). Idempotent."""
     from transformers.models.auto.configuration_auto import AutoConfig
 
-    from gac.models.adapters import FAMILIES
+    # lazy: `import gac` imports this module, and modeling_gac imports torch
     from gac.models.modeling_gac import gac_config_class, gac_model_type
 
     for family in FAMILIES:
@@ -74,11 +79,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     """Wraps the loader of every transformers module (found through the other finders) to count the imports
     under way; when the outermost one is done and AutoConfig is there, registers and leaves sys.meta_path."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.finding = False
         self.depth = 0
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if self.finding or fullname.partition(".")[0] != "transformers":
             return None
         self.finding = True  # the search below must not come back here
@@ -102,13 +109,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 class _Counted(importlib.abc.Loader):
     """The module's own loader; tells the finder when the outermost import is done."""
 
-    def __init__(self, loader, finder: _AfterImport):
+    def __init__(self, loader: importlib.abc.Loader, finder: _AfterImport) -> None:
         self.loader, self.finder = loader, finder
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self.loader.create_module(spec)
 
-    def exec_module(self, module) -> None:
+    def exec_module(self, module: ModuleType) -> None:
         self.finder.depth += 1
         try:
             self.loader.exec_module(module)
@@ -117,5 +124,5 @@ class _Counted(importlib.abc.Loader):
         if self.finder.depth == 0:
             self.finder.imported()
 
-    def __getattr__(self, name):  # get_source, get_filename, ...: the module's own loader answers
+    def __getattr__(self, name: str) -> object:  # get_source, get_filename, ...: the module's own loader answers
         return getattr(self.loader, name)

@@ -13,10 +13,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gac.checkpoint.placement import SHARD_SIZE
+from gac.checkpoint.verify import check_modeling_code, code_hash
 from gac.errors import ConfigError, GacError
+from gac.io.atomic import atomic_dir
+from gac.io.validate import read_json
+from gac.models import modeling_gac
+from gac.models.adapters import adapter_for, text_config
+from gac.models.configuration_decilm import FFN_MULTIPLE, BlockConfig, DeciLMConfig, ffn_mult_width
+from gac.models.groups import groups_of, is_grouped_lowrank, is_lowrank
+from gac.models.modeling_gac import family_of, gac_config_class
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from torch import nn
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 EXPORT_FILE = "gac_export.json"
 EXPORT_VERSION = 1
@@ -44,20 +55,17 @@ class DeciLayer:
     kv_heads: int
 
 
-def is_deci_dir(path) -> bool:
+def is_deci_dir(path: str | Path) -> bool:
     return (Path(path) / EXPORT_FILE).is_file()
 
 
 # ----------------------------------------------------------------------------------------------- what DeciLM holds
 
 
-def check_config(config, source: str) -> None:
+def check_config(config: PretrainedConfig, source: str) -> None:
     """One line for what DeciLM cannot hold, read off a config (before any weight is read): a family other than
     Llama's layout, projection biases, a sliding window, low-rank projections or fused experts in a gac structure,
     and query heads that differ by layer (DeciLM's are the model's; only KV heads and MLP widths vary)."""
-    from gac.models.adapters import adapter_for, text_config
-    from gac.models.modeling_gac import family_of
-
     text = text_config(config)
     family = family_of(str(getattr(text, "model_type", "")))
     if family not in FAMILIES:
@@ -108,12 +116,9 @@ def query_heads_error(layer: int, kept: int, heads: int) -> ConfigError:
     )
 
 
-def layers_of(model) -> list[DeciLayer]:
+def layers_of(model: nn.Module) -> list[DeciLayer]:
     """Each layer's MLP width and KV heads, read off the live model; one line where a layer is not DeciLM's (a
     low-rank projection, fewer query heads than the model's, KV heads that do not divide them)."""
-    from gac.models.adapters import adapter_for
-    from gac.models.groups import groups_of, is_grouped_lowrank, is_lowrank
-
     if any(is_lowrank(m) or is_grouped_lowrank(m) for m in model.modules()):
         raise GacError(f"this model has low-rank (factorized) projections, which DeciLM cannot hold: {_LOW_RANK_FIX}")
     heads = adapter_for(model.config).geometry(model.config).num_heads
@@ -138,8 +143,6 @@ def ffn_mult_for(width: int, hidden: int) -> float | None:
     arithmetic, gives exactly `width` (checked, as config.json holds it); None where none does (a width that is not
     a multiple of 256). The ratio 3w / 2h: where floating point lands its product a hair under the width, int()
     gives one less, which the rounding up to 256 takes back; a hair over, int() gives the width itself."""
-    from gac.models.configuration_decilm import FFN_MULTIPLE, ffn_mult_width
-
     if width <= 0 or width % FFN_MULTIPLE:
         return None
     mult = 3 * width / (2 * hidden)
@@ -156,11 +159,8 @@ def block_config(layer: DeciLayer, hidden: int, heads: int) -> dict:
     }
 
 
-def deci_config(config, layers: list[DeciLayer]):
+def deci_config(config: PretrainedConfig, layers: list[DeciLayer]) -> DeciLMConfig:
     """The DeciLM config (gac.models.configuration_decilm.DeciLMConfig) of a Llama-layout config at these layers."""
-    from gac.models.adapters import adapter_for, text_config
-    from gac.models.configuration_decilm import DeciLMConfig
-
     adapter = adapter_for(config)
     hidden, heads = adapter.hidden_size(config), adapter.geometry(config).num_heads
     values = {k: v for k, v in text_config(config).to_dict().items() if k not in (*DECI_KEYS, *DROPPED_KEYS)}
@@ -175,15 +175,13 @@ def deci_config(config, layers: list[DeciLayer]):
 
 def code_path(name: str) -> Path:
     """The package's copy of a DeciLM code file (package data beside gac.models.modeling_gac)."""
-    from gac.models import modeling_gac
-
     return Path(modeling_gac.__file__).with_name(name)
 
 
 def save(
-    model,
-    tokenizer,
-    out,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    out: str | Path,
     *,
     record: dict,
     layers: list[DeciLayer] | None = None,
@@ -196,8 +194,6 @@ def save(
     gac_export.json (`record` with the layers' blocks and the code files' sha256). layers: the model's (read off it
     when not given; a quantized model's are read before it is quantized). finish: called with the directory once all
     is written (a quantized model's compressed-tensors config goes into config.json there)."""
-    from gac.io.atomic import atomic_dir
-
     layers = layers if layers is not None else layers_of(model)
     target = Path(out).expanduser().resolve()
     with atomic_dir(target, force=force) as tmp:
@@ -207,9 +203,14 @@ def save(
     return target
 
 
-def _write(model, tokenizer, d: Path, layers: list[DeciLayer], record: dict, extra_files: dict) -> None:
-    from gac.checkpoint.verify import code_hash
-
+def _write(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    d: Path,
+    layers: list[DeciLayer],
+    record: dict,
+    extra_files: dict,
+) -> None:
     config = deci_config(model.config, layers)
     model.save_pretrained(d, safe_serialization=True, max_shard_size=SHARD_SIZE)
     (d / "config.json").unlink()  # the live model's (the family's, or gac's), replaced by DeciLM's
@@ -218,7 +219,7 @@ def _write(model, tokenizer, d: Path, layers: list[DeciLayer], record: dict, ext
         tokenizer.save_pretrained(d)
     for name in CODE_FILES:
         shutil.copyfile(code_path(name), d / name)
-    blocks = [b.to_dict() for b in config.block_configs]
+    blocks = [b.to_dict() for b in config.block_configs or []]
     written = {
         **record,
         "gac_export": EXPORT_VERSION,
@@ -236,21 +237,17 @@ def _write(model, tokenizer, d: Path, layers: list[DeciLayer], record: dict, ext
 # ----------------------------------------------------------------------------------------------- read
 
 
-def read_record(path) -> dict:
+def read_record(path: str | Path) -> dict:
     """gac_export.json of a DeciLM directory gac wrote (one line where it is missing, unreadable or not DeciLM's)."""
-    from gac.io.validate import read_json
-
     record = read_json(Path(path) / EXPORT_FILE, EXPORT_FILE, "the model directory")
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise GacError(f"{path}: {EXPORT_FILE} is not gac's record of a DeciLM export: restore it or export again")
     return record
 
 
-def check_code(path, record: dict, *, allow_modified: bool = False) -> None:
+def check_code(path: str | Path, record: dict, *, allow_modified: bool = False) -> None:
     """The configuration and modeling code are the files gac wrote (their sha256 in gac_export.json): stock engines
     run them with trust_remote_code."""
-    from gac.checkpoint.verify import check_modeling_code
-
     hashes = record.get("code_sha256") or {}
     for name in CODE_FILES:
         check_modeling_code(
@@ -258,13 +255,9 @@ def check_code(path, record: dict, *, allow_modified: bool = False) -> None:
         )
 
 
-def read_config(path, *, allow_modified_code: bool = False):
+def read_config(path: str | Path, *, allow_modified_code: bool = False) -> PretrainedConfig:
     """The gac config (gac_llama, with the gac structure of each layer's width and KV heads) of a DeciLM directory
     gac wrote, read without running its code: what gac.load builds the model from."""
-    from gac.io.validate import read_json
-    from gac.models.configuration_decilm import BlockConfig
-    from gac.models.modeling_gac import gac_config_class
-
     path = Path(path)
     record = read_record(path)
     check_code(path, record, allow_modified=allow_modified_code)
@@ -282,11 +275,9 @@ def read_config(path, *, allow_modified_code: bool = False):
     return config
 
 
-def structure_of_blocks(config, blocks) -> dict:
+def structure_of_blocks(config: PretrainedConfig, blocks: list[BlockConfig]) -> dict:
     """config.gac_structure for DeciLM blocks (configuration_decilm.BlockConfig): each layer's projections of a width
     or KV heads other than the config's."""
-    from gac.models.adapters import adapter_for
-
     adapter = adapter_for(config)
     geo = adapter.geometry(config)
     hidden, inter = adapter.hidden_size(config), adapter.intermediate_size(config)

@@ -9,11 +9,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gac import __version__
+from gac.checkpoint import deci, verify
+from gac.checkpoint.auto_classes import register_configs
 from gac.checkpoint.placement import SHARD_SIZE, Placement, parse_max_memory
 from gac.errors import GacError, first_line
+from gac.hw.device import check_device, torch_dtype
+from gac.io.atomic import atomic_dir
+from gac.io.validate import read_json
+from gac.models import modeling_gac
+from gac.models.adapters import adapter_for
+from gac.models.modeling_gac import family_of, gac_class, gac_config_class
+from gac.models.structure import structure_of
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 PLAN_FILE = "gac_plan.json"
 MODELING_FILE = "modeling_gac.py"
@@ -34,13 +44,11 @@ def versions() -> dict:
     import torch
     import transformers
 
-    from gac import __version__
-
     return {"gac": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def plan_record(
-    *, variant: str | None, source_model: str | None, alignment: int | None, dims: dict | None, **extra
+    *, variant: str | None, source_model: str | None, alignment: int | None, dims: dict | None, **extra: object
 ) -> dict:
     """The content of gac_plan.json, the one writer of its keys: variant ("gac", "unaligned", "repaired"),
     source_model, alignment, dims per group, versions, and what the verb adds (compressor, ratio, budget_params,
@@ -56,11 +64,11 @@ def plan_record(
     }
 
 
-def is_gac_dir(path) -> bool:
+def is_gac_dir(path: str | Path) -> bool:
     return (Path(path) / PLAN_FILE).is_file()
 
 
-def check_out_dir(out_dir, force: bool) -> Path:
+def check_out_dir(out_dir: str | Path, force: bool) -> Path:
     """Refuse an existing output unless --force (checked before any long work starts)."""
     out = Path(out_dir)
     if out.exists() and not force:
@@ -71,9 +79,9 @@ def check_out_dir(out_dir, force: bool) -> Path:
 
 
 def save(
-    model,
-    tokenizer,
-    out_dir,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    out_dir: str | Path,
     *,
     plan: dict,
     extra_files: dict | None = None,
@@ -90,8 +98,6 @@ def save(
     finish: called with the directory once all is written, before it takes its place (a quantized model's
     compressed-tensors config is written into config.json there).
     """
-    from gac.io.atomic import atomic_dir
-
     out = check_out_dir(out_dir, force).resolve()
     with atomic_dir(out, force=force) as tmp:  # signal-safe: no hidden .partial or .old leftovers
         _write(model, tokenizer, tmp, plan, extra_files or {}, max_shard_size)
@@ -100,19 +106,28 @@ def save(
     return out
 
 
-def write_beside_weights(model, tokenizer, d, *, plan: dict, extra_files: dict | None = None) -> None:
+def write_beside_weights(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    d: str | Path,
+    *,
+    plan: dict,
+    extra_files: dict | None = None,
+) -> None:
     """Everything of a saved model but its weights (config with the structure, tokenizer, modeling code, plan,
     extra files) into directory `d`: for weights written layer by layer (gac.checkpoint.sharded)."""
     _write(model, tokenizer, Path(d), plan, extra_files or {}, weights=False)
 
 
 def _write(
-    model, tokenizer, d: Path, plan: dict, extra_files: dict, max_shard_size=SHARD_SIZE, weights: bool = True
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    d: Path,
+    plan: dict,
+    extra_files: dict,
+    max_shard_size: str | int = SHARD_SIZE,
+    weights: bool = True,
 ) -> None:
-    from gac.checkpoint.verify import code_hash
-    from gac.models import modeling_gac
-    from gac.models.structure import structure_of
-
     model.config.gac_structure = structure_of(model)
     if weights:
         model.save_pretrained(d, safe_serialization=True, max_shard_size=max_shard_size)
@@ -124,7 +139,7 @@ def _write(
         tokenizer.save_pretrained(d)
     shutil.copyfile(Path(modeling_gac.__file__), d / MODELING_FILE)  # the package data the saved model runs
     # what gac wrote, so that gac.load can refuse an edited copy (which trust_remote_code users would run)
-    plan = {**plan, MODELING_HASH: code_hash(d / MODELING_FILE)}
+    plan = {**plan, MODELING_HASH: verify.code_hash(d / MODELING_FILE)}
     (d / PLAN_FILE).write_text(json.dumps(plan, indent=2))
     for name, content in extra_files.items():
         mode = "wb" if isinstance(content, bytes) else "w"
@@ -132,14 +147,12 @@ def _write(
             f.write(content)
 
 
-def saved_config(config):
+def saved_config(config: PretrainedConfig) -> PretrainedConfig:
     """The config gac saves: the family's config as Gac<Config> (model_type gac_<family>, which transformers
     knows only through gac or the directory's modeling_gac.py, so the output never loads as the family's plain
     class with random factorized weights); `architectures` names gac's class, under which serving engines find
     gac's plugin (vLLM), never their own class for the original shapes; auto_map points trust_remote_code users
     without gac at the directory's modeling_gac.py."""
-    from gac.models.modeling_gac import gac_class
-
     saved = as_gac_config(config)
     name = gac_class(saved.model_type).__name__
     saved.architectures = [name]
@@ -151,21 +164,16 @@ def saved_config(config):
     return saved
 
 
-def as_gac_config(config):
+def as_gac_config(config: PretrainedConfig) -> PretrainedConfig:
     """`config` (the family's, or already gac's) as a new Gac<Config> of the same values."""
-    from gac.models.modeling_gac import gac_config_class
-
     values = {k: v for k, v in config.to_dict().items() if k != "model_type"}  # the class says which
     return gac_config_class(config.model_type).from_dict(values)
 
 
-def read_config(path: Path):
+def read_config(path: Path) -> PretrainedConfig:
     """config.json as gac's config class, without running the directory's code: gac's model type (gac_<family>)
     and, for outputs of earlier gac versions, the family's own."""
     from transformers import AutoConfig
-
-    from gac.checkpoint.auto_classes import register_configs
-    from gac.models.adapters import adapter_for
 
     register_configs()  # gac's model types, whatever the import order was
     try:
@@ -180,9 +188,7 @@ def read_config(path: Path):
     return as_gac_config(config)
 
 
-def read_plan(path) -> dict:
-    from gac.io.validate import read_json
-
+def read_plan(path: str | Path) -> dict:
     try:
         plan = read_json(Path(path) / PLAN_FILE, PLAN_FILE, "the model directory")
     except GacError as e:
@@ -193,7 +199,7 @@ def read_plan(path) -> dict:
 
 
 def load(
-    path,
+    path: str | Path,
     *,
     dtype: str = "float32",
     device: str = "cpu",
@@ -201,7 +207,7 @@ def load(
     max_memory: str | dict | None = None,
     offload_folder: str | None = None,
     allow_modified_code: bool = False,
-):
+) -> LoadedModel:
     """Load a directory written by `save` (or a DeciLM directory `gac export --format deci` wrote): rebuild the
     compressed shapes from its config, then the weights, with gac's own classes: the directory's code is never run.
 
@@ -210,10 +216,6 @@ def load(
     loading it whole onto `device`. A modeling_gac.py that differs from the one gac wrote is refused (users of
     trust_remote_code would run it); allow_modified_code=True loads anyway, with a warning."""
     from transformers import AutoTokenizer
-
-    from gac.checkpoint import deci, verify
-    from gac.hw.device import check_device, torch_dtype
-    from gac.models.modeling_gac import family_of, gac_class
 
     path = Path(path)
     if deci.is_deci_dir(path):  # its code's hashes are in its own record, checked as it is read

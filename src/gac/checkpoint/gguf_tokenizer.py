@@ -15,6 +15,7 @@ from gac.errors import GacError
 from gac.io.llama_log import collected_log
 
 if TYPE_CHECKING:
+    from llama_cpp import Llama
     from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def _transformers_version() -> str:
     return transformers.__version__
 
 
-def _llama_cpp_vocab(gguf: Path):
+def _llama_cpp_vocab(gguf: Path) -> Llama | None:
     """llama.cpp's vocabulary of `gguf` loaded alone, no weights (a llama_cpp.Llama: its metadata and tokenizer), or
     None where its bindings are not installed or cannot read the file."""
     try:

@@ -11,12 +11,21 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from gac.checkpoint import verify
+from gac.checkpoint.loading import load_model
+from gac.checkpoint.placement import input_device
 from gac.checkpoint.verify import SAFE_INDEX
 from gac.checkpoint.verify import SAFETENSORS as SAFE_SINGLE
 from gac.errors import GacError
+from gac.hw.device import check_device, torch_dtype
 from gac.hw.heap import map_large_allocations, return_freed_memory
-from gac.models.adapters import adapter_for
+from gac.models.adapters import LayerModules, adapter_for
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +35,7 @@ class Resident:
 
     lazy = False
 
-    def __init__(self, model):
-        from gac.checkpoint.placement import input_device
-
+    def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.device = input_device(model)
 
@@ -39,7 +46,7 @@ class Resident:
         pass
 
 
-def weight_files(path) -> dict[str, Path]:
+def weight_files(path: str | Path) -> dict[str, Path]:
     """{tensor name: safetensors file} of a model directory (sharded with an index, or one file)."""
     d = Path(path)
     if (d / SAFE_INDEX).is_file():
@@ -62,12 +69,10 @@ class LazyCheckpoint:
 
     lazy = True
 
-    def __init__(self, path, dtype: str = "float32", device: str = "cpu"):
+    def __init__(self, path: str | Path, dtype: str = "float32", device: str = "cpu") -> None:
         import torch
         from accelerate import init_empty_weights
         from transformers import AutoConfig, AutoModelForCausalLM
-
-        from gac.hw.device import torch_dtype
 
         self.path = Path(path)
         self.dtype = torch_dtype(dtype)
@@ -126,7 +131,7 @@ class LazyCheckpoint:
                 "checkpoint is incomplete or of another architecture"
             )
 
-    def _load_fused_experts(self, layer) -> None:
+    def _load_fused_experts(self, layer: LayerModules) -> None:
         """An MoE layer's fused expert weights from a checkpoint that stores them per expert (as Hugging Face's do):
         each expert's tensors concatenated (gate and up rows), the experts stacked, as transformers fuses them."""
         import torch
@@ -157,20 +162,17 @@ class LazyCheckpoint:
         return_freed_memory()
 
 
-def open_source(spec: str, *, dtype: str = "float32", device: str = "cpu"):
+def open_source(
+    spec: str, *, dtype: str = "float32", device: str = "cpu"
+) -> tuple[Resident | LazyCheckpoint, PreTrainedTokenizerBase | None, str]:
     """(weight source, tokenizer, model name) for the layer-by-layer pipeline: a safetensors model directory is
     read lazily (LazyCheckpoint, checked as a whole load would be), anything else (alias, .gguf) loaded whole."""
-    from gac.checkpoint.loading import load_model
-    from gac.hw.device import check_device
-
     path = Path(spec).expanduser()
     if not (path.is_dir() and (path / "config.json").is_file() and _has_safetensors(path)):
         loaded = load_model(spec, dtype=dtype, device=device)
         return Resident(loaded.model), loaded.tokenizer, loaded.source
     check_device(device)
     from transformers import AutoTokenizer
-
-    from gac.checkpoint import verify
 
     verify.check_weight_files(path)
     source = LazyCheckpoint(path, dtype, device)

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from gac.checkpoint import verify
 from gac.checkpoint.deci import is_deci_dir
 from gac.checkpoint.gac_dir import LoadedModel, is_gac_dir, load, placement_kwargs
 from gac.checkpoint.gguf_tokenizer import check_tokenizer
@@ -16,9 +17,14 @@ from gac.checkpoint.placement import Placement
 from gac.checkpoint.verify import check_gac_files
 from gac.errors import GacError, first_line
 from gac.hw.device import DTYPES, check_device, dtype_name, torch_dtype
+from gac.hw.profile import cache_root
+from gac.io.atomic import atomic_dir
+from gac.io.validate import local_model_typo
+from gac.models.adapters import adapter_for
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +44,7 @@ def embedded_gguf(alias: str) -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _gguf_config(where: str, gguf_file: str, stamp: tuple):
+def _gguf_config(where: str, gguf_file: str, stamp: tuple) -> PretrainedConfig:
     """The config in a GGUF file's metadata, read once a process while the file is unchanged (stamp: its size and
     mtime): the metadata holds the whole vocabulary, and reading it takes seconds, so the memory forecast and the
     loader share one read."""
@@ -47,14 +53,11 @@ def _gguf_config(where: str, gguf_file: str, stamp: tuple):
     return AutoConfig.from_pretrained(where, gguf_file=gguf_file)
 
 
-def read_config_checked(where: str, source: str, gguf_file: str | None = None):
+def read_config_checked(where: str, source: str, gguf_file: str | None = None) -> PretrainedConfig:
     """A model's transformers config, checked as loading checks it (a known family, values that cannot run refused):
     the one reader of a config for the loader and the memory forecast."""
     from huggingface_hub.errors import StrictDataclassError  # transformers' own checks of a config's values
     from transformers import AutoConfig
-
-    from gac.checkpoint import verify
-    from gac.models.adapters import adapter_for
 
     try:
         if gguf_file:
@@ -107,8 +110,6 @@ def gguf_of(spec: str) -> Path | None:
 
 
 def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> LoadedModel:
-    from gac.io.validate import local_model_typo
-
     check_device(device)
     torch_dt = torch_dtype(dtype)
     path = Path(spec).expanduser()
@@ -159,7 +160,7 @@ def _load_model(spec: str, *, dtype: str, device: str, placement: Placement) -> 
     return loaded
 
 
-def embedded_copy(alias: str, dtype) -> Path:
+def embedded_copy(alias: str, dtype: torch.dtype | str) -> Path:
     """Where the embedded model's transformers copy in `dtype` (a torch dtype or its name) lives."""
     return _copy_dir(alias, embedded_gguf(alias), dtype)
 
@@ -171,13 +172,11 @@ def kept_copy(alias: str) -> Path | None:
     return next((d for d in (_copy_dir(alias, gguf, name) for name in DTYPES) if d.is_dir()), None)
 
 
-def _copy_dir(alias: str, gguf: Path, dtype) -> Path:
+def _copy_dir(alias: str, gguf: Path, dtype: torch.dtype | str) -> Path:
     """$GAC_CACHE_DIR/models (else ~/.cache/gac/models), a folder named for the GGUF's size and mtime, the dtype and
     the versions of the two libraries that read it (transformers, gguf's de-quantization), so that a changed file or
     library is read afresh."""
     from importlib.metadata import PackageNotFoundError, version
-
-    from gac.hw.profile import cache_root
 
     stat = gguf.stat()
     try:
@@ -187,13 +186,11 @@ def _copy_dir(alias: str, gguf: Path, dtype) -> Path:
     return cache_root() / "models" / f"{alias}-{stat.st_size}-{stat.st_mtime_ns}-{dtype_name(dtype)}-{readers}"
 
 
-def _load_embedded(alias: str, torch_dt) -> LoadedModel:
+def _load_embedded(alias: str, torch_dt: torch.dtype) -> LoadedModel:
     """The embedded model: from its GGUF the first time, then from the transformers directory (safetensors, config,
     tokenizer) that first load wrote (embedded_copy). Reading the GGUF is slow, since transformers parses its
     metadata, the whole vocabulary, several times; the copy loads in seconds, the same tensors to the bit. A copy
     that does not load is replaced; one that cannot be written costs only the time."""
-    from gac.io.atomic import atomic_dir
-
     gguf = embedded_gguf(alias)
     copy_dir = _copy_dir(alias, gguf, torch_dt)
     if copy_dir.is_dir():
@@ -248,7 +245,7 @@ def _check_hub(repo: str) -> None:
 
 def _load_hf(
     where: str,
-    torch_dt,
+    torch_dt: torch.dtype,
     *,
     source: str,
     gguf_file: str | None = None,
@@ -267,8 +264,6 @@ def _load_hf(
                 f"unreachable): download it where you have network, or pass a local directory"
             ) from e
         raise
-    from gac.checkpoint import verify
-
     if not hub and not gguf_file:
         verify.check_weight_files(where)
     try:

@@ -5,8 +5,13 @@ accelerate's (through transformers' `from_pretrained(device_map=..., max_memory=
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gac.errors import ConfigError, literal
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 SHARD_SIZE = "2GB"  # max_shard_size of saved outputs (transformers' format: shards + model.safetensors.index.json)
 DEVICE_MAPS = ("auto", "balanced", "sequential")
@@ -60,7 +65,7 @@ class Placement:
     max_memory: dict | None = None  # {0: bytes, "cpu": bytes, ...}, accelerate's format (a string is parsed)
     offload_folder: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.device_map is not None and self.device_map not in DEVICE_MAPS:
             raise ConfigError(
                 f"unknown {{device_map}} {literal(repr(self.device_map))}: use one of {', '.join(DEVICE_MAPS)}"
@@ -98,12 +103,13 @@ class Placement:
         return kwargs
 
 
-def input_device(model):
+def input_device(model: nn.Module) -> torch.device:
     """The device the model's inputs go to: the embeddings' (a dispatched model's first parameters may be on
     `meta` while offloaded), else the first parameter's."""
     import torch
 
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embeddings = getattr(model, "get_input_embeddings", None)
+    emb = embeddings() if embeddings is not None else None
     weight = getattr(emb, "weight", None)
     if weight is not None and weight.device.type != "meta":
         return weight.device
@@ -113,13 +119,13 @@ def input_device(model):
     return torch.device("cpu")
 
 
-def is_dispatched(model) -> bool:
+def is_dispatched(model: nn.Module) -> bool:
     """Whether accelerate's hooks run inside the model's forward (moving tensors between devices, reading
     offloaded weights): such a forward cannot be captured in a CUDA graph and is timed eagerly."""
     return any(hasattr(m, "_hf_hook") for m in model.modules())
 
 
-def placement_summary(model) -> dict | None:
+def placement_summary(model: nn.Module) -> dict | None:
     """Where accelerate put a model: {"modules": {device: n}, "params": {device: n}} from its hf_device_map
     (devices "cuda:N", "cpu", "disk"; modules at accelerate's granularity, parameters counted under the longest
     mapped prefix), or None for a model loaded whole onto one device."""
@@ -127,7 +133,7 @@ def placement_summary(model) -> dict | None:
     if not device_map:
         return None
 
-    def name(where) -> str:
+    def name(where: int | str) -> str:
         return f"cuda:{where}" if isinstance(where, int) else str(where)
 
     modules: dict[str, int] = {}

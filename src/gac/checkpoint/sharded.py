@@ -16,7 +16,7 @@ from gac.io.atomic import new_file_mode
 class ShardWriter:
     """Collects shards in directory `d` (normally an atomic_dir's temporary directory)."""
 
-    def __init__(self, d):
+    def __init__(self, d: str | Path) -> None:
         self.d = Path(d)
         self.parts: list[tuple[Path, list[str]]] = []
         self.total_size = 0

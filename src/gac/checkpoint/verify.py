@@ -20,9 +20,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from gac.errors import GacError, first_line
+from gac.io.validate import quantization_of, read_json
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +44,6 @@ CONVERT = (
 
 
 def _shards(d: Path, index_name: str, what: str) -> list[Path]:
-    from gac.io.validate import read_json
-
     index = read_json(d / index_name, "weights index", "the model directory")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
@@ -75,7 +82,7 @@ def _check_safetensors(path: Path, quantized: bool = False) -> None:
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors header names
 
 
-def check_finite(model, source: str) -> None:
+def check_finite(model: nn.Module, source: str) -> None:
     """NaN or inf in a weight: a damaged checkpoint, which would otherwise fail deep inside an SVD."""
     import torch
 
@@ -109,12 +116,8 @@ def _check_pickle(path: Path) -> None:
         raise GacError(f"refused {path}: not a plain dict of tensors; {CONVERT}")
 
 
-def check_weight_files(d) -> str:
+def check_weight_files(d: str | Path) -> str:
     """Check the weights in directory `d` before loading; returns "safetensors" or "pickle"."""
-    from functools import partial
-
-    from gac.io.validate import quantization_of
-
     d = Path(d)
     quantized = (quantization_of(d) or {}).get("quant_method") == COMPRESSED_TENSORS
     formats = (
@@ -137,11 +140,11 @@ def check_weight_files(d) -> str:
 COMPRESSED_TENSORS = "compressed-tensors"
 
 
-def check_config(config, source: str) -> None:
+def check_config(config: PretrainedConfig, source: str) -> None:
     """Config values transformers would turn into a traceback, or into a model that cannot run."""
     from transformers.activations import ACT2FN
 
-    def bad(what: str):
+    def bad(what: str) -> NoReturn:
         raise GacError(f"{source}: config.json {what}: fix config.json or re-download the model")
 
     for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size"):
@@ -181,9 +184,9 @@ def check_loading_info(info: dict, source: str, *, gac_output: bool = False) -> 
     """transformers' output_loading_info: a missing or mismatched tensor is an error, never a random init. A tensor
     the model does not use is a warning, except in a gac output, whose structure must place every tensor."""
 
-    def listed(keys) -> str:
-        keys = sorted(str(k if isinstance(k, str) else k[0]) for k in keys)
-        return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+    def listed(keys: Iterable[str | tuple]) -> str:
+        names = sorted(str(k if isinstance(k, str) else k[0]) for k in keys)
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
     missing = info.get("missing_keys") or ()
     mismatched = info.get("mismatched_keys") or ()
@@ -211,11 +214,12 @@ def check_loading_info(info: dict, source: str, *, gac_output: bool = False) -> 
         log.warning("%s: ignored %d tensor(s) the model does not use (%s)", source, len(unexpected), listed(unexpected))
 
 
-def check_tokenizer_fits(model, tokenizer, source: str) -> None:
+def check_tokenizer_fits(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, source: str) -> None:
     """Token ids the tokenizer can produce must index the embedding: a smaller vocabulary reads out of range."""
     if tokenizer is None:
         return
-    rows = model.get_input_embeddings().weight.shape[0]
+    weight = cast("torch.Tensor", model.get_input_embeddings().weight)  # an embedding's, typed as any Module's
+    rows = weight.shape[0]
     base = getattr(tokenizer, "vocab_size", None) or 0
     if base > rows:
         raise GacError(
@@ -231,7 +235,7 @@ def check_tokenizer_fits(model, tokenizer, source: str) -> None:
         )
 
 
-def check_gac_files(d) -> None:
+def check_gac_files(d: str | Path) -> None:
     """A directory that gac wrote has its plan and its structure; one without either is damaged."""
     d = Path(d)
     has_plan = (d / "gac_plan.json").is_file()
@@ -250,17 +254,17 @@ def check_gac_files(d) -> None:
         )
 
 
-def check_structure(structure, source: str) -> dict:
+def check_structure(structure: object, source: str) -> dict:
     """Types of config.gac_structure: {"linear": {name: [out, in]}, "attention": {name: {num_heads,
     num_kv_heads}}, "lowrank": {name: rank}, "grouped_lowrank": {name: [ranks]}}."""
 
-    def bad(what: str):
+    def bad(what: str) -> NoReturn:
         raise GacError(
             f"{source}: gac_structure in config.json {what}: the output is damaged or edited; "
             "restore it or re-run `gac compress`"
         )
 
-    def pos(x) -> bool:
+    def pos(x: object) -> bool:
         return isinstance(x, int) and not isinstance(x, bool) and x >= 1
 
     if not isinstance(structure, dict):
@@ -288,7 +292,7 @@ def check_structure(structure, source: str) -> dict:
     return structure
 
 
-def code_hash(path) -> str:
+def code_hash(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 

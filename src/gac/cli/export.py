@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from gac.cli.options import Int
-from gac.export.export import FORMATS
+from gac.export.config import FORMATS
 
 
 def print_export(report: dict) -> None:

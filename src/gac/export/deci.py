@@ -9,11 +9,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gac.checkpoint import deci
+from gac.checkpoint.deci import DeciLayer, ffn_mult_for
+from gac.checkpoint.gac_dir import is_gac_dir, read_config, read_plan, versions
+from gac.checkpoint.loading import load_model, read_config_checked
+from gac.compressors import REGISTRY, make_compressor
 from gac.errors import GacError, first_line
+from gac.export.config import ExportConfig
+from gac.export.export import check_model_dir
+from gac.export.gguf_writer import check_exportable
+from gac.io import validate
+from gac.models.adapters import adapter_for
+from gac.models.configuration_decilm import FFN_MULTIPLE
 
 if TYPE_CHECKING:
-    from gac.checkpoint.deci import DeciLayer
-    from gac.export.export import ExportConfig
+    from transformers import PreTrainedModel
 
 # engines that build a layer's MLP from its ffn_mult alone (a layer with intermediate_size fails to load there), as
 # their sources read block_configs
@@ -32,12 +42,6 @@ class DeciExport:
 def check_source(spec: str) -> None:
     """What DeciLM cannot hold, from the config and plan alone (a directory): a low-rank output, a family other than
     Llama's layout, per-layer query heads. The embedded alias and .gguf files are checked once loaded."""
-    from gac.checkpoint import deci
-    from gac.checkpoint.gac_dir import is_gac_dir, read_config, read_plan
-    from gac.checkpoint.loading import read_config_checked
-    from gac.compressors import REGISTRY, make_compressor
-    from gac.export.export import check_model_dir
-
     path = check_model_dir(spec)
     if not path.is_dir():
         return
@@ -54,11 +58,6 @@ def check_source(spec: str) -> None:
 
 
 def export_deci(cfg: ExportConfig) -> DeciExport:
-    from gac.checkpoint import deci
-    from gac.checkpoint.gac_dir import is_gac_dir, read_plan, versions
-    from gac.checkpoint.loading import load_model
-    from gac.io import validate
-
     validate.not_quantized(cfg.model, "export")
     out = validate.output_dir(cfg.out, force=cfg.force)
     check_source(cfg.model)
@@ -81,13 +80,8 @@ def export_deci(cfg: ExportConfig) -> DeciExport:
     return DeciExport(path, deci.read_record(path))
 
 
-def engines(model, layers: list[DeciLayer]) -> dict:
+def engines(model: PreTrainedModel, layers: list[DeciLayer]) -> dict:
     """{engine: {"serves": bool, "reads": how, "why": the first reason it cannot}} for a DeciLM export of `model`."""
-    from gac.checkpoint.deci import ffn_mult_for
-    from gac.export.gguf_writer import check_exportable
-    from gac.models.adapters import adapter_for
-    from gac.models.configuration_decilm import FFN_MULTIPLE
-
     hidden = adapter_for(model.config).hidden_size(model.config)
     out: dict[str, dict] = {
         "vLLM": {

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gac.export.quantize import llama_cpp_module
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
 
 
 @dataclass(frozen=True)
@@ -20,7 +25,7 @@ class EngineConfig:
 
 
 @contextlib.contextmanager
-def open_gguf(path: Path, cfg: EngineConfig = EngineConfig(), *, logits_all: bool = True):
+def open_gguf(path: Path, cfg: EngineConfig = EngineConfig(), *, logits_all: bool = True) -> Iterator[Llama]:
     """A llama_cpp.Llama for `path` (closed on exit); logits_all keeps every position's logits."""
     llama_cpp = llama_cpp_module()
     llm = llama_cpp.Llama(
@@ -39,7 +44,7 @@ def open_gguf(path: Path, cfg: EngineConfig = EngineConfig(), *, logits_all: boo
         llm.close()
 
 
-def logits(llm, tokens) -> np.ndarray:
+def logits(llm: Llama, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     """llama.cpp's logits [S, V] (float32) for one sequence of token ids, from an empty cache."""
     tokens = [int(t) for t in tokens]
     llm.reset()
@@ -47,7 +52,7 @@ def logits(llm, tokens) -> np.ndarray:
     return np.array(llm.scores[: len(tokens)], dtype=np.float32)  # [S, V]
 
 
-def perplexity(llm, windows) -> float:
+def perplexity(llm: Llama, windows: Sequence[Sequence[int]] | np.ndarray) -> float:
     """exp(mean next-token NLL) over all predicted tokens of windows [n, seq] (as gac.evaluate.perplexity)."""
     nll, count = 0.0, 0
     for window in np.asarray(windows):
@@ -60,7 +65,7 @@ def perplexity(llm, windows) -> float:
     return math.exp(nll / count)
 
 
-def timed_round(llm, prompt, decode_tokens: int) -> dict:
+def timed_round(llm: Llama, prompt: Sequence[int] | np.ndarray, decode_tokens: int) -> dict:
     """One prefill of `prompt` and `decode_tokens` single-token steps, timed by llama.cpp itself:
     {"prefill_tok_s", "decode_tok_s"} from llama_perf_context (t_p_eval_ms / n_p_eval, t_eval_ms / n_eval)."""
     llama_cpp = llama_cpp_module()

@@ -1,7 +1,8 @@
 """`gac export`: a model (a gac output, an HF directory, a .gguf or the embedded alias) as a GGUF that llama.cpp
 serves, quantized by llama.cpp, with the per-tensor type report; or (`--format hf`) as a Hugging Face directory that
 transformers and vLLM read (the embedded original's baseline beside its compressed models); or (`--format deci`,
-gac.export.deci) as a DeciLM directory that engines without gac serve. Outputs are atomic."""
+gac.export.deci) as a DeciLM directory that engines without gac serve. Outputs are atomic. What it takes:
+gac.export.config."""
 
 from __future__ import annotations
 
@@ -10,47 +11,21 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gac.errors import ConfigError, GacError
-from gac.export.quantize import check_type
-
-if TYPE_CHECKING:
-    from gac.checkpoint.gac_dir import LoadedModel
-    from gac.export.gguf_writer import Geometry
+from gac.checkpoint.gac_dir import LoadedModel, is_gac_dir, read_plan, save
+from gac.checkpoint.loading import load_model
+from gac.compressors import REGISTRY, make_compressor
+from gac.errors import GacError
+from gac.export.config import ExportConfig
+from gac.export.gguf_arch import Geometry
+from gac.export.gguf_writer import check_exportable, write_gguf
+from gac.export.quantize import llama_cpp_module, quantize, tensor_types, type_report
+from gac.export.tokenizer import tokenizer_fields
+from gac.io import validate
+from gac.io.atomic import atomic_dir, write_file, write_text
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ExportConfig:
-    """Every default of `gac export`; the CLI passes only what the user gave."""
-
-    model: str
-    out: str
-    format: str = "gguf"  # "hf": a Hugging Face directory (safetensors, config, tokenizer); "deci": DeciLM's
-    type: str = "f16"
-    report: str | None = None  # where to write the JSON type report (default: none)
-    threads: int = 0  # quantizer threads; 0: llama.cpp's default (all cores)
-    pad_mlp: bool = False  # an architecture holding one MLP width (gemma3): zero-pad every layer to the widest
-    force: bool = False
-
-    def __post_init__(self):
-        if self.format not in FORMATS:
-            raise GacError(f"unknown format {self.format!r}: use one of {', '.join(FORMATS)}")
-        check_type(self.type)
-        if self.format != "gguf" and (self.type != "f16" or self.report):
-            raise ConfigError(
-                "{type} and {report} are for {format:gguf}: a model directory keeps the weights as loaded "
-                "(float32); drop them"
-            )
-        if self.format != "gguf" and self.pad_mlp:
-            raise ConfigError(
-                "{pad_mlp:True} is for {format:gguf}: a model directory keeps each layer's own MLP width; drop it"
-            )
-
-
-FORMATS = ("gguf", "hf", "deci")
 
 
 @dataclass
@@ -62,8 +37,6 @@ class ExportResult:
 
 def _check_out_file(spec: str, suffix: str, flag: str, force: bool, example: str = "") -> Path:
     """`spec` must be a path ending in `suffix` that `flag` may write (checked before any work)."""
-    from gac.io import validate
-
     path = Path(spec).expanduser()
     if path.suffix != suffix:
         raise GacError(f"{flag} {spec} must end in {suffix}{example}")
@@ -91,9 +64,6 @@ def check_model_dir(spec: str) -> Path:
 def check_source(spec: str) -> None:
     """A directory must be a model directory; a gac output must be one export can represent (checked before
     the model is loaded where the plan says so)."""
-    from gac.checkpoint.gac_dir import is_gac_dir, read_plan
-    from gac.compressors import REGISTRY, make_compressor
-
     path = check_model_dir(spec)
     if path.is_dir() and is_gac_dir(path):
         compressor = (read_plan(path).get("compressor") or {}).get("name")
@@ -107,9 +77,6 @@ def check_source(spec: str) -> None:
 
 def write_f16(loaded: LoadedModel, path: Path, *, pad_mlp: bool = False) -> Geometry:
     """The f16 GGUF of a loaded model at `path` (a plain write; callers make it atomic). Returns its Geometry."""
-    from gac.export.gguf_writer import write_gguf
-    from gac.export.tokenizer import tokenizer_fields
-
     src = Path(loaded.source).expanduser()
     fields = tokenizer_fields(loaded.source, src if src.is_dir() else None)
     name = Path(loaded.source).name.removesuffix(".gguf") or "gac"
@@ -120,11 +87,6 @@ def export_hf(cfg: ExportConfig) -> Path:
     """A Hugging Face directory of the model: a gac output keeps its structure and plan (gac.checkpoint.gac_dir.save);
     any other model (the embedded GGUF, dequantized; an HF directory) is saved as its family's own class, which
     transformers, lm-evaluation-harness and vLLM load natively."""
-    from gac.checkpoint.gac_dir import is_gac_dir, read_plan, save
-    from gac.checkpoint.loading import load_model
-    from gac.io import validate
-    from gac.io.atomic import atomic_dir
-
     out = validate.output_dir(cfg.out, force=cfg.force)
     validate.not_quantized(cfg.model, "export")
     source = check_model_dir(cfg.model)
@@ -139,12 +101,6 @@ def export_hf(cfg: ExportConfig) -> Path:
 
 
 def export(cfg: ExportConfig) -> ExportResult:
-    from gac.checkpoint.loading import load_model
-    from gac.export.gguf_writer import check_exportable
-    from gac.export.quantize import llama_cpp_module, quantize, tensor_types, type_report
-    from gac.io import validate
-    from gac.io.atomic import write_file, write_text
-
     validate.not_quantized(cfg.model, "export")
     out = check_output(cfg.out, cfg.force)
     if cfg.report:

@@ -4,25 +4,70 @@ weights are stored, what it cannot hold (one line, before anything is written) a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from gac.errors import ConfigError, GacError, literal
 
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from transformers import PretrainedConfig
 
-def rope_of(config) -> dict:
+
+@dataclass(frozen=True)
+class Geometry:
+    """What llama.cpp must know per layer, read off the live model (not the config, which keeps the originals)."""
+
+    hidden: int
+    head_dim: int
+    ff: tuple[int, ...]  # MLP width per layer
+    heads: tuple[int, ...]  # query heads per layer
+    kv_heads: tuple[int, ...]
+    original_ff: int  # the unmodified model's, to tell a pruned width from the model's own
+    original_heads: int
+    arch: str = ""  # the llama.cpp architecture written (gac.export.gguf_arch)
+    model_ff: tuple[int, ...] = ()  # the model's own MLP widths where ff zero-pads them (pad_mlp); else empty
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.ff)) == 1 and len(set(self.heads)) == 1 and len(set(self.kv_heads)) == 1
+
+    def original_row_length(self, tensor: str) -> int:
+        """Row length (ggml ne0, a linear's in_features) of `tensor` in the unmodified model."""
+        if tensor.endswith("ffn_down.weight"):
+            return self.original_ff
+        if tensor.endswith("attn_output.weight"):
+            return self.original_heads * self.head_dim
+        return self.hidden
+
+
+class Arch(Protocol):
+    """A llama.cpp architecture as `gac export` writes it."""
+
+    norm_shift: float  # added to every RMSNorm weight
+    permute_qk: bool  # q/k rows permuted from HF's rotate-half to llama.cpp's interleaved pairs
+    one_mlp_width: bool  # every layer read at one MLP width
+
+    def name(self, geo: Geometry) -> str: ...
+    def check(self, config: PretrainedConfig, geo: Geometry) -> None: ...
+    def add_metadata(self, w: GGUFWriter, config: PretrainedConfig, geo: Geometry) -> None: ...
+
+
+def rope_of(config: PretrainedConfig) -> dict:
     """The rope parameters of a (text) config: transformers 5's rope_parameters, else rope_scaling."""
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return dict(rope)
 
 
-def _theta(rope: dict, config) -> float:
+def _theta(rope: dict, config: PretrainedConfig) -> float:
     return float(rope.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0)
 
 
-def _per_layer(values: tuple[int, ...], uniform: bool):
+def _per_layer(values: tuple[int, ...], uniform: bool) -> int | list[int]:
     return values[0] if uniform else list(values)
 
 
-def _add_shape(w, config, geo, *, uniform: bool) -> None:
+def _add_shape(w: GGUFWriter, config: PretrainedConfig, geo: Geometry, *, uniform: bool) -> None:
     """What every architecture reads: widths, head counts (a scalar, or one value per layer), head size, norm eps."""
     w.add_context_length(int(config.max_position_embeddings))
     w.add_embedding_length(geo.hidden)
@@ -44,10 +89,10 @@ class LlamaArch:
     permute_qk = True  # llama.cpp's llama rope rotates interleaved pairs, HF's the two halves of each head
     one_mlp_width = False  # deci holds a width per layer
 
-    def name(self, geo) -> str:
+    def name(self, geo: Geometry) -> str:
         return "llama" if geo.uniform else "deci"
 
-    def check(self, config, geo) -> None:
+    def check(self, config: PretrainedConfig, geo: Geometry) -> None:
         if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
             raise GacError("GGUF export handles bias-free llama-layout models only: this one has projection biases")
         rope = rope_of(config)
@@ -57,7 +102,7 @@ class LlamaArch:
                 "convert this model with llama.cpp's convert_hf_to_gguf.py"
             )
 
-    def add_metadata(self, w, config, geo) -> None:
+    def add_metadata(self, w: GGUFWriter, config: PretrainedConfig, geo: Geometry) -> None:
         _add_shape(w, config, geo, uniform=geo.uniform)
         w.add_rope_dimension_count(geo.head_dim)
         w.add_rope_freq_base(_theta(rope_of(config), config))
@@ -73,10 +118,10 @@ class Gemma3Arch:
     permute_qk = False  # gemma3 uses neox rope in llama.cpp: HF's rotate-half layout as it is
     one_mlp_width = True
 
-    def name(self, geo) -> str:
+    def name(self, geo: Geometry) -> str:
         return "gemma3"
 
-    def check(self, config, geo) -> None:
+    def check(self, config: PretrainedConfig, geo: Geometry) -> None:
         fix = "serve this model with transformers (gac.load)"
         if len(set(geo.heads)) > 1 or len(set(geo.kv_heads)) > 1:
             raise ConfigError(
@@ -116,12 +161,12 @@ class Gemma3Arch:
                 )
 
     @staticmethod
-    def _attention_scale(geo) -> float:
+    def _attention_scale(geo: Geometry) -> float:
         # llama.cpp's loader: 1/sqrt(head_dim), but 1/sqrt(hidden / heads) when the model has 62 layers (the 27B)
         return (geo.hidden / geo.heads[0]) ** -0.5 if len(geo.ff) == 62 else geo.head_dim**-0.5
 
     @staticmethod
-    def _ropes(config) -> dict[str, dict]:
+    def _ropes(config: PretrainedConfig) -> dict[str, dict]:
         """{layer type: rope parameters}: transformers 5 keeps one per layer type; older configs one rope_theta
         (global layers) beside rope_local_base_freq (sliding-window layers)."""
         rope = rope_of(config)
@@ -130,7 +175,7 @@ class Gemma3Arch:
         local = {"rope_type": "default", "rope_theta": getattr(config, "rope_local_base_freq", 10000.0)}
         return {"full_attention": rope | {"rope_theta": _theta(rope, config)}, "sliding_attention": local}
 
-    def add_metadata(self, w, config, geo) -> None:
+    def add_metadata(self, w: GGUFWriter, config: PretrainedConfig, geo: Geometry) -> None:
         import gguf
 
         _add_shape(w, config, geo, uniform=True)  # one width and head count (check, padding)
@@ -148,4 +193,4 @@ class Gemma3Arch:
 
 
 # GgufNames.arch -> the architecture's description
-ARCHS = {"llama": LlamaArch(), "gemma3": Gemma3Arch()}
+ARCHS: dict[str, Arch] = {"llama": LlamaArch(), "gemma3": Gemma3Arch()}

@@ -4,59 +4,36 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from gac.errors import ConfigError, GacError
+from gac.export.gguf_arch import ARCHS, Arch, Geometry
+from gac.models.adapters import adapter_for, text_config
+from gac.models.groups import groups_of, is_grouped_lowrank, is_lowrank
+from gac.models.padding import pad_cols, pad_rows
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from gac.export.tokenizer import TokenizerStep
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Geometry:
-    """What llama.cpp must know per layer, read off the live model (not the config, which keeps the originals)."""
-
-    hidden: int
-    head_dim: int
-    ff: tuple[int, ...]  # MLP width per layer
-    heads: tuple[int, ...]  # query heads per layer
-    kv_heads: tuple[int, ...]
-    original_ff: int  # the unmodified model's, to tell a pruned width from the model's own
-    original_heads: int
-    arch: str = ""  # the llama.cpp architecture written (gac.export.gguf_arch)
-    model_ff: tuple[int, ...] = ()  # the model's own MLP widths where ff zero-pads them (pad_mlp); else empty
-
-    @property
-    def uniform(self) -> bool:
-        return len(set(self.ff)) == 1 and len(set(self.heads)) == 1 and len(set(self.kv_heads)) == 1
-
-    def original_row_length(self, tensor: str) -> int:
-        """Row length (ggml ne0, a linear's in_features) of `tensor` in the unmodified model."""
-        if tensor.endswith("ffn_down.weight"):
-            return self.original_ff
-        if tensor.endswith("attn_output.weight"):
-            return self.original_heads * self.head_dim
-        return self.hidden
-
-
-def _arch(model):
+def _arch(model: PreTrainedModel) -> Arch:
     """The llama.cpp architecture description of the model's family (one line for a family llama.cpp cannot run)."""
-    from gac.export.gguf_arch import ARCHS
-    from gac.models.adapters import adapter_for
-
     return ARCHS[adapter_for(model.config).gguf_family().arch]
 
 
-def check_exportable(model, *, pad_mlp: bool = False) -> None:
+def check_exportable(model: PreTrainedModel, *, pad_mlp: bool = False) -> None:
     """One line for what llama.cpp cannot run: a family it has no architecture for, factorized (low-rank)
     projections, what the family's architecture cannot hold (biases, rope types, per-layer heads...), and MLP
     widths that differ by layer where it holds one (unless pad_mlp)."""
-    from gac.models.adapters import text_config
-    from gac.models.groups import is_grouped_lowrank, is_lowrank
-
     arch = _arch(model)
     if any(is_lowrank(m) or is_grouped_lowrank(m) for m in model.modules()):
         raise GacError(
@@ -76,10 +53,7 @@ def check_exportable(model, *, pad_mlp: bool = False) -> None:
         )
 
 
-def geometry(model) -> Geometry:
-    from gac.models.adapters import adapter_for
-    from gac.models.groups import groups_of
-
+def geometry(model: PreTrainedModel) -> Geometry:
     config = model.config
     adapter = adapter_for(config)
     geo = adapter.geometry(config)
@@ -103,21 +77,19 @@ def permute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _tied(model) -> bool:
+def _tied(model: PreTrainedModel) -> bool:
     """Whether the output projection equals the embedding (read off the weights, not a config: a multimodal
     checkpoint keeps tie_word_embeddings apart from its text_config)."""
     out, emb = model.get_output_embeddings(), model.get_input_embeddings()
-    if out is None or emb is None or out.weight.shape != emb.weight.shape:
+    if out is None or emb is None:
         return False
-    return out.weight.data_ptr() == emb.weight.data_ptr() or torch.equal(out.weight, emb.weight)
+    out_w, emb_w = out.get_parameter("weight"), emb.get_parameter("weight")
+    return out_w.shape == emb_w.shape and (out_w.data_ptr() == emb_w.data_ptr() or torch.equal(out_w, emb_w))
 
 
-def tensors(model, geo: Geometry) -> dict[str, np.ndarray]:
+def tensors(model: PreTrainedModel, geo: Geometry) -> dict[str, np.ndarray]:
     """{GGUF tensor name: array [out, in] (f16) or [n] (norms, f32)}, stored as the architecture reads them:
     q/k rows permuted for llama's rope, norms shifted for Gemma's (1 + w)."""
-    from gac.models.adapters import adapter_for
-    from gac.models.padding import pad_cols, pad_rows
-
     config = model.config
     adapter = adapter_for(config)
     arch = _arch(model)
@@ -136,13 +108,13 @@ def tensors(model, geo: Geometry) -> dict[str, np.ndarray]:
     for module_name, prefix in names.items():
         if prefix == "output" and tied:
             continue  # llama.cpp reuses token_embd when output.weight is absent
-        weight = model.get_submodule(module_name).weight.detach().to(torch.float32).cpu()
+        w = model.get_parameter(f"{module_name}.weight").detach().to(torch.float32).cpu()
         # padded MLP channels: zero rows of gate and up (act(0) * 0 = 0), read by zero columns of down
-        if module_name in rows and weight.shape[0] < rows[module_name]:
-            weight, _ = pad_rows(weight, rows[module_name])
-        if module_name in cols and weight.shape[1] < cols[module_name]:
-            weight = pad_cols(weight, cols[module_name])
-        weight = weight.numpy()
+        if module_name in rows and w.shape[0] < rows[module_name]:
+            w, _ = pad_rows(w, rows[module_name])
+        if module_name in cols and w.shape[1] < cols[module_name]:
+            w = pad_cols(w, cols[module_name])
+        weight = w.numpy()
         if module_name in rotary:
             weight = permute_rotary(weight, rotary[module_name])
         if prefix.endswith("norm"):  # every RMSNorm, as llama.cpp's converter shifts every *norm.weight
@@ -156,13 +128,13 @@ def padded(geo: Geometry) -> Geometry:
     return replace(geo, ff=(max(geo.ff),) * len(geo.ff), model_ff=geo.ff)
 
 
-def write_gguf(model, path: Path, *, tokenizer_fields, name: str, pad_mlp: bool = False) -> Geometry:
+def write_gguf(
+    model: PreTrainedModel, path: Path, *, tokenizer_fields: TokenizerStep, name: str, pad_mlp: bool = False
+) -> Geometry:
     """Write `model` to `path` (a plain file; the caller makes it atomic) as an f16 GGUF. tokenizer_fields:
     a callable that adds the tokenizer and chat template to a gguf.GGUFWriter (gac.export.tokenizer). pad_mlp:
     where the architecture holds one MLP width, write every layer at the widest with zero channels."""
     import gguf
-
-    from gac.models.adapters import text_config
 
     check_exportable(model, pad_mlp=pad_mlp)
     config = text_config(model.config)

@@ -9,9 +9,14 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
 from gac.io.llama_log import collected_log
+
+if TYPE_CHECKING:
+    from gac.export.gguf_arch import Geometry
 
 # --type -> llama.cpp's file type (enum llama_ftype); f16 is written directly, without the quantizer
 FTYPES = {
@@ -47,7 +52,7 @@ def check_type(type_: str) -> str:
     return type_
 
 
-def llama_cpp_module():
+def llama_cpp_module() -> ModuleType:
     """The llama_cpp bindings, or one line saying how to install them."""
     try:
         import llama_cpp
@@ -75,10 +80,10 @@ def quantize(src: Path, dst: Path, type_: str, *, threads: int = 0) -> list[dict
     ]
 
 
-def tensor_types(path: Path, fallbacks: list[dict], geo) -> list[TensorType]:
+def tensor_types(path: Path, fallbacks: list[dict], geo: Geometry) -> list[TensorType]:
     """Every tensor of the GGUF at `path` with its type, and for each fallback why its row length did not fit:
     a width gac or the compressor chose ("pruned width") or the unmodified model's own ("hidden size" when it is
-    the hidden size, else "model shape"). geo: gac.export.gguf_writer.Geometry of the exported model."""
+    the hidden size, else "model shape"). geo: the exported model's Geometry."""
     import gguf
 
     by_name = {f["name"]: f for f in fallbacks}

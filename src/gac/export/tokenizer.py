@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from gac.checkpoint.deci import is_deci_dir, read_record
+from gac.checkpoint.gac_dir import is_gac_dir, read_plan
+from gac.checkpoint.loading import gguf_of
 from gac.errors import GacError
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+
+# a writer step: adds the tokenizer and chat template to a GGUF of `vocab_size` embeddings
+TokenizerStep = Callable[["GGUFWriter", int], None]
 
 log = logging.getLogger(__name__)
 PREFIX = "tokenizer."
@@ -21,10 +31,6 @@ def source_gguf(spec: str) -> Path | None:
     """The GGUF a model spec's tokenizer comes from: the alias's or the file's, or, for a gac output, that of the
     model it was compressed from (gac_plan.json's source_model), for a DeciLM export that of the model it was
     exported from (gac_export.json), when that still resolves; else None."""
-    from gac.checkpoint.deci import is_deci_dir, read_record
-    from gac.checkpoint.gac_dir import is_gac_dir, read_plan
-    from gac.checkpoint.loading import gguf_of
-
     seen = set()
     while spec not in seen:
         seen.add(spec)
@@ -48,7 +54,7 @@ def source_gguf(spec: str) -> Path | None:
     return None
 
 
-def fields_from_gguf(path: Path) -> Callable:
+def fields_from_gguf(path: Path) -> TokenizerStep:
     """A writer step copying every `tokenizer.*` field of the GGUF at `path` with its own value types."""
     import gguf
 
@@ -57,7 +63,7 @@ def fields_from_gguf(path: Path) -> Callable:
     if "tokenizer.ggml.tokens" not in fields:
         raise GacError(f"{path} has no tokenizer: export a model whose source GGUF carries one")
 
-    def add(writer, vocab_size: int) -> None:
+    def add(writer: GGUFWriter, vocab_size: int) -> None:
         n = len(fields["tokenizer.ggml.tokens"][0])
         if n != vocab_size:
             raise GacError(
@@ -73,7 +79,7 @@ def fields_from_gguf(path: Path) -> Callable:
     return add
 
 
-def fields_from_hf(directory: Path) -> Callable:
+def fields_from_hf(directory: Path) -> TokenizerStep:
     """A writer step for the Hugging Face tokenizer (tokenizer.json) in `directory`: byte-level BPE, or
     SentencePiece-style BPE with byte fallback; any other is one line."""
     import gguf
@@ -93,7 +99,7 @@ def fields_from_hf(directory: Path) -> Callable:
     special = SpecialVocab(directory, load_merges=model == "gpt2")
     spm = _sentencepiece_fields(directory) if model == "llama" else None
 
-    def add(writer, vocab_size: int) -> None:
+    def add(writer: GGUFWriter, vocab_size: int) -> None:
         tokens, scores, types = [], [], []
         for text, score, kind in vocab.all_tokens():
             tokens.append(text if isinstance(text, str) else text.decode("utf-8"))
@@ -140,7 +146,7 @@ def _unsupported(directory: Path, e: Exception) -> str:
     )
 
 
-def _sentencepiece_fields(directory: Path) -> Callable:
+def _sentencepiece_fields(directory: Path) -> Callable[[list[str], list[int]], tuple[list[float], list[int]]]:
     """(tokens, library types) -> (scores, types) for llama.cpp's `llama` tokenizer. It merges the adjacent pair
     whose merged token scores highest, so each token scores minus the rank of the first tokenizer.json merge that
     makes it. (gguf's LlamaHfVocab scores every token -1000: with Gemma 3's tokenizer llama.cpp then split 38 of
@@ -176,7 +182,7 @@ def _adds_space_prefix(directory: Path) -> bool:
     prepends), which llama.cpp's `llama` tokenizer does only when told: Llama 2 does, Gemma does not."""
     spec = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
 
-    def steps(node):
+    def steps(node: object) -> Iterator[dict]:
         if isinstance(node, dict):
             yield node
             for key in ("normalizers", "pretokenizers"):
@@ -195,7 +201,7 @@ def _adds_space_prefix(directory: Path) -> bool:
     return False
 
 
-def tokenizer_fields(spec: str, model_dir: Path | None) -> Callable:
+def tokenizer_fields(spec: str, model_dir: Path | None) -> TokenizerStep:
     """The tokenizer step for the model `spec`: its source GGUF's fields, else the HF tokenizer in `model_dir`."""
     gguf_path = source_gguf(spec)
     if gguf_path is not None:

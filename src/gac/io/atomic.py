@@ -26,7 +26,10 @@ import signal
 import socket
 import tempfile
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from types import FrameType
+from typing import Protocol
 
 from gac.errors import GacError
 
@@ -39,17 +42,17 @@ HELD = tuple(s for s in (signal.SIGINT, *HANDLED))
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP, raised like Ctrl-C so that every `except BaseException` cleanup runs."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
-def _raise(signum, frame):
+def _raise(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
 @contextlib.contextmanager
-def _handling(signals, handler):
+def _handling(signals: Iterable[int], handler: Callable[[int, FrameType | None], object]) -> Iterator[None]:
     """`handler` for `signals` while inside, the previous handlers after (main thread only; elsewhere a no-op)."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -66,14 +69,14 @@ def _handling(signals, handler):
 
 
 @contextlib.contextmanager
-def terminate_as_interrupt():
+def terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM/SIGHUP -> Terminated while inside (main thread only; elsewhere a no-op)."""
     with _handling(HANDLED, _raise):
         yield
 
 
 @contextlib.contextmanager
-def critical():
+def critical() -> Iterator[None]:
     """Hold SIGINT/SIGTERM/SIGHUP during a short step that must not be cut in half; a signal that arrives
     meanwhile is re-raised right after. (Python-level deferral, not a thread signal mask: in a process with
     other threads, as torch's, the kernel may deliver a masked signal to another thread.)"""
@@ -105,12 +108,12 @@ def io_failure(e: BaseException) -> str | None:
     return os.strerror(int(code.group(1))) if code else None
 
 
-def _oserror(path, reason: str | None, flag: str) -> GacError:
+def _oserror(path: str | Path, reason: str | None, flag: str) -> GacError:
     return GacError(f"cannot write {path} ({reason}): free space or choose another {flag}")
 
 
 @contextlib.contextmanager
-def atomic_dir(out, *, force: bool = False, flag: str = "--out"):
+def atomic_dir(out: str | Path, *, force: bool = False, flag: str = "--out") -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success it becomes `out` (replacing it when force)."""
     out = Path(out).expanduser().absolute()
     try:
@@ -220,7 +223,13 @@ def _swap_in(tmp: Path, out: Path, force: bool) -> None:
             os.replace(tmp, out)
 
 
-def write_file(path, write, *, flag: str = "--out") -> Path:
+class FileWriter(Protocol):
+    """Fills the file at the path it is given."""
+
+    def __call__(self, path: Path, /) -> object: ...
+
+
+def write_file(path: str | Path, write: FileWriter, *, flag: str = "--out") -> Path:
     """Fill a temporary sibling with `write(tmp_path)`, then rename it over `path`."""
     path = Path(path).expanduser()
     try:
@@ -242,5 +251,5 @@ def write_file(path, write, *, flag: str = "--out") -> Path:
     return path
 
 
-def write_text(path, text: str, *, flag: str = "--out") -> Path:
+def write_text(path: str | Path, text: str, *, flag: str = "--out") -> Path:
     return write_file(path, lambda p: p.write_text(text, encoding="utf-8"), flag=flag)

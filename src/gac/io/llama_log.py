@@ -16,7 +16,7 @@ def collected_log(llama_cpp: ModuleType) -> Iterator[list[str]]:
     messages: list[str] = []
 
     @llama_cpp.llama_log_callback
-    def collect(level, text, user_data):
+    def collect(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         messages.append(text.decode("utf-8", errors="replace"))
 
     llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))

@@ -18,6 +18,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
+from typing import NoReturn, SupportsFloat, TypeGuard
 
 from gac.errors import ConfigError, GacError, literal
 
@@ -37,35 +38,41 @@ _BOMS = (
 # ---------------------------------------------------------------------------------------------------- options
 
 
-def integer(value, flag: str, *, minimum: int = 1, maximum: int | None = None, example: int | None = None) -> int:
+def integer(
+    value: object, flag: str, *, minimum: int = 1, maximum: int | None = None, example: int | None = None
+) -> int:
     """`value` as an int in [minimum, maximum], or GacError naming the flag and a valid example."""
-    limits = _outside(value, minimum, maximum)
-    if limits is None:
+    if _in_range(value, minimum, maximum):
         return value
     raise GacError(
-        f"bad {flag} {value!r}: give an integer {limits}, e.g. {flag} {minimum if example is None else example}"
+        f"bad {flag} {value!r}: give an integer {_range_words(minimum, maximum)}, e.g. "
+        f"{flag} {minimum if example is None else example}"
     )
 
 
-def field_integer(value, field: str, *, minimum: int = 1, example: int, also: str = "") -> int:
+def field_integer(value: object, field: str, *, minimum: int = 1, example: int, also: str = "") -> int:
     """integer() for a library config's field: a ConfigError naming the field, which the CLI words as its flag;
     `also`: another value it takes ("0 for none")."""
-    limits = _outside(value, minimum, None)
-    if limits is None:
+    if _in_range(value, minimum, None):
         return value
-    limits += f" (or {also})" if also else ""
+    limits = _range_words(minimum, None) + (f" (or {also})" if also else "")
     raise ConfigError(f"bad {{{field}}} {literal(repr(value))}: give an integer {limits}, e.g. {{{field}:{example}}}")
 
 
-def _outside(value, minimum: int, maximum: int | None) -> str | None:
-    """None for an int in [minimum, maximum], else the words for that range."""
-    ok = isinstance(value, int) and not isinstance(value, bool)
-    if ok and value >= minimum and (maximum is None or value <= maximum):
-        return None
+def _in_range(value: object, minimum: int, maximum: int | None) -> TypeGuard[int]:
+    """An int (not a bool) in [minimum, maximum]."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    return value >= minimum and (maximum is None or value <= maximum)
+
+
+def _range_words(minimum: int, maximum: int | None) -> str:
     return f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
 
 
-def real(value, flag: str, *, low: float | None = None, high: float | None = None, example: float) -> float:
+def real(
+    value: SupportsFloat | str, flag: str, *, low: float | None = None, high: float | None = None, example: float
+) -> float:
     """A finite float in the open interval (low, high) (either side may be None)."""
     x, where = _real(value, low, high)
     if where is None:
@@ -73,7 +80,9 @@ def real(value, flag: str, *, low: float | None = None, high: float | None = Non
     raise GacError(f"bad {flag} {value!r}: give a finite number{where}, e.g. {flag} {example}")
 
 
-def field_real(value, field: str, *, low: float | None = None, high: float | None = None, example: float) -> float:
+def field_real(
+    value: SupportsFloat | str, field: str, *, low: float | None = None, high: float | None = None, example: float
+) -> float:
     """real() for a library config's field: a ConfigError naming the field, which the CLI words as its flag."""
     x, where = _real(value, low, high)
     if where is None:
@@ -83,7 +92,7 @@ def field_real(value, field: str, *, low: float | None = None, high: float | Non
     )
 
 
-def _real(value, low: float | None, high: float | None) -> tuple[float, str | None]:
+def _real(value: SupportsFloat | str, low: float | None, high: float | None) -> tuple[float, str | None]:
     """(value as a float, None) when finite and in (low, high), else (_, the words for that interval)."""
     try:
         x = float(value)
@@ -103,7 +112,7 @@ def _real(value, low: float | None, high: float | None) -> tuple[float, str | No
 # ------------------------------------------------------------------------------------------------ input files
 
 
-def _regular_file(path, what: str, flag: str) -> Path:
+def _regular_file(path: str | Path, what: str, flag: str) -> Path:
     p = Path(path).expanduser()
     try:
         st = p.stat()
@@ -120,7 +129,7 @@ def _regular_file(path, what: str, flag: str) -> Path:
     return p
 
 
-def read_bytes(path, what: str, flag: str, limit: int) -> bytes:
+def read_bytes(path: str | Path, what: str, flag: str, limit: int) -> bytes:
     """The bytes of a regular file of at most `limit` bytes (the read itself is bounded too)."""
     p = _regular_file(path, what, flag)
     try:
@@ -133,7 +142,7 @@ def read_bytes(path, what: str, flag: str, limit: int) -> bytes:
     return data
 
 
-def decode_text(data: bytes, p, what: str) -> str:
+def decode_text(data: bytes, p: str | Path, what: str) -> str:
     """UTF-8 (BOM dropped), or UTF-16/32 with a BOM; anything else is GacError with the conversion command."""
     for bom, codec in _BOMS:
         if data.startswith(bom):
@@ -154,7 +163,9 @@ def decode_text(data: bytes, p, what: str) -> str:
     raise GacError(f"{what} {p} starts with a Unicode BOM but does not decode: pass a UTF-8 text file")
 
 
-def read_text(path, what: str = "text file", flag: str = "--calib-file/--eval-file", limit: int = TEXT_LIMIT) -> str:
+def read_text(
+    path: str | Path, what: str = "text file", flag: str = "--calib-file/--eval-file", limit: int = TEXT_LIMIT
+) -> str:
     p = Path(path).expanduser()
     text = decode_text(read_bytes(p, what, flag, limit), p, what)
     if not text.strip():
@@ -184,7 +195,7 @@ def _depth(text: str) -> int:
     return best
 
 
-def read_json(path, what: str, flag: str, *, limit: int = JSON_LIMIT, fix: str = "") -> object:
+def read_json(path: str | Path, what: str, flag: str, *, limit: int = JSON_LIMIT, fix: str = "") -> object:
     """Parse a JSON file: bounded size, bounded nesting, UTF-8, finite numbers only (NaN/Infinity refused)."""
     p = Path(path).expanduser()
     text = decode_text(read_bytes(p, what, flag, limit), p, what)
@@ -192,7 +203,7 @@ def read_json(path, what: str, flag: str, *, limit: int = JSON_LIMIT, fix: str =
     if _depth(text) > JSON_DEPTH:
         raise GacError(f"{what} {p} is nested deeper than {JSON_DEPTH} levels: {fix}")
 
-    def constant(name):
+    def constant(name: str) -> NoReturn:
         raise ValueError(f"{name} is not a valid number")
 
     try:
@@ -225,7 +236,7 @@ def _probe_dir(d: Path, target: Path, flag: str) -> None:
         raise GacError(f"cannot write {target}: {d} is not writable ({e.strerror}): choose another {flag}") from None
 
 
-def writable_location(path, flag: str, *, is_dir: bool) -> Path:
+def writable_location(path: str | Path, flag: str, *, is_dir: bool) -> Path:
     """Check up front that `path` (a file or a directory, created with its parents) can be written.
 
     Nothing is created: the nearest existing ancestor must be a directory we can write in."""
@@ -256,7 +267,7 @@ def weights_size(spec: str) -> int:
     return 0
 
 
-def enough_space(path, need: int, flag: str = "--out") -> None:
+def enough_space(path: str | Path, need: int, flag: str = "--out") -> None:
     """Refuse up front when the output's file system has less free space than `need` bytes (a lower bound of
     what will be written), instead of failing with ENOSPC after all the work."""
     if need <= 0:
@@ -273,7 +284,7 @@ def enough_space(path, need: int, flag: str = "--out") -> None:
         )
 
 
-def output_dir(path, flag: str = "--out", *, force: bool = False) -> Path:
+def output_dir(path: str | Path, flag: str = "--out", *, force: bool = False) -> Path:
     """An output model directory: refused if it exists (unless force), probed for writability."""
     p = Path(path).expanduser()
     if (p.exists() or p.is_symlink()) and not force:
@@ -281,7 +292,7 @@ def output_dir(path, flag: str = "--out", *, force: bool = False) -> Path:
     return writable_location(p, flag, is_dir=True)
 
 
-def output_file(path, flag: str) -> Path:
+def output_file(path: str | Path, flag: str) -> Path:
     return writable_location(path, flag, is_dir=False)
 
 
@@ -311,7 +322,7 @@ def not_a_gac_output(spec: str, flag: str = "--model") -> None:
         )
 
 
-def quantization_of(path) -> dict | None:
+def quantization_of(path: str | Path) -> dict | None:
     """The quantization_config of a model directory's config.json (gac quantize writes one), or None."""
     config = Path(path).expanduser() / "config.json"
     if not config.is_file():

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from gac.checkpoint.lazy import LazyCheckpoint, Resident
     from gac.compressors.base import Compressor
@@ -90,7 +90,7 @@ class Pipeline(ABC):
     @abstractmethod
     def write(
         self,
-        model: nn.Module,
+        model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         cfg,
         *,

@@ -255,7 +255,7 @@ def _quantize_plan(model: PreTrainedModel, cfg: CompressConfig) -> QuantPlan | N
 
 
 def _quantize(
-    model: nn.Module, tokenizer: PreTrainedTokenizerBase, qplan: QuantPlan, cfg: CompressConfig
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, qplan: QuantPlan, cfg: CompressConfig
 ) -> tuple[dict, ModelCompressor]:
     """--quantize: the saved variant quantized in place (after healing); (its quantize.json, the compressor that
     writes the checkpoint's quantization_config)."""

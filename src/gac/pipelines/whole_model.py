@@ -15,7 +15,7 @@ from gac.pipelines.memory import BUILT_COPY, FACTORS, RUNTIME_BYTES, WORK, Forec
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from gac.compressors.base import Compressor
     from gac.models.groups import DimGroup
@@ -127,7 +127,7 @@ class WholeModel(Pipeline):
 
     def write(
         self,
-        model: nn.Module,
+        model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         cfg,
         *,

@@ -14,9 +14,15 @@ The rules, read in vLLM's `model_executor/kernels/linear/` (K: input width per r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
+from gac.serve.layout import Projection, layer_layouts
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 CHANNEL = -1  # a group size of -1: one scale per output channel (compressed-tensors' channel strategy)
 
@@ -112,13 +118,11 @@ def fix_target(rule: KernelRule, tp: int) -> str | None:
     return f"{rule.fix},vllm:tp{tp}" if tp > 1 else rule.fix
 
 
-def engine_linears(config, tp: int = 1) -> list[EngineLinear]:
+def engine_linears(config: PretrainedConfig, tp: int = 1) -> list[EngineLinear]:
     """Every linear vLLM builds for the decoder layers of `config` (a gac output's, or an original's), per rank of
     a degree-`tp` engine, in the order of gac.serve.vllm_model: q/k/v (one fused linear when all are dense), o, the
     MLP producers (one fused linear when all are dense), the consumers. An MoE layer's experts are vLLM's FusedMoE,
     not linears (gac.quantize.targets lists them apart)."""
-    from gac.serve.layout import layer_layouts
-
     out: list[EngineLinear] = []
     for lay in layer_layouts(config):
         kv_heads = lay.num_kv_heads // tp if lay.num_kv_heads % tp == 0 else 1  # fewer KV heads than ranks: replicated
@@ -132,14 +136,14 @@ def engine_linears(config, tp: int = 1) -> list[EngineLinear]:
     return out
 
 
-def _column_block(parts, tp: int, fused_n: int) -> list[EngineLinear]:
+def _column_block(parts: Sequence[Projection], tp: int, fused_n: int) -> list[EngineLinear]:
     """Column projections that read one input: one fused linear when all are dense, else each on its own (a
     factorized fused projection keeps the fused linear as its up-projection, at input r)."""
     if all(p.dense for p in parts):
         return [EngineLinear(tuple(p.path for p in parts), parts[0].in_features, fused_n, parts[0].in_features)]
-    if len(parts) == 1 and parts[0].rank:  # one fused projection factorized whole (Phi-3)
+    if len(parts) == 1 and (rank := parts[0].rank):  # one fused projection factorized whole (Phi-3)
         p = parts[0]
-        return [_lin(f"{p.path}.a", p.in_features, p.rank), _lin(f"{p.path}.b", p.rank, fused_n)]
+        return [_lin(f"{p.path}.a", p.in_features, rank), _lin(f"{p.path}.b", rank, fused_n)]
     out = []
     for p in parts:
         if p.ranks:  # PaLU: one replicated down-projection, then each KV group's up-projection (replicated)
@@ -153,7 +157,7 @@ def _column_block(parts, tp: int, fused_n: int) -> list[EngineLinear]:
     return out
 
 
-def _row(p, tp: int) -> list[EngineLinear]:
+def _row(p: Projection, tp: int) -> list[EngineLinear]:
     """A row projection: its input split over the ranks (a pair: the first half row-parallel, b replicated)."""
     if p.rank:
         return [

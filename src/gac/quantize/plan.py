@@ -5,10 +5,17 @@ output head, and the linears the kernel refuses under --skip-unfit) and why."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gac.errors import ConfigError, GacError, literal
+from gac.models.adapters import adapter_for
 from gac.quantize.kernels import EngineLinear, KernelRule, Unfit, engine_linears, fix_target, rule_for, unfit
 from gac.quantize.schemes import QuantizeConfig
+from gac.serve.layout import check_tensor_parallel, layer_layouts
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PretrainedConfig
 
 HEAD = "lm_head"  # the output head: kept in the model's dtype, as every compressed-tensors recipe does
 # Neither way out holds: llm-compressor quantizes experts only unfused, one linear each at the config's one width (a
@@ -62,19 +69,15 @@ class QuantPlan:
         }
 
 
-def plan(config, cfg: QuantizeConfig) -> QuantPlan:
+def plan(config: PretrainedConfig, cfg: QuantizeConfig) -> QuantPlan:
     """The plan for a model of `config`; raises one GacError when the scheme's kernel refuses a linear (unless
     cfg.skip_unfit) or the group itself."""
-    from gac.models.adapters import adapter_for
-
     if adapter_for(config).layout.experts:
         raise GacError(MOE_REFUSED)
     rule = rule_for(cfg.scheme, cfg.device)
     group = cfg.group if cfg.group is not None else -1
     if (why := rule.group_problem(group)) is not None:
         raise ConfigError(f"{literal(why)}: pass {{group:32}} (or another group the kernel takes)")
-    from gac.serve.layout import check_tensor_parallel, layer_layouts
-
     check_tensor_parallel(layer_layouts(config), cfg.tp)
     linears = engine_linears(config, cfg.tp)
     refused = unfit(linears, rule, group)
@@ -89,7 +92,7 @@ def plan(config, cfg: QuantizeConfig) -> QuantPlan:
     return QuantPlan(cfg, rule, linears, refused, [HEAD] + [s for u in refused for s in u.linear.shards])
 
 
-def check_covers(plan: QuantPlan, model) -> None:
+def check_covers(plan: QuantPlan, model: nn.Module) -> None:
     """Every linear compressed-tensors will quantize in the live model is one vLLM builds (the plan's), so the
     checkpoint holds no quantized tensor vLLM would not read, nor a dense one it would."""
     from torch import nn

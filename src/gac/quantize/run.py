@@ -14,11 +14,34 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gac.checkpoint.gac_dir import QUANTIZE_FILE
+from gac.calibration.texts import TextConfig, calibration_windows
+from gac.checkpoint import deci
+from gac.checkpoint.deci import DeciLayer
+from gac.checkpoint.gac_dir import (
+    QUANTIZE_FILE,
+    LoadedModel,
+    check_out_dir,
+    is_gac_dir,
+    read_config,
+    read_plan,
+    save,
+    versions,
+)
+from gac.checkpoint.loading import load_model, read_config_checked
 from gac.errors import GacError
+from gac.io import validate
+from gac.io.atomic import atomic_dir
 from gac.quantize.plan import QuantPlan, check_covers, plan
 from gac.quantize.schemes import QuantizeConfig, scheme_args
+
+if TYPE_CHECKING:
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from datasets import Dataset
+    from torch import nn
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +62,17 @@ def check_installed() -> None:
             raise GacError(f"quantizing needs {package}, which is not installed here: {INSTALL}")
 
 
-def quantize_dir(model, out, cfg: QuantizeConfig, *, force: bool = False, progress: bool = True) -> QuantizeResult:
+def quantize_dir(
+    model: str | Path, out: str | Path, cfg: QuantizeConfig, *, force: bool = False, progress: bool = True
+) -> QuantizeResult:
     """Quantize `model` (a gac output, a Hugging Face directory, a .gguf or the embedded alias) into `out`."""
     model, out = str(model), str(out)
-    from gac.checkpoint.gac_dir import check_out_dir
-    from gac.io import validate
-
     check_installed()
     validate.not_quantized(model, "quantize")
     validate.output_dir(out, "--out", force=force)
     check_out_dir(out, force)
     config = _config(model)
     qplan = plan(config, cfg) if config is not None else None  # a refusal before the model is even read
-    from gac.checkpoint.loading import load_model
-
     loaded = load_model(model, dtype=cfg.dtype)
     deci_layers = _deci_layers(model, loaded.model)  # read while the linears are plain ones
     qplan = qplan or plan(loaded.model.config, cfg)
@@ -69,31 +89,31 @@ def quantize_dir(model, out, cfg: QuantizeConfig, *, force: bool = False, progre
     return QuantizeResult(report, written)
 
 
-def _deci_layers(spec: str, model):
+def _deci_layers(spec: str, model: nn.Module) -> list[DeciLayer] | None:
     """A DeciLM directory's layers (gac.checkpoint.deci.layers_of), or None for any other model."""
-    from gac.checkpoint import deci
-
     return deci.layers_of(model) if Path(spec).is_dir() and deci.is_deci_dir(spec) else None
 
 
-def _config(spec: str):
+def _config(spec: str) -> PretrainedConfig | None:
     """The model's config read without its weights where it is a directory (None otherwise: read on load)."""
     path = Path(spec)
     if not (path / "config.json").is_file():
         return None
-    from gac.checkpoint import deci
-    from gac.checkpoint.gac_dir import is_gac_dir, read_config
-
     if deci.is_deci_dir(path):
         return deci.read_config(path)
     if is_gac_dir(path):
         return read_config(path)
-    from gac.checkpoint.loading import read_config_checked
-
     return read_config_checked(str(path), spec)
 
 
-def quantize_model(model, tokenizer, qplan: QuantPlan, *, progress: bool = True, trust_code: bool = False):
+def quantize_model(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    qplan: QuantPlan,
+    *,
+    progress: bool = True,
+    trust_code: bool = False,
+) -> ModelCompressor:
     """Quantize `model` in place by the plan (llm-compressor finds the scales; compressed-tensors packs the weights);
     returns the compressed-tensors ModelCompressor, whose update_config writes the checkpoint's quantization_config.
     trust_code: llm-compressor may run the code the source directory's config names (its config is read again)."""
@@ -136,7 +156,7 @@ def quantize_model(model, tokenizer, qplan: QuantPlan, *, progress: bool = True,
     return compressor
 
 
-def _cast(model, dtype: str) -> None:
+def _cast(model: PreTrainedModel, dtype: str) -> None:
     """The unquantized tensors (and the scales) in the checkpoint's dtype, which config.json records: vLLM's and
     transformers' "auto" dtype read it."""
     import torch
@@ -145,14 +165,12 @@ def _cast(model, dtype: str) -> None:
     model.config.dtype = dtype
 
 
-def _calibration(tokenizer, cfg: QuantizeConfig):
-    from gac.calibration.texts import TextConfig, calibration_windows
-
+def _calibration(tokenizer: PreTrainedTokenizerBase | None, cfg: QuantizeConfig) -> torch.Tensor:
     text = TextConfig(calib_file=cfg.calib_file, seq_len=cfg.seq_len, calib_windows=cfg.calib_windows)
     return calibration_windows(tokenizer, text)[0]  # [n, seq_len]
 
 
-def _dataset(windows):
+def _dataset(windows: torch.Tensor) -> Dataset:
     from datasets import Dataset
 
     return Dataset.from_dict({"input_ids": windows.tolist(), "attention_mask": [[1] * windows.shape[1]] * len(windows)})
@@ -162,8 +180,6 @@ def quantize_report(model: str, qplan: QuantPlan, seconds: float) -> dict:
     """quantize.json: the run's scheme, options and versions, and its plan (every linear, quantized or why not)."""
     import compressed_tensors
     import llmcompressor
-
-    from gac.checkpoint.gac_dir import versions
 
     cfg = qplan.cfg
     return {
@@ -196,13 +212,18 @@ def quantized_summary(report: dict) -> dict:
     return {k: report[k] for k in ("scheme", "label", "quantized", "unquantized")}
 
 
-def _save(loaded, model: str, out: str, report: dict, compressor, force: bool, deci_layers=None) -> Path:
+def _save(
+    loaded: LoadedModel,
+    model: str,
+    out: str,
+    report: dict,
+    compressor: ModelCompressor,
+    force: bool,
+    deci_layers: list[DeciLayer] | None = None,
+) -> Path:
     """A gac output stays one (its structure, plan and modeling code; the plan records the quantization), and a
     DeciLM export one too (its config and code, which engines without gac read; its record, the quantization); any
     other model is written as a plain Hugging Face directory. All atomically, quantization_config in config.json."""
-    from gac.checkpoint import deci
-    from gac.checkpoint.gac_dir import is_gac_dir, read_plan, save
-
     files = {QUANTIZE_FILE: json.dumps(report, indent=2) + "\n"}
     if deci_layers is not None:
         record = {**deci.read_record(model), "quantization": quantized_summary(report), "engines": QUANTIZED_ENGINES}
@@ -226,8 +247,6 @@ def _save(loaded, model: str, out: str, report: dict, compressor, force: bool, d
             force=force,
             finish=compressor.update_config,
         )
-    from gac.io.atomic import atomic_dir
-
     target = Path(out).resolve()
     with atomic_dir(target, force=force) as tmp:
         loaded.model.save_pretrained(tmp)

@@ -9,9 +9,13 @@ w8a8   int8 weights, symmetric, one scale per output channel; int8 activations, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
 from gac.quantize.kernels import CHANNEL, DEVICES
+
+if TYPE_CHECKING:
+    from compressed_tensors.quantization import QuantizationScheme
 
 SCHEMES = ("w4a16", "w8a8")
 METHODS = ("rtn", "gptq")  # round to nearest (no data), or GPTQ (llm-compressor's, on calibration text)
@@ -35,7 +39,7 @@ class QuantizeConfig:
     seq_len: int = 512
     calib_file: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
             raise GacError(f"unknown scheme {self.scheme!r}: choose one of {', '.join(SCHEMES)}")
         if self.method not in METHODS:
@@ -68,7 +72,7 @@ class QuantizeConfig:
         return f"{self.scheme}{group}-{self.method}"
 
 
-def scheme_args(cfg: QuantizeConfig):
+def scheme_args(cfg: QuantizeConfig) -> QuantizationScheme:
     """The compressed-tensors QuantizationScheme of `cfg`, targeting every Linear (vLLM's linears match by class
     name: ReplicatedLinear, ColumnParallelLinear, RowParallelLinear...)."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme

@@ -22,15 +22,25 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from gac.align.profiled import profile_candidates
+from gac.checkpoint.gac_dir import check_out_dir, is_gac_dir, plan_record, read_plan, save
+from gac.checkpoint.loading import load_model
 from gac.errors import GacError
-from gac.evaluate.latency import LatencyConfig
+from gac.evaluate.latency import LatencyConfig, prefill_timings
+from gac.hw.cliffs import latency_table
+from gac.hw.profile import load_profile
+from gac.io import validate
 from gac.models import surgery
-from gac.models.adapters import text_config
-from gac.models.groups import DimGroup, groups_of
+from gac.models.adapters import adapter_for, attention_geometry, text_config
+from gac.models.dims import inspect_model, linear_dims
+from gac.models.groups import DimGroup, groups_of, is_grouped_lowrank
 from gac.models.padding import next_multiple
+from gac.models.structure import structure_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from gac.models.kinds.base import ChannelGroup
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +110,7 @@ def resolve_alignment(align: int | None, strategy: str | None) -> int:
 class _Targets:
     """Next multiple of the alignment, or with a profile the smallest aligned size >= d off any cliff."""
 
-    def __init__(self, alignment: int, profile: dict | None):
+    def __init__(self, alignment: int, profile: dict | None) -> None:
         self.alignment, self.profile = alignment, profile
         if profile is not None:
             ops = {e.get("op") for e in profile.get("ops", [])}
@@ -109,8 +119,6 @@ class _Targets:
             self.ops = ops
 
     def _table(self, op: str, shape: dict) -> dict[int, float] | None:
-        from gac.hw.cliffs import latency_table
-
         if self.profile is None or op not in self.ops:
             return None
         return latency_table(self.profile, op, m=PROFILE_M, shape=shape)
@@ -121,8 +129,6 @@ class _Targets:
         base = next_multiple(d, self.alignment)
         if table is None:
             return base
-        from gac.align.profiled import profile_candidates
-
         top = base + (PROFILE_WINDOW - 1) * self.alignment  # padding further costs more than it can win back
         reach = {x: ms for x, ms in table.items() if x <= top}
         kept = profile_candidates(
@@ -143,7 +149,7 @@ class _Targets:
             table = self._table("lowrank", {"in": fan_in, "out": fan_out}) or self._table("gemm_n", {"k": fan_in})
         return self._pick(rank, table)
 
-    def width(self, group) -> int:
+    def width(self, group: ChannelGroup) -> int:
         """Target for a width group (an MLP's, or a layer's experts'), timed by the group's own profile op."""
         table = self._table(group.profile_op, group.profile_shape) if self.profile is not None else None
         return self._pick(group.dim, table)
@@ -158,8 +164,6 @@ def _layer(name: str) -> int | None:
 
 
 def _counts(model: nn.Module, names: list[str]) -> dict:
-    from gac.models.dims import linear_dims
-
     params = list(model.parameters())  # unique tensors: tied embeddings count once
     return {
         "params": sum(p.numel() for p in params),
@@ -187,15 +191,9 @@ def repair(
     Returns the new config.gac_structure (also set on model.config; read off the live model, merged over what
     the config already recorded) and the before/after statistics.
     """
-    from gac.models.adapters import adapter_for
-    from gac.models.dims import inspect_model
-    from gac.models.structure import structure_of
-
     alignment = resolve_alignment(align, strategy)
     profile_name = None
     if isinstance(profile, (str, Path)):
-        from gac.hw.profile import load_profile
-
         profile_name, profile = str(profile), load_profile(profile)
     targets = _Targets(alignment, profile)
     widths = [*groups_of(model, "mlp"), *groups_of(model, "experts")]  # an MLP's width, or every expert's
@@ -241,11 +239,8 @@ def repair(
     return result
 
 
-def _heads_per_group(model) -> int:
+def _heads_per_group(model: PreTrainedModel) -> int:
     """KV heads per PaLU group of the model's grouped factorizations (1 when it has none)."""
-    from gac.models.adapters import attention_geometry
-    from gac.models.groups import is_grouped_lowrank
-
     geo = attention_geometry(model.config)
     for _, m in model.named_modules():
         if is_grouped_lowrank(m):
@@ -253,7 +248,7 @@ def _heads_per_group(model) -> int:
     return 1
 
 
-def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     with torch.inference_mode():
         return model(ids, use_cache=False).logits.float()  # [B, S, V]
 
@@ -281,17 +276,11 @@ def repair_dir(
 ) -> RepairOutput:
     """Load `src` (gac dir, HF dir, .gguf or alias), repair it, check its logits, time prefill before vs after
     side by side (batch latency.batch, latency.prefill_tokens tokens) and save it to `out` with repair.json."""
-    from gac.checkpoint.gac_dir import check_out_dir, is_gac_dir, plan_record, read_plan, save
-    from gac.checkpoint.loading import load_model
-    from gac.io import validate
-
     alignment = resolve_alignment(align, strategy)  # fail fast, before the model is loaded
     validate.not_quantized(src, "repair")
     check_out_dir(out, force)
     profile_data = None
     if profile is not None:
-        from gac.hw.profile import load_profile
-
         profile_data = load_profile(profile)
     loaded = load_model(str(src))
     model = loaded.model
@@ -308,8 +297,6 @@ def repair_dir(
         "logits_check": {"tokens": CHECK_TOKENS, **logits_check(logits_before, _logits(model, ids))},
     }
     if original is not None:
-        from gac.evaluate.latency import prefill_timings
-
         log.info("timing prefill before vs after (batch %d, %d tokens)", latency.batch, latency.prefill_tokens)
         t = prefill_timings({"before": original, "after": model}, latency.batch, latency.prefill_tokens, latency)
         report["latency"] = {

@@ -11,12 +11,29 @@ the checkpoint quantized).
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gac.checkpoint.gac_dir import QUANTIZE_FILE
+from gac.checkpoint.loading import load_model
+from gac.serve.vllm_engine import check_installed, check_servable, engine_dtype
+from gac.serve.vllm_runs import vllm_runs
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+
 PROMPTS = 8
 PROMPT_TOKENS = 24
 MAX_TOKENS = 32
 
 
-def prompt_ids(tokenizer, count: int = PROMPTS, tokens: int = PROMPT_TOKENS) -> list[list[int]]:
+def prompt_ids(
+    tokenizer: PreTrainedTokenizerBase, count: int = PROMPTS, tokens: int = PROMPT_TOKENS
+) -> list[list[int]]:
     """The first `tokens` tokens of `count` topics of Python's docs (embedded: no download)."""
     from pydoc_data.topics import topics
 
@@ -24,11 +41,9 @@ def prompt_ids(tokenizer, count: int = PROMPTS, tokens: int = PROMPT_TOKENS) -> 
     return [tokenizer(" ".join(topics[k].split()), add_special_tokens=False).input_ids[:tokens] for k in keys]
 
 
-def hf_run(model_dir, prompts: list[list[int]], max_tokens: int) -> dict:
+def hf_run(model_dir: str | Path, prompts: list[list[int]], max_tokens: int) -> dict:
     """Greedy tokens (no stop token) and prompt log-probabilities from transformers, as gac loads the model."""
     import torch
-
-    from gac.checkpoint.loading import load_model
 
     model = load_model(str(model_dir), dtype="float32", device="cpu").model
     tokens, logprobs = [], []
@@ -46,7 +61,7 @@ def hf_run(model_dir, prompts: list[list[int]], max_tokens: int) -> dict:
     return {"tokens": tokens, "prompt_logprobs": logprobs, "model": model}
 
 
-def teacher_forced(model, prompts, generated) -> list[list[int]]:
+def teacher_forced(model: nn.Module, prompts: list[list[int]], generated: list[list[int]]) -> list[list[int]]:
     """transformers' greedy choice at each generated position, given vLLM's own tokens before it."""
     import torch
 
@@ -79,13 +94,12 @@ def compare(hf: dict, vl: dict, forced: list[list[int]]) -> dict:
     }
 
 
-def agreement(model_dirs, *, dtype: str = "auto", tp: int = 1, max_tokens: int = MAX_TOKENS) -> dict:
+def agreement(
+    model_dirs: Sequence[str | Path], *, dtype: str = "auto", tp: int = 1, max_tokens: int = MAX_TOKENS
+) -> dict:
     """{model dir: compare(...)}: vLLM first for every model (each engine shut down before the next: see
     gac.serve.vllm_runs) in `dtype` (auto: gac.serve.vllm_engine.engine_dtype), then transformers."""
     from transformers import AutoTokenizer
-
-    from gac.serve.vllm_engine import check_installed, check_servable, engine_dtype
-    from gac.serve.vllm_runs import vllm_runs
 
     check_installed()
     dtypes = {str(d): engine_dtype(d, dtype) for d in model_dirs}
@@ -104,19 +118,12 @@ def agreement(model_dirs, *, dtype: str = "auto", tp: int = 1, max_tokens: int =
 
 def kernel_counts(kernels: dict[str, str]) -> dict[str, int]:
     """{kernel: linears it runs} of linear_kernels' answer."""
-    from collections import Counter
-
     return dict(Counter(kernels.values()))
 
 
-def planned_kernels(model_dir) -> dict[str, int] | None:
+def planned_kernels(model_dir: str | Path) -> dict[str, int] | None:
     """{kernel: linears} that a quantized checkpoint's quantize.json plans vLLM to run (None: not quantized by gac):
     the rule's kernel on every linear it quantized, vLLM's unquantized method on those it left."""
-    import json
-    from pathlib import Path
-
-    from gac.checkpoint.gac_dir import QUANTIZE_FILE
-
     path = Path(model_dir) / QUANTIZE_FILE
     if not path.is_file():
         return None

@@ -18,11 +18,15 @@ shard's GEMM reads in / N (width / N, heads x head_dim / N) values a row: the al
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
 from gac.models.adapters import adapter_for
 from gac.models.groups import heads_split
 from gac.models.kinds.experts import channel_axes
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ class LayerLayout:
         return width
 
 
-def layer_layouts(config) -> list[LayerLayout]:
+def layer_layouts(config: PretrainedConfig) -> list[LayerLayout]:
     """Every decoder layer's sizes from `config` and its `gac_structure` (an original model: all at full size)."""
     adapter = adapter_for(config)
     geo = adapter.geometry(config)

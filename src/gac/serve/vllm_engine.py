@@ -7,9 +7,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gac.checkpoint.gac_dir import is_gac_dir
 from gac.errors import GacError
+from gac.io.validate import quantization_of
+from gac.models.adapters import FAMILIES, adapter_for
+from gac.serve.layout import check_tensor_parallel, layer_layouts
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+    from vllm import LLM
 
 PLUGIN_GROUP = "vllm.general_plugins"
 # The vLLM minor releases gac's plugin serves, both ends included (benchmarks/vllm_releases.sh serve-checks each:
@@ -61,14 +69,10 @@ def check_version(version: str) -> None:
         )
 
 
-def check_servable(model_dir, tp: int = 1, dtype: str | None = None) -> None:
+def check_servable(model_dir: str | Path, tp: int = 1, dtype: str | None = None) -> None:
     """The directory is one vLLM can build with gac's plugin at tensor parallel size `tp`, in `dtype` where given
     (else one GacError)."""
     from transformers import AutoConfig
-
-    from gac.checkpoint.gac_dir import is_gac_dir
-    from gac.models.adapters import FAMILIES, adapter_for
-    from gac.serve.layout import check_tensor_parallel, layer_layouts
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
@@ -86,7 +90,7 @@ def check_servable(model_dir, tp: int = 1, dtype: str | None = None) -> None:
     check_tensor_parallel(layer_layouts(config), tp)
 
 
-def check_attention(config, model_dir) -> None:
+def check_attention(config: PretrainedConfig, model_dir: str | Path) -> None:
     """vLLM's CPU attention runs only some head sizes, and refuses the others inside its first forward: say so
     before the engine starts."""
     import torch
@@ -94,8 +98,6 @@ def check_attention(config, model_dir) -> None:
     if torch.cuda.is_available():
         return
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    from gac.models.adapters import adapter_for
 
     head_dim = adapter_for(config).geometry(config).head_dim
     sizes = CPUAttentionBackend.get_supported_head_sizes()
@@ -117,23 +119,19 @@ def int4_weights(quantization: dict | None) -> bool:
     )
 
 
-def engine_dtype(model_dir, dtype: str = "auto") -> str:
+def engine_dtype(model_dir: str | Path, dtype: str = "auto") -> str:
     """The dtype gac starts vLLM in for `model_dir`: `dtype`, or for "auto" float32 (what gac's checks compare
     against transformers in), but bfloat16 for int4 weights, whose GEMMs run in 16-bit activations only."""
-    from gac.io.validate import quantization_of
-
     if dtype != "auto":
         return dtype
     return "bfloat16" if int4_weights(quantization_of(model_dir)) else "float32"
 
 
-def check_quantized_kernels(model_dir, dtype: str | None = None) -> None:
+def check_quantized_kernels(model_dir: str | Path, dtype: str | None = None) -> None:
     """vLLM's CPU build picks its int4 kernel (CPUWNA16LinearKernel) for a W4A16 checkpoint on any x86 CPU, but
     its GEMM (cpu_gemm_wna16) is built only into the AVX-512 libraries, and for bfloat16 and float16 only, so
     without AVX-512 or in float32 the engine loads and then fails at its first forward: say so before it starts."""
     import torch
-
-    from gac.io.validate import quantization_of
 
     if torch.cuda.is_available() or not int4_weights(quantization_of(model_dir)):
         return
@@ -168,7 +166,7 @@ def cpu_bind(tp: int) -> str:
 
 
 def make_llm(
-    model_dir,
+    model_dir: str | Path,
     *,
     dtype: str = "float32",
     tp: int = 1,
@@ -177,8 +175,8 @@ def make_llm(
     kv_cache_gib: int = 2,
     seed: int = 0,
     executor: str = "mp",
-    **engine_args,
-):
+    **engine_args: Any,
+) -> LLM:
     """vllm.LLM on `model_dir` (checked first). On CPU: `kv_cache_gib` of KV cache, and cores split over ranks;
     `executor`: vLLM's distributed executor where tp > 1 ("mp": vLLM starts the ranks; "external_launcher": this
     process is one rank of `tp` started by the caller, as gac.serve.vllm_runs does); `engine_args` go to vLLM as

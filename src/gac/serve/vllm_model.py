@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
 from types import ModuleType
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -49,7 +51,13 @@ from gac.models.adapters import VllmNames, adapter_for
 from gac.serve.layout import LayerLayout, Projection, check_tensor_parallel, layer_layouts
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
     from vllm.config import VllmConfig
+    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+    from vllm.model_executor.models.utils import LayerFn
+
+    # vLLM's make_layers(num_hidden_layers, layer_fn, prefix) -> (start_layer, end_layer, layers)
+    MakeLayers = Callable[[int, LayerFn, str], tuple[int, int, nn.ModuleList]]
 
 
 class LowRankColumn(nn.Module):
@@ -60,10 +68,10 @@ class LowRankColumn(nn.Module):
         self,
         p: Projection,
         bias: bool,
-        quant_config,
+        quant_config: QuantizationConfig | None,
         prefix: str,
         fused: QKVParallelLinear | MergedColumnParallelLinear | None = None,
-    ):
+    ) -> None:
         super().__init__()
         rank = p.pair_rank
         self.a = ReplicatedLinear(p.in_features, rank, bias=False, quant_config=quant_config, prefix=f"{prefix}.a")
@@ -73,14 +81,14 @@ class LowRankColumn(nn.Module):
             else ColumnParallelLinear(rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b")
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.b(self.a(x)[0])
 
 
 class LowRankRow(nn.Module):
     """y = b(a(x)) with its input sharded: a [r, in / N] row-parallel (all-reduce on r values), b replicated."""
 
-    def __init__(self, p: Projection, bias: bool, quant_config, prefix: str):
+    def __init__(self, p: Projection, bias: bool, quant_config: QuantizationConfig | None, prefix: str) -> None:
         super().__init__()
         self.a = RowParallelLinear(
             p.in_features,
@@ -95,7 +103,7 @@ class LowRankRow(nn.Module):
             p.pair_rank, p.out_features, bias=bias, quant_config=quant_config, prefix=f"{prefix}.b"
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.b(self.a(x)[0])
 
 
@@ -103,7 +111,7 @@ class GroupedLowRankColumn(nn.Module):
     """PaLU's K/V projection: one replicated a [sum r_g, in], then each KV-head group's b_g [out / G, r_g]; a
     tensor-parallel rank applies the groups of its own heads (G / N of them)."""
 
-    def __init__(self, p: Projection, bias: bool, quant_config, prefix: str):
+    def __init__(self, p: Projection, bias: bool, quant_config: QuantizationConfig | None, prefix: str) -> None:
         super().__init__()
         self.ranks = list(p.group_ranks)
         self.a = ReplicatedLinear(
@@ -118,7 +126,7 @@ class GroupedLowRankColumn(nn.Module):
         first = get_tensor_model_parallel_rank() * per_rank
         self.local = range(first, first + per_rank)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         latents = self.a(x)[0].split(self.ranks, dim=-1)  # G x [T, r_g]
         return torch.cat([self.b[g](latents[g])[0] for g in self.local], dim=-1), None  # [T, out / N]
 
@@ -127,17 +135,21 @@ class Concat(nn.Module):
     """Sibling column projections that read the same input (q/k/v, or the MLP producers), outputs concatenated in
     order: what the block's fused linear returns, for a layer where some of them are factorized."""
 
-    def __init__(self, parts: dict[str, nn.Module]):
+    def __init__(self, parts: dict[str, nn.Module]) -> None:
         super().__init__()
         for name, part in parts.items():
             self.add_module(name, part)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
         return torch.cat([part(x)[0] for part in self.children()], dim=-1), None
 
 
 def fused_at(
-    dense: QKVParallelLinear | MergedColumnParallelLinear, in_features: int, bias: bool, quant_config, prefix: str
+    dense: QKVParallelLinear | MergedColumnParallelLinear,
+    in_features: int,
+    bias: bool,
+    quant_config: QuantizationConfig | None,
+    prefix: str,
 ) -> nn.Module:
     """The family's fused column linear `dense` (q/k/v by heads, or gate/up halves) rebuilt to read `in_features`
     values: the up-projection of a factorized fused projection, sharded as the dense one."""
@@ -156,7 +168,7 @@ def fused_at(
     )
 
 
-def column(p: Projection, bias: bool, quant_config, prefix: str) -> nn.Module:
+def column(p: Projection, bias: bool, quant_config: QuantizationConfig | None, prefix: str) -> nn.Module:
     if p.ranks:
         return GroupedLowRankColumn(p, bias, quant_config, prefix)
     if p.rank:
@@ -165,12 +177,17 @@ def column(p: Projection, bias: bool, quant_config, prefix: str) -> nn.Module:
 
 
 def factorize(
-    block: nn.Module, prefix: str, fused: str, parts: tuple[Projection, ...], rows: tuple[Projection, ...], quant_config
+    block: nn.Module,
+    prefix: str,
+    fused: str,
+    parts: tuple[Projection, ...],
+    rows: tuple[Projection, ...],
+    quant_config: QuantizationConfig | None,
 ) -> dict[str, str]:
     """Put the saved factorizations of one block (attention or MLP) in place of vLLM's dense linears: the column
     parts of its fused linear `fused`, and its row projections. Returns {HF module path: vLLM module path} of every
     projection moved, whose weights gac then loads."""
-    moved = {}
+    moved: dict[str, str] = {}
     dense = getattr(block, fused)
     bias = getattr(dense, "bias", None) is not None
     if len(parts) == 1 and not parts[0].dense:  # one fused projection, factorized whole (Phi-3)
@@ -190,7 +207,7 @@ def factorize(
 
 
 @contextlib.contextmanager
-def layer_sizes(config, layout: LayerLayout, expert_width_key: str):
+def layer_sizes(config: PretrainedConfig, layout: LayerLayout, expert_width_key: str) -> Iterator[None]:
     """`config` showing one layer's saved sizes while vLLM builds that layer (restored after)."""
     sizes = {
         "num_attention_heads": layout.num_heads,
@@ -212,11 +229,48 @@ def layer_sizes(config, layout: LayerLayout, expert_width_key: str):
             delattr(config, k) if old is missing else setattr(config, k, old)
 
 
-class _DecoderLayer(Protocol):
-    """What gac reads of a family's vLLM decoder layer."""
+def factorize_layer(
+    layer: nn.Module, prefix: str, lay: LayerLayout, names: VllmNames, quant_config: QuantizationConfig | None
+) -> dict[str, str]:
+    """factorize() on one decoder layer's attention (`self_attn`) and dense MLP (`mlp`)."""
+    attention = layer.get_submodule("self_attn")
+    moved = factorize(attention, f"{prefix}.self_attn", names.qkv, lay.qkv, (lay.o,), quant_config)
+    if lay.width is not None:  # a dense MLP (an MoE layer's experts stay as vLLM's FusedMoE builds them)
+        mlp = layer.get_submodule("mlp")
+        moved |= factorize(mlp, f"{prefix}.mlp", names.producers, lay.producers, lay.consumers, quant_config)
+    return moved
 
-    self_attn: nn.Module
-    mlp: nn.Module
+
+@dataclass
+class SizedLayers:
+    """A family's decoder layers built at their saved sizes. vLLM's DeciModel hands each layer its own config; a
+    family's decoder cannot, so this stands in for `make_layers` in its modules while gac's class is built."""
+
+    layouts: list[LayerLayout]
+    text_config: PretrainedConfig  # what vLLM's layers read their sizes from
+    expert_width_key: str
+    names: VllmNames
+    quant_config: QuantizationConfig | None
+    moved: dict[str, str] = field(default_factory=dict)  # HF module path -> vLLM module path, each factorized one
+    prefixes: list[str] = field(default_factory=list)  # the make_layers calls that went through gac
+
+    def wrap(self, original: MakeLayers) -> MakeLayers:
+        """vLLM's `make_layers` (`original`), building each layer through self.layer."""
+        return partial(self.make_layers, original)
+
+    def make_layers(
+        self, original: MakeLayers, num_hidden_layers: int, layer_fn: LayerFn, prefix: str
+    ) -> tuple[int, int, nn.ModuleList]:
+        self.prefixes.append(prefix)
+        return original(num_hidden_layers, partial(self.layer, layer_fn), prefix)
+
+    def layer(self, layer_fn: LayerFn, prefix: str) -> nn.Module:
+        """The layer at `prefix`, built by the family's `layer_fn` at its saved sizes, then factorized."""
+        lay = self.layouts[extract_layer_index(prefix)]
+        with layer_sizes(self.text_config, lay, self.expert_width_key):
+            layer = layer_fn(prefix=prefix)
+        self.moved.update(factorize_layer(layer, prefix, lay, self.names, self.quant_config))
+        return layer
 
 
 if TYPE_CHECKING:
@@ -238,70 +292,52 @@ class GacCausalLM(_FamilyCausalLM):
     # vLLM's model class whose __init__ builds the decoder layers (the causal LM's `model`): each family names its own
     gac_decoder: ClassVar[type[nn.Module]]
 
-    def __init__(self, *, vllm_config, prefix: str = ""):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         config = vllm_config.model_config.hf_config
         adapter = adapter_for(config)
         layouts = layer_layouts(config)  # read once, handed to every layer
         check_tensor_parallel(layouts, get_tensor_model_parallel_world_size())
-        moved: dict[str, str] = {}  # HF module path -> vLLM module path of every factorized projection
-        names, quant = adapter.vllm_names(), vllm_config.quant_config
-        expert_width_key = adapter.layout.expert_width
-
-        built = []  # the calls of make_layers that went through gac: none means vLLM built the layers elsewhere
-
-        def sized(make_layers):
-            def build(num_hidden_layers, layer_fn, prefix):
-                built.append(prefix)
-
-                def layer(prefix):
-                    lay = layouts[extract_layer_index(prefix)]
-                    with layer_sizes(vllm_config.model_config.hf_text_config, lay, expert_width_key):
-                        built = layer_fn(prefix=prefix)
-                    moved.update(self._factorize(built, prefix, lay, names, quant))
-                    return built
-
-                return make_layers(num_hidden_layers, layer, prefix)
-
-            return build
-
+        layers = SizedLayers(
+            layouts,
+            vllm_config.model_config.hf_text_config,
+            adapter.layout.expert_width,
+            adapter.vllm_names(),
+            vllm_config.quant_config,
+        )
         modules = layer_builders(self.gac_decoder)
-        with _patched(modules, "make_layers", sized):
+        with _patched(modules, "make_layers", layers.wrap):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
-        if not built:
+        if not layers.prefixes:  # vLLM built the layers elsewhere
             raise GacError(
                 f"vLLM built {type(self).__name__}'s decoder layers without the make_layers of "
                 f"{', '.join(m.__name__ for m in modules)}, so not at their saved sizes: gac's vLLM plugin does not "
                 "serve this vLLM version; serve the model with transformers (gac.load) instead"
             )
-        self.gac_moved = moved
-
-    @staticmethod
-    def _factorize(layer: _DecoderLayer, prefix: str, lay: LayerLayout, names: VllmNames, quant) -> dict[str, str]:
-        moved = factorize(layer.self_attn, f"{prefix}.self_attn", names.qkv, lay.qkv, (lay.o,), quant)
-        if lay.width is not None:  # a dense MLP (an MoE layer's experts stay as vLLM's FusedMoE builds them)
-            moved |= factorize(layer.mlp, f"{prefix}.mlp", names.producers, lay.producers, lay.consumers, quant)
-        return moved
+        self.gac_moved = layers.moved
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())
-        loaded = set()
-
-        def family(weights):  # the weights the family's own loader takes: all but the moved projections'
-            for name, tensor in weights:
-                key = self._moved_key(name)
-                if key is None:
-                    yield name, tensor
-                    continue
-                if key not in params:
-                    raise ValueError(
-                        f"gac: the checkpoint's {name} has no parameter {key} in {type(self).__name__}: "
-                        "the saved structure does not match the weights"
-                    )
-                getattr(params[key], "weight_loader", default_weight_loader)(params[key], tensor)
-                loaded.add(key)
-
-        loaded_by_family = set(super().load_weights(family(weights)))  # consumes every weight, ours too
+        loaded: set[str] = set()
+        loaded_by_family = set(super().load_weights(self._load_moved(weights, params, loaded)))  # consumes them all
         return loaded | loaded_by_family
+
+    def _load_moved(
+        self, weights: Iterable[tuple[str, torch.Tensor]], params: dict[str, nn.Parameter], loaded: set[str]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Loads the weights of the moved projections (their parameters added to `loaded`) and yields the rest,
+        which the family's own loader takes."""
+        for name, tensor in weights:
+            key = self._moved_key(name)
+            if key is None:
+                yield name, tensor
+                continue
+            if key not in params:
+                raise ValueError(
+                    f"gac: the checkpoint's {name} has no parameter {key} in {type(self).__name__}: "
+                    "the saved structure does not match the weights"
+                )
+            getattr(params[key], "weight_loader", default_weight_loader)(params[key], tensor)
+            loaded.add(key)
 
     def _moved_key(self, name: str) -> str | None:
         """The vLLM parameter of HF weight `name` if its projection was moved (a pair's ...a.weight or ...b.bias),
@@ -323,7 +359,7 @@ def layer_builders(decoder: type[nn.Module]) -> list[ModuleType]:
 
 
 @contextlib.contextmanager
-def _patched(modules: list[ModuleType], attr: str, wrap):
+def _patched(modules: list[ModuleType], attr: str, wrap: Callable[[MakeLayers], MakeLayers]) -> Iterator[None]:
     """`attr` of each of `modules` (a function they import by name) wrapped by `wrap` while gac's class is built; put
     back after. Only the family's own modules: another model's build in the process never sees gac's sizes."""
     originals = [getattr(m, attr) for m in modules]

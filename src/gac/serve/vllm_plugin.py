@@ -14,11 +14,19 @@ ends the process with that one line."""
 
 from __future__ import annotations
 
+import os
+import sys
+from types import TracebackType
 from typing import TYPE_CHECKING, cast
 
+from gac.checkpoint.auto_classes import register_configs
+from gac.errors import GacError
 from gac.models.adapters import VLLM_FAMILIES
+from gac.serve import vllm_engine
+from gac.serve.layout import check_tensor_parallel, layer_layouts
 
 if TYPE_CHECKING:
+    from vllm.config import ModelConfig, VllmConfig
     from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
 
@@ -38,15 +46,11 @@ class ConfigCheck:
     architecture names and for the family's own (vLLM's class would build a gac output at the original shapes)."""
 
     @staticmethod
-    def verify_and_update_config(vllm_config) -> None:
-        from gac.errors import GacError
-        from gac.serve.layout import check_tensor_parallel, layer_layouts
-        from gac.serve.vllm_engine import check_quantized_kernels, check_version, vllm_version
-
+    def verify_and_update_config(vllm_config: VllmConfig) -> None:
         config = vllm_config.model_config.hf_config
         if getattr(config, "gac_structure", None) is None:
             return  # not a gac output
-        check_version(vllm_version())
+        vllm_engine.check_version(vllm_engine.vllm_version())
         arch = vllm_config.model_config.architecture
         gac_arch = f"Gac{arch}"
         if gac_arch in architectures():  # saved before gac wrote its own name: the family's class
@@ -56,10 +60,10 @@ class ConfigCheck:
                 f'["{gac_arch}"]}}\', or re-save it with `gac export DIR --format hf --out NEW`'
             )
         check_tensor_parallel(layer_layouts(config), vllm_config.parallel_config.tensor_parallel_size)
-        check_quantized_kernels(vllm_config.model_config.model, str(vllm_config.model_config.dtype))
+        vllm_engine.check_quantized_kernels(vllm_config.model_config.model, str(vllm_config.model_config.dtype))
 
     @staticmethod
-    def verify_and_update_model_config(model_config) -> None:
+    def verify_and_update_model_config(model_config: ModelConfig) -> None:
         return
 
 
@@ -67,16 +71,11 @@ def one_line_refusals() -> None:
     """An uncaught GacError (the config check's refusal) ends the process with its one `error:` line, as gac's CLI
     ends, instead of Python's traceback through vLLM's frames (the OpenAI server builds its configuration outside
     any handler); other exceptions go to the hook there was, as do all with GAC_TRACEBACK set."""
-    import os
-    import sys
-
-    from gac.errors import GacError
-
     previous = sys.excepthook
     if getattr(previous, "gac_one_line", False):
         return  # installed already: vLLM loads plugins once a process, tests call register() more often
 
-    def hook(kind, value, traceback) -> None:
+    def hook(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
         if issubclass(kind, GacError) and not os.environ.get("GAC_TRACEBACK"):
             sys.stderr.write(f"error: {' '.join(str(value).split())}\n")
         else:
@@ -88,8 +87,6 @@ def one_line_refusals() -> None:
 
 def register() -> None:
     from vllm import ModelRegistry
-
-    from gac.checkpoint.auto_classes import register_configs
 
     register_configs()
     one_line_refusals()

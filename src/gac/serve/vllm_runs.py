@@ -19,21 +19,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from gac.errors import GacError
+from gac.serve.vllm_engine import cpu_bind, make_llm
+
+if TYPE_CHECKING:
+    from torch import nn
+    from vllm.logprobs import Logprob
 
 POLL_S = 0.5  # how often the launcher looks at its ranks
 
 
 def vllm_run(
-    model_dir, prompts: list[list[int]], max_tokens: int, *, dtype: str, tp: int = 1, executor: str = "mp"
+    model_dir: str | Path, prompts: list[list[int]], max_tokens: int, *, dtype: str, tp: int = 1, executor: str = "mp"
 ) -> dict:
     """Greedy tokens (no stop token) and prompt log-probabilities of `prompts` in one vLLM engine on `model_dir`,
     and its load time; the engine is shut down after."""
     from vllm import SamplingParams, TokensPrompt
     from vllm import envs as vllm_envs
-
-    from gac.serve.vllm_engine import make_llm
 
     start = time.perf_counter()
     llm = make_llm(model_dir, dtype=dtype, tp=tp, max_model_len=256, executor=executor)
@@ -41,7 +45,9 @@ def vllm_run(
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=0)
     outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
-    logprobs = [[next(iter(d.values())).logprob for d in o.prompt_logprobs[1:]] for o in outs]
+    # prompt_logprobs=0: a dict of the prompt's own token at every position but the first (None)
+    prompt = [cast("list[dict[int, Logprob]]", o.prompt_logprobs)[1:] for o in outs]
+    logprobs = [[next(iter(d.values())).logprob for d in p] for p in prompt]
     kernels = llm.apply_model(linear_kernels)[0]
     llm.llm_engine.engine_core.shutdown()
     del llm
@@ -53,7 +59,7 @@ def vllm_run(
     return {"tokens": tokens, "prompt_logprobs": logprobs, "load_s": load_s, "kernels": kernels}
 
 
-def linear_kernels(model) -> dict[str, str]:
+def linear_kernels(model: nn.Module) -> dict[str, str]:
     """{vLLM module name: what computes it} for every linear of a model vLLM built: the quantized kernel of a
     quantized linear (e.g. CPUWNA16LinearKernel), else its linear method (UnquantizedLinearMethod). Run inside
     the engine (LLM.apply_model)."""
@@ -101,8 +107,6 @@ def _launch(job: Path, outs: list[Path]) -> None:
     """The ranks started, each with torchrun's environment, and waited for; a rank that fails stops the others (they
     would wait for it forever in a collective) and its error comes back as one GacError."""
     import torch
-
-    from gac.serve.vllm_engine import cpu_bind
 
     tp = len(outs)
     env = {

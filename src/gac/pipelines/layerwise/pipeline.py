@@ -15,7 +15,7 @@ from gac.pipelines.memory import RUNTIME_BYTES, WORK, Forecast, Workload
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from gac.checkpoint.lazy import LazyCheckpoint, Resident
     from gac.compressors.base import Compressor
@@ -152,7 +152,7 @@ class Layerwise(Pipeline):
 
     def write(
         self,
-        model: nn.Module,
+        model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         cfg,
         *,
@@ -164,6 +164,7 @@ class Layerwise(Pipeline):
         """Beside the weights already streamed to `streamed_to`, the atomic directory that becomes cfg.out."""
         from gac.checkpoint.gac_dir import write_beside_weights
 
+        assert streamed_to is not None  # this pipeline streams every variant it writes
         write_beside_weights(model, tokenizer, streamed_to, plan=plan, extra_files=files)
         return Path(cfg.out).resolve()
 
