@@ -136,12 +136,13 @@ def run_compressor(name, model, calib, held_back, held_out, args) -> dict:
             log.info("%s %.2fx: %s", name, target, e)
             continue
         m = outcome.model  # as the loop built and timed it
-        guard = outcome.guard
-        row = {"target": target, "loop_s": time.perf_counter() - t0, "rounds": outcome.rounds,
-               "reached": outcome.final["reached"], "loop_speedup": outcome.final["measured_speedup"],
+        guard = outcome.guard()
+        row = {"target": target, "loop_s": time.perf_counter() - t0, "rounds": [r.to_dict() for r in outcome.rounds],
+               "reached": outcome.kept.reached, "loop_speedup": outcome.kept.timed.measured_speedup,
                "dims": outcome.dims, "kept": guard["kept"], "saving_scale": outcome.latency_model.meta.get("saving_scale"),
                "guard": {s.name: {"reached": s.reached, "loss": s.loss, "rounds": len(s.rows),
-                                  **{k: s.kept[1].get(k) if s.kept else None for k in ("measured_speedup", "ratio")}}
+                                  "measured_speedup": s.kept.timed.measured_speedup if s.kept else None,
+                                  "ratio": s.kept.solved.ratio if s.kept else None}
                          for s in outcome.streams},
                **evaluate(m.eval(), held_out, outcome.latency_model, outcome.dims)}
         out["latency"].append(row)

@@ -351,16 +351,17 @@ def test_timing_line_fits_every_round_and_holds_its_slope_near_the_tables():
     residual."""
     from gac.objectives.latency.loop import LINE_SLOPE, timing_line
 
-    def rows(points):
-        return [{"groups_predicted_ms": x, "gac_measured_ms": 100.0 * y, "baseline_measured_ms": 100.0}
-                for x, y in points]
-
-    assert timing_line(rows([(10.0, 0.5), (20.0, 0.6), (30.0, 0.7)]), 0.008) == pytest.approx((0.4, 0.01))
-    steep = rows([(10.0, 0.5), (20.0, 0.9)])  # 0.04 a ms, past twice the tables' 0.01
+    assert timing_line([(10.0, 0.5), (20.0, 0.6), (30.0, 0.7)], 0.008) == pytest.approx((0.4, 0.01))
+    steep = [(10.0, 0.5), (20.0, 0.9)]  # 0.04 a ms, past twice the tables' 0.01
     intercept, slope = timing_line(steep, 0.01)
     assert slope == pytest.approx(LINE_SLOPE[1] * 0.01) and intercept == pytest.approx(0.7 - 15.0 * slope)
-    assert timing_line(rows([(10.0, 0.5), (20.0, 0.4)]), 0.01)[1] == pytest.approx(LINE_SLOPE[0] * 0.01)
-    assert timing_line(rows([(10.0, 0.5)]), 0.01) == pytest.approx((0.4, 0.01))
+    assert timing_line([(10.0, 0.5), (20.0, 0.4)], 0.01)[1] == pytest.approx(LINE_SLOPE[0] * 0.01)
+    assert timing_line([(10.0, 0.5)], 0.01) == pytest.approx((0.4, 0.01))
+
+
+def _points(rows):
+    """report.json's rounds as timing_line's points (Round.point)."""
+    return [(r["groups_predicted_ms"], r["gac_measured_ms"] / r["baseline_measured_ms"]) for r in rows]
 
 
 @pytest.mark.parametrize("line_factor, kept", [(1.0, 3), (1.02, 2)])
@@ -377,11 +378,11 @@ def test_the_line_round_aims_where_the_line_through_every_timing_crosses_the_aim
     lo = r["latency_objective"]
     rows = lo["rounds"]
     assert [row.get("line", False) for row in rows] == [False, False, True]
-    intercept, slope = timing_line(rows[:2], 1.0 / BASE_MS)
+    intercept, slope = timing_line(_points(rows[:2]), 1.0 / BASE_MS)
     assert rows[2]["budget_ms"] == pytest.approx((1.0 / (speedup * (1 + OVERSHOOT / 2)) - intercept) / slope)
     assert rows[1]["budget_ms"] < rows[2]["budget_ms"] < rows[0]["budget_ms"]
     assert rows[2]["value"] > rows[1]["value"]
-    intercept, slope = timing_line(rows, 1.0 / BASE_MS)
+    intercept, slope = timing_line(_points(rows), 1.0 / BASE_MS)
     assert rows[2]["line_speedup"] == pytest.approx(1.0 / (intercept + slope * rows[2]["groups_predicted_ms"]))
     assert rows[2]["reached"] == (kept == 3)
     assert lo["round"] == kept and lo["reached"]
@@ -400,7 +401,7 @@ def test_a_line_round_that_falls_short_moves_the_line_for_the_next(tiny_model_di
     rows = r["latency_objective"]["rounds"]
     assert [row.get("line", False) for row in rows] == [False, False, True, True]
     assert not rows[2]["reached"] and rows[3]["reached"] and r["latency_objective"]["round"] == 4
-    intercept, slope = timing_line(rows[:3], 1.0 / BASE_MS)
+    intercept, slope = timing_line(_points(rows[:3]), 1.0 / BASE_MS)
     assert rows[3]["budget_ms"] == pytest.approx((1.0 / (speedup * (1 + OVERSHOOT / 2)) - intercept) / slope)
     assert rows[3]["budget_ms"] < rows[2]["budget_ms"]
     r = _guarded(tiny_model_dir, {"latency": {1: 1.05, 2: 0.9, 3: 0.9, "else": 1.0}}, guard=False, speedup=speedup,
@@ -719,7 +720,7 @@ def test_the_closed_loop_runs_on_its_instruments_alone(asvd_analysis):
     outcome = ClosedLoop(model, analyzed.compressor, analyzed.units, speedup, alignment=8, device="cpu",
                          dtype="float32", progress=False).run()
     assert phases == [("prefill", 2, 16, FAST["profile_repeats"])]
-    assert [row["reached"] for row in outcome.rounds] == [False, True] and outcome.final["stream"] == "latency"
+    assert [row.reached for row in outcome.rounds] == [False, True] and outcome.chosen.name == "latency"
     assert [name for name, model in timer.seen if model is outcome.model] == ["latency", "latency"]
     rebuilt = copy.deepcopy(model)
     analyzed.compressor.materialize(rebuilt, analyzed.units, outcome.dims)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import platform
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gac.errors import ConfigError, GacError, literal
+
+if TYPE_CHECKING:
+    import torch
 
 # the default multiple every dim is aligned to: 8 elements is the 16 bytes that 16-bit tensor-core GEMMs (and SIMD
 # rows on CPUs) read at once; `--align`, a profile or a --target chooses another
@@ -14,21 +18,21 @@ ALIGNMENT = 8
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def torch_dtype(name):
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     """The torch dtype for "float32" | "bfloat16" | "float16" (or a torch dtype)."""
     import torch
 
     return getattr(torch, dtype_name(name))
 
 
-def dtype_name(dtype) -> str:
+def dtype_name(dtype: str | torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in DTYPES:
         raise GacError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     return name
 
 
-def check_device(device):
+def check_device(device: str | torch.device) -> torch.device:
     """The torch.device for `device`, or GacError when it is unknown or absent here."""
     import torch
 
@@ -46,7 +50,7 @@ def check_device(device):
     return dev
 
 
-def device_name(device) -> str:
+def device_name(device: str | torch.device) -> str:
     """GPU name from torch, CPU model from /proc/cpuinfo (or platform)."""
     import torch
 
@@ -62,6 +66,6 @@ def device_name(device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def default_dtype(device) -> str:
+def default_dtype(device: str | torch.device) -> str:
     """bfloat16 on CUDA (tensor cores, the dtype models are served in), float32 elsewhere."""
     return "bfloat16" if str(device).startswith("cuda") else "float32"

@@ -20,7 +20,9 @@ GROUPED_MM_ROW = 8
 logger = logging.getLogger(__name__)
 
 
-def balanced_routing(m: int, experts: int, top_k: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def balanced_routing(
+    m: int, experts: int, top_k: int, device: torch.device | str, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(index [M, top_k], weights [M, top_k]): token t to experts (t * top_k + j) % experts, j < top_k, each weighted
     1 / top_k. A token's experts are distinct (top_k <= experts), and the experts take turns: each receives
     M * top_k / experts tokens, give or take one."""
@@ -60,7 +62,9 @@ class ExpertsKernel:
     fused layout gac reads; Mixtral's class is the same), held on the meta device and run on the given weights by
     torch.func.functional_call, with the implementation a loaded model gets (`loaded_implementation`; see `fit`)."""
 
-    def __init__(self, m: int, dim: int, shape: Mapping[str, int], device, dtype):
+    def __init__(
+        self, m: int, dim: int, shape: Mapping[str, int], device: torch.device | str, dtype: torch.dtype
+    ) -> None:
         import transformers
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
@@ -97,5 +101,5 @@ class ExpertsKernel:
             self.config._experts_implementation = "eager"
         return self.implementation
 
-    def __call__(self, x, gate_up, down):
+    def __call__(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
         return torch.func.functional_call(self.module, dict(zip(self.names, (gate_up, down))), (x, *self.routing))

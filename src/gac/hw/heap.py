@@ -8,6 +8,10 @@ import contextlib
 import functools
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ctypes
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 LARGE_ALLOCATION = 1 << 20  # bytes: one [2, 128, 1024] float32 activation; weights and X^T X are larger
@@ -60,7 +64,7 @@ def timing_heap() -> Iterator[None]:
 
 
 @functools.cache
-def _glibc():
+def _glibc() -> ctypes.CDLL | None:
     """glibc through ctypes, or None (another OS, or another C library such as musl). Opened by glibc's soname:
     ctypes.util.find_library would start `ldconfig -p` to find it."""
     import ctypes

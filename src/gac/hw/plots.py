@@ -5,9 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gac.hw.cliffs import entry_label
 from gac.hw.device import ALIGNMENT
+from gac.io.atomic import write_file
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +26,7 @@ DIM_LABELS = {
 }
 
 
-def _draw_entry(ax, entry: Mapping, alignment: int) -> None:
+def _draw_entry(ax: Axes, entry: Mapping, alignment: int) -> None:
     timed = [i for i, t in enumerate(entry["ms"]) if t is not None]  # a quantized kernel's refused dims: no time
     dims, ms = [entry["dims"][i] for i in timed], [entry["ms"][i] for i in timed]
     ax.plot(dims, ms, color="0.6", lw=0.8, zorder=1)
@@ -42,7 +47,7 @@ def _draw_entry(ax, entry: Mapping, alignment: int) -> None:
         f"multiple of {alignment}": [(d, t) for d, t in zip(dims, ms) if d % alignment == 0 and d % 64],
         "multiple of 64": [(d, t) for d, t in zip(dims, ms) if d % 64 == 0],
     }
-    styles = {
+    styles: dict[str, dict[str, Any]] = {  # matplotlib's keyword arguments
         "other": dict(s=8, color="0.45", marker="o"),
         f"multiple of {alignment}": dict(s=30, color="tab:blue", marker="s"),
         "multiple of 64": dict(s=70, color="tab:red", marker="*"),
@@ -88,8 +93,6 @@ def plot_profile(
         fig.suptitle(f"{op}: {header}", fontsize=11)
         fig.tight_layout()
         path = out_dir / f"{prefix}_{op}.png"
-        from gac.io.atomic import write_file
-
         write_file(path, lambda p, fig=fig: fig.savefig(p, dpi=110))  # signal-safe: no half-written PNG
         plt.close(fig)
         paths.append(path)

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -19,17 +20,22 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gac.errors import GacError
 from gac.hw.device import check_device, device_name, dtype_name, torch_dtype
+from gac.hw.experts import ExpertsKernel
+from gac.hw.profile_schema import check_profile
 from gac.hw.timing import cpu_threads, time_callable, time_interleaved
+from gac.io.atomic import write_text
+from gac.io.validate import read_json
 
 if TYPE_CHECKING:
-    from gac.hw.experts import ExpertsKernel
+    from tqdm import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +78,7 @@ class FixedSizes:
     experts: int | None = None  # experts in the layer
     top_k: int | None = None  # experts routed per token
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name, value in dataclasses.asdict(self).items():
             if value is not None and (int(value) != value or value < 1):
                 raise GacError(f"{name} must be a positive integer, got {value!r}")
@@ -118,7 +124,7 @@ class SweepSpec:
     buffers: int = 4  # input copies rotated on GPU so caches do not flatter small shapes
     chunk: int = 64  # dims timed round-robin together (bounded so memory stays small)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         unknown = set(self.ops) - set(ALL_OPS)
         if unknown or not self.ops:
             raise GacError(f"unknown op(s) {sorted(unknown)}; choose from {', '.join(ALL_OPS)}")
@@ -216,7 +222,7 @@ def _tensor_shapes(op: str, m: int, dim: int, shape: Mapping[str, int]) -> list[
     return [(b, shape["heads"], m, dim), *2 * [(b, shape["heads"], s, dim)]]  # q [B, H, M, D], k and v [B, H, S, D]
 
 
-def _attention(q, k, v, causal: bool):
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """SDPA as a model runs it: with grouped KV heads, torch's GQA (2.5+) or KV heads repeated, as transformers
     does on older torch."""
     groups = q.shape[1] // k.shape[1]
@@ -228,7 +234,9 @@ def _attention(q, k, v, causal: bool):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def _kernel(op: str, m: int, dim: int, shape: Mapping[str, int], *, device, dtype) -> Callable:
+def _kernel(
+    op: str, m: int, dim: int, shape: Mapping[str, int], *, device: torch.device, dtype: torch.dtype
+) -> Callable[..., torch.Tensor]:
     """The op at one swept dim, called on an input set of _tensor_shapes."""
     if op.startswith("int8_"):
         return lambda x, w: torch._int_mm(x, w.t())  # int32 [M, N]
@@ -240,8 +248,6 @@ def _kernel(op: str, m: int, dim: int, shape: Mapping[str, int], *, device, dtyp
     if op == "lowrank":
         return lambda x, a, b: F.linear(F.linear(x, a), b)  # [M, in] -> [M, r] -> [M, out]
     if op == "experts":
-        from gac.hw.experts import ExpertsKernel
-
         return ExpertsKernel(m, dim, shape, device, dtype)  # [M, H] -> [M, H]
     causal = m == shape["seq"] and m > 1  # prefill attends over its own tokens, decode over the KV cache
     return lambda q, k, v: _attention(q, k, v, causal)  # [B, H, M, D]
@@ -252,16 +258,14 @@ def _backend(op: str, kernel: Callable, args: tuple, device: torch.device) -> st
     plain GEMM."""
     if op in ("sdpa", "sdpa_heads"):
         return _first_sdpa_backend(kernel, args, device)
-    return cast("ExpertsKernel", kernel).fit(args) if op == "experts" else None  # _kernel's for "experts"
+    return cast(ExpertsKernel, kernel).fit(args) if op == "experts" else None  # _kernel's for "experts"
 
 
-def _sdpa_context(backend: str | None):
+def _sdpa_context(backend: str | None) -> contextlib.AbstractContextManager[None]:
     """Pin an SDPA backend by name for the calls inside; no-op for any other backend (None, 'cpu', an experts
     implementation)."""
-    if backend not in SDPA_BACKENDS:
+    if backend is None or backend not in SDPA_BACKENDS:
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     return sdpa_kernel(getattr(SDPBackend, backend))
 
 
@@ -269,8 +273,6 @@ def _first_sdpa_backend(fn: Callable, args: tuple, device: torch.device) -> str:
     """On CUDA, the first SDPA backend that runs these inputs (flash, efficient, cuDNN, math); on CPU, 'cpu'."""
     if device.type != "cuda":
         return "cpu"
-    from torch.nn.attention import SDPBackend
-
     for name in SDPA_BACKENDS:
         if not hasattr(SDPBackend, name):
             continue
@@ -338,7 +340,16 @@ def cpu_chunk_copies(chunk_bytes: int, llc_bytes: int | None = None) -> int:
 
 
 def _build_point(
-    op: str, m: int, dim: int, shape, *, device, dtype, buffers: int, gen, copies: int | None = None
+    op: str,
+    m: int,
+    dim: int,
+    shape: Mapping[str, int],
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    buffers: int,
+    gen: torch.Generator,
+    copies: int | None = None,
 ) -> _Point:
     """`copies` input sets (default: _copies), the first random, the rest its clones (the values do not matter to
     the time, only that each copy has its own memory)."""
@@ -350,14 +361,16 @@ def _build_point(
     backend = _backend(op, kernel, inputs[0], device)
     state = {"i": 0}
 
-    def call():
+    def call() -> object:
         state["i"] = (state["i"] + 1) % copies
         return kernel(*inputs[state["i"]])
 
     return _Point(call, backend, copies)
 
 
-def _random(shape, gen, device, dtype, input_dtype) -> torch.Tensor:
+def _random(
+    shape: tuple[int, ...], gen: torch.Generator, device: torch.device, dtype: torch.dtype, input_dtype: torch.dtype
+) -> torch.Tensor:
     if input_dtype == torch.int8:
         return torch.randint(-128, 128, shape, generator=gen, device=device, dtype=torch.int8)
     x = torch.randn(shape, generator=gen, device=device, dtype=dtype if input_dtype == dtype else torch.float32)
@@ -379,7 +392,16 @@ def _entries(spec: SweepSpec) -> list[tuple[str, int, tuple[int, ...]]]:
     return [(op, m, spec.head_dims if op == "sdpa" else spec.dims) for op in spec.ops for m in spec.m_values]
 
 
-def _chunk_size(op, m, dims, shape, spec, *, device, dtype) -> int:
+def _chunk_size(
+    op: str,
+    m: int,
+    dims: tuple[int, ...],
+    shape: Mapping[str, int],
+    spec: SweepSpec,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> int:
     """Dims timed round-robin together: spec.chunk (CUDA_CHUNK at most on CUDA), fewer where the largest dim's input
     sets (its CUDA copies included; on CPU a chunk this large gets one copy per dim) would pass CHUNK_BYTES."""
     shapes = _tensor_shapes(op, m, max(dims), shape)
@@ -389,7 +411,17 @@ def _chunk_size(op, m, dims, shape, spec, *, device, dtype) -> int:
     return max(1, min(size, CHUNK_BYTES // (copies * _set_bytes(shapes, dtype))))
 
 
-def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
+def _sweep_entry(
+    op: str,
+    m: int,
+    dims: tuple[int, ...],
+    spec: SweepSpec,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    bar: tqdm,
+) -> dict[str, Any]:
     shape = _entry_shape(op, m, spec.sizes)
     ms: list[float | None] = []
     p10: list[float | None] = []
@@ -463,7 +495,7 @@ def _sweep_entry(op, m, dims, spec, *, device, dtype, gen, bar) -> dict:
     return entry
 
 
-def _estimate_s(spec: SweepSpec, *, device, dtype, gen) -> float:
+def _estimate_s(spec: SweepSpec, *, device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> float:
     """Seconds the sweep should take, from timing the middle point of each op entry once."""
     total = 0.0
     for op, m, dims in _entries(spec):
@@ -553,8 +585,6 @@ def run_profile(spec: SweepSpec | None, *, device: str = "cpu", dtype: str = "fl
 
 def save_profile(profile: Mapping, path: str | os.PathLike) -> Path:
     """Write atomically and signal-safe; one line per key and per op entry so the file stays readable."""
-    from gac.io.atomic import write_text
-
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in profile.items() if k != "ops"]
     ops = ",\n".join("    " + json.dumps(e) for e in profile.get("ops", []))
     lines.append(f'  "ops": [\n{ops}\n  ]')
@@ -563,9 +593,6 @@ def save_profile(profile: Mapping, path: str | os.PathLike) -> Path:
 
 def load_profile(path: str | os.PathLike) -> dict:
     """Read and check a profile file (bounded read, schema in gac.hw.profile_schema); one-line GacError when invalid."""
-    from gac.hw.profile_schema import check_profile
-    from gac.io.validate import read_json
-
     path = Path(path)
     if not path.exists():
         raise GacError(f"profile {path} not found: create it with `gac profile --out {path}`")
@@ -625,8 +652,6 @@ def current_method(profile: Mapping) -> bool:
 def sweep_cache_path(spec: SweepSpec, *, device: str, dtype: str) -> Path:
     """Cache file of one sweep spec: the device/dtype/torch cache name and a hash of the resolved spec, apart from
     the one-per-device file of `gac profile` (cached_profile_path)."""
-    import hashlib
-
     key = hashlib.sha1(json.dumps(resolve_spec(spec).to_json(), sort_keys=True).encode()).hexdigest()[:12]
     return cache_dir() / "auto" / f"{cached_profile_path(device, dtype).stem}-{key}.json"
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import NoReturn
+import os
+from typing import Any, NoReturn
 
 from gac.errors import GacError
 
@@ -34,15 +35,15 @@ DEVICES = ("cpu", "cuda")
 REGENERATE = "re-measure it with `gac profile --out FILE`"
 
 
-def _int(x) -> bool:
+def _int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _positive_ms(x) -> bool:
+def _positive_ms(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
-def check_profile(profile, path) -> dict:
+def check_profile(profile: Any, path: str | os.PathLike[str]) -> dict[str, Any]:
     """`profile` (parsed JSON) if it is a well-formed gac profile; else a one-line GacError naming the field."""
 
     def bad(what: str) -> NoReturn:
@@ -101,7 +102,9 @@ def check_profile(profile, path) -> dict:
     return profile
 
 
-def check_profile_matches(profile: dict, path, *, device: str, dtype: str, allow: bool = False) -> None:
+def check_profile_matches(
+    profile: dict[str, Any], path: str | os.PathLike[str], *, device: str, dtype: str, allow: bool = False
+) -> None:
     """The profile's dtype and device type against the run's: an error, or with `allow` a warning naming both."""
     used_type = "cuda" if str(device).startswith("cuda") else "cpu"
     problems = []

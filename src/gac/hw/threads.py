@@ -9,10 +9,12 @@ threads."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from gac.distributed import all_gather_tensors, assign_by_cost, map_tensors, world
 
 WORKERS = 2  # weights at once: each holds its own SVD or loss-model work (pipelines/memory.py counts them)
 
@@ -29,7 +31,7 @@ def workers(items: int | None = None, device: str | torch.device = "cpu") -> int
 
 
 @contextlib.contextmanager
-def kernel_threads(n: int):
+def kernel_threads(n: int) -> Iterator[None]:
     """torch's intra-op threads (and MKL's) set to n while the block runs, restored on exit."""
     saved = torch.get_num_threads()
     torch.set_num_threads(n)
@@ -85,8 +87,6 @@ def map_over_ranks(
     """map_side_by_side's results, the items spread over torchrun's ranks by cost (the costliest first, each to the
     least loaded rank) and every result sent to every rank; label(item) names what each rank computed in
     report.json. In one process, map_side_by_side itself."""
-    from gac.distributed import all_gather_tensors, assign_by_cost, map_tensors, world
-
     w = world()
     if not w.active:
         return map_side_by_side(fn, items, cost=cost, on_done=on_done, device=device)

@@ -5,23 +5,21 @@ differently under it. A run's is its config's (`CompressConfig.objective`, objec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gac.errors import ConfigError
-from gac.objectives.base import Objective, Selected
+from gac.objectives.base import Analyzed, Objective, RunConfig, Selected
 from gac.objectives.latency import LATENCY
 from gac.objectives.parameter import PARAMETER
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from gac.objectives.base import Analyzed
-
 # name -> the objective (both modules are light: config.py imports their settings anyway)
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (PARAMETER, LATENCY)}
+OBJECTIVES: dict[str, Objective[Any]] = {o.name: o for o in (PARAMETER, LATENCY)}
 
 
-def objective_for(cfg) -> Objective:
+def objective_for(cfg: RunConfig) -> Objective[Any]:
     """The objective a run's config asks for: latency where it gives a speedup, else parameters (its ratio, a default
     where none is given); a ConfigError where it gives both."""
     if cfg.speedup is not None and cfg.ratio is not None:
@@ -31,6 +29,6 @@ def objective_for(cfg) -> Objective:
     return OBJECTIVES[LATENCY.name if cfg.speedup is not None else PARAMETER.name]
 
 
-def select_dims(model: nn.Module, analyzed: Analyzed, cfg) -> Selected:
+def select_dims(model: nn.Module, analyzed: Analyzed, cfg: RunConfig) -> Selected[Any]:
     """The dims of cfg's objective from analyzed units (objective_for(cfg).select_dims)."""
     return objective_for(cfg).select_dims(model, analyzed, cfg)

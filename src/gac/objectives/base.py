@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from dataclasses import Field, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -18,8 +18,50 @@ if TYPE_CHECKING:
     from gac.compressors.base import Compressor, Unit
     from gac.evaluate.latency import LatencyConfig
     from gac.models.groups import DimGroup
+    from gac.objectives.latency.config import SpeedupConfig
 
 S = TypeVar("S")  # an objective's selection (gac.align.plan.SelectionResult, the latency objective's LatencyOutcome)
+
+
+class RunConfig(Protocol):
+    """What an objective reads of a run's config: gac.config.CompressConfig's fields, which sits above this layer (so
+    it is named by its shape here, read-only as the frozen config's are). A dataclass: an objective hands it back
+    changed (dataclasses.replace)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def compressor(self) -> str: ...
+    @property
+    def compressor_options(self) -> dict[str, Any]: ...
+    @property
+    def ratio(self) -> float | None: ...
+    @property
+    def speedup(self) -> SpeedupConfig | None: ...
+    @property
+    def alignment(self) -> int: ...
+    @property
+    def align(self) -> bool: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def profile(self) -> str | None: ...
+    @property
+    def target(self) -> str | None: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def latency(self) -> LatencyConfig: ...
+    @property
+    def progress(self) -> bool: ...
+    @property
+    def saved_variant(self) -> str: ...
+    def off_whole_model(self) -> str | None: ...
+
+
+C = TypeVar("C", bound=RunConfig)  # a run's config, handed back changed (Objective.candidate_config)
 
 
 @dataclass
@@ -38,10 +80,12 @@ class Selected(Analyzed, Generic[S]):
     """What the compressor found and GAC chose; models are cut later, except those the selection built itself."""
 
     budget: int
-    dims: dict  # variant ("unaligned", "gac") -> {unit name: dim or None}
+    dims: dict[str, dict[str, int | None]]  # variant ("unaligned", "gac") -> {unit name: dim or None}
     selection: S  # the objective's own: its Objective reads it (report sections, --compressor auto's figures)
-    profile_excluded: dict | None = None  # {unit name: {dim: reason}}: aligned dims the profile ruled out
-    target: dict | None = None  # report.json's "target": which dims the deployment target constrained, and why
+    # {unit name: {dim: reason}}: aligned dims the profile ruled out
+    profile_excluded: dict[str, dict[int, str]] | None = None
+    # report.json's "target": which dims the deployment target constrained, and why
+    target: dict[str, Any] | None = None
     built: dict[str, nn.Module] = field(default_factory=dict)  # {variant: model} already cut at its dims (the closed
     # loop's kept one)
 
@@ -50,8 +94,8 @@ class Selected(Analyzed, Generic[S]):
 class Prediction(Generic[S]):
     """--compressor auto's prediction of one candidate at the objective, before it is built."""
 
-    dims: dict  # {unit name: dim or None} the candidate would be built at
-    figures: dict  # what the objective predicts besides the loss (latency: "ms", "speedup"), else empty
+    dims: dict[str, int | None]  # {unit name: dim or None} the candidate would be built at
+    figures: dict[str, float]  # what the objective predicts besides the loss (latency: "ms", "speedup"), else empty
     build: Callable[[], Selected[S]]  # the selection, its saved variant built (the candidate's factors computed again)
 
 
@@ -68,66 +112,66 @@ class Objective(ABC, Generic[S]):
     ranking: ClassVar[str]  # --compressor auto: how the kept candidate was chosen, in report.json's "why"
 
     # --- the config (gac.config.CompressConfig's checks, in its field names)
-    def settle(self, cfg) -> dict[str, Any]:
+    def settle(self, cfg: RunConfig) -> dict[str, Any]:
         """Check the objective's own field of `cfg`; {field: value} to set (a default where none was given). Runs
         before CompressConfig's other checks."""
         return {}
 
-    def check(self, cfg) -> dict[str, Any]:
+    def check(self, cfg: RunConfig) -> dict[str, Any]:
         """Check `cfg`'s other options against this objective; {field: value} to set (resolved for them). Runs after
         CompressConfig's other checks."""
         return {}
 
-    def check_groups(self, groups: Sequence[DimGroup], cfg) -> None:
+    def check_groups(self, groups: Sequence[DimGroup], cfg: RunConfig) -> None:
         """Refuse, from the shapes of the compressor's groups alone and before any calibration, a target they cannot
         meet (a ConfigError)."""
         return None
 
-    def evaluation_latency(self, cfg) -> LatencyConfig:
+    def evaluation_latency(self, cfg: RunConfig) -> LatencyConfig:
         """How the variants are timed: cfg.latency unless the objective has its own shape."""
         return cfg.latency
 
-    def needs_held_back(self, cfg) -> bool:
+    def needs_held_back(self, cfg: RunConfig) -> bool:
         """Whether the selection compares models on held-back calibration windows (Analyzed.windows)."""
         return False
 
     # --- the selection and its report
     @abstractmethod
-    def select_dims(self, model: nn.Module, analyzed: Analyzed, cfg) -> Selected[S]:
+    def select_dims(self, model: nn.Module, analyzed: Analyzed, cfg: RunConfig) -> Selected[S]:
         """The dims of every variant from analyzed units (and, where the objective builds models, the kept one)."""
 
     @abstractmethod
-    def report_sections(self, selected: Selected[S], cfg) -> dict[str, Any]:
+    def report_sections(self, selected: Selected[S], cfg: RunConfig) -> dict[str, Any]:
         """report.json's sections of this objective ({gac.evaluate.report.Report field: value}); the other
         objectives' are left None."""
 
-    def variant_figures(self, selected: Selected[S]) -> dict[str, dict]:
+    def variant_figures(self, selected: Selected[S]) -> dict[str, dict[str, float]]:
         """{variant: figures} the selection measured of the variants, added to report.json's variants."""
         return {}
 
     # --- --compressor auto (gac.pipelines.auto): the candidates compared at this objective
-    def candidate_config(self, cfg, groups: Sequence[DimGroup], common: int):
+    def candidate_config(self, cfg: C, groups: Sequence[DimGroup], common: int) -> C:
         """A candidate's run config (its compressor named in `cfg`) at this objective, whose candidates' weights
         hold `common` parameters in all; a GacError where it cannot be met."""
         return cfg
 
     @abstractmethod
-    def predict(self, model: nn.Module, analyzed: Analyzed, cfg) -> Prediction[S]:
+    def predict(self, model: nn.Module, analyzed: Analyzed, cfg: RunConfig) -> Prediction[S]:
         """A candidate's dims at the objective, predicted without building it."""
 
-    def measured(self, selected: Selected[S], baseline_loss: float) -> tuple[dict, float | None]:
+    def measured(self, selected: Selected[S], baseline_loss: float) -> tuple[dict[str, Any], float | None]:
         """(what building a candidate measured besides its loss; its held-back loss over `baseline_loss` where the
         selection measured it, else None)."""
         return {}, None
 
-    def rank(self, measured: dict) -> tuple:
+    def rank(self, measured: dict[str, Any]) -> tuple[Any, ...]:
         """A built candidate's key from its measured figures: lower is better."""
         return (measured["loss"],)
 
-    def why_kept(self, measured: dict, figures: str) -> str:
+    def why_kept(self, measured: dict[str, Any], figures: str) -> str:
         """report.json's "why" of the kept candidate (`measured`), `figures` the built candidates' losses."""
         return f"{self.ranking}, nats/token over the original: {figures}"
 
-    def auto_report(self, cfg, common: int) -> dict[str, Any]:
+    def auto_report(self, cfg: RunConfig, common: int) -> dict[str, Any]:
         """What report.json's "auto" section states of the objective's target."""
         return {}

@@ -18,13 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 from gac.align.candidates import aligned_candidates
 from gac.align.plan import SelectionResult, select
+from gac.align.profiled import ProfileCandidates, profile_candidates_for
+from gac.align.targets import get_target
 from gac.errors import ConfigError, InfeasibleBudget
-from gac.objectives.base import Analyzed, Objective, Prediction, Selected
+from gac.objectives.base import Analyzed, C, Objective, Prediction, RunConfig, Selected
 
 if TYPE_CHECKING:
     from torch import nn
 
+    from gac.compressors.base import Unit
     from gac.models.groups import DimGroup
+
+# candidates_for(unit, d*, window) -> the dims a unit may take (a profile's or a deployment target's)
+CandidatesFor = Callable[["Unit", int, int], list[int]]
 
 log = logging.getLogger(__name__)
 DEFAULT_RATIO = 0.15  # the parameter objective's ratio when neither a ratio nor a speedup is given
@@ -39,7 +45,15 @@ def parameter_budget(ratio: float, compressible: int) -> int:
     return math.floor((1.0 - ratio) * compressible)
 
 
-def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, candidates_for=None) -> dict:
+def build_plan(
+    units: Sequence[Unit],
+    dims: dict[str, int | None],
+    budget: int,
+    *,
+    alignment: int,
+    window: int,
+    candidates_for: CandidatesFor | None = None,
+) -> dict[str, Any]:
     """The selection plan (a contract, docs/DESIGN.md) for the units the compressor reduced (dim None: left whole).
 
     candidates_for(unit, d*, window) -> dims, from a hardware profile or a deployment target (gac.align.targets,
@@ -52,7 +66,7 @@ def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, c
         d, g = dims[u.name], u.group
         if d is None:
             continue
-        w = {
+        w: dict[str, Any] = {
             "name": u.name,
             "dim": float(d),
             "score": u.marginal_score(d),
@@ -79,7 +93,13 @@ def build_plan(units, dims: dict, budget: int, *, alignment: int, window: int, c
 
 
 def select_within_budget(
-    units, dims: dict, budget: int, *, alignment: int, window: int, candidates_for=None
+    units: Sequence[Unit],
+    dims: dict[str, int | None],
+    budget: int,
+    *,
+    alignment: int,
+    window: int,
+    candidates_for: CandidatesFor | None = None,
 ) -> SelectionResult:
     """Select with the narrowest candidate window that fits the budget: a small d* rounded up to the first
     aligned dim can need room taken from other weights, further than one alignment step away.
@@ -109,7 +129,14 @@ def select_within_budget(
     return _widening(units, dims, budget, alignment, window, None)
 
 
-def _widening(units, dims, budget, alignment, window, candidates_for) -> SelectionResult:
+def _widening(
+    units: Sequence[Unit],
+    dims: dict[str, int | None],
+    budget: int,
+    alignment: int,
+    window: int,
+    candidates_for: CandidatesFor | None,
+) -> SelectionResult:
     """select() at windows window .. window + MAX_EXTRA_WINDOW, the first that is feasible."""
     for w in range(window, window + MAX_EXTRA_WINDOW + 1):
         try:
@@ -121,10 +148,17 @@ def _widening(units, dims, budget, alignment, window, candidates_for) -> Selecti
     raise AssertionError("unreachable")
 
 
-def check_feasible(groups, cfg) -> None:
+def ratio_of(cfg: RunConfig) -> float:
+    """The run's ratio: the parameter objective's field, which its settle() gave a default where none was given."""
+    if cfg.ratio is None:
+        raise ValueError("the parameter objective needs a ratio in the run's config")
+    return cfg.ratio
+
+
+def check_feasible(groups: Sequence[DimGroup], cfg: RunConfig) -> None:
     """From the shapes alone, before any calibration: can every group keep its smallest (aligned) dim?"""
     compressible = sum(g.numel for g in groups)
-    budget = parameter_budget(cfg.ratio, compressible)
+    budget = parameter_budget(ratio_of(cfg), compressible)
     smallest = sum(g.params(max(g.min_dim, min(cfg.alignment, g.max_dim))) for g in groups)
     if smallest > budget:
         largest = math.floor((1.0 - smallest / compressible) * 1000) / 1000
@@ -146,7 +180,7 @@ class ParameterObjective(Objective[SelectionResult]):
     name = "parameter"
     ranking = "lowest loss on the held-back calibration windows"
 
-    def settle(self, cfg) -> dict[str, Any]:
+    def settle(self, cfg: RunConfig) -> dict[str, Any]:
         ratio = DEFAULT_RATIO if cfg.ratio is None else cfg.ratio
         if not (isinstance(ratio, (int, float)) and 0.0 < ratio < 1.0):
             raise ConfigError(
@@ -154,26 +188,22 @@ class ParameterObjective(Objective[SelectionResult]):
             )
         return {"ratio": ratio}
 
-    def check_groups(self, groups: Sequence[DimGroup], cfg) -> None:
+    def check_groups(self, groups: Sequence[DimGroup], cfg: RunConfig) -> None:
         check_feasible(groups, cfg)
 
-    def select_dims(self, model: nn.Module, analyzed: Analyzed, cfg) -> Selected[SelectionResult]:
+    def select_dims(self, model: nn.Module, analyzed: Analyzed, cfg: RunConfig) -> Selected[SelectionResult]:
         """The dims from analyzed units: the compressor's d* under the ratio's budget, then aligned dims by the
         knapsack (candidates from the static rule, a deployment target or a hardware profile). The model is not
         changed."""
         compressor, units = analyzed.compressor, analyzed.units
-        budget = parameter_budget(cfg.ratio, analyzed.compressible)
+        budget = parameter_budget(ratio_of(cfg), analyzed.compressible)
         unaligned = compressor.allocate(units, budget)
 
-        candidates_for: Callable[..., list[int]] | None = None
-        profiled = None  # the profile's candidates, which remember what they ruled out
+        candidates_for: CandidatesFor | None = None
+        profiled: ProfileCandidates | None = None  # the profile's candidates, which remember what they ruled out
         if cfg.target:
-            from gac.align.targets import get_target
-
             candidates_for = get_target(cfg.target).candidates_for(cfg.alignment)
         if cfg.profile:
-            from gac.align.profiled import profile_candidates_for
-
             candidates_for = profiled = profile_candidates_for(
                 cfg.profile,
                 units,
@@ -192,8 +222,6 @@ class ParameterObjective(Objective[SelectionResult]):
         gac_dims = {**unaligned, **selection.dims}
         target = None
         if cfg.target:
-            from gac.align.targets import get_target
-
             spec = get_target(cfg.target)
             target = spec.report(units, gac_dims)
             target["unaligned_met"] = spec.report(units, unaligned)["met"]
@@ -206,13 +234,13 @@ class ParameterObjective(Objective[SelectionResult]):
             target=target,
         )
 
-    def report_sections(self, selected: Selected[SelectionResult], cfg) -> dict[str, Any]:
+    def report_sections(self, selected: Selected[SelectionResult], cfg: RunConfig) -> dict[str, Any]:
         return {"selection": {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}}
 
-    def candidate_config(self, cfg, groups: Sequence[DimGroup], common: int):
+    def candidate_config(self, cfg: C, groups: Sequence[DimGroup], common: int) -> C:
         """`cfg` at the candidate's own ratio removing what cfg.ratio removes of the `common` parameters: one
         parameter target for all (a ConfigError where that is more than it can remove)."""
-        own, removed = sum(g.numel for g in groups), removed_params(cfg.ratio, common)
+        own, removed = sum(g.numel for g in groups), removed_params(ratio_of(cfg), common)
         if removed >= own:
             raise ConfigError(
                 f"removing {removed:,} parameters needs more than its {own:,} compressible ones: use a lower {{ratio}}"
@@ -223,7 +251,7 @@ class ParameterObjective(Objective[SelectionResult]):
         check_feasible(groups, cfg)
         return cfg
 
-    def predict(self, model: nn.Module, analyzed: Analyzed, cfg) -> Prediction[SelectionResult]:
+    def predict(self, model: nn.Module, analyzed: Analyzed, cfg: RunConfig) -> Prediction[SelectionResult]:
         """The selection itself (the knapsack is cheap); building cuts the saved variant at its dims."""
         selected, variant = self.select_dims(model, analyzed, cfg), cfg.saved_variant
 
@@ -233,8 +261,8 @@ class ParameterObjective(Objective[SelectionResult]):
 
         return Prediction(selected.dims[variant], {}, build)
 
-    def auto_report(self, cfg, common: int) -> dict[str, Any]:
-        return {"ratio": cfg.ratio, "removed_params": removed_params(cfg.ratio, common)}
+    def auto_report(self, cfg: RunConfig, common: int) -> dict[str, Any]:
+        return {"ratio": cfg.ratio, "removed_params": removed_params(ratio_of(cfg), common)}
 
 
 PARAMETER = ParameterObjective()

@@ -7,11 +7,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gac.errors import ConfigError, GacError
-from gac.objectives.latency.journal import TimingJournal
+from gac.evaluate.bench import AA_SUFFIX
+from gac.evaluate.latency import LatencyConfig, decode_timings, prefill_timings
+from gac.evaluate.perplexity import mean_loss
+from gac.objectives.latency.journal import Timer, TimingJournal
+from gac.objectives.latency.model import LatencyModel, Phase, measure_latency_model
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from gac.compressors.base import Unit
+    from gac.hw.timing import Timing
+    from gac.models.groups import DimGroup
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +62,7 @@ class SpeedupConfig:
         default_factory=lambda: Instruments(journal=TimingJournal()), compare=False, repr=False
     )
 
-    def __post_init__(self):
-        from gac.objectives.latency.model import Phase
-
+    def __post_init__(self) -> None:
         if not (isinstance(self.speedup, (int, float)) and math.isfinite(self.speedup) and self.speedup > 1.0):
             raise ConfigError(f"speedup {self.speedup} must be a number above 1, e.g. {{speedup:1.2}}")
         Phase(self.phase, self.batch, self.seq)  # checks phase and shape
@@ -90,12 +101,12 @@ class SpeedupConfig:
     def where(self) -> str:
         return f" at {self.phase} {self.batch}x{self.seq}"
 
-    def latency_config(self, base):
+    def latency_config(self, base: LatencyConfig) -> LatencyConfig:
         """`base` (a gac.evaluate.latency.LatencyConfig) at the objective's shape: batch x seq tokens prefilled, a KV
         cache of seq tokens for decode."""
         return dataclasses.replace(base, prefill_tokens=self.seq, batch=self.batch, decode_context=self.seq)
 
-    def objective(self) -> dict:
+    def objective(self) -> dict[str, Any]:
         return {
             "kind": "latency",
             "speedup": self.speedup,
@@ -120,7 +131,7 @@ class SpeedupConfig:
 WHOLE_HEADS = ("prune",)
 
 
-def objective_config(compressor: str, options: dict, cfg: SpeedupConfig) -> SpeedupConfig:
+def objective_config(compressor: str, options: Mapping[str, Any], cfg: SpeedupConfig) -> SpeedupConfig:
     """The latency objective for `compressor` with the user's options: heads held whole in the knapsack where
     WHOLE_HEADS says so and no head mode was given, free otherwise."""
     whole = compressor in WHOLE_HEADS and "head_mode" not in options
@@ -134,7 +145,7 @@ def objective_config(compressor: str, options: dict, cfg: SpeedupConfig) -> Spee
     return cfg if whole == cfg.whole_heads else dataclasses.replace(cfg, whole_heads=whole)
 
 
-def held_whole(unit, cfg: SpeedupConfig) -> bool:
+def held_whole(unit: Unit, cfg: SpeedupConfig) -> bool:
     """Whether the knapsack leaves this unit as the original has it (a group whose kind removes attention heads,
     under whole_heads)."""
     return cfg.whole_heads and unit.group.removes_heads
@@ -152,12 +163,9 @@ def parse_shape(text: str) -> tuple[int, int]:
     return b, s
 
 
-def time_at_phase(models: dict, cfg: SpeedupConfig, *, aa: bool = True) -> dict:
+def time_at_phase(models: Mapping[str, nn.Module], cfg: SpeedupConfig, *, aa: bool = True) -> dict[str, Timing]:
     """{name: Timing} at the objective's phase and shape, every model timed round-robin in one run; with `aa` the first
     model is timed a second time as "<name>" + gac.evaluate.bench.AA_SUFFIX, the noise floor."""
-    from gac.evaluate.bench import AA_SUFFIX
-    from gac.evaluate.latency import LatencyConfig, decode_timings, prefill_timings
-
     timed = dict(models)
     if aa:
         first = next(iter(models))
@@ -170,6 +178,28 @@ def time_at_phase(models: dict, cfg: SpeedupConfig, *, aa: bool = True) -> dict:
     if cfg.phase == "prefill":
         return prefill_timings(timed, cfg.batch, cfg.seq, lat)
     return decode_timings(timed, lat)
+
+
+class TablesFactory(Protocol):
+    """Instruments.latency_model: measure_latency_model's signature."""
+
+    def __call__(
+        self,
+        groups: list[DimGroup],
+        phase: Phase,
+        *,
+        alignment: int,
+        device: str,
+        dtype: str,
+        repeats: int,
+        progress: bool,
+    ) -> LatencyModel: ...
+
+
+class LossFunction(Protocol):
+    """Instruments.loss: gac.evaluate.perplexity.mean_loss's signature."""
+
+    def __call__(self, model: nn.Module, windows: torch.Tensor) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -186,9 +216,9 @@ class Instruments:
         recorded (None: every timing measured, nothing recorded).
     """
 
-    timer: Callable = time_at_phase
-    latency_model: Callable | None = None
-    loss: Callable | None = None
+    timer: Timer[SpeedupConfig] = time_at_phase
+    latency_model: TablesFactory | None = None
+    loss: LossFunction | None = None
     journal: TimingJournal | None = None
 
     def for_loop(self) -> Instruments:
@@ -196,18 +226,28 @@ class Instruments:
         models replays the n-th recorded, whatever other loops (--compressor auto's) timed before it."""
         return self if self.journal is None else dataclasses.replace(self, journal=self.journal.session())
 
-    def time(self, models: dict, cfg, *, aa: bool = True) -> dict:
+    def time(self, models: Mapping[str, nn.Module], cfg: SpeedupConfig, *, aa: bool = True) -> dict[str, Timing]:
         """{name: Timing}: the timer's, through the journal where there is one."""
         if self.journal is None:
             return self.timer(models, cfg, aa=aa)
         return self.journal.time(self.timer, models, cfg, aa=aa)
 
-    def tables(self, groups: list, phase, **kw):
-        from gac.objectives.latency.model import measure_latency_model
+    def tables(
+        self,
+        groups: list[DimGroup],
+        phase: Phase,
+        *,
+        alignment: int,
+        device: str,
+        dtype: str,
+        repeats: int,
+        progress: bool,
+    ) -> LatencyModel:
+        """The latency tables of `groups` at `phase`, with a zero constant."""
+        tables = self.latency_model or measure_latency_model
+        return tables(
+            groups, phase, alignment=alignment, device=device, dtype=dtype, repeats=repeats, progress=progress
+        )
 
-        return (self.latency_model or measure_latency_model)(groups, phase, **kw)
-
-    def held_back_loss(self, model, windows) -> float:
-        from gac.evaluate.perplexity import mean_loss
-
+    def held_back_loss(self, model: nn.Module, windows: torch.Tensor) -> float:
         return (self.loss or mean_loss)(model, windows)

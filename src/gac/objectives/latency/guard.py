@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
 from gac.objectives.latency.knapsack import LatencyChoice
+from gac.objectives.latency.model import LatencyModel
+from gac.objectives.parameter import COMPRESS_WINDOW, parameter_budget, select_within_budget
+
+if TYPE_CHECKING:
+    from gac.compressors.base import Compressor, Unit
 
 MAX_RATIO = 0.95  # the bisection's upper end: a ratio the compressors' smallest dims cannot meet is skipped
 
 
-def dims_at_ratio(compressor, units, ratio: float, *, alignment: int) -> dict:
+def dims_at_ratio(compressor: Compressor, units: list[Unit], ratio: float, *, alignment: int) -> dict[str, int | None]:
     """{group: dim or None}: what `gac compress --ratio` selects from analyzed units (the compressor's allocation,
     then aligned dims by the knapsack within one alignment step)."""
-    from gac.objectives.parameter import COMPRESS_WINDOW, parameter_budget, select_within_budget
-
     budget = parameter_budget(ratio, sum(u.group.numel for u in units))
     unaligned = compressor.allocate(units, budget)
     dims = select_within_budget(units, unaligned, budget, alignment=alignment, window=COMPRESS_WINDOW).dims
@@ -26,7 +31,7 @@ def dims_at_ratio(compressor, units, ratio: float, *, alignment: int) -> dict:
 
 
 @contextmanager
-def _quiet(logger: logging.Logger):
+def _quiet(logger: logging.Logger) -> Iterator[None]:
     """The compressor's warnings off while the bisection probes ratios the user never asked for (prune warns at
     deep ratios that heads reach their minimum)."""
     level = logger.level
@@ -38,12 +43,12 @@ def _quiet(logger: logging.Logger):
 
 
 def parameter_choice(
-    compressor,
-    units,
-    latency_model,
+    compressor: Compressor,
+    units: list[Unit],
+    latency_model: LatencyModel,
     budget_ms: float,
     *,
-    value,
+    value: Callable[[Unit, int | None], float],
     alignment: int,
     min_ratio: float = 0.0,
     steps: int = 14,
@@ -53,7 +58,7 @@ def parameter_choice(
     choice's value sums `value(unit, dim)`: the retained quality the latency knapsack maximizes, given by the caller
     (the compressors' quality model sits above this layer), so the two choices compare on one scale."""
 
-    def at(ratio):
+    def at(ratio: float) -> tuple[dict[str, int | None], float] | None:
         try:
             with _quiet(logging.getLogger(type(compressor).__module__)):
                 dims = dims_at_ratio(compressor, units, ratio, alignment=alignment)
@@ -62,21 +67,21 @@ def parameter_choice(
             return None
 
     lo, hi = min_ratio, MAX_RATIO
-    best = at(hi)
-    while best is None and hi - 0.05 > lo:  # the largest ratio the compressor can meet
+    first = at(hi)
+    while first is None and hi - 0.05 > lo:  # the largest ratio the compressor can meet
         hi = round(hi - 0.05, 2)
-        best = at(hi)
-    if best is None or best[1] > budget_ms:
+        first = at(hi)
+    if first is None or first[1] > budget_ms:
         return None
-    best = (hi, *best)
+    ratio, (dims, ms) = hi, first
     for _ in range(steps):
         mid = (lo + hi) / 2
         got = at(mid)
         if got is not None and got[1] <= budget_ms:
-            hi, best = mid, (mid, *got)
+            hi = ratio = mid
+            dims, ms = got
         else:
             lo = mid
-    ratio, dims, ms = best
     total = math.fsum(value(u, dims.get(u.name)) for u in units)
     return ratio, LatencyChoice(
         dims=dims, predicted_ms=ms, value=total, params=sum(u.params(dims.get(u.name)) for u in units), exact=False

@@ -15,22 +15,55 @@ import hashlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import torch
+from torch import nn
 
 from gac.errors import GacError
+from gac.hw.profile import cache_root, cached_profile_path
+from gac.hw.timing import Timing
+from gac.io.atomic import write_text
 
 log = logging.getLogger(__name__)
 
 VERSION = 1  # a change to what a record holds or how it is keyed starts a new journal
 
+Record = dict[str, Timing]  # one timing of a set of models: {name: Timing}
 
-def _digest(obj) -> str:
+
+class TimingShape(Protocol):
+    """What a timing is keyed by besides its models: gac.objectives.latency.config.SpeedupConfig's phase, shape and
+    timing rounds (that module imports this one)."""
+
+    @property
+    def phase(self) -> str: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def timing_rounds(self) -> int: ...
+
+
+C = TypeVar("C", bound=TimingShape, contravariant=True)
+
+
+class Timer(Protocol[C]):
+    """timer(models, cfg, aa=True) -> {name: Timing}: the models timed round-robin in one run at cfg's phase and shape
+    (gac.objectives.latency.config.time_at_phase)."""
+
+    def __call__(self, models: Mapping[str, nn.Module], cfg: C, *, aa: bool = True) -> dict[str, Timing]: ...
+
+
+def _digest(obj: object) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def shape_signature(model) -> str:
+def shape_signature(model: nn.Module) -> str:
     """A hash of what a model's latency depends on: its class, attention implementation, and every tensor's name,
     shape, dtype and device (not its values)."""
     config = getattr(model, "config", None)
@@ -43,16 +76,14 @@ def shape_signature(model) -> str:
     )
 
 
-def journal_path(model) -> Path:
+def journal_path(model: nn.Module) -> Path:
     """$GAC_CACHE_DIR/timings/<device>-<dtype>-torch<version>.json for the device and dtype of `model`'s first
     tensor (the sweep cache's naming)."""
-    from gac.hw.profile import cache_root, cached_profile_path
-
     first = next(iter(model.state_dict().values()))
     return cache_root() / "timings" / cached_profile_path(str(first.device), str(first.dtype)).name
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -61,6 +92,23 @@ def _read(path: Path) -> dict:
         log.warning("ignoring the timing journal %s (%s): timing afresh", path, e)
         return {}
     return data if isinstance(data, dict) and data.get("version") == VERSION else {}
+
+
+def _records(path: Path, raw: list[Any]) -> list[Record]:
+    """A key's records as read from the journal file, up to the first this version cannot read (those from it on
+    are timed afresh and recorded over)."""
+    records = []
+    for record in raw:
+        try:
+            records.append({name: Timing(**t) for name, t in record.items()})
+        except (TypeError, AttributeError) as e:
+            log.warning("ignoring a timing in the journal %s (%s): timing afresh", path, e)
+            break
+    return records
+
+
+def _json(record: Record) -> dict[str, dict[str, Any]]:
+    return {name: dataclasses.asdict(t) for name, t in record.items()}
 
 
 @dataclass
@@ -72,20 +120,17 @@ class TimingJournal:
     path: Path | None = None  # None: journal_path() of the first model timed
     replayed: int = 0
     measured: int = 0
-    _seen: Counter = field(default_factory=Counter, repr=False)
-    _records: dict = field(default_factory=dict, repr=False)  # key -> this loop's list (the file's, or new)
+    _seen: Counter[str] = field(default_factory=Counter, repr=False)
+    _records: dict[str, list[Record]] = field(default_factory=dict, repr=False)  # key -> this loop's list (the
+    # file's, or new)
 
     def session(self) -> TimingJournal:
         """A fresh view for one closed loop: its n-th timing of a set of models replays the n-th recorded."""
         return TimingJournal(self.replay, self.path)
 
-    def time(self, timer: Callable, models: dict, cfg, *, aa: bool) -> dict:
+    def time(self, timer: Timer[C], models: Mapping[str, nn.Module], cfg: C, *, aa: bool) -> dict[str, Timing]:
         """timer(models, cfg, aa=aa) -> {name: Timing}, replayed where this loop's timing of these models was
         recorded, else measured and recorded."""
-        import torch
-
-        from gac.hw.timing import Timing
-
         path = self.path = self.path or journal_path(next(iter(models.values())))
         key = _digest(
             {
@@ -99,36 +144,28 @@ class TimingJournal:
             }
         )
         if key not in self._records:
-            self._records[key] = list(_read(path).get("timings", {}).get(key, [])) if self.replay else []
+            self._records[key] = _records(path, _read(path).get("timings", {}).get(key, [])) if self.replay else []
         records, n = self._records[key], self._seen[key]
         self._seen[key] += 1
         if n < len(records):
-            try:
-                replayed = {name: Timing(**t) for name, t in records[n].items()}
-            except (TypeError, AttributeError) as e:  # a record this version cannot read: timed afresh from here
-                log.warning("ignoring a timing in the journal %s (%s): timing afresh", path, e)
-                del records[n:]
-            else:
-                self.replayed += 1
-                return replayed
+            self.replayed += 1
+            return dict(records[n])
         timings = timer(models, cfg, aa=aa)
         self.measured += 1
-        records.append({name: dataclasses.asdict(t) for name, t in timings.items()})
+        records.append(dict(timings))
         self._write(path, key, records)
         return timings
 
-    def _write(self, path: Path, key: str, records: list) -> None:
+    def _write(self, path: Path, key: str, records: list[Record]) -> None:
         """The file read again (another run may have added keys) with this key's records, written atomically."""
-        from gac.io.atomic import write_text
-
         data = _read(path)
-        data = {"version": VERSION, "timings": {**data.get("timings", {}), key: records}}
+        data = {"version": VERSION, "timings": {**data.get("timings", {}), key: [_json(r) for r in records]}}
         try:
             write_text(path, json.dumps(data))
         except GacError as e:
             log.warning("could not record the timing: %s", e)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """report.json's latency_objective.journal: where, whether replaying, and how many timings were replayed or
         measured."""
         return {

@@ -21,12 +21,12 @@ class LatencyItem:
     """One group: candidate dims (None: as the original), their predicted ms, values (higher is better) and params."""
 
     name: str
-    candidates: tuple
+    candidates: tuple[int | None, ...]
     ms: tuple[float, ...]
     values: tuple[float, ...]
     params: tuple[int, ...] | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         n = len(self.candidates)
         if n == 0 or len(self.ms) != n or len(self.values) != n or (self.params is not None and len(self.params) != n):
             raise GacError(f"{self.name}: give as many predicted ms, values (and params) as candidates ({n})")
@@ -36,7 +36,7 @@ class LatencyItem:
 
 @dataclass(frozen=True)
 class LatencyChoice:
-    dims: dict  # {group: chosen dim or None}
+    dims: dict[str, int | None]  # {group: chosen dim or None}
     predicted_ms: float  # sum of the chosen candidates' ms (the groups' part of the model)
     value: float
     params: int | None
@@ -62,12 +62,15 @@ def solve_latency(
         raise GacError(f"latency budget {budget_ms:.4g} ms is out of reach: the fastest candidates need {floor:.4g} ms")
     if param_cap is None:
         return _solve(items, budget_ms, [list(it.values) for it in items], buckets, exact=True)
-    if any(it.params is None for it in items):
+    params = [it.params for it in items if it.params is not None]
+    if len(params) < len(items):
         raise GacError("a parameter cap needs every group's params per candidate")
-    return _capped(items, budget_ms, param_cap, buckets)
+    return _capped(items, params, budget_ms, param_cap, buckets)
 
 
-def _solve(items, budget_ms, values, buckets, *, exact) -> LatencyChoice:
+def _solve(
+    items: list[LatencyItem], budget_ms: float, values: list[list[float]], buckets: int, *, exact: bool
+) -> LatencyChoice:
     mins = [min(it.ms) for it in items]
     slack = budget_ms - math.fsum(mins)
     unit = max(slack, 1e-12) / buckets
@@ -75,47 +78,58 @@ def _solve(items, budget_ms, values, buckets, *, exact) -> LatencyChoice:
     costs = [[math.ceil((ms - m) / unit - 1e-9) for ms in it.ms] for it, m in zip(items, mins)]
     solution = solve_mckp(costs, values, buckets)
     pick = solution.choice
+    params = [it.params[j] for it, j in zip(items, pick) if it.params is not None]
     return LatencyChoice(
         dims={it.name: it.candidates[j] for it, j in zip(items, pick)},
         predicted_ms=math.fsum(it.ms[j] for it, j in zip(items, pick)),
         value=math.fsum(it.values[j] for it, j in zip(items, pick)),
-        params=None if items[0].params is None else sum(it.params[j] for it, j in zip(items, pick)),
+        params=sum(params) if len(params) == len(items) else None,
         exact=exact,
     )
 
 
-def _capped(items, budget_ms, cap, buckets) -> LatencyChoice:
-    """The latency-budgeted choice with the least parameter penalty lam * params that meets the cap (bisection on
-    lam): the best of the penalized problems, not always the constrained optimum."""
-    smallest = sum(min(it.params) for it in items)
+def _params(choice: LatencyChoice) -> int:
+    """The parameters of a choice among items that all give theirs (a parameter cap's)."""
+    if choice.params is None:
+        raise GacError("a parameter cap needs every group's params per candidate")
+    return choice.params
+
+
+def _capped(
+    items: list[LatencyItem], params: list[tuple[int, ...]], budget_ms: float, cap: int, buckets: int
+) -> LatencyChoice:
+    """The latency-budgeted choice with the least parameter penalty lam * params (`params`: the items' per
+    candidate) that meets the cap (bisection on lam): the best of the penalized problems, not always the constrained
+    optimum."""
+    smallest = sum(min(p) for p in params)
     if smallest > cap:
         raise GacError(f"parameter cap {cap:,} is out of reach: the smallest candidates keep {smallest:,}")
 
-    def at(lam):
-        vals = [[v - lam * p for v, p in zip(it.values, it.params)] for it in items]
+    def at(lam: float) -> LatencyChoice:
+        vals = [[v - lam * n for v, n in zip(it.values, p)] for it, p in zip(items, params)]
         return _solve(items, budget_ms, vals, buckets, exact=lam == 0.0)  # value: of it.values, not the penalized
 
     best = at(0.0)
-    if best.params <= cap:
+    if _params(best) <= cap:
         return best
     span = max(abs(v) for it in items for v in it.values) or 1.0
     lo, hi = 0.0, span  # a penalty of `span` per parameter makes any extra parameter a loss
     hi_choice = at(hi)
     for _ in range(12):  # the budget may force candidates with more parameters than the least-parameter ones
-        if hi_choice.params <= cap:
+        if _params(hi_choice) <= cap:
             break
         hi *= 10
         hi_choice = at(hi)
     else:
         raise GacError(
             f"parameter cap {cap:,} and latency budget {budget_ms:.4g} ms exclude each other: the fewest "
-            f"parameters found within the budget are {hi_choice.params:,}; raise the cap or lower the "
+            f"parameters found within the budget are {_params(hi_choice):,}; raise the cap or lower the "
             "speedup"
         )
     for _ in range(40):
         mid = (lo + hi) / 2
         c = at(mid)
-        if c.params <= cap:
+        if _params(c) <= cap:
             hi, hi_choice = mid, c
         else:
             lo = mid

@@ -13,29 +13,26 @@ from __future__ import annotations
 import dataclasses
 import logging
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gac.errors import ConfigError, GacError, literal
 from gac.objectives.latency.config import SpeedupConfig, held_whole
+from gac.objectives.latency.guard import parameter_choice
+from gac.objectives.latency.knapsack import LatencyChoice, LatencyItem, fastest_ms, select_for_speedup
+from gac.objectives.latency.model import LatencyModel, Phase
 from gac.objectives.latency.outcome import LatencyOutcome, Stream, ranked
+from gac.objectives.latency.rounds import Round, Solved, Timed
 from gac.objectives.latency.steps import fit_latency, latency_items, start_budget, time_beside
 
 if TYPE_CHECKING:
-    from gac.objectives.latency.knapsack import LatencyItem
-    from gac.objectives.latency.model import LatencyModel
+    import torch
+    from torch import nn
+
+    from gac.compressors.base import Compressor, Unit
 
 log = logging.getLogger(__name__)
-
-_TIMED = (
-    "baseline_measured_ms",
-    "gac_measured_ms",
-    "aa_floor_pct",
-    "measured_speedup",
-    "target_ms",
-    "retimed",
-    "timings",
-)
 # a reaching model this much past the aim gets one looser round, aimed half that far past the aim: about one scatter
 # of a timing, so that a loop does not keep a model cut deeper than the aim needs. A noisy timing's A/A floor does not
 # widen it: counted as the scatter, two floors let a disturbed loop keep a far deeper cut
@@ -61,45 +58,15 @@ class _Fit:
 LINE_SLOPE = (0.5, 2.0)
 
 
-def _figures(base: float, ms: float, floor: float, aim: float, *, retimed: int, timings: int) -> dict:
-    """A round's timed figures (the _TIMED keys): the baseline's and the model's ms, the A/A floor (a fraction, given;
-    a percentage, kept), the speedup, and the time the model must beat to count as reaching `aim` beyond the floor."""
-    return {
-        "baseline_measured_ms": base,
-        "gac_measured_ms": ms,
-        "aa_floor_pct": 100.0 * floor,
-        "measured_speedup": base / ms,
-        "target_ms": base / (aim * (1.0 + floor)),
-        "retimed": retimed,
-        "timings": timings,
-    }
-
-
-def _pooled(first: dict, second: dict, aim: float) -> dict:
-    """Two timings' figures as one: the baseline's and the model's ms averaged, the speedup their ratio, the A/A floor
-    the two floors' mean, the target at that floor; `retimed` and `timings` summed."""
-    base, ms, floor = (
-        0.5 * (first[k] + second[k]) for k in ("baseline_measured_ms", "gac_measured_ms", "aa_floor_pct")
-    )
-    return _figures(
-        base,
-        ms,
-        floor / 100.0,
-        aim,
-        retimed=first["retimed"] + second["retimed"],
-        timings=first["timings"] + second["timings"],
-    )
-
-
-def timing_line(rows: list[dict], prior_slope: float) -> tuple[float, float]:
-    """(intercept, slope) of the line through a stream's timed rounds: each round's measured share of its baseline
-    against its groups' predicted ms, by least squares; the slope held within LINE_SLOPE times `prior_slope` (the
-    tables' own), which it is where the rounds' predicted ms do not spread. The intercept is the mean of every
-    round's residual: one timing's scatter averaged over all of them."""
-    x = [r["groups_predicted_ms"] for r in rows]
-    y = [r["gac_measured_ms"] / r["baseline_measured_ms"] for r in rows]
+def timing_line(points: Sequence[tuple[float, float]], prior_slope: float) -> tuple[float, float]:
+    """(intercept, slope) of the line through a stream's timed rounds (Round.point): each round's measured share of
+    its baseline against its groups' predicted ms, by least squares; the slope held within LINE_SLOPE times
+    `prior_slope` (the tables' own), which it is where the rounds' predicted ms do not spread. The intercept is the
+    mean of every round's residual: one timing's scatter averaged over all of them."""
+    x = [p[0] for p in points]
+    y = [p[1] for p in points]
     slope = prior_slope
-    if len(rows) > 1 and max(x) > min(x):
+    if len(points) > 1 and max(x) > min(x):
         fitted = statistics.linear_regression(x, y).slope
         slope = min(max(fitted, LINE_SLOPE[0] * prior_slope), LINE_SLOPE[1] * prior_slope)
     return statistics.fmean(yi - slope * xi for xi, yi in zip(x, y)), slope
@@ -121,17 +88,17 @@ class ClosedLoop:
 
     def __init__(
         self,
-        model,
-        compressor,
-        units,
+        model: nn.Module,
+        compressor: Compressor,
+        units: list[Unit],
         cfg: SpeedupConfig,
         *,
         alignment: int,
         device: str,
         dtype: str,
-        windows=None,
+        windows: torch.Tensor | None = None,
         progress: bool = True,
-    ):
+    ) -> None:
         # its own view of the timing journal (gac.objectives.latency.journal): the n-th timing of the same models
         # replays the n-th recorded on this machine, so the loop repeats an earlier run's decisions rather than a
         # timing's scatter
@@ -148,14 +115,12 @@ class ClosedLoop:
         # can fall into a slow stretch of a shared machine and skew the constant and every step of the loop with it
         self.baselines: list[float] = []
 
-    def predict(self) -> tuple:
+    def predict(self) -> tuple[LatencyChoice, float, float]:
         """(the knapsack's first choice, its predicted whole-model ms, the original's ms) from the fitted tables
         alone: no round built or timed (the fit times one reference model). What `--compressor auto` compares the
         compressors by; run() then reuses the fit."""
-        from gac.objectives.latency.knapsack import fastest_ms
-
         self._fit()
-        choice, _ = self._solve(self._stream("latency", fastest_ms(self.items)))
+        choice = self._knapsack(self._stream("latency", fastest_ms(self.items)))
         return choice, self.lm.constant_ms + choice.predicted_ms, self.baseline_ms
 
     def _fit(self) -> _Fit:
@@ -178,8 +143,6 @@ class ClosedLoop:
         return self._fit().items
 
     def run(self) -> LatencyOutcome:
-        from gac.objectives.latency.knapsack import fastest_ms
-
         self._fit()
         # below these groups' ms no budget is reachable: the parameter stream may cut held heads, the knapsack not
         streams = [self._stream("latency", fastest_ms(self.items))]
@@ -206,11 +169,9 @@ class ClosedLoop:
             )
         return self._outcome(streams)
 
-    def _fitted_tables(self):
+    def _fitted_tables(self) -> LatencyModel:
         """The latency tables of every unit's group at the objective's phase, fitted on the original and a reference
         model (the knapsack's groups: held heads stay as the original has them)."""
-        from gac.objectives.latency.model import Phase
-
         cfg = self.cfg
         lm = cfg.instruments.tables(
             [u.group for u in self.units],
@@ -243,30 +204,12 @@ class ClosedLoop:
             name, start_budget(self.baseline_ms, self.lm.constant_ms, floor_ms, self.cfg, warn=warn), floor_ms
         )
 
-    def _solve(self, s: Stream) -> tuple:
-        """(choice, extra row fields) of stream `s` at its budget; (None, {}) where the guard has no ratio within it."""
-        from gac.objectives.latency.guard import parameter_choice
-        from gac.objectives.latency.knapsack import select_for_speedup
-
-        cfg = self.cfg
+    def _solve(self, s: Stream) -> tuple[LatencyChoice | None, float | None]:
+        """(choice, the guard's ratio) of stream `s` at its budget; (None, None) where the guard has no ratio within
+        it, the ratio None for the knapsack's."""
         if s.name == "latency":
-            try:
-                return select_for_speedup(
-                    self.items,
-                    baseline_ms=self.baseline_ms,
-                    constant_ms=self.lm.constant_ms,
-                    speedup=cfg.speedup,
-                    where=cfg.where,
-                    budget_ms=s.budget,
-                    param_cap=self.cap,
-                ), {}
-            except GacError as e:
-                if not self.held:
-                    raise
-                said = e.template if isinstance(e, ConfigError) else literal(e)
-                raise ConfigError(
-                    f"{said} (with attention heads whole: {{head_mode:group}} lets the knapsack cut them)"
-                ) from None
+            return self._knapsack(s), None
+        cfg = self.cfg
         got = parameter_choice(
             self.compressor,
             self.units,
@@ -278,10 +221,31 @@ class ClosedLoop:
         )
         if got is None:
             log.info("guard: no ratio of the parameter objective is predicted within %.2f ms", s.budget)
-            return None, {}
-        return got[1], {"ratio": got[0]}
+            return None, None
+        return got[1], got[0]
 
-    def _timed(self, built: dict) -> dict:
+    def _knapsack(self, s: Stream) -> LatencyChoice:
+        """The knapsack's choice at stream `s`'s budget."""
+        cfg = self.cfg
+        try:
+            return select_for_speedup(
+                self.items,
+                baseline_ms=self.baseline_ms,
+                constant_ms=self.lm.constant_ms,
+                speedup=cfg.speedup,
+                where=cfg.where,
+                budget_ms=s.budget,
+                param_cap=self.cap,
+            )
+        except GacError as e:
+            if not self.held:
+                raise
+            said = e.template if isinstance(e, ConfigError) else literal(e)
+            raise ConfigError(
+                f"{said} (with attention heads whole: {{head_mode:group}} lets the knapsack cut them)"
+            ) from None
+
+    def _timed(self, built: dict[str, nn.Module]) -> dict[str, Timed]:
         """{name: figures}: one side-by-side timing of the original and the built models ({name: model}) with an A/A
         twin (timed again while the twin is off by more than NOISY_FLOOR; the quietest timing counts), and the time
         each built model must beat to count as reaching the target and margin beyond this timing's noise floor."""
@@ -300,15 +264,16 @@ class ClosedLoop:
             if again[1] < floor:
                 base, floor, t = again
         self.baselines.append(base)
-        return {name: _figures(base, t[name].median_ms, floor, cfg.aim, retimed=retimed, timings=1) for name in built}
+        return {name: Timed.of(base, t[name].median_ms, floor, cfg.aim, retimed=retimed, timings=1) for name in built}
 
-    def _judged(self, built: dict, gate) -> dict:
+    def _judged(self, built: dict[str, nn.Module], gate: Callable[[Timed], float]) -> dict[str, Timed]:
         """{name: figures} of one side-by-side timing of `built` ({name: model}), where a model lands within
         cfg.gate_band of its gate (gate(figures): the speedup it must reach), either side, timed once more and its
-        figures the two timings pooled (_pooled): the gate judged on more than one timing where one would decide it."""
+        figures the two timings pooled (Timed.pooled): the gate judged on more than one timing where one would decide
+        it."""
         band = self.cfg.gate_band
         figures = self._timed(built)
-        near = {name: built[name] for name, f in figures.items() if abs(f["measured_speedup"] / gate(f) - 1.0) < band}
+        near = {name: built[name] for name, f in figures.items() if abs(f.measured_speedup / gate(f) - 1.0) < band}
         if near:
             log.info(
                 "%s within %g%% of the gate%s: timing again, judged on both timings",
@@ -317,55 +282,53 @@ class ClosedLoop:
                 self.cfg.where,
             )
             for name, again in self._timed(near).items():
-                figures[name] = _pooled(figures[name], again, self.cfg.aim)
+                figures[name] = figures[name].pooled(again, self.cfg.aim)
         return figures
 
     def _round(self, k: int, active: list[Stream]) -> bool:
         """Round k of the active streams: each one's choice solved, built and timed beside the baseline (a passing
         one timed again), then settled; False when no stream had a choice to build."""
-        choices, rows, built = {}, {}, {}
+        solved: dict[str, Solved] = {}
+        built: dict[str, nn.Module] = {}
         for s in active:
-            choice, extra = self._solve(s)
+            choice, ratio = self._solve(s)
             if choice is None or (s.bracketed and choice.dims in s.tried):  # a halved bracket that solves as before
                 s.done = True
                 continue
             s.tried.append(choice.dims)
-            choices[s.name] = choice
-            rows[s.name] = self._row(k, s, choice, extra)
+            solved[s.name] = self._solved(k, s, choice, ratio)
             built[s.name] = self.compressor.built(self.model, self.units, choice.dims)
         if not built:
             return False
-        for name, figures in self._judged(built, lambda f: f["baseline_measured_ms"] / f["target_ms"]).items():
-            rows[name].update(figures)
+        rounds: dict[str, Round] = {}
+        for name, timed in self._judged(built, lambda t: t.baseline_measured_ms / t.target_ms).items():
             # a round passes its timing only beyond that timing's own noise floor; then a second, independent
             # timing must confirm it: of many rounds, those that happened to time fast would otherwise be kept more
             # often than the rest, and a kept model would measure short when timed again
-            rows[name]["reached"] = rows[name]["gac_measured_ms"] <= rows[name]["target_ms"]
-        passed = {name: built[name] for name, row in rows.items() if row["reached"]}
+            rounds[name] = Round(solved[name], timed, reached=timed.gac_measured_ms <= timed.target_ms)
+        passed = {name: built[name] for name, row in rounds.items() if row.reached}
         if passed:
-            for name, figures in self._judged(passed, lambda f: self.cfg.aim).items():
-                rows[name]["screen"] = {key: rows[name][key] for key in _TIMED}
-                rows[name].update(figures)
-                rows[name]["reached"] = figures["measured_speedup"] >= self.cfg.aim
+            for name, timed in self._judged(passed, lambda t: self.cfg.aim).items():
+                row = rounds[name]
+                row.screen, row.timed, row.reached = row.timed, timed, timed.measured_speedup >= self.cfg.aim
         reference_ms = statistics.median(self.baselines)
         for s in active:
-            if s.name in rows:
-                self._settle(s, choices[s.name], rows[s.name], built.pop(s.name), reference_ms)
+            if s.name in rounds:
+                self._settle(s, rounds[s.name], built.pop(s.name), reference_ms)
         self._fit().lm = self.lm.recentred(reference_ms)  # the next round's predictions
         return True
 
-    def _row(self, k: int, s: Stream, choice, extra: dict) -> dict:
-        """Round k's figures for stream `s` before it is timed: its budget, predictions, parameters and value."""
-        return {
-            "round": k,
-            "budget_ms": s.budget,
-            "baseline_predicted_ms": self.lm.predict({}),
-            "gac_predicted_ms": self.lm.constant_ms + choice.predicted_ms,
-            "groups_predicted_ms": choice.predicted_ms,
-            "params": choice.params,
-            "value": choice.value,
-            **extra,
-        }
+    def _solved(self, k: int, s: Stream, choice: LatencyChoice, ratio: float | None, *, line: bool = False) -> Solved:
+        """Round k's choice for stream `s` before it is timed: its budget and the tables' predictions."""
+        return Solved(
+            k,
+            s.budget,
+            choice,
+            baseline_predicted_ms=self.lm.predict({}),
+            gac_predicted_ms=self.lm.constant_ms + choice.predicted_ms,
+            ratio=ratio,
+            line=line,
+        )
 
     def _line_round(self, k: int, streams: list[Stream]) -> bool:
         """One more round for every stream of two rounds or more, at the budget where the line through all of its
@@ -379,102 +342,108 @@ class ClosedLoop:
         a line round of the stream's that reached (one that fell short moves the line: the next is solved on it). False
         when no stream had a round to build."""
         cfg, reference_ms = self.cfg, statistics.median(self.baselines)
-        choices, rows, built = {}, {}, {}
+        solved: dict[str, Solved] = {}
+        built: dict[str, nn.Module] = {}
         for s in streams:
-            if len(s.rows) < 2 or (s.rows[-1].get("line") and s.rows[-1]["reached"]):
+            if len(s.rows) < 2 or (s.rows[-1].solved.line and s.rows[-1].reached):
                 continue
-            intercept, slope = timing_line(s.rows, 1.0 / reference_ms)
+            intercept, slope = timing_line([r.point for r in s.rows], 1.0 / reference_ms)
             budget = (1.0 / (cfg.aim * (1.0 + OVERSHOOT / 2)) - intercept) / slope
             if budget < s.floor_ms:
                 continue
             s.budget = budget
-            choice, extra = self._solve(s)
-            if choice is None or choice.dims in s.tried or (s.reached and choice.value <= s.kept_round[0].value):
+            choice, ratio = self._solve(s)
+            if choice is None or choice.dims in s.tried:
+                continue
+            if s.reached and choice.value <= s.kept_round.solved.choice.value:  # cut as deep as the kept model
                 continue
             s.tried.append(choice.dims)
-            choices[s.name], rows[s.name] = choice, {**self._row(k, s, choice, extra), "line": True}
+            solved[s.name] = self._solved(k, s, choice, ratio, line=True)
             built[s.name] = self.compressor.built(self.model, self.units, choice.dims)
         if not built:
             return False
-        for name, figures in self._judged(built, lambda f: cfg.aim).items():
-            rows[name].update(figures)
+        judged = self._judged(built, lambda t: cfg.aim)
         for s in streams:
-            if s.name not in rows:
+            if s.name not in judged:
                 continue
-            row, model = rows[s.name], built.pop(s.name)
-            intercept, slope = timing_line([*s.rows, row], 1.0 / reference_ms)
-            row["line_speedup"] = 1.0 / (intercept + slope * row["groups_predicted_ms"])
-            row["reached"] = row["line_speedup"] >= cfg.aim and row["measured_speedup"] >= cfg.speedup
+            row, model = Round(solved[s.name], judged[s.name], reached=False), built.pop(s.name)
+            intercept, slope = timing_line([*(r.point for r in s.rows), row.point], 1.0 / reference_ms)
+            row.line_speedup = line_speedup = 1.0 / (intercept + slope * row.solved.choice.predicted_ms)
+            row.reached = line_speedup >= cfg.aim and row.timed.measured_speedup >= cfg.speedup
             s.rows.append(row)
-            loss = cfg.instruments.held_back_loss(model, self.windows) if row["reached"] and self.guarded else None
-            if loss is not None:
-                row["held_back_loss"] = loss
-            keep = row["reached"] and s.bettered_by(loss)
+            loss = self._held_back_loss(model) if row.reached else None
+            row.held_back_loss = loss
+            keep = row.reached and s.bettered_by(loss)
             log.info(
                 "%sline round %d%s: the line through %d timings puts %.2f ms at %.3fx (measured %.3fx, aim %.4gx)%s",
                 "" if s.name == "latency" else "guard ",
                 k,
                 cfg.where,
                 len(s.rows),
-                row["gac_predicted_ms"],
-                row["line_speedup"],
-                row["measured_speedup"],
+                row.solved.gac_predicted_ms,
+                line_speedup,
+                row.timed.measured_speedup,
                 cfg.aim,
                 ": kept" if keep else "",
             )
             if keep:
-                s.kept, s.model, s.loss = (choices[s.name], row), model, loss
+                s.kept, s.model, s.loss = row, model, loss
         return True
 
-    def _settle(self, s: Stream, choice, row: dict, built, reference_ms: float) -> None:
+    def _held_back_loss(self, model: nn.Module) -> float | None:
+        """The guard's held-back loss of a reaching model; None unguarded (one stream: nothing to compare)."""
+        if not self.guarded or self.windows is None:
+            return None
+        return self.cfg.instruments.held_back_loss(model, self.windows)
+
+    def _settle(self, s: Stream, row: Round, built: nn.Module, reference_ms: float) -> None:
         """Record a stream's round: keep it (and its model) when it reached the aim, the target and its margin, at a
         held-back loss below the stream's kept reaching round's (measured for the guard; unguarded, every reaching
         round), or when none reached and it is the fastest yet; then set the stream's budget for its next round (the
         measured residual, or the bracket's midpoint) or end it."""
-        cfg = self.cfg
+        cfg, timed, k = self.cfg, row.timed, row.solved.round
         s.rows.append(row)
         log.info(
             "%sround %d%s: predicted %.2f ms, measured %.2f ms against %.2f ms baseline (%.3fx; aim %.4gx, "
             "A/A floor %.1f%%)%s",
             "" if s.name == "latency" else "guard ",
-            row["round"],
+            k,
             cfg.where,
-            row["gac_predicted_ms"],
-            row["gac_measured_ms"],
-            row["baseline_measured_ms"],
-            row["measured_speedup"],
+            row.solved.gac_predicted_ms,
+            timed.gac_measured_ms,
+            timed.baseline_measured_ms,
+            timed.measured_speedup,
             cfg.aim,
-            row["aa_floor_pct"],
-            f", confirming a first timing of {row['screen']['measured_speedup']:.3f}x" if "screen" in row else "",
+            timed.aa_floor_pct,
+            f", confirming a first timing of {row.screen.measured_speedup:.3f}x" if row.screen is not None else "",
         )
-        loss = cfg.instruments.held_back_loss(built, self.windows) if row["reached"] and self.guarded else None
-        if loss is not None:
-            row["held_back_loss"] = loss
-        if row["reached"]:
+        loss = row.held_back_loss = self._held_back_loss(built) if row.reached else None
+        if row.reached:
             # of a stream's reaching rounds, the one with the lowest held-back loss, the loss the guard and auto keep
             # by (unguarded: the last, the least cut of a halved bracket)
             better = s.bettered_by(loss)
         else:  # of none that reached yet, the fastest measured
-            better = s.kept is None or (not s.reached and row["measured_speedup"] > s.kept[1]["measured_speedup"])
+            better = s.kept is None or (not s.reached and timed.measured_speedup > s.kept.timed.measured_speedup)
         if better:
-            s.kept, s.model, s.loss = (choice, row), built, loss
+            s.kept, s.model, s.loss = row, built, loss
         # a model far past the target gives away quality: one more round, the budget loosened by its excess (below),
         # kept only if it reaches the target too. Both streams are loosened alike, so the guard compares models
         # brought to the target, not one cut deeper than needed
         # a short round tightens by the measured residual, rescaled to the median of the loop's baseline timings: the
         # shortfall from the gate plus one more A/A floor, so that the next round aims beyond the gate rather than at
         # it (aimed at the gate, a model passes a noisy timing about half the time)
-        aim_ms = row["target_ms"] * (1.0 - row["aa_floor_pct"] / 100.0)
+        aim_ms = timed.target_ms * (1.0 - timed.aa_floor_pct / 100.0)
         # more than OVERSHOOT past the aim, whatever this timing's floor, a round is loosened to half OVERSHOOT past
         # it (kept only if that reaches beyond its own timing's floor)
-        overshoot = row["measured_speedup"] / cfg.aim - 1.0 > OVERSHOOT
-        loose_ms = row["baseline_measured_ms"] / (cfg.aim * (1.0 + OVERSHOOT / 2))
-        if row["reached"]:
-            s.reach_ms = row["budget_ms"] if s.reach_ms is None else max(s.reach_ms, row["budget_ms"])
+        overshoot = timed.measured_speedup / cfg.aim - 1.0 > OVERSHOOT
+        loose_ms = timed.baseline_measured_ms / (cfg.aim * (1.0 + OVERSHOOT / 2))
+        budget_ms = row.solved.budget_ms
+        if row.reached:
+            s.reach_ms = budget_ms if s.reach_ms is None else max(s.reach_ms, budget_ms)
         else:
-            s.short_ms = row["budget_ms"] if s.short_ms is None else min(s.short_ms, row["budget_ms"])
+            s.short_ms = budget_ms if s.short_ms is None else min(s.short_ms, budget_ms)
         # a bracketed stream may halve its bracket `halvings` rounds past the residual steps' `rounds`
-        if row["round"] >= cfg.rounds + (cfg.halvings if s.bracketed else 0) or (row["reached"] and not overshoot):
+        if k >= cfg.rounds + (cfg.halvings if s.bracketed else 0) or (row.reached and not overshoot):
             s.done = True
             return
         if s.reach_ms is not None and s.short_ms is not None:  # s.bracketed
@@ -493,13 +462,11 @@ class ClosedLoop:
         if s.loosened:  # the looser round reached too, still far past the aim: it stays kept
             s.done = True
             return
-        s.loosened = row["reached"]
-        step_to = loose_ms if row["reached"] else aim_ms
-        s.budget -= (row["gac_measured_ms"] - step_to) * reference_ms / row["baseline_measured_ms"]
+        s.loosened = row.reached
+        step_to = loose_ms if row.reached else aim_ms
+        s.budget -= (timed.gac_measured_ms - step_to) * reference_ms / timed.baseline_measured_ms
         if s.budget < s.floor_ms:
-            log.warning(
-                "%s: the tightened budget is below the fastest dims: stopping after round %d", s.name, row["round"]
-            )
+            log.warning("%s: the tightened budget is below the fastest dims: stopping after round %d", s.name, k)
             s.done = True
 
     def _outcome(self, streams: list[Stream]) -> LatencyOutcome:
@@ -511,14 +478,14 @@ class ClosedLoop:
         if reached:
             best = min(reached, key=lambda s: (ranked(s.loss), s.name != "latency"))
         else:
-            best = max(kept, key=lambda s: s.kept_round[1]["measured_speedup"])
+            best = max(kept, key=lambda s: s.kept_round.timed.measured_speedup)
             log.warning(
                 "no round reached %.4gx%s%s: kept the fastest measured (%.3fx, A/A floor %.1f%%)",
                 cfg.aim,
                 cfg.where,
                 f" (the {cfg.speedup:g}x target and its {100 * cfg.margin:g}% margin)" if cfg.margin else "",
-                best.kept_round[1]["measured_speedup"],
-                best.kept_round[1]["aa_floor_pct"],
+                best.kept_round.timed.measured_speedup,
+                best.kept_round.timed.aa_floor_pct,
             )
         for s in streams:
             if s is not best:

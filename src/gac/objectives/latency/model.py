@@ -9,18 +9,25 @@ so is a width or head group's full dim (`full_dims`), which the tables key None.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
 
 from gac.errors import ConfigError, GacError, literal
-from gac.hw.device import ALIGNMENT
+from gac.hw.device import ALIGNMENT, device_name
+from gac.hw.profile import FixedSizes, SweepSpec, cached_sweep
 from gac.models.groups import DimGroup
 from gac.models.kinds.base import FULL, Term
 
 log = logging.getLogger(__name__)
+OpTables = dict[tuple[str, tuple[Any, ...]], dict[int, float]]  # {(op, shape): {swept dim: ms}}
 PHASES = ("prefill", "decode")
 MIN_FIT, MAX_FIT = 0.5, 2.0  # the table scales `LatencyModel.fitted` trusts
 
@@ -34,7 +41,7 @@ class Phase:
     batch: int = 1
     seq: int = 512
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.name not in PHASES:
             raise ConfigError(
                 f"unknown phase {literal(repr(self.name))}: choose prefill or decode, e.g. {{phase:prefill}}"
@@ -51,7 +58,7 @@ class Phase:
     def shape(self) -> str:
         return f"{self.batch}x{self.seq}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, str]:
         return {"phase": self.name, "shape": self.shape}
 
 
@@ -60,10 +67,10 @@ class LatencyModel:
     """{group: {candidate dim or None: predicted ms}} at one phase, and the measured constant."""
 
     phase: Phase
-    tables: dict[str, dict]  # the candidates' predicted ms
+    tables: dict[str, dict[int | None, float]]  # the candidates' predicted ms
     original: dict[str, float]  # each group as the original model has it (also tables[g][FULL] where a candidate)
     constant_ms: float = 0.0
-    meta: dict = field(default_factory=dict)  # device, dtype, torch, how the constant was measured
+    meta: dict[str, Any] = field(default_factory=dict)  # device, dtype, torch, how the constant was measured
     full_dims: dict[str, int] = field(default_factory=dict)  # the original's dim (group.full_dim; none for ranks)
 
     def full_ms(self) -> float:
@@ -84,7 +91,7 @@ class LatencyModel:
             f"{f', full dim {self.full_dims[group]}' if group in self.full_dims else ''})"
         )
 
-    def predict(self, dims: dict) -> float:
+    def predict(self, dims: dict[str, int | None]) -> float:
         """Whole-model ms for {group: dim or None}; groups not named keep their original size."""
         return self.constant_ms + math.fsum(self.ms(g, dims.get(g)) for g in self.tables)
 
@@ -107,7 +114,7 @@ class LatencyModel:
             constant_ms=max(baseline_ms - full * scale, 0.0),
         )
 
-    def scaled(self, scale: float, **meta) -> LatencyModel:
+    def scaled(self, scale: float, **meta: float | None) -> LatencyModel:
         """Every table and original time times `scale`, `meta` added to the model's."""
         return replace(
             self,
@@ -120,7 +127,7 @@ class LatencyModel:
         """Every group's predicted ms at its fastest candidate, summed: no budget below this is reachable."""
         return math.fsum(min(t.values()) for t in self.tables.values())
 
-    def fitted(self, baseline_ms: float, reference: dict, reference_ms: float) -> LatencyModel:
+    def fitted(self, baseline_ms: float, reference: dict[str, int | None], reference_ms: float) -> LatencyModel:
         """The model calibrated on two whole-model timings taken side by side: the original (`baseline_ms`) and a
         reference model with the groups at `reference` dims ({group: dim}). The tables are scaled so that the
         reference's predicted saving is the measured one, then the constant set as `calibrated` sets it. Isolated
@@ -189,11 +196,11 @@ class LatencyModel:
         )
 
 
-def reference_dims(lm: LatencyModel, groups) -> dict:
+def reference_dims(lm: LatencyModel, groups: Iterable[str]) -> dict[str, int | None]:
     """{group: dim} for the second point of `LatencyModel.fitted`: each of `groups` (names; the rest stay as the
     original) at the candidate predicted nearest half its original's time, a model in the middle of the range
     the objective chooses from."""
-    dims = {}
+    dims: dict[str, int | None] = {}
     for g in groups:
         table = lm.tables[g]
         cands = [d for d in table if d is not FULL and d != lm.full_dims.get(g)]
@@ -205,9 +212,9 @@ def reference_dims(lm: LatencyModel, groups) -> dict:
 # ---- which ops change with each group's dim ----------------------------------------------------------------
 
 
-def sweep_needs(groups: list[DimGroup], alignment: int) -> dict:
+def sweep_needs(groups: list[DimGroup], alignment: int) -> dict[tuple[str, tuple[Any, ...]], set[int]]:
     """{(op, shape): set of swept dims} every group's candidates need."""
-    needs = defaultdict(set)
+    needs: defaultdict[tuple[str, tuple[Any, ...]], set[int]] = defaultdict(set)
     for g in groups:
         dense, terms = g.latency_terms()
         for term, x in dense or [(t, t.dim(g.max_dim)) for t in terms]:  # the original layout
@@ -219,15 +226,18 @@ def sweep_needs(groups: list[DimGroup], alignment: int) -> dict:
     return needs
 
 
-def _terms_ms(terms: list[Term], d: int, op_tables: dict) -> float:
+def _terms_ms(terms: list[Term], d: int, op_tables: OpTables) -> float:
     """The group's terms at dim d, summed from the op tables."""
     return math.fsum(t.weight * op_tables[(t.op, t.shape)][t.dim(d)] for t in terms)
 
 
-def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict) -> tuple[dict, dict]:
+def build_tables(
+    groups: list[DimGroup], alignment: int, op_tables: OpTables
+) -> tuple[dict[str, dict[int | None, float]], dict[str, float]]:
     """({group: {candidate: ms}}, {group: ms as the original has it}) from measured op tables
     {(op, shape): {swept dim: ms}}."""
-    tables, original = {}, {}
+    tables: dict[str, dict[int | None, float]] = {}
+    original: dict[str, float] = {}
     for g in groups:
         dense, terms = g.latency_terms()
         original[g.name] = (
@@ -244,13 +254,9 @@ def build_tables(groups: list[DimGroup], alignment: int, op_tables: dict) -> tup
 # ---- measuring: one cached profile sweep per op and shape --------------------------------------------------
 
 
-def op_spec(op: str, shape: tuple, dims, phase: Phase, repeats: int):
+def op_spec(op: str, shape: tuple[Any, ...], dims: Iterable[int], phase: Phase, repeats: int) -> SweepSpec:
     """The sweep of `op` over `dims` at the phase: GEMMs at its M rows; SDPA over query heads at prefill causal over
     its own seq tokens, or at decode one query token per sequence over a KV cache of seq tokens."""
-    import dataclasses
-
-    from gac.hw.profile import FixedSizes, SweepSpec
-
     sizes, m = FixedSizes.of(op, dict(shape)), phase.m
     if sizes is None:
         raise ValueError(f"a {op} term has no sweep of its own")
@@ -273,19 +279,14 @@ def measure_latency_model(
     """Sweep every op and shape the groups' candidates need at the phase's M (cached per device, dtype, torch and
     spec, the spec holding M and the shapes), and return the model with a zero constant (see `calibrated` and
     `fitted`)."""
-    from gac.hw.device import device_name
-    from gac.hw.profile import cached_sweep
-
     if not groups:
         raise GacError("no dimension groups to predict latency for")
-    op_tables = {}
+    op_tables: OpTables = {}
     for (op, shape), dims in sorted(sweep_needs(groups, alignment).items()):
         spec = op_spec(op, shape, dims, phase, repeats)
         log.info("latency table: %s %s at M=%d, %d dims", op, dict(shape), spec.m_values[0], len(dims))
         entry = cached_sweep(spec, device=device, dtype=dtype, progress=progress)["ops"][0]
         op_tables[(op, shape)] = {int(d): float(ms) for d, ms in zip(entry["dims"], entry["ms"])}
-    import torch
-
     meta = {
         "device": device,
         "device_name": device_name(device),

@@ -5,28 +5,38 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
+from gac.evaluate.bench import AA_SUFFIX
 from gac.objectives.latency.config import SpeedupConfig
+from gac.objectives.latency.knapsack import LatencyItem
+from gac.objectives.latency.model import FULL, LatencyModel, reference_dims
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from gac.compressors.base import Compressor, Unit
+    from gac.hw.timing import Timing
 
 log = logging.getLogger(__name__)
 
 
-def time_beside(model, built: dict, cfg: SpeedupConfig) -> tuple[float, float, dict]:
+def time_beside(
+    model: nn.Module, built: dict[str, nn.Module], cfg: SpeedupConfig
+) -> tuple[float, float, dict[str, Timing]]:
     """(baseline median ms, A/A floor as a fraction, {name: Timing}): the original, its A/A twin and every built model
     ({name: model}) timed round-robin in one run at the objective's phase and shape (cfg.instruments' timer)."""
-    from gac.evaluate.bench import AA_SUFFIX
-
     t = cfg.instruments.time({"baseline": model, **built}, cfg, aa=True)
     base = t["baseline"].median_ms
     return base, abs(t["baseline" + AA_SUFFIX].median_ms / base - 1.0), t
 
 
-def latency_items(units, latency_model, *, held=frozenset()) -> list:
+def latency_items(
+    units: Sequence[Unit], latency_model: LatencyModel, *, held: Collection[str] = frozenset()
+) -> list[LatencyItem]:
     """One knapsack item per unit: its candidates, their predicted ms, retained quality and parameters; a unit
     named in `held` has the original (FULL) as its only candidate."""
-    from gac.objectives.latency.knapsack import LatencyItem
-    from gac.objectives.latency.model import FULL
-
     items = []
     for u in units:
         table = latency_model.tables[u.name]
@@ -43,11 +53,17 @@ def latency_items(units, latency_model, *, held=frozenset()) -> list:
     return items
 
 
-def fit_latency(model, compressor, units, lm, cfg: SpeedupConfig, *, groups=None):
+def fit_latency(
+    model: nn.Module,
+    compressor: Compressor,
+    units: list[Unit],
+    lm: LatencyModel,
+    cfg: SpeedupConfig,
+    *,
+    groups: Sequence[str] | None = None,
+) -> LatencyModel:
     """`lm` fitted (LatencyModel.fitted) on the original and a reference model built with `groups` (default: every
     unit's) at reference_dims, timed side by side at the objective's phase and shape (cfg.instruments' timer)."""
-    from gac.objectives.latency.model import reference_dims
-
     dims = reference_dims(lm, [u.name for u in units] if groups is None else groups)
     calibration = dataclasses.replace(cfg, timing_rounds=max(cfg.timing_rounds, 5))  # a median robust to a spike
     time = cfg.instruments.time
