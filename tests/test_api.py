@@ -231,12 +231,12 @@ def test_static_rule_when_profile_candidates_cannot_fit(tiny_model_dir, caplog):
 
 @pytest.mark.slow
 def test_infeasible_ratio_fails_from_the_shapes_before_calibration(tiny_model_dir, monkeypatch):
-    import gac.calibration.stats
+    import gac.pipelines.whole_model
 
     def never(*a, **k):
         raise AssertionError("calibration ran")
 
-    monkeypatch.setattr(gac.calibration.stats, "calibrate", never)
+    monkeypatch.setattr(gac.pipelines.whole_model, "calibrate", never)  # the whole-model pipeline's calibration
     with pytest.raises(GacError, match=r"use ratio=0\.\d+ or lower") as info:
         compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.99, evaluate=False))
     assert "\n" not in str(info.value)

@@ -360,7 +360,7 @@ def command(
         from gac.pipelines.memory import describe, forecast_of
 
         choice = plan_memory(cfg)
-        click.echo(describe(forecast_of(cfg, choice.pipeline), choice))
+        click.echo(describe(forecast_of(cfg, choice.pipeline), choice.reason))
         return
     result = compress(cfg)
     report = result.report
