@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
             print(f"block {i + 1}/{args.repeats}: " + ", ".join(f"{v} {t[v].median_ms:.2f} ms" for v in VARIANTS),
                   flush=True)
 
-    variants = result.report["variants"]
+    variants = result.report.variants
     print()
     print(f"{args.model} · {args.compressor} · ratio {args.ratio} · prefill batch {args.batch} x {args.seq} "
           f"tokens · {device_name(args.device)} ({args.device}, {dtype}, {threads} threads) · "
@@ -76,7 +76,7 @@ def main(argv=None) -> dict:
         bands = "; ".join(f"{b[v].p10_ms:.1f}-{b[v].p90_ms:.1f}" for b in blocks)
         summary[v] = {"median_ms": med, "blocks": [{"median_ms": b[v].median_ms, "p10_ms": b[v].p10_ms,
                                                     "p90_ms": b[v].p90_ms} for b in blocks]}
-        print(f"{v:<10} {variants[v]['params']:>12,} {variants[v]['aligned_fraction']:>8.2f} {med:>10.2f} "
+        print(f"{v:<10} {variants[v].params:>12,} {variants[v].aligned_fraction:>8.2f} {med:>10.2f} "
               f"{bands:>28}")
     ratios = {}
     print()
@@ -93,8 +93,8 @@ def main(argv=None) -> dict:
         "torch": torch.__version__, "batch": args.batch, "seq": args.seq, "rounds": args.rounds,
         "warmup": args.warmup, "repeats": args.repeats, "compress_s": round(compress_s, 1),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "params": {v: variants[v]["params"] for v in VARIANTS}, "budget_params": result.report["budget_params"],
-        "aligned_fraction": {v: variants[v]["aligned_fraction"] for v in VARIANTS},
+        "params": {v: variants[v].params for v in VARIANTS}, "budget_params": result.report.budget_params,
+        "aligned_fraction": {v: variants[v].aligned_fraction for v in VARIANTS},
         "prefill": summary, "ratios": ratios,
     }
     print()

@@ -98,9 +98,9 @@ def main() -> None:
     print("| stage | seconds | per layer |\n|---|---:|---:|")
     for key in (*stages, "rest of the analysis", "analysis (all)", "materialization and save", "wall"):
         print(f"| {key} | {TIMES[key]:.1f} | {TIMES[key] / layers:.1f} |")
-    print("dims:", json.dumps(result.report["dims"])[:200], "...")
+    print("dims:", json.dumps(result.report.dims)[:200], "...")
     if args.json:
-        args.json.write_text(json.dumps({"layers": layers, "seconds": dict(TIMES), "dims": result.report["dims"]},
+        args.json.write_text(json.dumps({"layers": layers, "seconds": dict(TIMES), "dims": result.report.dims},
                                         indent=1))
 
 

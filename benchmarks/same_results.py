@@ -39,6 +39,7 @@ def run(compressors: list[str], out: Path, ratio: float, layerwise: bool = False
         if text:
             extra["text"] = TextConfig(**text)
         r = compress(CompressConfig(compressor=name, ratio=ratio, progress=False, latency=latency, **extra)).report
+        r = r.to_dict() if hasattr(r, "to_dict") else r  # a typed Report; older commits return report.json's dict
         v = r["variants"]
         record = {key: {k: v[k][key] for k in v} for key in ("ppl", "params", "aligned_fraction")}
         record.update(budget=r["budget_params"], dims=r["dims"], seconds=round(time.time() - start))

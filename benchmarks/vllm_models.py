@@ -34,7 +34,6 @@ def main(argv=None) -> None:
     from gac.api import CompressConfig, compress
     from gac.checkpoint.gac_dir import save
     from gac.compressors import make_compressor
-    from gac.evaluate.report import Report
     from gac.export.export import ExportConfig, export_hf
     from gac.repair.repair import repair_dir
 
@@ -51,8 +50,7 @@ def main(argv=None) -> None:
         result = compress(cfg)
         from gac.pipelines.outputs import plan_and_files
 
-        fields = {k: v for k, v in result.report.items() if k != "profile_excluded_dims"}
-        report = Report(**{**fields, "saved_variant": "unaligned"})
+        report = dataclasses.replace(result.report, saved_variant="unaligned")
         unaligned = dataclasses.replace(cfg, align=False, out=str(out / f"{name}-unaligned"))
         plan, files = plan_and_files(result.models["unaligned"], unaligned, report, make_compressor(name))
         save(result.models["unaligned"], tokenizer, unaligned.out, plan=plan, extra_files=files, force=args.force)

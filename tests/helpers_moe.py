@@ -35,7 +35,7 @@ def pruned_experts(model_dir, out, ratio):
     cutting expert widths (multiples of 8). The result and {experts module: its dim (None: whole)}."""
     result = compress(fast_config(model_dir, compressor="prune", ratio=ratio, out=str(out), evaluate=False,
                                   compressor_options={"layers": "all"}))
-    r = result.report
+    r = result.report.to_dict()
     assert r["variants"]["gac"]["params"] <= r["budget_params"]
     assert r["variants"]["gac"]["aligned_fraction"] == 1.0
     experts = {n: d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")}

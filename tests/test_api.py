@@ -18,7 +18,7 @@ def test_compress_report_contract(tiny_model_dir, tmp_path, compressor):
     out = tmp_path / "out"
     result = compress(fast_config(tiny_model_dir, compressor=compressor, ratio=0.3, out=str(out)))
     r = json.loads((out / "report.json").read_text())
-    assert r == json.loads(json.dumps(result.report))
+    assert r == json.loads(json.dumps(result.report.to_dict()))
     for key in ("model", "compressor", "ratio", "alignment", "device", "dtype", "compressible_params",
                 "budget_params", "variants", "dims"):
         assert key in r
@@ -46,8 +46,8 @@ def test_no_align_saves_the_compressor_dims(tiny_model_dir, tmp_path):
                                   evaluate=False))
     plan = read_plan(out)
     assert plan["variant"] == "unaligned"
-    assert plan["dims"] == result.report["dims"]["unaligned"]
-    for v in result.report["variants"].values():  # --no-eval: the evaluated report's keys, null
+    assert plan["dims"] == result.report.dims["unaligned"]
+    for v in result.report.to_dict()["variants"].values():  # --no-eval: the evaluated report's keys, null
         for key in NOT_EVALUATED:
             assert key in v and v[key] is None, key
     md = (out / "report.md").read_text()
@@ -56,7 +56,7 @@ def test_no_align_saves_the_compressor_dims(tiny_model_dir, tmp_path):
 
 def test_alignment_option_is_honoured(tiny_model_dir):
     result = compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.3, alignment=4, evaluate=False))
-    assert all(d % 4 == 0 for d in result.report["dims"]["gac"].values())
+    assert all(d % 4 == 0 for d in result.report.dims["gac"].values())
     assert result.out is None  # no --out: nothing written
 
 
@@ -160,7 +160,7 @@ def test_profile_candidates_drive_selection(tiny_model_dir, tmp_path):
                "threads": 1, "date": "2026-01-01", "ops": [entry]}
     path = save_profile(profile, tmp_path / "p.json")
     result = compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.3, profile=str(path), evaluate=False))
-    r = result.report
+    r = result.report.to_dict()
     gac_dims = r["dims"]["gac"].values()
     assert all(d % 8 == 0 and d % 16 != 0 for d in gac_dims)
     assert r["variants"]["gac"]["params"] <= r["budget_params"]
@@ -180,7 +180,7 @@ def test_auto_profile_measures_every_compressor(tiny_model_dir, compressor, opti
     """--profile auto sweeps around the compressor's dims on this device (low-rank pairs, or GEMM N for widths)."""
     result = compress(fast_config(tiny_model_dir, compressor=compressor, ratio=0.3, profile="auto",
                                   compressor_options=options, evaluate=False))
-    r = result.report
+    r = result.report.to_dict()
     assert r["variants"]["gac"]["aligned_fraction"] == 1.0
     assert r["variants"]["gac"]["params"] <= r["budget_params"]
     assert r["profile_excluded_dims"] == sum(map(len, r["profile_excluded"].values()))
@@ -201,8 +201,8 @@ def test_auto_profile_sweeps_are_cached(tiny_model_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(hp, "run_profile", no_measuring)
     second = compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.3, profile="auto", evaluate=False))
-    assert second.report["dims"] == first.report["dims"]
-    assert second.report["profile_excluded"] == first.report["profile_excluded"]
+    assert second.report.dims == first.report.dims
+    assert second.report.profile_excluded == first.report.profile_excluded
 
 
 def test_static_rule_when_profile_candidates_cannot_fit(tiny_model_dir, caplog):
@@ -231,12 +231,12 @@ def test_static_rule_when_profile_candidates_cannot_fit(tiny_model_dir, caplog):
 
 @pytest.mark.slow
 def test_infeasible_ratio_fails_from_the_shapes_before_calibration(tiny_model_dir, monkeypatch):
-    import gac.calibration.stats
+    import gac.pipelines.whole_model
 
     def never(*a, **k):
         raise AssertionError("calibration ran")
 
-    monkeypatch.setattr(gac.calibration.stats, "calibrate", never)
+    monkeypatch.setattr(gac.pipelines.whole_model, "calibrate", never)  # the whole-model pipeline's calibration
     with pytest.raises(GacError, match=r"use ratio=0\.\d+ or lower") as info:
         compress(fast_config(tiny_model_dir, compressor="svd", ratio=0.99, evaluate=False))
     assert "\n" not in str(info.value)
@@ -262,7 +262,7 @@ def test_gram_factorization_gives_the_same_dims(tiny_model_dir, compressor, meth
                                  factorization="svd"))
     gram = compress(fast_config(tiny_model_dir, compressor=compressor, ratio=0.3, evaluate=False,
                                 factorization=method))
-    assert gram.report["dims"] == exact.report["dims"]
+    assert gram.report.dims == exact.report.dims
 
 
 def test_factorization_auto_resolves_by_device():

@@ -29,19 +29,19 @@ def asvd_run(tmp_path_factory):
 
 def test_alignment_and_budget(asvd_run):
     r = asvd_run.report
-    v = r["variants"]
-    assert v["unaligned"]["aligned_fraction"] < 0.5  # ASVD's own ranks are irregular
-    assert v["gac"]["aligned_fraction"] == 1.0
-    assert v["gac"]["params"] <= r["budget_params"]
-    assert v["gac"]["params"] >= 0.98 * r["budget_params"]
-    assert v["unaligned"]["params"] <= r["budget_params"]
-    assert v["baseline"]["params"] == r["compressible_params"] > 100_000_000
+    v = r.variants
+    assert v["unaligned"].aligned_fraction < 0.5  # ASVD's own ranks are irregular
+    assert v["gac"].aligned_fraction == 1.0
+    assert v["gac"].params <= r.budget_params
+    assert v["gac"].params >= 0.98 * r.budget_params
+    assert v["unaligned"].params <= r.budget_params
+    assert v["baseline"].params == r.compressible_params > 100_000_000
 
 
 def test_gac_quality_matches_unaligned(asvd_run):
-    v = asvd_run.report["variants"]
-    assert v["gac"]["ppl"] <= 1.05 * v["unaligned"]["ppl"]
-    assert v["baseline"]["ppl"] < v["unaligned"]["ppl"]
+    v = asvd_run.report.variants
+    assert v["gac"].ppl <= 1.05 * v["unaligned"].ppl
+    assert v["baseline"].ppl < v["unaligned"].ppl
 
 
 def test_saved_model_round_trip(asvd_run):
@@ -62,4 +62,4 @@ def test_the_embedded_models_copy_loads_what_its_gguf_holds(asvd_run):
     assert embedded_copy("smollm2-135m", torch.float32).is_dir()
     loaded = load_model("smollm2-135m")
     held_out = load_windows(loaded.tokenizer, TEXT)[1]
-    assert perplexity(loaded.model, held_out, progress=False) == asvd_run.report["variants"]["baseline"]["ppl"]
+    assert perplexity(loaded.model, held_out, progress=False) == asvd_run.report.variants["baseline"].ppl

@@ -5,13 +5,13 @@ the config names, the compressor it builds)."""
 from __future__ import annotations
 
 from gac.config import DEFAULT_RATIO, CompressConfig
-from gac.pipelines.base import CompressResult
+from gac.pipelines.outputs import CompressResult
+from gac.pipelines.run import run
 
 __all__ = ["DEFAULT_RATIO", "CompressConfig", "CompressResult", "compress"]
 
 
 def compress(cfg: CompressConfig) -> CompressResult:
-    """load -> calibrate -> analyze -> select -> materialize -> evaluate -> report -> save, as cfg says."""
-    from gac.pipelines.run import run
-
+    """load -> calibrate -> analyze -> select -> materialize -> evaluate -> report -> save, as cfg says. The result's
+    report is typed (gac.pipelines.outputs.Report); report.to_dict() is report.json."""
     return run(cfg)

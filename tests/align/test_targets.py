@@ -81,7 +81,7 @@ def test_compress_with_a_target_meets_it_under_the_same_budget(tiny_model_dir, t
     assert r["variants"]["gac"]["params"] <= r["budget_params"]
     assert "Target llama.cpp:q8_0" in (out / "report.md").read_text()
     assert json.loads((out / "gac_plan.json").read_text())["target"] == "llama.cpp:q8_0"
-    assert result.report["dims"]["gac"].keys() == result.report["dims"]["unaligned"].keys()
+    assert result.report.dims["gac"].keys() == result.report.dims["unaligned"].keys()
 
 
 def test_tensor_parallel_target_asks_each_shard_for_the_multiple():

@@ -193,7 +193,7 @@ def test_compress_end_to_end_gac_over_pruned_dims(tiny_model_dir, tmp_path):
     cfg = CompressConfig(model=str(tiny_model_dir), compressor="prune", ratio=0.3, out=str(out), evaluate=False,
                          progress=False, text=TextConfig(seq_len=32, calib_windows=4, eval_windows=2),
                          compressor_options={"importance": "taylor", "layers": "all"})
-    r = compress(cfg).report
+    r = compress(cfg).report.to_dict()
     v = r["variants"]
     assert v["baseline"]["params"] == r["compressible_params"]
     assert r["budget_params"] == int(0.7 * r["compressible_params"])
@@ -284,7 +284,7 @@ def test_profile_candidates_drive_pruned_widths(tiny_model_dir, tmp_path):
     cfg = CompressConfig(model=str(tiny_model_dir), compressor="prune", ratio=0.3, profile=str(path), evaluate=False,
                          progress=False, text=TextConfig(seq_len=32, calib_windows=4, eval_windows=2),
                          compressor_options={"importance": "magnitude", "layers": "all", "head_mode": "none"})
-    r = compress(cfg).report
+    r = compress(cfg).report.to_dict()
     assert r["dims"]["gac"] and all(d % 8 == 0 and d % 16 != 0 for d in r["dims"]["gac"].values())
     assert r["variants"]["gac"]["params"] <= r["budget_params"]
 

@@ -33,7 +33,8 @@ def test_figures_are_the_outside_plus_the_layers_scaled_to_depth():
     assert got["b"]["decode_ms_per_token"] == pytest.approx(1.0 + 4 * (1.5 + 1.5))
     assert got["a"]["prefill_spread_pct"] == 2.0 and got["b"]["prefill_spread_pct"] == 5.0  # the largest
     method = timer.method()
-    assert method["method"] == "per_layer" and method["layers_timed"] == [0, 7] and method["depth"] == 8
+    assert method.method == "per_layer" and method.layers_timed == [0, 7] and method.depth == 8
+    assert list(method.to_dict()) == ["method", "layers_timed", "depth", "how"]  # report.json's order
 
 
 def test_a_layer_is_timed_beside_a_pass_through(tiny):

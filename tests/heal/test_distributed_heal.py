@@ -84,7 +84,7 @@ def test_a_failed_collective_marks_the_group_broken(monkeypatch):
 
 def test_more_ranks_than_windows_a_step_refused(compressed, tmp_path, monkeypatch):
     """Four ranks for two windows a step: refused in one line by each rank, before it loads a model."""
-    import gac.checkpoint.gac_dir
+    import gac.heal.run
 
     with pytest.raises(distributed.GacError, match="at most 2 ranks"):
         check_ranks(2, 4)
@@ -93,7 +93,7 @@ def test_more_ranks_than_windows_a_step_refused(compressed, tmp_path, monkeypatc
     def loaded(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(gac.checkpoint.gac_dir, "load", loaded)
+    monkeypatch.setattr(gac.heal.run, "load", loaded)
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "1")
     p = gac_cli("heal", compressed, "--out", tmp_path / "out", *TINY_HEAL)

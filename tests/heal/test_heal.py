@@ -306,7 +306,7 @@ def test_compress_with_heal(original, tmp_path):
     out = tmp_path / "out"
     result = compress(CompressConfig(model=str(original), compressor="svd", ratio=0.3, out=str(out), text=TEXT,
                                      evaluate=False, progress=False, heal=HEAL))
-    h = result.report["heal"]
+    h = result.report.heal
     assert h["ppl"]["after"]["held_out"] < h["ppl"]["before"]["held_out"]
     assert json.loads((out / "gac_plan.json").read_text())["healed"]["tokens"] == h["run"]["tokens"]
     assert "Healed by distillation" in (out / "report.md").read_text()

@@ -78,7 +78,7 @@ def test_drop_experts_within_budget_aligned_and_round_trips(moe_dir, tmp_path, m
     out = tmp_path / "out"
     result = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
                                   compressor_options=DROP))
-    r = result.report
+    r = result.report.to_dict()
     assert r["variants"]["gac"]["params"] <= r["budget_params"]
     assert r["variants"]["unaligned"]["params"] <= r["budget_params"]
     assert r["variants"]["gac"]["aligned_fraction"] == 1.0
@@ -116,7 +116,7 @@ def test_dropping_alone_may_meet_the_budget_with_widths_whole(moe_dir, tmp_path)
     """At a ratio the dropped experts alone meet (a quarter of the experts is more than a tenth of the parameters),
     the widths may stay whole, and the experts are still dropped."""
     r = compress(fast_config(moe_dir, compressor="prune", ratio=0.1, out=None, evaluate=False,
-                             compressor_options={**DROP, "head_mode": "none"})).report
+                             compressor_options={**DROP, "head_mode": "none"})).report.to_dict()
     assert r["variants"]["gac"]["params"] <= r["budget_params"] and r["variants"]["gac"]["aligned_fraction"] == 1.0
     assert set(r["experts_kept"].values()) == {3}
     assert not any(n.endswith(".experts") for n in r["dims"]["gac"])  # every expert width kept whole
@@ -132,7 +132,7 @@ def test_drop_experts_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_pat
         pipeline = "layerwise" if layerwise else "whole"
         result = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
                                       pipeline=pipeline, compressor_options=DROP))
-        runs[layerwise] = (result.report["dims"]["gac"], result.report["experts_kept"], load(out).model)
+        runs[layerwise] = (result.report.dims["gac"], result.report.experts_kept, load(out).model)
     assert runs[True][:2] == runs[False][:2]
     ids = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(1))
     assert torch.allclose(_logits(runs[True][2], ids), _logits(runs[False][2], ids), atol=1e-5)

@@ -29,7 +29,7 @@ def test_gemma3_compresses_aligned_and_round_trips(tiny_gemma3_dir, tmp_path, mo
     out = tmp_path / "out"
     result = compress(fast_config(tiny_gemma3_dir, compressor=compressor, ratio=0.3, out=str(out), evaluate=False,
                                   compressor_options=options))
-    r = result.report
+    r = result.report.to_dict()
     assert r["variants"]["gac"]["params"] <= r["budget_params"]
     assert r["variants"]["gac"]["aligned_fraction"] == 1.0 and any(d is not None for d in r["dims"]["gac"].values())
     layers = "model.language_model.layers." if "language_model" in next(iter(r["dims"]["gac"])) else "model.layers."

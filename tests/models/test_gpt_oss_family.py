@@ -103,10 +103,10 @@ def test_gpt_oss_layerwise_equals_the_whole_model_pipeline(gpt_oss_dir, tmp_path
         result = compress(fast_config(gpt_oss_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=layerwise,
                                       pipeline=pipeline, compressor_options={"layers": "all"}))
         runs[layerwise] = (result.report, load(out).model)
-    assert runs[True][0]["dims"]["gac"] == runs[False][0]["dims"]["gac"]
-    assert any(n.endswith(".experts") for n in runs[True][0]["dims"]["gac"])
-    assert any(d % 8 for d in runs[True][0]["dims"]["unaligned"].values())  # run eagerly, evaluated
-    assert all(runs[True][0]["variants"][v]["decode_ms_per_token"] > 0 for v in ("baseline", "unaligned", "gac"))
+    assert runs[True][0].dims["gac"] == runs[False][0].dims["gac"]
+    assert any(n.endswith(".experts") for n in runs[True][0].dims["gac"])
+    assert any(d % 8 for d in runs[True][0].dims["unaligned"].values())  # run eagerly, evaluated
+    assert all(runs[True][0].variants[v].decode_ms_per_token > 0 for v in ("baseline", "unaligned", "gac"))
     torch.testing.assert_close(_logits(runs[True][1]), _logits(runs[False][1]), atol=1e-5, rtol=0)
 
 
@@ -204,7 +204,7 @@ def test_gpt_oss_asvd_factorizes_the_biased_attention_and_leaves_the_experts_who
     out = tmp_path / "out"
     result = compress(fast_config(gpt_oss_dir, compressor="asvd", ratio=0.15, out=str(out), evaluate=False,
                                   compressor_options={"importance": "magnitude"}))
-    r = result.report
+    r = result.report.to_dict()
     assert r["variants"]["gac"]["params"] <= r["budget_params"] and r["variants"]["gac"]["aligned_fraction"] == 1.0
     assert r["dims"]["gac"] and all(".self_attn." in n for n in r["dims"]["gac"])
     saved = result.models["gac"]

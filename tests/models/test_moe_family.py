@@ -81,9 +81,9 @@ def test_moe_layerwise_equals_the_whole_model_pipeline(moe_dir, tmp_path):
         pipeline = "layerwise" if layerwise else "whole"
         result = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=layerwise,
                                       pipeline=pipeline, compressor_options={"layers": "all"}))
-        runs[layerwise] = (result.report["dims"]["gac"], load(out).model)
+        runs[layerwise] = (result.report.dims["gac"], load(out).model)
         # evaluated layer by layer: the unaligned variant's layers (copies holding their own config) run eagerly
-        assert not layerwise or result.report["variants"]["unaligned"]["ppl"] > 1
+        assert not layerwise or result.report.variants["unaligned"].ppl > 1
     assert runs[True][0] == runs[False][0]
     ids = torch.randint(0, 320, (1, 12), generator=torch.Generator().manual_seed(1))
     assert torch.allclose(_logits(runs[True][1], ids), _logits(runs[False][1], ids), atol=1e-5)
@@ -95,7 +95,7 @@ def test_moe_attention_is_factorized_and_experts_left_whole(moe_dir, tmp_path):
 
     out = tmp_path / "out"
     r = compress(fast_config(moe_dir, compressor="asvd", ratio=0.15, out=str(out), evaluate=False,
-                             compressor_options={"importance": "magnitude"})).report
+                             compressor_options={"importance": "magnitude"})).report.to_dict()
     assert r["variants"]["gac"]["params"] <= r["budget_params"] and r["variants"]["gac"]["aligned_fraction"] == 1.0
     model = load(out).model
     assert all(".self_attn." in g.name or ".mlp." in g.name for g in groups_of(model, "rank"))
@@ -174,7 +174,7 @@ def test_inspect_lists_one_expert_width_per_moe_layer():
 
 def test_moe_expert_widths_meet_a_deployment_target(moe_dir, tmp_path):
     r = compress(fast_config(moe_dir, compressor="prune", ratio=0.3, out=str(tmp_path / "out"), evaluate=False,
-                             target="vllm:tp2", compressor_options={"layers": "all"})).report
+                             target="vllm:tp2", compressor_options={"layers": "all"})).report.to_dict()
     widths = [d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")]
     assert widths and all(d is None or d % 16 == 0 for d in widths)  # each of 2 ranks: a multiple of 8
     assert r["target"]["met"] == r["target"]["constrained"] and r["variants"]["gac"]["params"] <= r["budget_params"]
@@ -285,7 +285,7 @@ def test_moe_speedup_predicts_the_experts_from_the_experts_sweep(moe_dir, tmp_pa
     monkeypatch.setenv("GAC_CACHE_DIR", str(tmp_path / "cache"))  # measured here, not read from another test's sweep
     speedup = SpeedupConfig(1.05, **FAST, instruments=Instruments(timer=ShortThenReached()))
     r = compress(fast_config(moe_dir, compressor="prune", out=str(tmp_path / "out"), evaluate=False,
-                             compressor_options={"layers": "all"}, speedup=speedup)).report
+                             compressor_options={"layers": "all"}, speedup=speedup)).report.to_dict()
     ((spec, profile),) = [(s, p) for s, p in swept if "experts" in s.ops]
     assert spec.ops == ("experts",) and spec.m_values == (16,) and {8, 16, 24, 32, 40} <= set(spec.dims)
     entry = profile["ops"][0]
@@ -311,7 +311,7 @@ def test_olmoe_prunes_its_experts_aligned_and_round_trips(olmoe_dir, tmp_path, m
     out = tmp_path / "out"
     result = compress(fast_config(olmoe_dir, compressor="prune", ratio=0.3, out=str(out), evaluate=False,
                                   compressor_options={"layers": "all", "head_mode": "none"}))
-    r = result.report
+    r = result.report.to_dict()
     assert r["variants"]["gac"]["params"] <= r["budget_params"] and r["variants"]["gac"]["aligned_fraction"] == 1.0
     widths = [d for n, d in r["dims"]["gac"].items() if n.endswith(".experts")]
     assert widths and all(d is None or d % 8 == 0 for d in widths) and any(d is not None for d in widths)

@@ -45,7 +45,7 @@ def test_phi3_prune_cuts_the_fused_gate_up_aligned_and_round_trips(phi3_dir, tmp
     out = tmp_path / "out"
     result = compress(fast_config(phi3_dir, compressor="prune", ratio=ratio, out=str(out), evaluate=False,
                                   compressor_options={"layers": "all", "head_mode": "none"}))
-    r = result.report
+    r = result.report.to_dict()
     assert r["variants"]["gac"]["params"] <= r["budget_params"] and r["variants"]["gac"]["aligned_fraction"] == 1.0
     widths = {n: d for n, d in r["dims"]["gac"].items() if d is not None}
     assert widths and all(w % 8 == 0 for w in widths.values())
@@ -61,7 +61,7 @@ def test_phi3_lowrank_factorizes_the_fused_linears_whole(phi3_dir, tmp_path, mon
     out = tmp_path / "out"
     result = compress(fast_config(phi3_dir, compressor="asvd", ratio=0.3, out=str(out), evaluate=False,
                                   compressor_options={"importance": "magnitude"}))
-    r = result.report
+    r = result.report.to_dict()
     assert r["variants"]["gac"]["params"] <= r["budget_params"] and r["variants"]["gac"]["aligned_fraction"] == 1.0
     assert any(n.endswith("qkv_proj") for n in r["dims"]["gac"]) and any(n.endswith("gate_up_proj")
                                                                           for n in r["dims"]["gac"])

@@ -25,7 +25,7 @@ def test_phi_compresses_and_round_trips(tiny_phi_dir, tmp_path, monkeypatch, com
     out = tmp_path / "out"
     result = compress(fast_config(tiny_phi_dir, compressor=compressor, ratio=0.3, out=str(out), evaluate=False,
                                   compressor_options=options))
-    r = result.report
+    r = result.report.to_dict()
     assert r["variants"]["gac"]["params"] <= r["budget_params"]
     assert r["variants"]["gac"]["aligned_fraction"] == 1.0 and r["dims"]["gac"]
     if compressor == "prune":

@@ -34,7 +34,7 @@ def test_speedup_report(tiny_model_dir, tmp_path, compressor):
                       speedup=objective(timer))
     result = compress(cfg)
     r = json.loads((out / "report.json").read_text())
-    assert r == json.loads(json.dumps(result.report))
+    assert r == json.loads(json.dumps(result.report.to_dict()))
     assert r["objective"] == {"kind": "latency", "speedup": 1.05, "phase": "prefill", "shape": "1x16",
                               "margin": 0.0, "param_cap": None, "guard": True, "whole_heads": compressor == "prune"}
     assert r["ratio"] is None and set(r["variants"]) == {"baseline", "gac"}
@@ -89,7 +89,7 @@ def test_a_reaching_round_must_be_confirmed(tiny_model_dir):
     the budget is tightened by the second timing's shortfall."""
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
                       speedup=objective(lucky_then_short(), guard=False))
-    r = compress(cfg).report
+    r = compress(cfg).report.to_dict()
     first, second = r["latency_objective"]["rounds"]
     assert first["screen"]["measured_speedup"] == pytest.approx(1.05 / 0.97)
     assert first["measured_speedup"] == pytest.approx(1.05 / 1.02) and not first["reached"]
@@ -109,7 +109,7 @@ def test_a_timing_near_its_gate_is_timed_again_and_judged_pooled(tiny_model_dir,
     timer = ShortThenReached({"latency": factors})
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
                       speedup=objective(timer, guard=False, gate_band=0.01))
-    first, second = compress(cfg).report["latency_objective"]["rounds"]
+    first, second = compress(cfg).report.latency_objective["rounds"]
     target = BASE_MS / (1.05 * 1.01)
     assert first["timings"] == 2 and "screen" not in first and not first["reached"]
     assert first["gac_measured_ms"] == pytest.approx(0.5 * (screen + 1 / 1.01 * 1.009) * BASE_MS / 1.05)
@@ -127,7 +127,7 @@ def test_a_near_screen_that_passes_pooled_is_confirmed_and_timed_again_alone(tin
     timer = ShortThenReached({"latency": latency, "parameter": {"else": 0.95}})
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
                       speedup=objective(timer, guard=True, gate_band=0.01, rounds=1))
-    lo = compress(cfg).report["latency_objective"]
+    lo = compress(cfg).report.latency_objective
     knapsack, guard = lo["rounds"][0], lo["guard"]["parameter"]["history"][0]
     assert knapsack["screen"]["timings"] == 2 and knapsack["timings"] == 1 and knapsack["reached"]
     assert knapsack["screen"]["gac_measured_ms"] == pytest.approx(0.5 * (latency[1] + latency[2]) * BASE_MS / 1.05)
@@ -160,7 +160,7 @@ def test_a_disturbed_timing_is_timed_again(tiny_model_dir):
     timer = DisturbedFirstTiming()
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
                       speedup=objective(timer, guard=False, rounds=1))
-    rounds = compress(cfg).report["latency_objective"]["rounds"]
+    rounds = compress(cfg).report.latency_objective["rounds"]
     assert len(rounds) == 1 and 0.15 > NOISY_FLOOR
     screen = rounds[0]["screen"]
     assert screen["retimed"] == 1 and screen["aa_floor_pct"] == pytest.approx(1.0)
@@ -172,7 +172,7 @@ def test_a_disturbed_timing_is_timed_again(tiny_model_dir):
 def _guarded(tiny_model_dir, factors, loss=None, **kw):
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
                       speedup=objective(ShortThenReached(factors), loss=loss, **kw))
-    return compress(cfg).report
+    return compress(cfg).report.to_dict()
 
 
 def test_guard_keeps_the_lower_loss_of_the_reaching_models(tiny_model_dir):
@@ -335,7 +335,7 @@ def test_a_model_more_than_one_scatter_past_the_aim_gets_a_looser_round(tiny_mod
     timer = ShortThenReached({"latency": {1: 1 / past, 2: 1 / past, "else": 1.03}}, aa=aa)
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
                       speedup=objective(timer, guard=False, rounds=2))
-    lo = compress(cfg).report["latency_objective"]
+    lo = compress(cfg).report.latency_objective
     rows = lo["rounds"]
     assert rows[0]["reached"] and rows[0]["measured_speedup"] == pytest.approx(1.05 * past)
     assert rows[0]["aa_floor_pct"] == pytest.approx(100 * (aa - 1))
@@ -414,7 +414,7 @@ def test_no_line_round_where_a_stream_reached_in_one_round(tiny_model_dir):
     timer = ShortThenReached({"latency": {"else": 1 / 1.005}}, aa=1.001)
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
                       speedup=objective(timer, guard=False, line_rounds=2))
-    rows = compress(cfg).report["latency_objective"]["rounds"]
+    rows = compress(cfg).report.latency_objective["rounds"]
     assert len(rows) == 1 and rows[0]["reached"] and "line" not in rows[0]
 
 
@@ -442,7 +442,7 @@ def test_the_loop_recalibrates_on_the_baselines_timed_beside_the_models(tiny_mod
     by 1.5x it, and the report's baseline prediction is the baseline measured beside the models."""
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False,
                       speedup=objective(SlowCalibration(), guard=False))
-    r = compress(cfg).report
+    r = compress(cfg).report.to_dict()
     lo = r["latency_objective"]
     first, second = lo["rounds"]
     assert first["baseline_predicted_ms"] == pytest.approx(1.5 * BIG_MS)  # the calibration's own
@@ -489,7 +489,7 @@ def test_start_budget_gives_up_the_margin_before_the_target(floor, expected, cap
 def test_no_guard_builds_the_knapsack_choice_alone(tiny_model_dir):
     fake = ShortThenReached()
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False, speedup=objective(fake, guard=False))
-    guard = compress(cfg).report["latency_objective"]["guard"]
+    guard = compress(cfg).report.latency_objective["guard"]
     assert set(guard) == {"latency", "kept"} and guard["latency"]["loss"] is None
     assert set(fake.calls) == {"reference", "latency"}  # the fit's reference, then the knapsack's models alone
 
@@ -532,7 +532,7 @@ def test_held_heads_leave_the_knapsack_one_candidate_per_head_group():
 @pytest.mark.slow
 def test_decode_phase_runs_on_real_timings(tiny_model_dir):
     cfg = fast_config(tiny_model_dir, compressor="asvd", evaluate=False, speedup=objective(phase="decode"))
-    r = compress(cfg).report  # real decode timings: figures only, whether the target is reached is noise here
+    r = compress(cfg).report.to_dict()  # real decode timings: figures only, whether the target is reached is noise here
     assert r["objective"]["phase"] == "decode" and r["variants"]["gac"]["measured_ms"] > 0
     assert 1 <= len(r["latency_objective"]["rounds"]) <= 2
 
@@ -557,7 +557,7 @@ def test_param_cap_bounds_every_round(tiny_model_dir):
         cfg = fast_config(tiny_model_dir, compressor="prune", evaluate=False,
                           compressor_options={"layers": "all", "head_mode": "group"},
                           speedup=objective(ShortThenReached(), param_cap=cap))
-        return compress(cfg).report
+        return compress(cfg).report.to_dict()
 
     free = run(None)
     used = min(row["params"] for row in free["latency_objective"]["rounds"]) / free["compressible_params"]

@@ -57,7 +57,7 @@ def test_auto_keeps_the_best_measured(tiny4_dir, tmp_path, monkeypatch, step, ke
     monkeypatch.setattr(gac.pipelines.auto, "mean_loss", Sequence(step))
     out = tmp_path / "out"
     result = compress(fast_config(tiny4_dir, compressor="auto", ratio=0.3, out=str(out)))
-    a = result.report["auto"]
+    a = result.report.auto
     assert set(a["candidates"]) == set(AUTO_CANDIDATES) and len(a["built"]) == AUTO_BUILT
     predicted = {n: c["predicted"]["loss"] for n, c in a["candidates"].items() if c["status"] != "skipped"}
     assert a["built"] == sorted(predicted, key=predicted.get)[:AUTO_BUILT]  # the best predicted are built
@@ -80,7 +80,7 @@ def test_auto_keeps_the_best_measured(tiny4_dir, tmp_path, monkeypatch, step, ke
         assert a["candidates"][name]["predicted"]["params"] <= a["compressible_params"] - a["removed_params"] + 1
     # the run continues as the kept compressor's: report, plan and the saved model agree
     r = json.loads((out / "report.json").read_text())
-    assert r == json.loads(json.dumps(result.report))
+    assert r == json.loads(json.dumps(result.report.to_dict()))
     assert r["compressor"] == a["kept"] and r["ratio"] == a["candidates"][a["kept"]]["ratio"]
     plan = read_plan(out)
     assert plan["compressor"]["name"] == a["kept"] and plan["dims"] == r["dims"]["gac"]
@@ -112,10 +112,10 @@ def test_auto_calibrates_once_and_keeps_what_the_single_run_builds(tiny4_dir, mo
     counted(gac.calibration.importance, "output_fisher")
     auto = compress(fast_config(tiny4_dir, compressor="auto", ratio=0.2, evaluate=False))
     assert counts == {"calibrate": 1, "output_fisher": 1}
-    kept = auto.report["compressor"]
+    kept = auto.report.compressor
     monkeypatch.undo()
-    single = compress(fast_config(tiny4_dir, compressor=kept, ratio=auto.report["ratio"], evaluate=False))
-    assert auto.report["dims"] == single.report["dims"]
+    single = compress(fast_config(tiny4_dir, compressor=kept, ratio=auto.report.ratio, evaluate=False))
+    assert auto.report.dims == single.report.dims
 
 
 @pytest.mark.slow
@@ -127,14 +127,14 @@ def test_auto_under_speedup_keeps_the_best_reaching(tiny4_dir, tmp_path):
 
     result = compress(fast_config(tiny4_dir, compressor="auto", out=str(tmp_path / "out"),
                                   speedup=objective(ShortThenReached(), loss=Sequence(-0.1))))
-    a = result.report["auto"]
+    a = result.report.auto
     for name, c in a["candidates"].items():
         if c["status"] != "skipped":
             assert c["predicted"]["ms"] > 0 and c["predicted"]["speedup"] > 1.0, name
     built = {n: a["candidates"][n]["measured"] for n in a["built"]}
     assert all(m["reached"] and set(m["streams"]) == {"latency", "parameter"} for m in built.values())
     assert a["kept"] == a["built"][1] == min(built, key=lambda n: built[n]["loss"])
-    assert result.report["compressor"] == a["kept"] and result.report["latency_objective"]["reached"]
+    assert result.report.compressor == a["kept"] and result.report.latency_objective["reached"]
     md = (tmp_path / "out" / "report.md").read_text()
     assert "measured speedup" in md and "(reached)" in md and "(latency " in md
 
@@ -162,11 +162,11 @@ def test_auto_under_speedup_keeps_the_best_of_what_the_single_runs_keep(tiny4_di
     from tests.helpers_latency import objective
 
     target = objective(BySize(), rounds=4)  # the kept one's parameter stream reaches in its fourth round
-    auto = compress(fast_config(tiny4_dir, compressor="auto", evaluate=False, speedup=target)).report
+    auto = compress(fast_config(tiny4_dir, compressor="auto", evaluate=False, speedup=target)).report.to_dict()
     a = auto["auto"]
     streams = {}
     for name in a["built"]:
-        single = compress(fast_config(tiny4_dir, compressor=name, evaluate=False, speedup=target)).report
+        single = compress(fast_config(tiny4_dir, compressor=name, evaluate=False, speedup=target)).report.to_dict()
         guard = single["latency_objective"]["guard"]
         measured = a["candidates"][name]["measured"]
         assert measured["reached"] == guard[guard["kept"]]["reached"]
@@ -207,7 +207,7 @@ def test_auto_and_the_single_run_keep_one_model_through_the_timing_journal(tiny4
         cfg = objective(NoisyBySize(), rounds=4)
         cfg = dataclasses.replace(cfg, instruments=dataclasses.replace(
             cfg.instruments, journal=TimingJournal(path=tmp_path / "journal.json")))
-        return compress(fast_config(tiny4_dir, compressor=compressor, evaluate=False, speedup=cfg)).report
+        return compress(fast_config(tiny4_dir, compressor=compressor, evaluate=False, speedup=cfg)).report.to_dict()
 
     if auto_first:
         auto = run("auto")

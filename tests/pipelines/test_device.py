@@ -35,9 +35,9 @@ def _run(source_dir, out, **kw):
 def test_explicit_device_equals_the_default_cpu_run(source_dir, tmp_path):
     default = _run(source_dir, tmp_path / "default")
     explicit = _run(source_dir, tmp_path / "explicit", device="cpu")
-    assert explicit.report["dims"] == default.report["dims"]
-    for variant, figures in default.report["variants"].items():
-        assert explicit.report["variants"][variant]["ppl"] == figures["ppl"]
+    assert explicit.report.dims == default.report.dims
+    for variant, figures in default.report.variants.items():
+        assert explicit.report.variants[variant].ppl == figures.ppl
     expected, got = load(default.out).model.state_dict(), load(explicit.out).model.state_dict()
     assert all(torch.equal(got[k], expected[k]) for k in expected)
 
@@ -61,8 +61,8 @@ def test_weights_and_stores_come_back_on_the_device(source_dir, device):
 def test_cuda_layerwise_run_matches_the_cpu_run(source_dir, tmp_path):
     cpu = _run(source_dir, tmp_path / "cpu", device="cpu").report
     cuda = _run(source_dir, tmp_path / "cuda", device="cuda").report
-    assert cuda["pipeline"] == "layerwise" and cuda["device"] == "cuda"
-    assert cuda["dims"] == cpu["dims"]
-    for variant, figures in cpu["variants"].items():
-        assert cuda["variants"][variant]["ppl"] == pytest.approx(figures["ppl"], rel=1e-3)
-        assert cuda["variants"][variant]["prefill_ms"] > 0
+    assert cuda.pipeline == "layerwise" and cuda.device == "cuda"
+    assert cuda.dims == cpu.dims
+    for variant, figures in cpu.variants.items():
+        assert cuda.variants[variant].ppl == pytest.approx(figures.ppl, rel=1e-3)
+        assert cuda.variants[variant].prefill_ms > 0

@@ -51,9 +51,9 @@ def test_layerwise_output_equals_whole_model_output(source_dir, tmp_path, name, 
                 evaluate=False, progress=False)
     whole = compress(CompressConfig(**base, out=str(tmp_path / "whole")))
     lazy = compress(CompressConfig(**base, out=str(tmp_path / "lazy"), pipeline="layerwise"))
-    assert lazy.report["pipeline"] == "layerwise"
-    assert lazy.report["dims"] == whole.report["dims"]
-    assert lazy.report["variants"] == whole.report["variants"]  # params and alignment of every variant
+    assert lazy.report.pipeline == "layerwise"
+    assert lazy.report.dims == whole.report.dims
+    assert lazy.report.variants == whole.report.variants  # params and alignment of every variant
     index = json.loads((lazy.out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) == 3  # one shard per layer, one for the rest
     expected, got = load(whole.out).model.state_dict(), load(lazy.out).model.state_dict()
@@ -78,10 +78,10 @@ def test_layerwise_report_carries_what_the_whole_report_does(source_dir, tmp_pat
                            tmp_path / "p.json")
     base = dict(model=str(source_dir), compressor="svd", ratio=0.2, text=TEXT, evaluate=False, progress=False,
                 profile=str(profile), latency=LatencyConfig(prefill_tokens=8))
-    whole = compress(CompressConfig(**base)).report
+    whole = compress(CompressConfig(**base)).report.to_dict()
     lazy = compress(CompressConfig(**base, out=str(tmp_path / "lazy"), pipeline="layerwise"))
-    assert json.loads((lazy.out / "report.json").read_text()) == json.loads(json.dumps(lazy.report))
-    lazy = lazy.report
+    assert json.loads((lazy.out / "report.json").read_text()) == json.loads(json.dumps(lazy.report.to_dict()))
+    lazy = lazy.report.to_dict()
     assert set(lazy) == set(whole) and (whole["pipeline"], lazy["pipeline"]) == ("whole", "layerwise")
     assert lazy["profile_excluded"] and lazy["profile_excluded"] == whole["profile_excluded"]
     for key in ("dims", "profile_excluded_dims", "budget_params", "variants", "saved_variant"):
@@ -109,13 +109,13 @@ def test_layerwise_perplexity_equals_whole_model(source_dir, tmp_path):
 
     base = dict(model=str(source_dir), compressor="asvd", ratio=0.4, text=TEXT, progress=False,
                 latency=LatencyConfig(warmup=0, prefill_rounds=1, decode_rounds=1, prefill_tokens=8))
-    whole = compress(CompressConfig(**base)).report["variants"]
-    lazy = compress(CompressConfig(**base, pipeline="layerwise")).report["variants"]
+    whole = compress(CompressConfig(**base)).report.variants
+    lazy = compress(CompressConfig(**base, pipeline="layerwise")).report.variants
     assert set(lazy) == {"baseline", "unaligned", "gac"}
     for variant in whole:
-        assert lazy[variant]["ppl"] == pytest.approx(whole[variant]["ppl"], rel=1e-5)
-        assert lazy[variant]["prefill_ms"] > 0 and lazy[variant]["decode_ms_per_token"] > 0  # timed per layer
-    assert whole["gac"]["ppl"] != pytest.approx(whole["baseline"]["ppl"], rel=1e-3)  # the variants differ
+        assert lazy[variant].ppl == pytest.approx(whole[variant].ppl, rel=1e-5)
+        assert lazy[variant].prefill_ms > 0 and lazy[variant].decode_ms_per_token > 0  # timed per layer
+    assert whole["gac"].ppl != pytest.approx(whole["baseline"].ppl, rel=1e-3)  # the variants differ
 
 
 @pytest.mark.subprocess

@@ -24,8 +24,7 @@ from gac.hw.heap import map_large_allocations, return_freed_memory
 from gac.models.adapters import LayerModules, adapter_for
 
 if TYPE_CHECKING:
-    from torch import nn
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ class Resident:
 
     lazy = False
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.device = input_device(model)
 
@@ -85,7 +84,7 @@ class LazyCheckpoint:
         # and under glibc's dynamic threshold these blocks would grow the heap by about a layer's weights per layer
         map_large_allocations()
         with init_empty_weights():  # parameters on meta; buffers (rotary frequencies) real
-            self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
+            self.model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
         self.model.eval()
         for module in self.model.modules():  # the real buffers onto the device (parameters stay on meta)
             for name, b in module._buffers.items():

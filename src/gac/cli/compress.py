@@ -360,42 +360,39 @@ def command(
         from gac.pipelines.memory import describe, forecast_of
 
         choice = plan_memory(cfg)
-        click.echo(describe(forecast_of(cfg, choice.pipeline), choice))
+        click.echo(describe(forecast_of(cfg, choice.pipeline), choice.reason))
         return
     result = compress(cfg)
-    if result.rank != 0:  # under torchrun rank 0 reports and writes; the others computed their shares
+    report = result.report
+    if report is None:  # under torchrun rank 0 reports and writes; the others computed their shares
         return
-    print_report(result.report)
-    how = result.report.get("latency_method") or {}
-    if how.get("method") == "per_layer":
+    print_report(report.to_dict())
+    how = report.latency_method
+    if how is not None and how.layers_timed is not None:  # timed layer by layer
         click.echo(
-            f"latency estimated layer by layer ({len(how['layers_timed'])} of {how['depth']} layers timed, "
+            f"latency estimated layer by layer ({len(how.layers_timed)} of {how.depth} layers timed, "
             "scaled by depth; see report.md)"
         )
-    a = result.report.get("auto")
+    a = report.auto
     if a:
         click.echo(f"compressor auto: kept {a['kept']} ({a['why']}); every compressor's figures in report.md")
-    t = result.report.get("target")
+    t = report.target
     if t:
         click.echo(
             f"target {t['name']}: {t['met']} of {t['constrained']} constrained dims meet it "
             f"(unaligned: {t['unaligned_met']}); see report.md"
         )
-    if result.report.get("heal"):
+    if report.heal:
         from gac.cli.heal import describe as describe_heal
 
-        for line in describe_heal(result.report["heal"]):
+        for line in describe_heal(report.heal):
             click.echo(line)
-    if result.report.get("quantization"):
+    q = report.quantization
+    if q:
         from gac.cli.quantize import describe as describe_quantization
 
-        for line in describe_quantization(result.report["quantization"]):
+        for line in describe_quantization(q):
             click.echo(line)
-    plots = "dims.png and heal.png" if result.report.get("heal") else "dims.png"
-    q = result.report.get("quantization")
-    what = (
-        f"{result.report['saved_variant']} model ({q['label']} quantized)"
-        if q
-        else f"{result.report['saved_variant']} model"
-    )
+    plots = "dims.png and heal.png" if report.heal else "dims.png"
+    what = f"{report.saved_variant} model ({q['label']} quantized)" if q else f"{report.saved_variant} model"
     click.echo(f"saved {what}, report.json, report.md and {plots} to {result.out}")

@@ -8,12 +8,16 @@ import datetime
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
+import torch
+
+from gac.checkpoint.placement import input_device, is_dispatched, placement_summary
 from gac.errors import GacError
-
-if TYPE_CHECKING:
-    import torch
+from gac.evaluate.latency import LatencyConfig, decode_timings, prefill_timings
+from gac.evaluate.perplexity import perplexity
+from gac.hw.device import device_name
+from gac.hw.timing import Timing
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +35,7 @@ class BenchConfig:
     decode_rounds: int = 32  # decode steps per model
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         points = tuple(tuple(p) for p in self.points)
         if not points or any(len(p) != 2 or min(p) < 1 for p in points):
             raise GacError(
@@ -58,7 +62,7 @@ def point_key(batch: int, seq: int) -> str:
 AA_SUFFIX = " (A/A)"
 
 
-def _timing_dict(t) -> dict:
+def _timing_dict(t: Timing) -> dict[str, Any]:
     d = {"median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "method": t.method}
     if t.launch_bound:
         d["launch_bound"] = True  # eager CUDA timing the host kept up with: leave it out of claims
@@ -74,8 +78,6 @@ def _split_aa(timings: dict, first: str) -> tuple[dict, dict | None]:
 
 def _placement(models: dict) -> tuple[torch.device, torch.dtype]:
     """(input device, dtype) shared by every model; mixing them would make the ratios meaningless."""
-    from gac.checkpoint.placement import input_device
-
     seen = {(input_device(m), next(m.parameters()).dtype) for m in models.values()}
     if len(seen) != 1:
         raise GacError(
@@ -97,12 +99,6 @@ def bench(models: dict, cfg: BenchConfig = BenchConfig(), held_out: dict | None 
     `device`) and "eager_note" says so (None when no model is dispatched). held_out: {model: windows [n, seq]}
     adds "ppl": {model: perplexity}.
     """
-    import torch
-
-    from gac.checkpoint.placement import is_dispatched, placement_summary
-    from gac.evaluate.latency import LatencyConfig, decode_timings, prefill_timings
-    from gac.hw.device import device_name
-
     if not models:
         raise GacError("nothing to bench: give at least one model")
     device, dtype = _placement(models)
@@ -161,8 +157,6 @@ def bench(models: dict, cfg: BenchConfig = BenchConfig(), held_out: dict | None 
         )
     )
     if held_out is not None:
-        from gac.evaluate.perplexity import perplexity
-
         result["ppl"] = {
             name: perplexity(m, held_out[name], desc=f"perplexity {name}", progress=False) for name, m in models.items()
         }

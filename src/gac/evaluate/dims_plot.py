@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from typing import BinaryIO
+
 from gac.models.dims import KINDS, Dim, InspectResult
 
 
@@ -10,7 +13,7 @@ def _category(d: Dim, alignments: tuple[int, ...]) -> str:
     return f"multiple of {max(fits)}" if fits else f"not a multiple of {alignments[0]}"
 
 
-def plot_dims(result: InspectResult, path) -> None:
+def plot_dims(result: InspectResult, path: str | os.PathLike[str] | BinaryIO) -> None:
     """Scatter of the listed dims by layer (log scale), coloured by the largest alignment each dim meets."""
     import matplotlib
 

@@ -10,13 +10,18 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from gac.checkpoint.placement import input_device
 from gac.errors import GacError
 from gac.hw.timing import Timing, time_interleaved
+from gac.io.validate import field_integer
 from gac.models.adapters import text_config
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -30,34 +35,32 @@ class LatencyConfig:
     seed: int = 0
     cuda_graphs: bool = True  # on CUDA, time graph replays (False: eager calls, launch-bound for small models)
 
-    def __post_init__(self):
-        from gac.io.validate import field_integer
-
+    def __post_init__(self) -> None:
         for name in ("prefill_tokens", "batch", "decode_context", "prefill_rounds", "decode_rounds"):
             field_integer(getattr(self, name), name, example=getattr(LatencyConfig, name))
         field_integer(self.warmup, "warmup", minimum=0, example=2)
 
 
-def _tokens(model, batch: int, seq: int, seed: int) -> torch.Tensor:
+def _tokens(model: PreTrainedModel, batch: int, seq: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     vocab = text_config(model.config).vocab_size
     return torch.randint(0, vocab, (batch, seq), generator=g)  # [B, S], the same for every model
 
 
-def prefill_call(model, batch: int, seq: int, seed: int = 0) -> Callable[[], object]:
+def prefill_call(model: PreTrainedModel, batch: int, seq: int, seed: int = 0) -> Callable[[], object]:
     """One forward pass over [batch, seq] tokens without a cache, logits for the last position only."""
     device = input_device(model)
     ids = _tokens(model, batch, seq, seed).to(device)  # [B, S]
     return lambda: model(ids, use_cache=False, logits_to_keep=1)
 
 
-def cache_argument(model) -> str:
+def cache_argument(model: PreTrainedModel) -> str:
     """The forward's name for the KV cache: `cache` since transformers 5.x renamed it (the old name still works there
     but warns), `past_key_values` before."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def decode_call(model, batch: int, context: int, seed: int = 0) -> Callable[[], object]:
+def decode_call(model: PreTrainedModel, batch: int, context: int, seed: int = 0) -> Callable[[], object]:
     """One decode step per call at a fixed position: a static KV cache holds `context` tokens (prefilled once) and
     each call writes the next token's keys and values at position `context` (the same work every call)."""
     from transformers import StaticCache
@@ -85,7 +88,7 @@ def decode_call(model, batch: int, context: int, seed: int = 0) -> Callable[[], 
     step = ids[:, context:]  # [B, 1]
     position = torch.tensor([context], device=device)
 
-    def call():
+    def call() -> object:
         for c in counters:
             c.fill_(context)
         return model(step, **kw, cache_position=position, use_cache=True, logits_to_keep=1)

@@ -7,8 +7,11 @@ timed and scaled by depth. Memory: one layer of each variant, as the pipeline ho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
+import torch
 from torch import nn
 
 from gac.evaluate.latency import LatencyConfig, measure_latency
@@ -21,7 +24,7 @@ FIGURES = ("prefill_ms", "decode_ms_per_token")
 class PassThrough(nn.Module):
     """Stands in for a decoder layer: returns its hidden states unchanged (what the model costs without it)."""
 
-    def forward(self, hidden_states, *args, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         return hidden_states
 
 
@@ -32,6 +35,23 @@ def layers_to_time(depth: int, count: int = LAYERS_TIMED) -> list[int]:
     return sorted({round(k * (depth - 1) / (count - 1)) for k in range(count)})
 
 
+@dataclass(frozen=True)
+class LatencyMethod:
+    """How a run's latencies were obtained (report.json's latency_method): whole models, or layer by layer."""
+
+    method: str  # "whole_model" or "per_layer"
+    how: str
+    layers_timed: list[int] | None = None  # per layer: the layers timed, of `depth`
+    depth: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        return {k: out[k] for k in ("method", "layers_timed", "depth", "how") if out[k] is not None}
+
+
+WHOLE_MODEL = LatencyMethod("whole_model", "every variant timed whole on the device, side by side")
+
+
 @dataclass
 class LayerLatency:
     """Collects per-layer timings as the layers go by (time_layer), then each variant's figures (figures)."""
@@ -39,21 +59,23 @@ class LayerLatency:
     cfg: LatencyConfig
     depth: int
     layers: list[int] = field(default_factory=list)  # the layers timed; default: layers_to_time(depth)
-    timings: dict = field(default_factory=dict)  # {layer: {name: measure_latency's figures}}
+    timings: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)  # {layer: measure_latency(...)}
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.layers = self.layers or layers_to_time(self.depth)
 
     def wants(self, i: int) -> bool:
         return i in self.layers
 
-    def time_layer(self, i: int, layers: dict, one_layer_model) -> None:
+    def time_layer(
+        self, i: int, layers: dict[str, nn.Module], one_layer_model: Callable[[nn.Module], nn.Module]
+    ) -> None:
         """Time layer i of every variant side by side. layers: {variant: its layer i (nn.Module)};
         one_layer_model(layer): a model whose decoder layers are [layer] alone (tensors shared, no copy)."""
         models = {name: one_layer_model(layer) for name, layer in {**layers, OUTSIDE: PassThrough()}.items()}
         self.timings[i] = measure_latency(models, self.cfg)
 
-    def figures(self) -> dict:
+    def figures(self) -> dict[str, dict[str, float]]:
         """{variant: {prefill_ms, prefill_spread_pct, decode_ms_per_token, decode_spread_pct}}: outside the layers
         (the mean over the layers timed) plus the layers' times scaled to the depth; the spread is the largest of the
         timed layers' (a whole-model timing of its own is not made)."""
@@ -73,16 +95,13 @@ class LayerLatency:
             out[name] = figures
         return out
 
-    def method(self) -> dict:
-        """report.json's latency_method for these figures."""
-        return {
-            "method": "per_layer",
-            "layers_timed": sorted(self.timings),
-            "depth": self.depth,
-            "how": "each variant's decoder layer timed alone in its model, side by side with the others and "
-            "with a pass-through in its place; layer time = difference, summed over the layers timed "
-            "and scaled by depth, plus the pass-through's time (embeddings, final norm, head)",
-        }
-
-
-WHOLE_MODEL = {"method": "whole_model", "how": "every variant timed whole on the device, side by side"}
+    def method(self) -> LatencyMethod:
+        """How these figures were obtained."""
+        return LatencyMethod(
+            "per_layer",
+            "each variant's decoder layer timed alone in its model, side by side with the others and with a "
+            "pass-through in its place; layer time = difference, summed over the layers timed and scaled by depth, "
+            "plus the pass-through's time (embeddings, final norm, head)",
+            layers_timed=sorted(self.timings),
+            depth=self.depth,
+        )

@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
+
+from gac.checkpoint.placement import input_device
+from gac.distributed import sum_numbers, windows_share, world
 
 
 @torch.inference_mode()
 def perplexity(
-    model,
+    model: nn.Module,
     windows: torch.Tensor,
     *,
     batch_size: int = 4,
@@ -21,9 +25,6 @@ def perplexity(
     """exp(mean next-token NLL) over all predicted tokens of windows [n, seq]. Under torchrun each rank runs its
     share of the windows and the NLL sums and token counts are all-reduced: every rank calls it (`ledger` names the
     windows in the report's record of what each rank computed)."""
-    from gac.checkpoint.placement import input_device
-    from gac.distributed import sum_numbers, windows_share, world
-
     device = input_device(model)  # a model dispatched by accelerate moves the batch on from there
     nll, count = 0.0, 0
     if world().active:
@@ -44,7 +45,7 @@ def perplexity(
     return math.exp(nll / count)
 
 
-def mean_loss(model, windows: torch.Tensor) -> float:
+def mean_loss(model: nn.Module, windows: torch.Tensor) -> float:
     """Mean next-token loss in nats on token windows [n, seq] (log perplexity): how --compressor auto and the
     --speedup guard compare models, on held-back calibration windows (gac.calibration.texts.held_back_windows)."""
     return math.log(perplexity(model, windows, desc="held-back loss", progress=False))

@@ -1,68 +1,15 @@
-"""report.json (a contract, docs/DESIGN.md): the Report a run builds once, its JSON, and a readable report.md table."""
+"""report.json (a contract, docs/DESIGN.md) as text: its JSON and a readable report.md table, both made from
+report.json's object (gac.pipelines.outputs.Report.to_dict), the edge where the typed report becomes JSON."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import dataclass
+from typing import Any
 
 VARIANTS = ("baseline", "unaligned", "gac")
 
 
-@dataclass
-class Report:
-    """One `gac compress` run's report, built once (gac.pipelines.outputs) whichever the pipeline; to_dict() is
-    report.json. The sections of one objective (defaults None) are left out of the JSON under the other."""
-
-    model: str
-    compressor: str
-    ratio: float | None  # null under --speedup, which has no ratio
-    alignment: int
-    device: str
-    device_name: str
-    dtype: str
-    compressible_params: int  # |W|: parameters of all weights the compressor may touch
-    budget_params: int  # floor((1 - ratio) |W|); |W| under --speedup
-    compressor_options: dict
-    profile: str | None
-    latency: dict  # the gac.evaluate.latency.LatencyConfig the variants were timed with
-    eval_tokens: int
-    versions: dict
-    threads: int
-    pipeline: str  # "whole" or "layerwise"
-    variants: dict  # {variant: {params, aligned_fraction, ppl, prefill_ms, decode_ms_per_token, ...}}
-    dims: dict  # {variant: {group: dim}} of the groups each variant reduced
-    saved_variant: str
-    selection: dict | None = None  # --ratio: the knapsack's result (gac.align.plan.SelectionResult less its dims)
-    objective: dict | None = None  # --speedup: the latency objective's options ...
-    latency_objective: dict | None = None  # ... and its closed loop (gac.objectives.latency.outcome.LatencyOutcome)
-    target: dict | None = None  # which dims the deployment target constrained, and why
-    profile_excluded: dict | None = None  # {group: {dim: why}}: the aligned dims a hardware profile ruled out
-    heal: dict | None = None  # --heal: the saved variant's healing (gac.heal.run.heal_model's report)
-    quantization: dict | None = None  # --quantize: the saved variant's quantization (quantize.json's content)
-    pipeline_choice: dict | None = None  # why this pipeline: its reason, the whole-model forecast, the memory available
-    latency_method: dict | None = None  # how the latencies were obtained (whole models, or layer by layer)
-    auto: dict | None = None  # --compressor auto: every compressor's predicted and measured figures, which was kept
-    experts_kept: dict | None = None  # --drop-experts: {MoE layer's experts module: experts the saved variant kept}
-    distributed: dict | None = None  # under torchrun: world size, backend, and what each rank computed
-    stages_s: dict | None = None  # wall seconds of each stage but the write (gac.pipelines.stages), rank 0's
-
-    def to_dict(self) -> dict:
-        """report.json's object: every field, those of another objective (None) left out; profile_excluded with
-        its count (profile_excluded_dims) and its dims as JSON keys."""
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.default is not dataclasses.MISSING:
-                continue
-            if f.name == "profile_excluded":
-                out["profile_excluded_dims"] = sum(map(len, value.values()))
-                value = {name: {str(d): why for d, why in sorted(dims.items())} for name, dims in value.items()}
-            out[f.name] = value
-        return out
-
-
-def report_json(report: dict) -> str:
+def report_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2)
 
 
@@ -74,7 +21,7 @@ def kept_round(latency_objective: dict, stream: str) -> dict:
     return next((row for row in rows if row["round"] == g.get("round")), {})
 
 
-def _fmt(x, spec):
+def _fmt(x: float | None, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 

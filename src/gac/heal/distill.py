@@ -8,12 +8,20 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from gac.distributed import collective, sum_numbers, windows_share, world
 from gac.errors import ConfigError, literal
+from gac.heal.parallel import check_ranks, data_parallel, step_losses, step_share, taken_by_rank
+from gac.io.validate import field_integer, field_real
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
 log = logging.getLogger(__name__)
 # the --heal-tokens budget: 96 steps of 2 x 512 tokens, sized to a quarter of an hour on a small CPU with native bf16
@@ -46,9 +54,7 @@ class DistillConfig:
     precision: str = "auto"  # --heal-precision: matmuls in bf16 (weights, optimizer and loss in fp32) or fp32;
     # auto: bf16 where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else fp32
 
-    def __post_init__(self):
-        from gac.io.validate import field_integer, field_real
-
+    def __post_init__(self) -> None:
         # fields named as HealConfig holds them (distill.tokens): the CLI words them as its --heal-* flags
         field_integer(self.tokens, "distill.tokens", example=DEFAULT_TOKENS)
         field_integer(self.batch, "distill.batch", example=2)
@@ -69,7 +75,7 @@ class DistillConfig:
     def steps(self, seq_len: int) -> int:
         return max(1, self.tokens // (self.batch * seq_len))
 
-    def compute_dtype(self, device) -> torch.dtype:
+    def compute_dtype(self, device: str | torch.device) -> torch.dtype:
         """The dtype the forward and backward matmuls run in on `device` (autocast): what `precision` resolves to."""
         if self.precision != "auto":
             return torch.bfloat16 if self.precision == "bf16" else torch.float32
@@ -81,7 +87,7 @@ class DistillConfig:
         return torch.bfloat16 if native else torch.float32
 
 
-def autocast(device, dtype: torch.dtype):
+def autocast(device: str | torch.device, dtype: torch.dtype) -> torch.autocast:
     """Mixed precision for the distillation's forwards and backward (a no-op for fp32)."""
     device = torch.device(device)
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
@@ -119,7 +125,9 @@ class DistillResult:
         }
 
 
-def trainable_parameters(model, original=None, which: str = "all") -> list[torch.nn.Parameter]:
+def trainable_parameters(
+    model: PreTrainedModel, original: PreTrainedModel | None = None, which: str = "all"
+) -> list[torch.nn.Parameter]:
     """The tensors healing trains, never the token embeddings or the output head (tied on small models: a third of
     SmolLM2's parameters, trained on few tokens they overfit the words seen). "all": every other parameter of the
     decoder. "changed": of those, every vector (norms, biases) and every matrix the compression changed, that is one
@@ -134,9 +142,11 @@ def trainable_parameters(model, original=None, which: str = "all") -> list[torch
     params = [(n, p) for n, p in model.named_parameters() if id(p) not in frozen]
     if which == "all":
         return [p for _, p in params]
+    if original is None:
+        raise ValueError('which="changed" compares with the original: pass it')
     kept = dict(original.named_parameters())
 
-    def unchanged(name, p):
+    def unchanged(name: str, p: torch.nn.Parameter) -> bool:
         o = kept.get(name)
         return o is not None and o.shape == p.shape and torch.equal(o.detach().to(p.device), p.detach())
 
@@ -152,19 +162,29 @@ def loss_name(config: dict) -> str:
 
 
 def distillation_loss(
-    student_out, teacher_out, hidden_weight: float, tokens=None, ce_weight: float = 0.0
+    student_out: CausalLMOutputWithPast,
+    teacher_out: CausalLMOutputWithPast,
+    hidden_weight: float,
+    tokens: torch.Tensor | None = None,
+    ce_weight: float = 0.0,
 ) -> torch.Tensor:
     """KL(teacher || student) of the next-token distributions, mean per token; plus hidden_weight x the mean over
     layers of each layer output's squared error relative to the teacher's mean square; plus ce_weight x the
     student's cross-entropy on the next tokens of `tokens` [B, S] (the windows both models read)."""
+    if student_out.logits is None or teacher_out.logits is None:
+        raise ValueError("distillation compares both models' logits: run them with their heads")
     s = F.log_softmax(student_out.logits.float().flatten(0, -2), dim=-1)  # [B*S, V]
     t = F.log_softmax(teacher_out.logits.float().flatten(0, -2), dim=-1)
     loss = F.kl_div(s, t, log_target=True, reduction="batchmean")
     if hidden_weight:
+        if student_out.hidden_states is None or teacher_out.hidden_states is None:
+            raise ValueError("a hidden-state term needs both models' hidden states (output_hidden_states=True)")
         pairs = list(zip(student_out.hidden_states[1:], teacher_out.hidden_states[1:]))  # [B, S, D] per layer
         hidden = sum(F.mse_loss(sh, th) / th.pow(2).mean().clamp_min(1e-12) for sh, th in pairs) / len(pairs)
         loss = loss + hidden_weight * hidden
     if ce_weight:  # each position's next token; a window's last position has none (ignored: s is not copied)
+        if tokens is None:
+            raise ValueError("a cross-entropy term needs the windows' tokens")
         following = F.pad(tokens[:, 1:], (0, 1), value=IGNORED).flatten()  # [B*S]
         loss = loss + ce_weight * F.nll_loss(s, following, ignore_index=IGNORED)
     return loss
@@ -178,14 +198,20 @@ def _schedule(step: int, steps: int, warmup: float) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, steps - w)))
 
 
-def _restore(params, best_state) -> None:
+def _restore(params: list[torch.nn.Parameter], best_state: list[torch.Tensor]) -> None:
     """The kept tensors back into the trained ones, in place."""
     with torch.no_grad():
         for p, kept in zip(params, best_state):
             p.copy_(kept)
 
 
-def _back_off(params, best_state, opt, sched, factor: float) -> None:
+def _back_off(
+    params: list[torch.nn.Parameter],
+    best_state: list[torch.Tensor],
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LambdaLR,
+    factor: float,
+) -> None:
     """After an evaluation without improvement: the best tensors back, the optimizer's moments forgotten and the
     learning rate (the schedule's peak and the current one) times `factor`, so a step size that overshoots a student
     close to its teacher costs one evaluation interval, not the run."""
@@ -198,13 +224,16 @@ def _back_off(params, best_state, opt, sched, factor: float) -> None:
 
 @torch.inference_mode()
 def held_out_loss(
-    student, teacher, windows: torch.Tensor, batch: int, dtype: torch.dtype = torch.float32, ce_weight: float = 0.0
+    student: PreTrainedModel,
+    teacher: PreTrainedModel,
+    windows: torch.Tensor,
+    batch: int,
+    dtype: torch.dtype = torch.float32,
+    ce_weight: float = 0.0,
 ) -> float:
     """The distillation loss (no hidden-state term) per token on windows [n, seq] never trained on: the
     early-stopping loss. Under torchrun each rank runs its share of the windows and the sums are all-reduced: every
     rank calls it."""
-    from gac.distributed import sum_numbers, windows_share, world
-
     device = next(student.parameters()).device
     total = 0.0
     if world().active:
@@ -222,16 +251,18 @@ def held_out_loss(
 
 
 def distill(
-    student, teacher, train: torch.Tensor, val: torch.Tensor, cfg: DistillConfig, progress: bool = True
+    student: PreTrainedModel,
+    teacher: PreTrainedModel,
+    train: torch.Tensor,
+    val: torch.Tensor,
+    cfg: DistillConfig,
+    progress: bool = True,
 ) -> DistillResult:
     """Train `student` in place to match `teacher` on token windows `train` [n, seq]; every cfg.eval_every steps its
     distillation loss on `val` [m, seq] (held_out_loss; never trained on) is measured and the best tensors are kept;
     an evaluation without improvement brings the best tensors back at cfg.backoff times the learning rate, and
     cfg.patience of them in a row stop the run. Returns the run's figures. Under torchrun every rank calls it with
     the same windows and trains its share of each step's (gac.heal.parallel): the same steps as one process."""
-    from gac.distributed import collective, world
-    from gac.heal.parallel import check_ranks, data_parallel, step_losses, step_share, taken_by_rank
-
     check_ranks(cfg.batch, world().size)
     device = next(student.parameters()).device
     params = trainable_parameters(student, teacher, cfg.train)

@@ -4,19 +4,21 @@ marked) and each evaluation text's perplexity before and after, as a ratio to th
 from __future__ import annotations
 
 import io
+import os
 import textwrap
+from typing import Any, BinaryIO
+
+from gac.heal.distill import loss_name
 
 PLOT_FILE = "heal.png"  # beside heal.json in `gac heal`'s output and beside report.json after `gac compress --heal`
 
 
-def plot_heal(report: dict, path) -> None:
+def plot_heal(report: dict[str, Any], path: str | os.PathLike[str] | BinaryIO) -> None:
     """Draw gac.heal.run.heal_model's `report` to `path` (a file name or a binary file object) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from gac.heal.distill import loss_name
 
     run, ratio, names = report["run"], report["ratio_to_original"], report["texts"]
     config = report.get("config", {})

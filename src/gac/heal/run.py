@@ -9,15 +9,28 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gac.calibration.texts import TextConfig
+from gac.checkpoint.gac_dir import MODELING_HASH, check_out_dir, is_gac_dir, load, plan_record, read_plan, save
+from gac.checkpoint.loading import EMBEDDED, load_model
+from gac.distributed import barrier, broadcast_object, from_env, session
 from gac.errors import ConfigError, GacError, literal
-from gac.heal.distill import DistillConfig
+from gac.heal.distill import DistillConfig, distill
+from gac.heal.parallel import check_ranks
+from gac.heal.plot import PLOT_FILE, heal_png
+from gac.heal.samples import sample_windows
+from gac.heal.texts import VAL_WINDOWS, HealTexts, heal_windows
+from gac.io import validate
+from gac.io.validate import field_integer
+from gac.models.groups import compressed_dims_of
+from gac.models.structure import structure_of
 
 if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from gac.distributed import World
-    from gac.heal.texts import HealTexts
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +54,14 @@ class HealConfig:
     dist_timeout_s: float | None = None  # under torchrun: how long a rank waits for the others at a collective (None:
     # GAC_DIST_TIMEOUT, else gac.distributed.DEFAULT_TIMEOUT_S)
 
-    def __post_init__(self):
-        from gac.heal.texts import VAL_WINDOWS
-        from gac.io.validate import field_integer
-
+    def __post_init__(self) -> None:
         if self.samples != 0:  # some for early stopping, at least one to train on (or 0: none)
             field_integer(self.samples, "samples", minimum=VAL_WINDOWS + 1, example=64, also="0 for none")
         if self.dist_timeout_s is not None and not self.dist_timeout_s > 0:
             raise ConfigError(f"dist_timeout_s {self.dist_timeout_s} must be positive, e.g. {{dist_timeout_s:300}}")
 
-    def windows(self, tokenizer):
+    def windows(self, tokenizer: PreTrainedTokenizerBase) -> HealTexts:
         """The texts' token windows (gac.heal.texts.HealTexts): read before any model, so a bad text fails first."""
-        from gac.heal.texts import heal_windows
-
         return heal_windows(
             tokenizer,
             heal_file=self.heal_file,
@@ -84,8 +92,6 @@ def original_of(model_dir: Path, plan: dict) -> str:
 
 
 def _check_original(original: str, model_dir: Path, given: bool) -> None:
-    from gac.checkpoint.loading import EMBEDDED
-
     path = Path(original).expanduser()
     looks_local = original.startswith((".", "/", "~")) or original.count("/") != 1 or path.exists()
     if original not in EMBEDDED and looks_local and not path.exists():
@@ -96,9 +102,7 @@ def _check_original(original: str, model_dir: Path, given: bool) -> None:
         )
 
 
-def _check_teacher(teacher, student, original: str) -> None:
-    from gac.models.groups import compressed_dims_of
-
+def _check_teacher(teacher: PreTrainedModel, student: PreTrainedModel, original: str) -> None:
     if compressed_dims_of(teacher):
         raise ConfigError(
             f"the original model {literal(original)} is itself compressed: pass the uncompressed model the output "
@@ -112,7 +116,7 @@ def _check_teacher(teacher, student, original: str) -> None:
         )
 
 
-def _tokenizer(path: Path):
+def _tokenizer(path: Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     try:
@@ -123,21 +127,15 @@ def _tokenizer(path: Path):
         ) from None
 
 
-def _shape(model) -> tuple:
+def _shape(model: nn.Module) -> tuple[dict[str, Any], int]:
     """(structure, parameter count): what healing must leave as it found it."""
-    from gac.models.structure import structure_of
-
     return structure_of(model), sum(p.numel() for p in model.parameters())
 
 
-def heal_model(student, teacher, texts, cfg: HealConfig) -> dict:
+def heal_model(student: PreTrainedModel, teacher: PreTrainedModel, texts: HealTexts, cfg: HealConfig) -> dict[str, Any]:
     """Distill `student` (a compressed model, trained in place) from `teacher` (its original) on `texts`
     (cfg.windows(tokenizer)) and return the report: perplexity before and after on the held-out docs and on the
     unlike texts, the original's beside, and the run."""
-    from gac.distributed import broadcast_object
-    from gac.heal.distill import distill
-    from gac.heal.samples import sample_windows
-
     if texts.dropped:
         log.info("healing: %d windows sharing text with the evaluation windows left out", texts.dropped)
     shape = _shape(student)
@@ -192,11 +190,6 @@ def heal_dir(model: str, out: str, cfg: HealConfig) -> HealOutput:
     heal.png. Under torchrun every rank loads both models and trains its share of each step (gac.heal.parallel);
     rank 0 alone writes, with heal.json's `distributed` recording what each rank computed, and the others write
     nothing (out None)."""
-    from gac.checkpoint.gac_dir import check_out_dir, is_gac_dir, read_plan
-    from gac.distributed import from_env, session
-    from gac.heal.parallel import check_ranks
-    from gac.io import validate
-
     validate.not_quantized(model, "heal")  # healing trains float weights: heal first, then quantize
     rank, size, _ = from_env()
     if rank == 0:
@@ -219,11 +212,6 @@ def _heal_and_save(
     model: str, out: str, source: tuple[dict, str], texts: HealTexts, cfg: HealConfig, world: World
 ) -> HealOutput:
     """heal_dir's work once its input is checked: `source` is the model's plan and its original."""
-    from gac.checkpoint.gac_dir import MODELING_HASH, load, plan_record, save
-    from gac.checkpoint.loading import load_model
-    from gac.distributed import barrier
-    from gac.heal.plot import PLOT_FILE, heal_png
-
     plan, original = source
     loaded = load(Path(model).expanduser(), device=cfg.device)
     teacher = load_model(original, device=cfg.device).model

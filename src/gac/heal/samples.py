@@ -5,11 +5,16 @@ generations of the model it quantizes)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from gac.heal.distill import autocast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 BATCH = 32  # windows generated together
 
@@ -17,17 +22,23 @@ BATCH = 32  # windows generated together
 class _Ticks(LogitsProcessor):
     """Moves a progress bar by one token a sequence at each generation step; the scores pass unchanged."""
 
-    def __init__(self, bar):
+    def __init__(self, bar: tqdm) -> None:
         self.bar = bar
 
-    def __call__(self, input_ids, scores):
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self.bar.update(input_ids.shape[0])
         return scores
 
 
 @torch.inference_mode()
 def sample_windows(
-    model, n: int, seq_len: int, *, seed: int, dtype: torch.dtype = torch.float32, progress: bool = True
+    model: PreTrainedModel,
+    n: int,
+    seq_len: int,
+    *,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    progress: bool = True,
 ) -> torch.Tensor:
     """[n, seq_len] token windows drawn from `model`: each starts at a token drawn uniformly from the vocabulary and
     goes on with tokens sampled from the model's own next-token distribution (temperature 1, no truncation, no end
@@ -51,7 +62,8 @@ def sample_windows(
             first = torch.randint(0, model.config.vocab_size, (min(BATCH, n - start), 1), device=device)
             bar.update(first.numel())
             with autocast(device, dtype):
-                out = model.generate(
+                # a causal LM mixes GenerationMixin in; PreTrainedModel itself declares no generate
+                out = model.generate(  # type: ignore[operator]
                     first,
                     attention_mask=torch.ones_like(first),
                     generation_config=how,

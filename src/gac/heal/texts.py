@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
+from gac.calibration.texts import pydoc_split, read_text, stdlib_sources, token_windows, unlike_texts
+from gac.distributed import broadcast_object, world
 from gac.errors import ConfigError, GacError
+from gac.evaluate.perplexity import perplexity
+from gac.hw.profile import cache_root
+from gac.io.atomic import write_text
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -34,24 +45,18 @@ class HealTexts:
         """{id: windows} of every evaluation text: the held-out text ("held_out"), then each unlike text."""
         return {"held_out": self.held_out, **self.unlike}
 
-    def perplexities(self, model, who: str = "model", progress: bool = True) -> dict:
+    def perplexities(self, model: nn.Module, who: str = "model", progress: bool = True) -> dict:
         """{id: perplexity of `model`} on every evaluation text (`who` names it in the progress bars); under torchrun
         each rank evaluates its share of each text's windows (the report's ledger names them windows_<id>)."""
-        from gac.evaluate.perplexity import perplexity
-
         return {
             k: perplexity(model, w, desc=f"perplexity {who} {k}", progress=progress, ledger=f"windows_{k}")
             for k, w in self.evaluated().items()
         }
 
-    def cached_perplexities(self, model, who: str = "model", progress: bool = True) -> dict:
+    def cached_perplexities(self, model: nn.Module, who: str = "model", progress: bool = True) -> dict:
         """perplexities(), measured once for a model's tensors on these windows (with this torch, on this device) and
         then read back from gac's cache: the original's, which every healing of its compressions reports. Under
         torchrun rank 0 alone reads and writes the cache and tells the others whether to measure."""
-        from gac.distributed import broadcast_object, world
-        from gac.hw.profile import cache_root
-        from gac.io.atomic import write_text
-
         path = cache_root() / "perplexity" / f"{_fingerprint(model, self.evaluated())}.json"
         cached = None
         if world().is_main:
@@ -95,10 +100,8 @@ class HealTexts:
         )
 
 
-def _fingerprint(model, windows: dict) -> str:
+def _fingerprint(model: nn.Module, windows: dict[str, torch.Tensor]) -> str:
     """A hash of the model's tensors, the windows {id: [n, seq]}, the torch version and the device type."""
-    import hashlib
-
     h = hashlib.sha256(f"{torch.__version__} {next(model.parameters()).device.type}".encode())
     for name, t in [*model.state_dict().items(), *windows.items()]:
         h.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
@@ -123,15 +126,19 @@ def sharing(windows: torch.Tensor, evaluation: Iterable[torch.Tensor]) -> torch.
 
 
 def heal_windows(
-    tokenizer, *, heal_file: str | None, eval_file: str | None, unlike_file: str | None, seq_len: int, eval_windows: int
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    heal_file: str | None,
+    eval_file: str | None,
+    unlike_file: str | None,
+    seq_len: int,
+    eval_windows: int,
 ) -> HealTexts:
     """Windows of the healing text (`heal_file`, or by default the standard library's sources then the calibration text,
     SOURCES_SHARE times its tokens of sources) less any that share text with the evaluation windows, its last
     VAL_WINDOWS set aside for early stopping; the held-out evaluation windows (the default held-out docs, or
     `eval_file`); and the texts unlike the calibration text (gac.calibration.texts.unlike_texts, or `unlike_file`). A
     text too short for this is refused in one line."""
-    from gac.calibration.texts import pydoc_split, read_text, stdlib_sources, token_windows, unlike_texts
-
     calib, docs = pydoc_split()
     held_text = read_text(eval_file, "--eval-file") if eval_file else docs
     unlike_named = {"unlike": (unlike_file, read_text(unlike_file, "--unlike-file"))} if unlike_file else unlike_texts()

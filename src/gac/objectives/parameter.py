@@ -235,7 +235,7 @@ class ParameterObjective(Objective[SelectionResult]):
         )
 
     def report_sections(self, selected: Selected[SelectionResult], cfg: RunConfig) -> dict[str, Any]:
-        return {"selection": {k: v for k, v in selected.selection.to_dict().items() if k != "dims"}}
+        return {"selection": selected.selection}
 
     def candidate_config(self, cfg: C, groups: Sequence[DimGroup], common: int) -> C:
         """`cfg` at the candidate's own ratio removing what cfg.ratio removes of the `common` parameters: one

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from gac.compressors import make_compressor
+from gac.config import CompressConfig
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -29,7 +32,9 @@ if TYPE_CHECKING:
 class Opened:
     """A run's model as its pipeline opened it."""
 
-    model: nn.Module  # whole in memory, or (layer by layer) a shell whose layers the source brings in one at a time
+    model: (
+        PreTrainedModel  # whole in memory, or (layer by layer) a shell whose layers the source brings in one at a time
+    )
     tokenizer: PreTrainedTokenizerBase | None  # None: none beside the weights (a run then stops)
     name: str  # the model's name in report.json
     source: LazyCheckpoint | Resident | None = None  # layer by layer: where each layer's weights are read from
@@ -41,14 +46,6 @@ class Measured:
 
     ppl: dict  # {variant or "baseline": float}
     latency: LayerLatency
-
-
-@dataclass
-class CompressResult:
-    report: dict  # report.json's content (gac.evaluate.report.Report.to_dict)
-    out: Path | None
-    models: dict  # variant name -> model (kept for callers that go on using them)
-    rank: int = 0  # under torchrun, this process's rank: rank 0 alone has the report and wrote the output
 
 
 class Pipeline(ABC):
@@ -67,23 +64,28 @@ class Pipeline(ABC):
         return None  # here every compressor runs
 
     @abstractmethod
-    def open(self, cfg) -> Opened:
+    def open(self, cfg: CompressConfig) -> Opened:
         """The model to compress, its tokenizer and name (and, layer by layer, its weight source)."""
 
     @abstractmethod
     def analyze(
-        self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor, held_back: torch.Tensor | None = None
+        self,
+        opened: Opened,
+        calib: torch.Tensor,
+        cfg: CompressConfig,
+        compressor: Compressor,
+        held_back: torch.Tensor | None = None,
     ) -> Analyzed:
         """Calibrate on `calib` [n, seq] and let the compressor analyze every group; the model is not changed."""
 
-    def output(self, cfg) -> contextlib.AbstractContextManager[Path | None]:
+    def output(self, cfg: CompressConfig) -> contextlib.AbstractContextManager[Path | None]:
         """The directory the saved variant's weights are streamed to while it is cut (None: saved whole at the end,
         or no output)."""
         return contextlib.nullcontext()
 
     @abstractmethod
     def materialize(
-        self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor, streamed_to: Path | None
+        self, opened: Opened, selected: Selected, cfg: CompressConfig, held_out: torch.Tensor, streamed_to: Path | None
     ) -> tuple[dict, Measured | None]:
         """({variant: model}, the baseline first; what was measured on the way, else None)."""
 
@@ -92,7 +94,7 @@ class Pipeline(ABC):
         self,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
-        cfg,
+        cfg: CompressConfig,
         *,
         plan: dict,
         files: dict,
@@ -104,12 +106,10 @@ class Pipeline(ABC):
 
 
 def compressor_groups(
-    model: nn.Module, cfg, compressor: Compressor | None = None
+    model: nn.Module, cfg: CompressConfig, compressor: Compressor | None = None
 ) -> tuple[Compressor, Sequence[DimGroup]]:
     """(the run's compressor, built from cfg where not given and set to its factorization; its groups on `model`),
     the objective's target checked from the shapes alone, before any calibration (the parameter objective's budget)."""
-    from gac.compressors import make_compressor
-
     compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
     compressor.factorization = cfg.factorization_method
     groups = compressor.groups(model)

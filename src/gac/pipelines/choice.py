@@ -5,10 +5,17 @@ now)."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from gac.config import AUTO_PIPELINE, WHOLE_MODEL
+import torch
+
+from gac.checkpoint.placement import parse_max_memory
+from gac.compressors import AUTO
+from gac.config import AUTO_PIPELINE, WHOLE_MODEL, CompressConfig
 from gac.errors import ConfigError, GacError, literal
+from gac.hw.device import check_device
 from gac.pipelines import check_pipeline, get_pipeline
 from gac.pipelines.memory import GIB, forecast_of
 
@@ -75,17 +82,11 @@ def available_memory(device: str = "cpu", max_memory: str | dict | None = None) 
     """The memory a run on `device` may use: --max-memory's entry for it when given, else what the device has free
     now (CUDA: the driver's free memory; CPU: the least of MemAvailable, psutil's figure when installed, and the
     room left under a cgroup limit). None when nothing can be read."""
-    from gac.checkpoint.placement import parse_max_memory
-
     limits = parse_max_memory(max_memory) or {}
     key = "cpu" if not str(device).startswith("cuda") else int(str(device).partition(":")[2] or 0)
     if key in limits:
         return Available(limits[key], f"--max-memory {'cpu' if key == 'cpu' else key}")
     if key != "cpu":
-        import torch
-
-        from gac.hw.device import check_device
-
         check_device(device)  # CUDA there at all, before the driver is asked
         return Available(int(torch.cuda.mem_get_info(key)[0]), f"cuda:{key} free memory")
     figures = [f for f in (_meminfo_available(), _psutil_available(), _cgroup_room()) if f is not None]
@@ -93,8 +94,6 @@ def available_memory(device: str = "cpu", max_memory: str | dict | None = None) 
 
 
 def _meminfo_available() -> Available | None:
-    from pathlib import Path
-
     try:
         lines = Path("/proc/meminfo").read_text().splitlines()
     except OSError:
@@ -119,8 +118,6 @@ CGROUP_FILES = (
 
 def _cgroup_room() -> Available | None:
     """Limit minus usage of this process's memory cgroup (v2, else v1); None without a limit."""
-    from pathlib import Path
-
     for limit_file, usage_file in CGROUP_FILES:
         try:
             limit, usage = (Path(f).read_text().strip() for f in (limit_file, usage_file))
@@ -134,15 +131,13 @@ def _cgroup_room() -> Available | None:
 def _per_rank(available: Available | None, device: str) -> Available | None:
     """Under torchrun the ranks of one node share its CPU memory: each rank's part of what is free (a --max-memory
     figure is one process's already; each CUDA rank has its own device)."""
-    import os
-
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if available is None or local <= 1 or str(device).startswith("cuda") or available.source.startswith("--max"):
         return available
     return Available(available.bytes // local, f"{available.source} shared by {local} ranks")
 
 
-def plan_memory(cfg) -> PipelineChoice:
+def plan_memory(cfg: CompressConfig) -> PipelineChoice:
     """The pipeline of a CompressConfig: the one cfg.pipeline names (--layerwise / --whole-model / --pipeline NAME),
     the whole model under --speedup (timed on the device) or --compressor auto, else choose_pipeline from the
     whole-model forecast and the memory available (available_memory). Another pipeline's own forecast beyond
@@ -150,8 +145,6 @@ def plan_memory(cfg) -> PipelineChoice:
     measured peaks)."""
     check_pipeline(cfg.pipeline)  # a name no pipeline has, before any work
     forced = None if cfg.pipeline == AUTO_PIPELINE else cfg.pipeline
-    from gac.compressors import AUTO
-
     forced_by = None
     if forced is None and cfg.objective.forces_whole_model is not None:
         forced_by = cfg.objective.forces_whole_model  # --speedup: timed on the device

@@ -21,14 +21,26 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
+from gac.calibration.importance import FISHER_SAMPLES, FOLD_ELEMENTS, GRADIENT_PROXIES, OUTPUT
+from gac.checkpoint.loading import EMBEDDED, gguf_of, kept_copy, read_config_checked
+from gac.compressors import AUTO_BUILT, candidates_of, make_compressor
+from gac.compressors.sensitivity import PROBE_TOKENS
+from gac.config import CompressConfig
 from gac.errors import GacError
 from gac.hw.threads import workers
 from gac.models.adapters import adapter_for
+from gac.pipelines import get_pipeline
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
     from gac.compressors.base import Compressor
 
 log = logging.getLogger(__name__)
@@ -61,7 +73,7 @@ class Shapes:
     routed: int = 0  # experts each token runs through
 
     @classmethod
-    def of(cls, config) -> Shapes:
+    def of(cls, config: PretrainedConfig) -> Shapes:
         adapter = adapter_for(config)
         geo = adapter.geometry(config)
         n = adapter.layer_count(config)
@@ -189,7 +201,7 @@ def _factor_bytes(o: int, i: int) -> int:
 
 
 def forecast(
-    config,
+    config: PretrainedConfig,
     *,
     compressor: str = "asvd",
     options: dict | None = None,
@@ -204,9 +216,6 @@ def forecast(
     """Predicted peak memory, output size and time of compressing a model of this config with the compressor
     `compressor` built from `options` (its config options, as CompressConfig.compressor_options) through the
     pipeline registered as `pipeline` (gac.pipelines.PIPELINES), which adds up the workload its own way."""
-    from gac.compressors import make_compressor
-    from gac.pipelines import get_pipeline
-
     chosen = get_pipeline(pipeline)
     c = make_compressor(compressor, **(options or {}))  # what the run does is read off the compressor itself
     chosen.check(c)  # the same one-line refusal as the run
@@ -224,7 +233,7 @@ def forecast(
 
 
 def workload(
-    config,
+    config: PretrainedConfig,
     c: Compressor,
     *,
     ratio: float,
@@ -236,9 +245,6 @@ def workload(
 ) -> Workload:
     """The terms of compressing a model of this config with the compressor `c`, from the config alone (pure but for
     this machine's matmul rate, measured once where `flops_per_s` is not given)."""
-    from gac.calibration.importance import FISHER_SAMPLES, FOLD_ELEMENTS, GRADIENT_PROXIES, OUTPUT
-    from gac.compressors.sensitivity import PROBE_TOKENS
-
     s = Shapes.of(config)
     b = BYTES[dtype]
     lowrank = c.factorizes
@@ -337,10 +343,6 @@ def loss_model_flops(o: int, i: int, tokens: int) -> int:
 @functools.cache
 def matmul_rate(seconds: float = 0.3) -> float:
     """This CPU's float32 matmul rate in FLOP/s, measured for `seconds` on 1024 x 1024 products (once per process)."""
-    import time
-
-    import torch
-
     a = torch.randn(1024, 1024)
     a @ a  # warm-up
     n, start = 0, time.perf_counter()
@@ -350,12 +352,8 @@ def matmul_rate(seconds: float = 0.3) -> float:
     return 2 * 1024**3 * n / (time.perf_counter() - start)
 
 
-def config_of(spec: str):
+def config_of(spec: str) -> PretrainedConfig:
     """The transformers config of a model spec (alias, directory, .gguf) without reading its weights."""
-    from pathlib import Path
-
-    from gac.checkpoint.loading import EMBEDDED, gguf_of, kept_copy, read_config_checked
-
     if spec in EMBEDDED and (copy_dir := kept_copy(spec)) is not None:  # written by its first load
         return read_config_checked(str(copy_dir), spec)
     if (gguf := gguf_of(spec)) is not None:
@@ -366,12 +364,10 @@ def config_of(spec: str):
     raise GacError(f"no config for {spec!r}: pass a model directory, a .gguf file, a config.json or an alias")
 
 
-def forecast_of(cfg, pipeline: str) -> Forecast:
+def forecast_of(cfg: CompressConfig, pipeline: str) -> Forecast:
     """The forecast for a CompressConfig (gac.config) run through the pipeline registered as `pipeline`; under
     `--compressor auto` (_auto_forecast), its heaviest candidate's memory and the time of every candidate's
     analysis."""
-    from gac.compressors import candidates_of
-
     config = config_of(cfg.model)
     forecasts = []
     for name in candidates_of(cfg.compressor):
@@ -405,8 +401,6 @@ def _auto_forecast(forecasts: list[Forecast]) -> Forecast:
     candidate's own work (each one is analyzed), and the factorizations of the AUTO_BUILT that take longest once more
     (each built one is factorized again). The closed loops' timings under --speedup are not counted, as in a single
     run's forecast."""
-    from gac.compressors import AUTO_BUILT
-
     heaviest = max(forecasts, key=lambda f: f.peak_bytes)
     passes = {k: max(f.pass_seconds.get(k, 0.0) for f in forecasts) for f in forecasts for k in f.pass_seconds}
     work = {k: sum(f.work_seconds[k] for f in forecasts) for k in heaviest.work_seconds}
@@ -422,11 +416,11 @@ def _auto_forecast(forecasts: list[Forecast]) -> Forecast:
     return replace(timed, peak_bytes=heaviest.peak_bytes + extra, parts=parts)
 
 
-def describe(f: Forecast, choice=None) -> str:
-    """The dry run's printout: the pipeline (and why: a gac.pipelines.choice.PipelineChoice), peak per device, disk,
-    time, and what the peak is made of."""
+def describe(f: Forecast, reason: str | None = None) -> str:
+    """The dry run's printout: the pipeline (and why: gac.pipelines.choice.PipelineChoice.reason), peak per device,
+    disk, time, and what the peak is made of."""
     lines = [
-        f"pipeline: {f.pipeline}" + (f" ({choice.reason})" if choice else ""),
+        f"pipeline: {f.pipeline}" + (f" ({reason})" if reason else ""),
         f"peak memory (cpu): {f.peak_bytes / GIB:.2f} GiB",
         f"model weights: {f.weights_bytes / GIB:.1f} GiB",
         f"disk needed (output and temporary): {f.disk_bytes / GIB:.1f} GiB",

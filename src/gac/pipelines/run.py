@@ -7,18 +7,38 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from gac.compressors import AUTO
+from gac.calibration.texts import held_back_windows, load_windows
+from gac.checkpoint.gac_dir import check_out_dir
+from gac.compressors import AUTO, make_compressor
 from gac.config import WHOLE_MODEL, CompressConfig
-from gac.distributed import World, on_main, run_on_main
+from gac.distributed import World, on_main, run_on_main, session
 from gac.errors import ConfigError, GacError, literal
+from gac.heal.run import HealConfig, heal_model
+from gac.hw.profile import load_profile
+from gac.models.groups import compressed_dims_of
+from gac.models.structure import structure_of
 from gac.objectives.base import Analyzed, Selected
 from gac.pipelines import get_pipeline
-from gac.pipelines.base import CompressResult
+from gac.pipelines.auto import choose
+from gac.pipelines.choice import plan_memory
+from gac.pipelines.evaluation import evaluate_variants
+from gac.pipelines.outputs import (
+    CompressResult,
+    DistributedRun,
+    Report,
+    build_report,
+    experts_kept,
+    plan_and_files,
+)
 from gac.pipelines.stages import StageClock
+from gac.quantize.plan import QuantPlan, check_covers
+from gac.quantize.plan import plan as quantization_plan
+from gac.quantize.run import quantize_model, quantize_report
 
 if TYPE_CHECKING:
     import torch
@@ -26,8 +46,7 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from gac.heal.run import HealConfig
-    from gac.quantize.plan import QuantPlan
+    from gac.heal.texts import HealTexts
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +57,6 @@ def run(cfg: CompressConfig) -> CompressResult:
     model is read, cut and written; selection, evaluation and the report are one path. Under torchrun (either
     pipeline) every rank calibrates and evaluates on its share of the windows and factorizes its share of the
     weights; rank 0 alone chooses the pipeline, selects, times, reports and writes (gac.distributed)."""
-    from gac.distributed import session
-
     with session(cfg.device, cfg.dist_timeout_s) as world:
         if world.active:
             cfg = _for_rank(cfg, world)
@@ -57,19 +74,10 @@ def _for_rank(cfg: CompressConfig, world: World) -> CompressConfig:
 
 
 def _run(cfg: CompressConfig, world: World) -> CompressResult:
-    from gac.calibration.texts import load_windows
-    from gac.checkpoint.gac_dir import check_out_dir
-    from gac.compressors import make_compressor
-    from gac.pipelines.choice import plan_memory
-    from gac.pipelines.evaluation import evaluate_variants
-    from gac.pipelines.outputs import build_report, experts_kept
-
     compressor = None if cfg.compressor == AUTO else make_compressor(cfg.compressor, **cfg.compressor_options)
     if cfg.out is not None and world.is_main:
         check_out_dir(cfg.out, cfg.force)  # fail before the long work, not after
     if cfg.profile and cfg.profile != "auto":
-        from gac.hw.profile import load_profile
-
         load_profile(cfg.profile)  # a bad profile fails now, not after calibration
     # layer by layer when the whole model would not fit; under torchrun rank 0's choice, every rank's pipeline
     choice = on_main(lambda: plan_memory(cfg), "sharing rank 0's choice of pipeline")
@@ -99,8 +107,6 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
             analyzed = pipeline.analyze(opened, calib, cfg, compressor, held_back)
         selected = _with_choice(analyzed, chosen)
     elif compressor is None:  # --compressor auto: the best measured compressor's selection, then the run as its own
-        from gac.pipelines.auto import choose
-
         cfg, selected, auto = choose(model, calib, held_back, cfg)
         compressor = selected.compressor
     else:
@@ -120,10 +126,13 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
         if cfg.heal is not None and heal_texts is not None:  # under torchrun every rank trains its share (DDP)
             healed = _heal(models, heal_texts, cfg)
 
-        def report_and_write() -> tuple[dict, Path | None]:
+        written: list[Report] = []  # rank 0's
+
+        def report_and_write() -> Path | None:
             report = build_report(cfg, opened.name, selected, variants, choice, latency_method)
+            written.append(report)
             if world.active:
-                report.distributed = world.summary()
+                report.distributed = DistributedRun.of(world)
             report.auto = auto
             report.heal = healed
             if cfg.compressor_options.get("drop_experts"):
@@ -134,8 +143,6 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
             out = None
             report.stages_s = clock.to_dict()  # before writing: the write's own time is in the log
             if cfg.out is not None:
-                from gac.pipelines.outputs import plan_and_files
-
                 plan, files = plan_and_files(saved, cfg, report, compressor)
                 out = pipeline.write(
                     saved,
@@ -146,14 +153,14 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
                     streamed_to=streamed_to,
                     finish=quantizer.update_config if quantizer is not None else None,
                 )
-            return report.to_dict(), out
+            return out
 
         # rank 0 alone reports, quantizes and writes, on the node's threads, however long it takes; the others
         # follow its heartbeat (gac.distributed.run_on_main)
-        report_dict, out = run_on_main(report_and_write, "rank 0's report and write")
+        out = run_on_main(report_and_write, "rank 0's report and write")
     if not world.is_main:
-        return CompressResult({}, None, models, world.rank)
-    return CompressResult(report_dict, out, models)
+        return CompressResult(None, None, models, world.rank)
+    return CompressResult(written[0], out, models)
 
 
 def _select(model: nn.Module, analyzed: Analyzed, cfg: CompressConfig, world: World) -> Selected:
@@ -186,7 +193,6 @@ def _auto_on_main(
     latency measurements are one device's), and every rank gets (the kept compressor's config, its choice of dims,
     auto's report section). The ranks then analyze that compressor together and cut rank 0's dims, as for a run
     that named it: every analysis of the comparison runs on rank 0 alone, and the kept one once more split."""
-    from gac.pipelines.auto import choose
 
     def compare() -> tuple[CompressConfig, dict, dict]:
         kept_cfg, selected, auto = choose(model, calib, held_back, cfg)
@@ -200,8 +206,6 @@ _OWN = {f.name for f in dataclasses.fields(Analyzed)} | {"built"}  # what every 
 
 
 def _check_uncompressed(model: nn.Module, source: str) -> None:
-    from gac.models.groups import compressed_dims_of
-
     if compressed_dims_of(model):
         raise GacError(
             f"{source} is already compressed (factorized ranks or pruned widths): compress the original "
@@ -214,8 +218,6 @@ def _held_back(tokenizer: PreTrainedTokenizerBase, cfg: CompressConfig) -> torch
     --compressor auto and the --speedup guard compare models by one loss: auto's kept model is then the best of every
     closed-loop stream of every compressor it built, and each compressor's is the one its single run keeps. None
     where neither runs."""
-    from gac.calibration.texts import held_back_windows
-
     if cfg.compressor == AUTO or cfg.objective.needs_held_back(cfg):
         return held_back_windows(tokenizer, cfg.text)
     return None
@@ -228,10 +230,8 @@ def _heal_config(cfg: CompressConfig) -> HealConfig:
     return dataclasses.replace(cfg.heal, text=cfg.text, device=cfg.device, progress=cfg.progress)
 
 
-def _heal(models: dict, texts: torch.Tensor, cfg: CompressConfig) -> dict:
+def _heal(models: dict[str, PreTrainedModel], texts: HealTexts, cfg: CompressConfig) -> dict[str, Any]:
     """--heal: distill the saved variant, in place, from the baseline (the original) on `texts`; the report."""
-    from gac.heal.run import heal_model
-
     return heal_model(models[cfg.saved_variant], models["baseline"], texts, _heal_config(cfg))
 
 
@@ -240,11 +240,8 @@ def _quantize_plan(model: PreTrainedModel, cfg: CompressConfig) -> QuantPlan | N
     without --quantize."""
     if cfg.quantize is None:
         return None
-    from gac.models.structure import structure_of
-    from gac.quantize.plan import check_covers, plan
-
     model.config.gac_structure = structure_of(model)
-    qplan = plan(
+    qplan = quantization_plan(
         model.config,
         dataclasses.replace(
             cfg.quantize, calib_file=cfg.text.calib_file, seq_len=cfg.text.seq_len, calib_windows=cfg.text.calib_windows
@@ -259,10 +256,6 @@ def _quantize(
 ) -> tuple[dict, ModelCompressor]:
     """--quantize: the saved variant quantized in place (after healing); (its quantize.json, the compressor that
     writes the checkpoint's quantization_config)."""
-    import time
-
-    from gac.quantize.run import quantize_model, quantize_report
-
     start = time.perf_counter()
     with _one_process():
         quantizer = quantize_model(model, tokenizer, qplan, progress=cfg.progress)

@@ -7,7 +7,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gac.config import WHOLE_MODEL
+from gac.calibration.stats import calibrate
+from gac.checkpoint.gac_dir import save
+from gac.checkpoint.loading import load_model
+from gac.compressors.sensitivity import PROBE_TOKENS
+from gac.config import WHOLE_MODEL, CompressConfig
+from gac.models.groups import linears_of
 from gac.objectives.base import Analyzed, Selected
 from gac.pipelines.base import Measured, Opened, Pipeline, compressor_groups
 from gac.pipelines.memory import BUILT_COPY, FACTORS, RUNTIME_BYTES, WORK, Forecast, Workload
@@ -24,16 +29,13 @@ if TYPE_CHECKING:
 def analyze(
     model: nn.Module,
     calib: torch.Tensor,
-    cfg,
+    cfg: CompressConfig,
     compressor: Compressor | None = None,
     held_back: torch.Tensor | None = None,
 ) -> Analyzed:
     """Calibrate on `calib` [n, seq] and let the compressor analyze every group (spectra, loss model, importance) at
     keep = 1 - cfg.analysis_ratio. The model is not changed. held_back: the windows the --speedup guard compares
     models on (gac.calibration.texts.held_back_windows; None: no guard)."""
-    from gac.calibration.stats import calibrate
-    from gac.models.groups import linears_of
-
     compressor, groups = compressor_groups(model, cfg, compressor)
     stats = calibrate(model, calib, linears_of(groups), xtx=compressor.needs_xtx, progress=cfg.progress)
     return analyze_with(model, calib, cfg, compressor, groups, stats, held_back)
@@ -42,7 +44,7 @@ def analyze(
 def analyze_with(
     model: nn.Module,
     calib: torch.Tensor,
-    cfg,
+    cfg: CompressConfig,
     compressor: Compressor,
     groups: Sequence[DimGroup],
     stats: dict,
@@ -51,9 +53,6 @@ def analyze_with(
     """The compressor's analysis of `groups` from calibration statistics already collected on `calib` (`stats`:
     gac.calibration.stats.calibrate's, over at least the groups' linears; shared by `--compressor auto`), the whole
     model in memory."""
-    from gac.compressors.sensitivity import PROBE_TOKENS
-    from gac.models.groups import linears_of
-
     probe = calib[:1, :PROBE_TOKENS]  # one short window: the loss probe for measured importance
     grads = {"windows": calib} if compressor.needs_windows else {}  # gradient-based importance
     units = compressor.analyze(
@@ -107,19 +106,22 @@ class WholeModel(Pipeline):
         }
         return work.forecast(self.name, parts, work.output_bytes, passes)
 
-    def open(self, cfg) -> Opened:
-        from gac.checkpoint.loading import load_model
-
+    def open(self, cfg: CompressConfig) -> Opened:
         loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
         return Opened(loaded.model, loaded.tokenizer, loaded.source)
 
     def analyze(
-        self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor, held_back: torch.Tensor | None = None
+        self,
+        opened: Opened,
+        calib: torch.Tensor,
+        cfg: CompressConfig,
+        compressor: Compressor,
+        held_back: torch.Tensor | None = None,
     ) -> Analyzed:
         return analyze(opened.model, calib, cfg, compressor, held_back)
 
     def materialize(
-        self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor, streamed_to: Path | None
+        self, opened: Opened, selected: Selected, cfg: CompressConfig, held_out: torch.Tensor, streamed_to: Path | None
     ) -> tuple[dict, Measured | None]:
         models = {"baseline": opened.model, **materialize_variants(opened.model, selected)}
         selected.units = []  # free the SVD factors before evaluation
@@ -129,15 +131,15 @@ class WholeModel(Pipeline):
         self,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
-        cfg,
+        cfg: CompressConfig,
         *,
         plan: dict,
         files: dict,
         streamed_to: Path | None,
         finish: Callable | None = None,
     ) -> Path:
-        from gac.checkpoint.gac_dir import save
-
+        if cfg.out is None:
+            raise ValueError("a run without an output writes nothing")
         return save(model, tokenizer, cfg.out, plan=plan, extra_files=files, force=cfg.force, finish=finish)
 
 

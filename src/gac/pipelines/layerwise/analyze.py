@@ -22,9 +22,10 @@ import contextlib
 import logging
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -44,8 +45,11 @@ from gac.calibration.stats import CALIB_BATCH, collect_stats, reduce_stats, zero
 from gac.distributed import all_reduce_sum, sum_numbers, world
 from gac.errors import ConfigError, GacError
 from gac.hw.heap import map_large_allocations
+from gac.io.atomic import io_failure
+from gac.models.adapters import adapter_for
 from gac.models.groups import linears_of
 from gac.pipelines.layerwise.layers import (
+    Batch,
     embed,
     layer_count,
     layer_module,
@@ -54,23 +58,29 @@ from gac.pipelines.layerwise.layers import (
     run_layer,
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from typing_extensions import Self
+
+    from gac.checkpoint.lazy import LazyCheckpoint, Resident
+    from gac.compressors.base import Compressor, Unit
+    from gac.models.groups import DimGroup
+
 log = logging.getLogger(__name__)
 assert CALIB_BATCH % GRAD_BATCH == 0  # a calibration batch splits into whole gradient batches
 
 
-def groups_by_layer(model, groups) -> dict[int, list]:
+def groups_by_layer(model: PreTrainedModel, groups: Sequence[DimGroup]) -> dict[int, list[DimGroup]]:
     """{layer index: the groups whose linears live in that decoder layer}, every layer present."""
-    from gac.models.adapters import adapter_for
-
     adapter = adapter_for(model.config)
     owner = {n: layer.index for layer in adapter.layers(model.config) for n in layer.weights}
-    out: dict[int, list] = {i: [] for i in range(adapter.layer_count(model.config))}
+    out: dict[int, list[DimGroup]] = {i: [] for i in range(adapter.layer_count(model.config))}
     for g in groups:
         out[owner[g.linears[0]]].append(g)
     return out
 
 
-def check_layerwise(compressor) -> None:
+def check_layerwise(compressor: Compressor) -> None:
     """Importance that needs the whole model at once (ASVD's measured sensitivity: the loss with one weight
     truncated) has no layer-wise form."""
     if compressor.measures_sensitivity:
@@ -137,13 +147,20 @@ def _finish_grad_sums(grad_sums: dict, output_loss: bool, share: RankWindows) ->
 class LayerwiseUnits(list):
     """The units of a layer-wise analysis and its FactorCache (`factors`), which materialize_layerwise reads."""
 
-    def __init__(self, units: list, factors: FactorCache):
+    def __init__(self, units: list[Unit], factors: FactorCache) -> None:
         super().__init__(units)
         self.factors = factors
 
 
 def analyze_layerwise(
-    model, source, compressor, groups, calib: torch.Tensor, *, keep: float, progress: bool = True
+    model: PreTrainedModel,
+    source: LazyCheckpoint | Resident,
+    compressor: Compressor,
+    groups: Sequence[DimGroup],
+    calib: torch.Tensor,
+    *,
+    keep: float,
+    progress: bool = True,
 ) -> LayerwiseUnits:
     """The compressor's units for `groups`, computed layer by layer (source: gac.checkpoint.lazy Resident or
     LazyCheckpoint). calib: token ids [n, seq]. What `cut` needs is cached on disk until materialize_layerwise
@@ -165,7 +182,15 @@ def analyze_layerwise(
     return LayerwiseUnits(units, factors)
 
 
-def _analyze_layer(model, compressor, groups, stats, keep, factors, i) -> list:
+def _analyze_layer(
+    model: PreTrainedModel,
+    compressor: Compressor,
+    groups: list[DimGroup],
+    stats: dict[str, Any],
+    keep: float,
+    factors: FactorCache,
+    i: int,
+) -> list[Unit]:
     """Layer i's units; what `cut` needs of them is written to the cache, each unit's factors released as soon as
     its cut state is taken (at most one weight's both held)."""
     units = compressor.analyze(model, groups, stats, probe=None, keep=keep, progress=False) if groups else []
@@ -177,7 +202,16 @@ def _analyze_layer(model, compressor, groups, stats, keep, factors, i) -> list:
     return units
 
 
-def _forward_sweep(model, source, compressor, by_layer, share, keep, factors, progress) -> list:
+def _forward_sweep(
+    model: PreTrainedModel,
+    source: LazyCheckpoint | Resident,
+    compressor: Compressor,
+    by_layer: dict[int, list[DimGroup]],
+    share: RankWindows,
+    keep: float,
+    factors: FactorCache,
+    progress: bool,
+) -> list[Unit]:
     batches = embed(model, share.windows, CALIB_BATCH)
     units = []
     for i in tqdm(range(layer_count(model)), desc="layers", unit="layer", disable=not progress):
@@ -193,7 +227,16 @@ def _forward_sweep(model, source, compressor, by_layer, share, keep, factors, pr
     return units
 
 
-def _reverse_sweep(model, source, compressor, by_layer, share, keep, factors, progress) -> list:
+def _reverse_sweep(
+    model: PreTrainedModel,
+    source: LazyCheckpoint | Resident,
+    compressor: Compressor,
+    by_layer: dict[int, list[DimGroup]],
+    share: RankWindows,
+    keep: float,
+    factors: FactorCache,
+    progress: bool,
+) -> list[Unit]:
     batches = embed(model, share.windows, CALIB_BATCH)  # the forward pass and the statistics: as calibration batches
     grad_batches = embed(model, share.windows, GRAD_BATCH)  # the gradient passes: their ids and call arguments
     if world().active:
@@ -214,8 +257,18 @@ def _split(hidden: list) -> list:
 
 
 def _reverse_sweep_stored(
-    model, source, compressor, by_layer, batches, grad_batches, inputs, keep, factors, progress, share
-) -> list:
+    model: PreTrainedModel,
+    source: LazyCheckpoint | Resident,
+    compressor: Compressor,
+    by_layer: dict[int, list[DimGroup]],
+    batches: list[Batch],
+    grad_batches: list[Batch],
+    inputs: ActivationStore,
+    keep: float,
+    factors: FactorCache,
+    progress: bool,
+    share: RankWindows,
+) -> list[Unit]:
     n_layers = layer_count(model)
     with torch.no_grad():
         for i in tqdm(range(n_layers), desc="layers (forward)", unit="layer", disable=not progress):
@@ -316,16 +369,16 @@ class _LayerFiles(Generic[ItemT]):
     def _load(self, path: Path, device: torch.device) -> ItemT:
         raise NotImplementedError
 
-    def __init__(self, spill: bool = True, device="cpu"):
+    def __init__(self, spill: bool = True, device: str | torch.device = "cpu") -> None:
         self.spill, self.device = spill, torch.device(device)
-        self.items: dict = {}
+        self.items: dict[int, ItemT | Path] = {}
         if spill:
             self.dir = tempfile.TemporaryDirectory(prefix=self.prefix)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -336,15 +389,16 @@ class _LayerFiles(Generic[ItemT]):
     def __contains__(self, i: int) -> bool:
         return i in self.items
 
-    def __setitem__(self, i: int, item) -> None:
+    def __setitem__(self, i: int, item: ItemT) -> None:
+        stored: ItemT | Path = item
         if self.spill and item:
             path = Path(self.dir.name) / f"layer-{i}{self.suffix}"
             with _disk_errors(path, self.what):
                 self._save(item, path)
-            item = path
-        self.items[i] = item
+            stored = path
+        self.items[i] = stored
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> ItemT:
         item = self.items[i]
         return self._load(item, self.device) if isinstance(item, Path) else item
 
@@ -381,10 +435,8 @@ class FactorCache(_LayerFiles[dict]):
 
 
 @contextlib.contextmanager
-def _disk_errors(path: Path, what: str):
+def _disk_errors(path: Path, what: str) -> Iterator[None]:
     """A full or unwritable temporary directory as one line naming TMPDIR (the layer-wise temporaries go there)."""
-    from gac.io.atomic import io_failure
-
     try:
         yield
     except Exception as e:
@@ -396,6 +448,8 @@ def _disk_errors(path: Path, what: str):
         ) from e
 
 
-def _gradient_hooks(model, names, proxy):
+def _gradient_hooks(
+    model: PreTrainedModel, names: list[str], proxy: str | None
+) -> contextlib.AbstractContextManager[dict[str, Any]]:
     """Output-gradient sums for the loss model, weight-gradient channel sums for taylor and fisher."""
     return output_grad_sums(model, names) if proxy == OUTPUT else collect_gradients(model, names)

@@ -7,15 +7,21 @@ final norm, output head, logit scaling and loss are the family's own code, whate
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from gac.checkpoint.placement import input_device
 from gac.models.adapters import adapter_for
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+Call = tuple[tuple[object, ...], dict[str, object]]  # what the model passes a layer besides its hidden states
 
 
 class _Stop(Exception):
@@ -25,11 +31,11 @@ class _Stop(Exception):
 class _Capture(nn.Module):
     """Stands in for one decoder layer: records the arguments it is called with and passes hidden states on."""
 
-    def __init__(self, calls: list, last: bool):
+    def __init__(self, calls: list[Call], last: bool) -> None:
         super().__init__()
         self.calls, self.last = calls, last
 
-    def forward(self, hidden_states, *args, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         self.calls.append((args, kwargs))
         if self.last:
             raise _Stop
@@ -39,16 +45,16 @@ class _Capture(nn.Module):
 class _Inject(nn.Module):
     """Stands in for all decoder layers: returns the given last-layer output whatever its input."""
 
-    def __init__(self, hidden: torch.Tensor):
+    def __init__(self, hidden: torch.Tensor) -> None:
         super().__init__()
         self.hidden = hidden
 
-    def forward(self, hidden_states, *args, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         return self.hidden
 
 
 @contextmanager
-def swapped_layers(model, stand_ins: Sequence[nn.Module]):
+def swapped_layers(model: PreTrainedModel, stand_ins: Sequence[nn.Module]) -> Iterator[None]:
     """The model's decoder layers replaced by `stand_ins` while the block runs; restored on exit."""
     parent_path, _, attr = adapter_for(model.config).layers_path.rpartition(".")
     parent = model.get_submodule(parent_path)
@@ -67,7 +73,7 @@ class Batch:
     ids: torch.Tensor  # [b, seq] token ids
     hidden: torch.Tensor | None  # [b, seq, D]: the input of the next layer to run (None: kept apart, the reverse
     # sweep's gradient batches)
-    calls: list  # per layer: (args, kwargs) the model passes to it besides the hidden states
+    calls: list[Call]  # per layer: (args, kwargs) the model passes to it besides the hidden states
 
     def states(self) -> torch.Tensor:
         """`hidden`, which a batch on its way through the layers has."""
@@ -76,22 +82,22 @@ class Batch:
         return self.hidden
 
 
-def layer_count(model) -> int:
+def layer_count(model: PreTrainedModel) -> int:
     return adapter_for(model.config).layer_count(model.config)
 
 
-def layer_module(model, i: int) -> nn.Module:
+def layer_module(model: PreTrainedModel, i: int) -> nn.Module:
     return model.get_submodule(adapter_for(model.config).layer_prefix(i))
 
 
 @torch.no_grad()  # not inference mode: the reverse sweep differentiates through what is captured here
-def embed(model, windows: torch.Tensor, batch_size: int) -> list[Batch]:
+def embed(model: PreTrainedModel, windows: torch.Tensor, batch_size: int) -> list[Batch]:
     """The calibration windows [n, seq] embedded once, in batches, with every layer's call arguments."""
     n = layer_count(model)
     device = input_device(model)
     batches = []
     for ids in windows.split(batch_size):
-        calls: list = []
+        calls: list[Call] = []
         stand_ins = [_Capture(calls, last=(i == n - 1)) for i in range(n)]
         first: list = []  # the hidden states layer 0 receives
         stand_ins[0].register_forward_pre_hook(lambda _m, args, seen=first: seen.append(args[0]))
@@ -110,13 +116,13 @@ def run_layer(layer: nn.Module, batch: Batch, i: int, hidden: torch.Tensor | Non
     return layer(batch.states() if hidden is None else hidden, *args, **kwargs)
 
 
-def logits_from_last_hidden(model, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+def logits_from_last_hidden(model: PreTrainedModel, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """The model's logits [b, seq, V] from the last layer's output [b, seq, D], through its final norm and head."""
     with swapped_layers(model, [_Inject(hidden)]):
         return model(ids.to(hidden.device), use_cache=False).logits
 
 
-def loss_from_last_hidden(model, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+def loss_from_last_hidden(model: PreTrainedModel, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """The model's language-modelling loss (mean over the batch's predicted tokens) from the last layer's output
     [b, seq, D], through the model's final norm, head and loss code."""
     with swapped_layers(model, [_Inject(hidden)]):

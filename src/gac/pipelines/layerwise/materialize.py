@@ -6,9 +6,10 @@ it is cut and every shell's layer is released (the model never exists whole in m
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -18,7 +19,7 @@ from gac.distributed import barrier, node_threads, sum_numbers, windows_share, w
 from gac.errors import GacError
 from gac.hw.heap import map_large_allocations, return_freed_memory
 from gac.models.adapters import adapter_for, text_config
-from gac.pipelines.layerwise.analyze import CALIB_BATCH, groups_by_layer
+from gac.pipelines.layerwise.analyze import CALIB_BATCH, FactorCache, groups_by_layer
 from gac.pipelines.layerwise.layers import (
     Batch,
     embed,
@@ -29,16 +30,25 @@ from gac.pipelines.layerwise.layers import (
     swapped_layers,
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from gac.checkpoint.lazy import LazyCheckpoint, Resident
+    from gac.checkpoint.sharded import ShardWriter
+    from gac.compressors.base import Compressor, Unit
+    from gac.evaluate.layer_latency import LayerLatency
+
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=nn.Module)
 
 
-def shared_copy(module: nn.Module) -> nn.Module:
+def shared_copy(module: M) -> M:
     """A copy of the module tree sharing every parameter and buffer with `module` (no tensor is copied)."""
     memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
     return copy.deepcopy(module, memo)
 
 
-def shell_of(model) -> nn.Module:
+def shell_of(model: PreTrainedModel) -> PreTrainedModel:
     """A copy of `model` sharing its tensors, with its decoder layers still those of `model` (replaced one by one)."""
     layers = [layer_module(model, i) for i in range(layer_count(model))]
     with swapped_layers(model, []):  # not even the layers' module objects are copied
@@ -48,7 +58,7 @@ def shell_of(model) -> nn.Module:
     return shell
 
 
-def one_layer_model(model, layer: nn.Module, index: int = 0) -> nn.Module:
+def one_layer_model(model: PreTrainedModel, layer: nn.Module, index: int = 0) -> PreTrainedModel:
     """A copy of `model` sharing its tensors whose decoder layers are [layer] alone (its own index kept: its KV cache
     entry is its own). `index`: the layer's index in `model`; where layers differ in kind (config.layer_types:
     sliding-window or full attention, Gemma 3's and gpt-oss's), the copy runs its one layer with that layer's kind
@@ -62,7 +72,7 @@ def one_layer_model(model, layer: nn.Module, index: int = 0) -> nn.Module:
     return one
 
 
-def _layers_parent(model):
+def _layers_parent(model: PreTrainedModel) -> tuple[str, str, str]:
     return adapter_for(model.config).layers_path.rpartition(".")
 
 
@@ -78,18 +88,18 @@ def release_module(module: nn.Module) -> None:
 
 
 def materialize_layerwise(
-    model,
-    source,
-    compressor,
-    units,
-    dims: dict,
+    model: PreTrainedModel,
+    source: LazyCheckpoint | Resident,
+    compressor: Compressor,
+    units: list[Unit],
+    dims: dict[str, dict[str, int | None]],
     *,
-    writer=None,
+    writer: tuple[str, ShardWriter] | None = None,
     held_out: torch.Tensor | None = None,
-    timer=None,
+    timer: LayerLatency | None = None,
     progress: bool = True,
     release: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """{variant: model} for each variant of dims ({variant: {unit name: dim or None}}), cut layer by layer.
 
     units: analyze_layerwise's, whose factor cache (units.factors) holds each layer's cut state; each layer's file
@@ -116,7 +126,19 @@ def materialize_layerwise(
         factors.close()
 
 
-def _materialize(model, source, compressor, units, dims, factors, writer, held_out, timer, progress, release) -> dict:
+def _materialize(
+    model: PreTrainedModel,
+    source: LazyCheckpoint | Resident,
+    compressor: Compressor,
+    units: list[Unit],
+    dims: dict[str, dict[str, int | None]],
+    factors: FactorCache,
+    writer: tuple[str, ShardWriter] | None,
+    held_out: torch.Tensor | None,
+    timer: LayerLatency | None,
+    progress: bool,
+    release: bool,
+) -> dict[str, Any]:
     map_large_allocations()  # layer-sized blocks freed to the OS, not kept in a fragmenting heap
     by_layer = groups_by_layer(model, [u.group for u in units])
     unit_of = {u.group.name: u for u in units}
@@ -147,7 +169,7 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
             barrier(f"waiting for rank 0 to time layer {i}")  # the others idle while it times: no shared cores
             if world().is_main:
                 with node_threads():
-                    timer.time_layer(i, {"baseline": layer, **cuts}, lambda one, i=i: one_layer_model(model, one, i))
+                    timer.time_layer(i, {"baseline": layer, **cuts}, functools.partial(one_layer_model, model, index=i))
             barrier(f"waiting for rank 0 to time layer {i}")
         if writer is not None or release:
             for variant, cut in cuts.items():
@@ -168,13 +190,13 @@ def _materialize(model, source, compressor, units, dims, factors, writer, held_o
 
 
 @torch.no_grad()
-def _advance(layer: nn.Module, batches: list, i: int) -> None:
+def _advance(layer: nn.Module, batches: list[Batch], i: int) -> None:
     for b in batches:
         b.hidden = run_layer(layer, b, i)  # [b, seq, D]
 
 
 @torch.no_grad()
-def _perplexity(model, batches: list) -> float:
+def _perplexity(model: PreTrainedModel, batches: list[Batch]) -> float:
     """exp(mean next-token NLL) from the last layer's outputs, as gac.evaluate.perplexity computes it whole (under
     torchrun over every rank's batches: every rank calls it)."""
     nll, count = 0.0, 0.0
@@ -187,7 +209,7 @@ def _perplexity(model, batches: list) -> float:
     return math.exp(nll / count)
 
 
-def outer_tensors(model) -> dict:
+def outer_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """{name: tensor} of everything outside the decoder layers (embeddings, final norm, head), as saved."""
     prefix = adapter_for(model.config).layers_path + "."
     return {k: v for k, v in model.state_dict().items() if not k.startswith(prefix)}

@@ -4,17 +4,27 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gac.checkpoint.gac_dir import check_out_dir, write_beside_weights
+from gac.checkpoint.lazy import open_source
+from gac.checkpoint.sharded import ShardWriter
+from gac.config import CompressConfig
+from gac.distributed import world
+from gac.evaluate.layer_latency import LayerLatency
+from gac.io.atomic import atomic_dir
+from gac.models.groups import linears_of
 from gac.objectives.base import Analyzed, Selected
 from gac.pipelines.base import Measured, Opened, Pipeline, compressor_groups
+from gac.pipelines.layerwise.analyze import analyze_layerwise, check_layerwise
+from gac.pipelines.layerwise.layers import layer_count
+from gac.pipelines.layerwise.materialize import materialize_layerwise, outer_tensors
 from gac.pipelines.memory import RUNTIME_BYTES, WORK, Forecast, Workload
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from gac.checkpoint.lazy import LazyCheckpoint, Resident
@@ -22,18 +32,15 @@ if TYPE_CHECKING:
 
 
 def analyze(
-    model: nn.Module,
+    model: PreTrainedModel,
     source: LazyCheckpoint | Resident,
     calib: torch.Tensor,
-    cfg,
+    cfg: CompressConfig,
     compressor: Compressor | None = None,
     held_back: torch.Tensor | None = None,
 ) -> Analyzed:
     """The compressor's units at keep = 1 - cfg.analysis_ratio, computed layer by layer from `source`'s weights
     (gac.pipelines.layerwise.analyze); what cutting needs waits in a factor cache on disk for materialize."""
-    from gac.models.groups import linears_of
-    from gac.pipelines.layerwise.analyze import analyze_layerwise
-
     compressor, groups = compressor_groups(model, cfg, compressor)
     units = analyze_layerwise(
         model, source, compressor, groups, calib, keep=1.0 - cfg.analysis_ratio, progress=cfg.progress
@@ -48,8 +55,6 @@ class Layerwise(Pipeline):
     title = "the layer-by-layer pipeline"
 
     def check(self, compressor: Compressor) -> None:
-        from gac.pipelines.layerwise.analyze import check_layerwise
-
         check_layerwise(compressor)
 
     def forecast(self, work: Workload) -> Forecast:
@@ -88,48 +93,39 @@ class Layerwise(Pipeline):
         sweeps = (1 + 1 + 1 + 2 * work.backwards if work.reverse else 1) * work.one_pass_s
         return work.forecast(self.name, parts, disk, {"calibration sweep": sweeps + work.statistics_s})
 
-    def open(self, cfg) -> Opened:
-        from gac.checkpoint.lazy import open_source
-
+    def open(self, cfg: CompressConfig) -> Opened:
         source, tokenizer, model_name = open_source(cfg.model, dtype=cfg.dtype, device=cfg.device)
         return Opened(source.model, tokenizer, model_name, source)
 
     def analyze(
-        self, opened: Opened, calib: torch.Tensor, cfg, compressor: Compressor, held_back: torch.Tensor | None = None
+        self,
+        opened: Opened,
+        calib: torch.Tensor,
+        cfg: CompressConfig,
+        compressor: Compressor,
+        held_back: torch.Tensor | None = None,
     ) -> Analyzed:
         return analyze(opened.model, _source(opened), calib, cfg, compressor, held_back)
 
     @contextlib.contextmanager
-    def output(self, cfg):
+    def output(self, cfg: CompressConfig) -> Iterator[Path | None]:
         """The atomic output directory (renamed to cfg.out on success) that the saved variant's weights are streamed
         into as they are cut; None for a run with no output."""
-        from gac.distributed import world
-
         if cfg.out is None or not world().is_main:  # under torchrun rank 0 alone writes
             yield None
             return
-        from gac.checkpoint.gac_dir import check_out_dir
-        from gac.io.atomic import atomic_dir
-
         with atomic_dir(check_out_dir(cfg.out, cfg.force).resolve(), force=cfg.force) as tmp:
             yield tmp
 
     def materialize(
-        self, opened: Opened, selected: Selected, cfg, held_out: torch.Tensor, streamed_to: Path | None
+        self, opened: Opened, selected: Selected, cfg: CompressConfig, held_out: torch.Tensor, streamed_to: Path | None
     ) -> tuple[dict, Measured | None]:
         """Every variant cut from the analysis' factor cache, with perplexity and latency measured as the layers go
         by and the saved variant's weights streamed to `streamed_to`."""
-        from gac.checkpoint.sharded import ShardWriter
-        from gac.distributed import world
-        from gac.pipelines.layerwise.materialize import materialize_layerwise, outer_tensors
-
         model, saved = opened.model, cfg.saved_variant
         writer = ShardWriter(streamed_to) if streamed_to is not None else None
         timer = None
         if cfg.evaluate:
-            from gac.evaluate.layer_latency import LayerLatency
-            from gac.pipelines.layerwise.layers import layer_count
-
             timer = LayerLatency(cfg.evaluation_latency, layer_count(model))
         models = materialize_layerwise(
             model,
@@ -137,7 +133,7 @@ class Layerwise(Pipeline):
             selected.compressor,
             selected.units,
             selected.dims,
-            writer=writer and (saved, writer),
+            writer=(saved, writer) if writer is not None else None,
             progress=cfg.progress,
             held_out=held_out if cfg.evaluate else None,
             timer=timer,
@@ -154,7 +150,7 @@ class Layerwise(Pipeline):
         self,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
-        cfg,
+        cfg: CompressConfig,
         *,
         plan: dict,
         files: dict,
@@ -162,8 +158,8 @@ class Layerwise(Pipeline):
         finish: Callable | None = None,
     ) -> Path:
         """Beside the weights already streamed to `streamed_to`, the atomic directory that becomes cfg.out."""
-        from gac.checkpoint.gac_dir import write_beside_weights
-
+        if cfg.out is None:
+            raise ValueError("a run without an output writes nothing")
         assert streamed_to is not None  # this pipeline streams every variant it writes
         write_beside_weights(model, tokenizer, streamed_to, plan=plan, extra_files=files)
         return Path(cfg.out).resolve()
