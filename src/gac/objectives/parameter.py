@@ -129,7 +129,7 @@ def check_feasible(groups, cfg) -> None:
     if smallest > budget:
         largest = math.floor((1.0 - smallest / compressible) * 1000) / 1000
         raise ConfigError(
-            f"ratio {cfg.ratio} leaves {budget:,} parameters but the {cfg.compressor} compressor's "
+            f"ratio {cfg.ratio} leaves {budget:,} parameters but the {cfg.compressor.name} compressor's "
             f"smallest aligned dims need {smallest:,}: use {{ratio:{largest}}} or lower"
         )
 

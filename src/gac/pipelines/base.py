@@ -108,9 +108,9 @@ def compressor_groups(
 ) -> tuple[Compressor, Sequence[DimGroup]]:
     """(the run's compressor, built from cfg where not given and set to its factorization; its groups on `model`),
     the objective's target checked from the shapes alone, before any calibration (the parameter objective's budget)."""
-    from gac.compressors import make_compressor
+    from gac.compressors import compressor_for
 
-    compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
+    compressor = compressor or compressor_for(cfg.compressor)
     compressor.factorization = cfg.factorization_method
     groups = compressor.groups(model)
     cfg.objective.check_groups(groups, cfg)

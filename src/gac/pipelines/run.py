@@ -47,7 +47,7 @@ def _for_rank(cfg: CompressConfig, world: World) -> CompressConfig:
     """The run's config on one of several ranks: what this slice of distributed compression does not split refused,
     the rank's own device, progress bars on rank 0 only."""
     excluded = (
-        (cfg.compressor == AUTO, "compressor:auto"),
+        (cfg.compressor.name == AUTO, "compressor:auto"),
         (cfg.heal is not None, "heal"),
         (cfg.quantize is not None, "quantize"),
     )
@@ -63,12 +63,12 @@ def _for_rank(cfg: CompressConfig, world: World) -> CompressConfig:
 def _run(cfg: CompressConfig, world: World) -> CompressResult:
     from gac.calibration.texts import load_windows
     from gac.checkpoint.gac_dir import check_out_dir
-    from gac.compressors import make_compressor
+    from gac.compressors import compressor_for
     from gac.pipelines.choice import plan_memory
     from gac.pipelines.evaluation import evaluate_variants
     from gac.pipelines.outputs import build_report, experts_kept
 
-    compressor = None if cfg.compressor == AUTO else make_compressor(cfg.compressor, **cfg.compressor_options)
+    compressor = None if cfg.compressor.name == AUTO else compressor_for(cfg.compressor)
     if cfg.out is not None and world.is_main:
         check_out_dir(cfg.out, cfg.force)  # fail before the long work, not after
     if cfg.profile and cfg.profile != "auto":
@@ -187,7 +187,7 @@ def _held_back(tokenizer: PreTrainedTokenizerBase, cfg: CompressConfig) -> torch
     where neither runs."""
     from gac.calibration.texts import held_back_windows
 
-    if cfg.compressor == AUTO or cfg.objective.needs_held_back(cfg):
+    if cfg.compressor.name == AUTO or cfg.objective.needs_held_back(cfg):
         return held_back_windows(tokenizer, cfg.text)
     return None
 

@@ -68,7 +68,7 @@ class LatencyObjective(Objective["LatencyOutcome"]):
             )
         from gac.objectives.latency.config import objective_config
 
-        return {"speedup": objective_config(cfg.compressor, cfg.compressor_options, cfg.speedup)}
+        return {"speedup": objective_config(cfg.compressor.name, cfg.compressor_options, cfg.speedup)}
 
     def evaluation_latency(self, cfg) -> LatencyConfig:
         """cfg.latency at the objective's phase shape."""
