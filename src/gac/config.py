@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gac.align.targets import get_target
 from gac.calibration.texts import TextConfig
-from gac.compressors import AUTO
+from gac.compressors import ASVDConfig, AutoConfig, CompressorConfig, compressor_for, config_for
 from gac.compressors.linalg import FACTORIZATIONS
 from gac.errors import ConfigError, GacError
 from gac.evaluate.latency import LatencyConfig
@@ -31,10 +32,17 @@ WHOLE_MODEL = "whole"
 
 @dataclass(frozen=True)
 class CompressConfig:
-    """Every default of `gac compress` lives here; the CLI passes only what the user gave."""
+    """Every default of `gac compress` lives here; the CLI passes only what the user gave.
+
+    `compressor` is a compressor's config (gac.compressors: ASVDConfig(alpha=0.5), PruneConfig(layers="all"), ...,
+    or AutoConfig for `--compressor auto`), whose type chooses the handler; a name ("asvd") is converted here to that
+    compressor's config with `compressor_options` set on it (CompressConfig(compressor="prune",
+    compressor_options={"layers": "all"})), each option checked by the config. `compressor_options` then records the
+    options as given (report.json's "compressor_options"; an objective reads which ones the user chose), a config's
+    own options besides where one was passed."""
 
     model: str = "smollm2-135m"
-    compressor: str = "asvd"
+    compressor: CompressorConfig = field(default_factory=ASVDConfig)  # or its name (converted in __post_init__)
     ratio: float | None = None  # share of compressible parameters to remove (None: DEFAULT_RATIO; none with a speedup)
     out: str | None = None
     alignment: int = ALIGNMENT
@@ -45,7 +53,7 @@ class CompressConfig:
     dtype: str = "float32"
     device: str = "cpu"
     factorization: str = "auto"  # gac.compressors.linalg.FACTORIZATIONS, or auto: gram on CUDA, gram32 on CPU
-    compressor_options: dict = field(default_factory=dict)
+    compressor_options: dict[str, Any] = field(default_factory=dict)
     speedup: SpeedupConfig | None = None  # latency as the objective, not a ratio (gac.objectives.latency)
     text: TextConfig = TextConfig()
     latency: LatencyConfig = LatencyConfig()  # with a speedup at the objective's shape (evaluation_latency)
@@ -62,7 +70,8 @@ class CompressConfig:
     dist_timeout_s: float | None = None  # under torchrun: how long a rank waits for the others at a collective (None:
     # GAC_DIST_TIMEOUT, else gac.distributed.DEFAULT_TIMEOUT_S)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
+        self._set(self._compressor_config())  # first: the objective's checks read it
         objective = self.objective  # one of ratio and speedup
         self._set(objective.settle(self))  # its own field checked first (a default ratio where none is given)
         if self.quantize is not None and (off_whole := self.off_whole_model()):
@@ -75,7 +84,7 @@ class CompressConfig:
                 "{heal} trains the whole model in memory, so it cannot run layer by layer: drop "
                 f"{off_whole}, or heal the output later with `gac heal`"
             )
-        if self.compressor == AUTO:
+        if isinstance(self.compressor, AutoConfig):
             self._check_auto()
         if self.dist_timeout_s is not None and not self.dist_timeout_s > 0:
             raise ConfigError(f"dist_timeout_s {self.dist_timeout_s} must be positive, e.g. {{dist_timeout_s:300}}")
@@ -83,14 +92,20 @@ class CompressConfig:
             raise ConfigError(f"alignment {self.alignment} must be a positive integer, e.g. {{alignment:8}}")
         if self.factorization not in ("auto", *FACTORIZATIONS):
             raise GacError(f"unknown factorization {self.factorization!r}: choose auto or {', '.join(FACTORIZATIONS)}")
-        from gac.align.targets import get_target
-
         target = get_target(self.target)  # a known target, or one line naming them
         if self.target and self.profile:
             raise ConfigError("{target} and {profile} both choose the candidates: pass one of them")
         if target is not None and not target.low_rank:
             self._check_no_low_rank(target.name)
         self._set(objective.check(self))  # the other fields against the objective (a speedup's resolved for them)
+
+    def _compressor_config(self) -> dict[str, Any]:
+        """The compressor as its config, `compressor_options` set on it, and the options as given."""
+        given, named = dict(self.compressor_options), self.compressor
+        if isinstance(named, str):  # a name, as the CLI and most callers give it
+            return {"compressor": config_for(named, **given), "compressor_options": given}
+        own = {k: v for k, v in named.options().items() if k not in given}
+        return {"compressor": named.with_options(**given), "compressor_options": {**given, **own}}
 
     def _set(self, fields: dict[str, Any]) -> None:
         """Set fields of this frozen config while it checks itself (what an objective settled or resolved)."""
@@ -100,27 +115,20 @@ class CompressConfig:
     def _check_no_low_rank(self, target: str) -> None:
         """A target whose format holds no low-rank projections (DeciLM's layers keep their MLP width and KV heads
         only) takes a compressor that cuts whole channels and heads."""
-        from gac.compressors import make_compressor
-
-        if self.compressor == AUTO:
+        if isinstance(self.compressor, AutoConfig):
             does = "compares low-rank compressors among others"
-        elif make_compressor(self.compressor).factorizes:
+        elif compressor_for(self.compressor).factorizes:
             does = "factorizes weights into low-rank pairs"
         else:
             return
         raise ConfigError(
-            f"{{compressor:{self.compressor}}} {does}, and the layers of {{target:{target}}} hold no ranks (only "
+            f"{{compressor:{self.compressor.name}}} {does}, and the layers of {{target:{target}}} hold no ranks (only "
             "their own widths): use {compressor:prune}, or drop {target}"
         )
 
     def _check_auto(self) -> None:
-        """--compressor auto compares every compressor at its defaults, analyzed on one whole-model calibration."""
-        if self.compressor_options:
-            raise ConfigError(
-                f"compressor options ({', '.join(sorted(self.compressor_options))}) apply to only some "
-                "compressors, and {compressor:auto} compares each at its defaults: drop them, or name "
-                "one compressor"
-            )
+        """--compressor auto compares every compressor at its defaults (AutoConfig takes no options), analyzed on one
+        whole-model calibration."""
         if off_whole := self.off_whole_model():
             raise ConfigError(
                 "{compressor:auto} analyzes every compressor with the whole model in memory, so it "

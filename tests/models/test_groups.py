@@ -178,3 +178,11 @@ def test_structure_round_trip(family):
     fresh.load_state_dict(model.state_dict())
     _close(_logits(fresh, IDS), _logits(model, IDS))
     assert isinstance(fresh.get_submodule(q1.linear), LowRankLinear)
+
+
+def test_the_kinds_names_are_the_registered_kinds():
+    """KINDS (torch-free: the deployment targets name them) lists KIND_TYPES' kinds, in its order."""
+    from gac.models.groups import KIND_TYPES
+    from gac.models.kinds import KINDS
+
+    assert tuple(KIND_TYPES) == KINDS

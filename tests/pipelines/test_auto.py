@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import pytest
 
@@ -44,6 +45,18 @@ class Sequence:
     def __call__(self, model, windows):
         self.calls += 1
         return 10.0 + self.step * (self.calls - 1)
+
+
+def test_a_candidate_s_figures_are_written_as_report_json_had_them():
+    """Predicted and Measured: typed while auto runs, today's keys (in today's order) in report.json's "auto"."""
+    from gac.pipelines.auto import LOSS_MODEL, Measured, Predicted
+
+    assert Predicted.of(0.1, LOSS_MODEL, 10, {}).to_dict() == {"loss": 0.1, "loss_from": LOSS_MODEL, "params": 10}
+    timed = Predicted.of(0.1, LOSS_MODEL, 10, {"ms": 2.0, "speedup": 1.5}).to_dict()
+    assert list(timed) == ["loss", "loss_from", "params", "ms", "speedup"]
+    assert Measured.of(0.2, 10, {}).to_dict() == {"loss": 0.2, "params": 10}
+    looped = Measured.of(0.2, 10, {"speedup": 1.3, "reached": False, "streams": {}}).to_dict()
+    assert looped == {"loss": 0.2, "params": 10, "speedup": 1.3, "reached": False, "streams": {}}
 
 
 @pytest.mark.slow
@@ -106,7 +119,9 @@ def test_auto_calibrates_once_and_keeps_what_the_single_run_builds(tiny4_dir, mo
             counts[name] += 1
             return real(*args, **kw)
 
-        monkeypatch.setattr(module, name, wrapper)
+        gac_modules = [m for n, m in list(sys.modules.items()) if n.split(".")[0] == "gac"]
+        for importer in [m for m in gac_modules if getattr(m, name, None) is real]:
+            monkeypatch.setattr(importer, name, wrapper)  # every module that imported it, at its top or not
 
     counted(gac.calibration.stats, "calibrate")
     counted(gac.calibration.importance, "output_fisher")

@@ -6,11 +6,33 @@ import math
 import numbers
 import operator
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from gac.errors import GacError
 from gac.hw.device import ALIGNMENT
 
+if TYPE_CHECKING:
+    from gac.models.kinds.base import DimGroup
+
 WINDOW = 4  # aligned candidates each side of d* for an external plan (`gac select`) and a profile's sweep
+
+
+class GroupUnit(Protocol):
+    """A dimension group as selection sees it (a compressor's unit, gac.compressors.base.Unit): its name, its group
+    and the profile sweep that times it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def group(self) -> DimGroup: ...
+    @property
+    def profile_op(self) -> str: ...
+    @property
+    def profile_shape(self) -> dict[str, int]: ...
+    @property
+    def min_dim(self) -> int: ...
+    @property
+    def max_dim(self) -> int: ...
 
 
 def aligned_candidates(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,7 +138,9 @@ def _finish(
     return KnapsackSolution(choice=choice, cost=cost, value=value, exact=exact, unit=unit)
 
 
-def _validate(costs, values, budget) -> tuple[list[list[int]], list[list[float]], int]:
+def _validate(
+    costs: Sequence[Sequence[int]], values: Sequence[Sequence[float]], budget: int
+) -> tuple[list[list[int]], list[list[float]], int]:
     try:
         budget = operator.index(budget)
     except TypeError:

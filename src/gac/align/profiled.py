@@ -6,22 +6,29 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from gac.align.candidates import WINDOW, aligned_candidates
+from torch import nn
+
+from gac.align.candidates import WINDOW, GroupUnit, aligned_candidates
+from gac.align.plan import Plan
 from gac.errors import GacError
 from gac.hw.cliffs import latency_table
 from gac.hw.device import ALIGNMENT
-from gac.hw.profile import FixedSizes, SweepSpec, cached_sweep
+from gac.hw.profile import FixedSizes, SweepSpec, cached_sweep, load_profile
+from gac.models.adapters import adapter_for, config_of
+from gac.models.dims import linear_dims
 
 log = logging.getLogger(__name__)
 
 
 def profile_for_model(
     profile_arg: str,
-    analyses,
-    ranks: dict,
+    analyses: Iterable[GroupUnit],
+    ranks: dict[str, int | None],
     *,
     device: str,
     dtype: str,
@@ -37,14 +44,13 @@ def profile_for_model(
 
     Auto keeps its own cache, one file per sweep spec (gac.hw.profile.cached_sweep), apart from the one-per-device
     cache of `gac profile`, so a second compression of the same model on the same device measures nothing."""
-    from gac.hw.profile import load_profile
-
     if profile_arg != "auto":
         return load_profile(profile_arg)
-    by_shape = defaultdict(list)  # (op, sorted shape items) -> the dims chosen for units of that shape
+    by_shape: defaultdict[tuple[str, tuple[tuple[str, int], ...]], list[int]] = defaultdict(list)  # (op, sorted
+    # shape items) -> the dims chosen for units of that shape
     for u in analyses:
-        if ranks[u.name] is not None and u.group.step == 1:
-            by_shape[(u.profile_op, tuple(sorted(u.profile_shape.items())))].append(ranks[u.name])
+        if (rank := ranks[u.name]) is not None and u.group.step == 1:
+            by_shape[(u.profile_op, tuple(sorted(u.profile_shape.items())))].append(rank)
     merged = None
     for (op, shape), dims in sorted(by_shape.items()):
         sizes = FixedSizes.of(op, dict(shape))
@@ -65,8 +71,8 @@ def profile_for_model(
 
 def profile_candidates_for(
     profile_arg: str,
-    units,
-    dims: dict,
+    units: Iterable[GroupUnit],
+    dims: dict[str, int | None],
     *,
     device: str,
     dtype: str,
@@ -100,11 +106,11 @@ class ProfileCandidates:
     """candidates_for(unit, d*, window) from a profile's sweeps, remembering what it ruled out: `excluded` maps each
     unit asked about to {dim: reason}, from the last (widest) window asked for."""
 
-    def __init__(self, profile: dict, ops: set[str], *, m: int, alignment: int, window: int):
+    def __init__(self, profile: dict, ops: set[str], *, m: int, alignment: int, window: int) -> None:
         self.profile, self.ops, self.m, self.alignment, self.window = profile, ops, m, alignment, window
         self.excluded: dict[str, dict] = {}  # for the report: which dims the profile ruled out, and why
 
-    def __call__(self, u, dim: int, window: int | None = None) -> list[int]:
+    def __call__(self, u: GroupUnit, dim: float, window: int | None = None) -> list[int]:
         window = self.window if window is None else window
         profile, m, alignment = self.profile, self.m, self.alignment
         if u.profile_op in self.ops:
@@ -185,7 +191,7 @@ def profile_candidates(
     return CandidateSet([best], excluded, note)
 
 
-def dims_around(centers, *, alignment: int = ALIGNMENT, window: int = WINDOW) -> tuple[int, ...]:
+def dims_around(centers: Iterable[float], *, alignment: int = ALIGNMENT, window: int = WINDOW) -> tuple[int, ...]:
     """Every d* (rounded) plus the aligned dims the candidate rule may consider around it, one multiple wider."""
     dims = set()
     for c in centers:
@@ -194,13 +200,11 @@ def dims_around(centers, *, alignment: int = ALIGNMENT, window: int = WINDOW) ->
     return tuple(sorted(dims))
 
 
-def spec_from_plan(plan, base: SweepSpec | None = None) -> SweepSpec:
+def spec_from_plan(plan: Plan | Mapping[str, Any] | str | Path, base: SweepSpec | None = None) -> SweepSpec:
     """`base` with dims swept around each weight's "dim" (and its explicit candidates) in a selection plan.
 
     `plan` is a gac.align.plan.Plan, its JSON object or a JSON path; its alignment and window set the windows.
     """
-    from gac.align.plan import Plan
-
     if not isinstance(plan, Plan):
         plan = Plan.from_dict(plan) if isinstance(plan, Mapping) else Plan.from_json(plan)
     dims = set(dims_around([w.dim for w in plan.weights], alignment=plan.alignment, window=plan.window))
@@ -210,15 +214,12 @@ def spec_from_plan(plan, base: SweepSpec | None = None) -> SweepSpec:
 
 
 def spec_from_model(
-    model, base: SweepSpec | None = None, *, alignment: int = ALIGNMENT, window: int = WINDOW
+    model: nn.Module, base: SweepSpec | None = None, *, alignment: int = ALIGNMENT, window: int = WINDOW
 ) -> SweepSpec:
     """`base` with dims swept around every compressible dim of a loaded model (ranks, PaLU group ranks, widths,
     head_dim), GEMMs sized by its hidden size; a mixture of experts also sweeps the experts op at its expert count
     and experts a token (the op its MoE layers' widths are timed by)."""
-    from gac.models.adapters import adapter_for
-    from gac.models.dims import linear_dims
-
-    config = model.config
+    config = config_of(model)
     adapter = adapter_for(config)
     dims = linear_dims(model, adapter.linear_names(config))
     centers = {r for d in dims for r in d.compressed_dims} | {x for d in dims for x in (d.in_features, d.out_features)}

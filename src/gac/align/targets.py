@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import TYPE_CHECKING, Any, overload
 
+from gac.align.candidates import GroupUnit
 from gac.errors import GacError
-from gac.models.groups import KINDS
+from gac.models.kinds import KINDS
+
+if TYPE_CHECKING:
+    from gac.models.kinds.base import DimGroup
 
 _Q32 = (
     "llama.cpp packs each weight row in blocks of 32 values for {t}; a row whose length (the down "
@@ -56,7 +61,7 @@ class Target:
     def constrains(self, kind: str) -> bool:
         return self.multiple(kind) is not None or self.out_multiple(kind) is not None or kind in self.whole
 
-    def allows(self, group, dim: int) -> bool:
+    def allows(self, group: DimGroup, dim: int) -> bool:
         """Input and output widths (each rank's, under tensor parallelism) that meet their multiples, or the group
         left whole: the unmodified model's own shape is not the compression's to fix (e.g. whole heads whose query
         width can never be a multiple of 256). A group the target's ranks cannot split is refused even whole: no
@@ -72,26 +77,26 @@ class Target:
             group.shard_out_lengths(dim, self.tp), self.out_multiple(group.kind)
         )
 
-    def allowed_dims(self, group) -> list[int]:
+    def allowed_dims(self, group: DimGroup) -> list[int]:
         """The group's grid points the target allows (at least its full dim, where it has one)."""
         return [d for d in group.grid() if self.allows(group, d)]
 
-    def candidates_for(self, alignment: int):
+    def candidates_for(self, alignment: int) -> _TargetCandidates:
         """A `candidates_for(unit, d*, window)` for gac.objectives.parameter.build_plan: the `window` allowed dims at or
         below d* and the `window` above (also multiples of `alignment` where the group's grid is fine-grained);
         a group no dim of which can meet the target keeps the static rule (and the report says so)."""
         return _TargetCandidates(self, alignment)
 
-    def report(self, units, chosen: dict) -> dict:
+    def report(self, units: Iterable[GroupUnit], chosen: dict[str, int | None]) -> dict[str, Any]:
         """report.json's "target": the rule, and for every group the target constrained its multiple, the row
         lengths of the chosen dim and whether they meet it (or why no dim of that group could)."""
-        groups = {}
+        groups: dict[str, dict[str, Any]] = {}
         for u in units:
             g, d = u.group, chosen.get(u.name)
             if not self.constrains(g.kind) or d is None:
                 continue
             m, n = self.multiple(g.kind), self.out_multiple(g.kind)
-            entry = {
+            entry: dict[str, Any] = {
                 "kind": g.kind,
                 "multiple": m,
                 "dim": int(d),
@@ -121,8 +126,9 @@ class Target:
         return {**out, "out_multiples": dict(self.out_multiples)} if self.out_multiples else out
 
 
-def _meet(lengths: list[int], multiple: int | None) -> bool:
-    return multiple is None or all(x % multiple == 0 for x in lengths)
+def _meet(lengths: list[int] | None, multiple: int | None) -> bool:
+    """Every length a multiple of `multiple` (None: no rule); no lengths (None: not split evenly) meet none."""
+    return multiple is None or (lengths is not None and all(x % multiple == 0 for x in lengths))
 
 
 class _TargetCandidates:
@@ -130,10 +136,10 @@ class _TargetCandidates:
 
     covers_grid = True
 
-    def __init__(self, target: Target, alignment: int):
+    def __init__(self, target: Target, alignment: int) -> None:
         self.target, self.alignment = target, alignment
 
-    def __call__(self, unit, d, window: int) -> list[int]:
+    def __call__(self, unit: GroupUnit, d: float, window: int) -> Sequence[int | None]:
         g = unit.group
         if g.kind in self.target.whole:  # the whole group, even where the target's ranks cannot split it
             return [g.full_dim]

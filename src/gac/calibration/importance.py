@@ -13,14 +13,16 @@ into fp32 channel sums as soon as autograd accumulates it and then freed, so no 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
-from gac.calibration.stats import weight_of
+from gac.calibration.stats import LinearStats, weight_of
+from gac.distributed import all_reduce_sum, batches_share, share, sum_numbers, world
 from gac.errors import ConfigError, GacError, literal
 
 PROXIES = ("magnitude", "activation", "taylor", "fisher")
@@ -83,7 +85,7 @@ class GradStats:
 
 
 @contextmanager
-def frozen_parameters(module):
+def frozen_parameters(module: nn.Module) -> Iterator[list[nn.Parameter]]:
     """Yield `module`'s parameters with requires_grad off while the block runs (activation gradients only; the
     block may turn some back on), each flag restored on exit."""
     params = list(module.parameters())
@@ -115,7 +117,7 @@ def channel_sums(grad: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor
 
 
 @contextmanager
-def collect_gradients(model, names: list[str]):
+def collect_gradients(model: nn.Module, names: list[str]) -> Iterator[dict[str, GradStats]]:
     """Yield {name: GradStats} filled by every backward pass run inside the block.
 
     Only the named linears' weights require grad while the block runs (nothing else gets a gradient); each weight's
@@ -125,8 +127,10 @@ def collect_gradients(model, names: list[str]):
     stats: dict[str, GradStats] = {}
     handles = []
 
-    def make_hook(name):
-        def hook(w):
+    def make_hook(name: str) -> Callable[[torch.Tensor], None]:
+        def hook(w: torch.Tensor) -> None:
+            if w.grad is None:  # a post-accumulate hook runs once there is one
+                return
             sums = channel_sums(w.grad.detach(), w.detach())
             s = stats.get(name)
             if s is None:
@@ -159,15 +163,13 @@ def collect_gradients(model, names: list[str]):
 
 
 def gradient_stats(
-    model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH, progress: bool = True
+    model: nn.Module, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH, progress: bool = True
 ) -> dict[str, GradStats]:
     """Language-modelling loss on the calibration windows [n, seq], backward batch by batch, per-channel sums.
 
     Memory-aware: gradients are folded in and freed weight by weight (collect_gradients), and a batch that runs
     out of accelerator memory is retried at half the size, with the sums it had already folded in rolled back.
     Under torchrun each rank runs its share of the batches and the sums are all-reduced: every rank calls it."""
-    from gac.distributed import batches_share, world
-
     device = next(model.parameters()).device
     if world().active:
         world().record_batches("windows_gradients", len(windows), batch_size)
@@ -215,8 +217,6 @@ def gradient_stats(
 
 def reduce_grads(stats: dict[str, GradStats]) -> None:
     """Every rank's gradient sums (fp32) and batch counts summed in place; a no-op in one process."""
-    from gac.distributed import all_reduce_sum, sum_numbers, world
-
     if not world().active:
         return
     names = sorted(stats)
@@ -228,7 +228,12 @@ def reduce_grads(stats: dict[str, GradStats]) -> None:
 
 
 def channel_scores(
-    proxy: str, model, names: list[str], *, stats: dict | None = None, grads: dict[str, GradStats] | None = None
+    proxy: str,
+    model: nn.Module,
+    names: list[str],
+    *,
+    stats: dict[str, LinearStats] | None = None,
+    grads: dict[str, GradStats] | None = None,
 ) -> dict[str, ChannelScores]:
     """{name: ChannelScores} for `proxy`. activation needs calibrate's stats; taylor and fisher need `grads`."""
     check_proxy(proxy)
@@ -261,7 +266,7 @@ def channel_scores(
     return out
 
 
-def routed_share(scores: ChannelScores, stats: dict | None, name: str) -> ChannelScores:
+def routed_share(scores: ChannelScores, stats: dict[str, LinearStats] | None, name: str) -> ChannelScores:
     """A fused expert weight's channel scores [E, n], each expert's scaled by its share of the tokens calibration
     routed (mean 1 over the experts: a rarely routed expert's channels matter less). Gradient proxies need no such
     weight: an expert's gradient sums over the tokens routed to it only. Other weights are returned as they are."""
@@ -274,10 +279,10 @@ def routed_share(scores: ChannelScores, stats: dict | None, name: str) -> Channe
 
 def measure(
     proxy: str,
-    model,
+    model: nn.Module,
     names: list[str],
     *,
-    stats: dict | None = None,
+    stats: dict[str, LinearStats] | None = None,
     windows: torch.Tensor | None = None,
     progress: bool = True,
 ) -> dict[str, ChannelScores]:
@@ -298,10 +303,10 @@ def measure(
 
 def weight_scores(
     proxy: str,
-    model,
+    model: nn.Module,
     names: list[str],
     *,
-    stats: dict | None = None,
+    stats: dict[str, LinearStats] | None = None,
     windows: torch.Tensor | None = None,
     progress: bool = True,
 ) -> list[float]:
@@ -352,7 +357,7 @@ def fisher_generator() -> torch.Generator:
 
 
 def output_fisher(
-    model, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH, progress: bool = True
+    model: nn.Module, windows: torch.Tensor, names: list[str], *, batch_size: int = GRAD_BATCH, progress: bool = True
 ) -> dict[str, torch.Tensor]:
     """{name: [out] float64}: E[(dl/dy_j)^2] per output channel j of each named linear, l the cross-entropy of a
     next-token prediction against a label drawn from the model's own softmax (drawn_label_losses), over the
@@ -363,19 +368,17 @@ def output_fisher(
     that recomputes one decoder layer from its stored input and back-propagates the gradients of its output.
     Under torchrun each rank runs its share of the windows, drawing the labels one process would draw for them, and
     the sums and token counts are all-reduced: every rank calls it."""
-    from gac.distributed import all_reduce_sum, share, sum_numbers, world
-
     device = next(model.parameters()).device
     terms, generator = 0, None
     mine = share(len(windows))
     idle = not mine  # fewer windows than ranks: run the first to shape the sums, then count nothing
     batches = [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)] or [[0]]  # global window indices
 
-    def leaf(_module, _inputs, output):
+    def leaf(_module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
         return output.detach().requires_grad_(True)
 
     with frozen_parameters(model):
-        handle = model.get_input_embeddings().register_forward_hook(leaf)
+        handle = input_embeddings(model).register_forward_hook(leaf)
         try:
             with (
                 output_grad_sums(model, names) as sums,
@@ -410,20 +413,28 @@ def output_fisher(
     return {name: s / max(terms, 1) for name, s in sums.items()}
 
 
+def input_embeddings(model: nn.Module) -> nn.Module:
+    """A transformers model's token embeddings, whose output the output-gradient pass starts from."""
+    get = getattr(model, "get_input_embeddings", None)
+    if get is None:
+        raise TypeError(f"{type(model).__name__} is not a transformers model: it has no input embeddings")
+    return get()
+
+
 @contextmanager
-def output_grad_sums(model, names: list[str]):
+def output_grad_sums(model: nn.Module, names: list[str]) -> Iterator[dict[str, torch.Tensor]]:
     """Yield {name: [out] float64}: sum over tokens of (dl/dy_j)^2 for each named linear's output y, filled by the
     backward passes run inside the block (only outputs that require grad are tracked). Hooks removed on exit; a
     linear whose output never received a gradient is an error."""
     sums: dict[str, torch.Tensor] = {}
     handles = []
 
-    def make_hook(name):
-        def forward_hook(_module, _inputs, output):
+    def make_hook(name: str) -> Callable[[nn.Module, object, torch.Tensor], None]:
+        def forward_hook(_module: nn.Module, _inputs: object, output: torch.Tensor) -> None:
             if not output.requires_grad:
                 return
 
-            def grad_hook(g):
+            def grad_hook(g: torch.Tensor) -> None:
                 g2 = g.detach().double().square().reshape(-1, g.shape[-1]).sum(0)  # [out]
                 sums[name] = sums[name] + g2 if name in sums else g2
 

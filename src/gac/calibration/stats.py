@@ -2,28 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from gac.calibration.gram import Gram
+from gac.distributed import all_gather_rows, all_reduce_sum, sum_numbers, windows_share, world
+from gac.errors import GacError
 
 CALIB_BATCH = 4  # calibration windows per forward batch (the layer-by-layer pipeline batches them alike)
 
 
-def weight_of(model, name: str):
+def weight_of(model: nn.Module, name: str) -> torch.Tensor:
     """The weight a group names: a linear's `.weight` [out, in], or a parameter itself (an MoE layer's fused expert
     weights, [E, out, in])."""
     try:
-        return model.get_submodule(name).weight
+        weight = model.get_submodule(name).weight
     except AttributeError:
         return model.get_parameter(name)
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{name}.weight is a {type(weight).__name__}, not a tensor")
+    return weight
 
 
-def fed_module(model, name: str):
+def fed_module(model: nn.Module, name: str) -> nn.Module:
     """The module whose forward input is the named weight's input: the linear itself, or the module owning a fused
     expert weight (the experts, called with the hidden states and each token's routed experts)."""
     try:
@@ -47,9 +54,23 @@ class LinearStats:
     def mean_abs(self) -> torch.Tensor:
         return self.abs_sum / max(self.tokens, 1)
 
+    @property
+    def gram(self) -> Gram:
+        """X^T X, which calibration collects where asked to (xtx=True)."""
+        if self.xtx is None:
+            raise GacError("this linear's X^T X was not collected: calibrate with xtx=compressor.needs_xtx")
+        return self.xtx
+
+
+def calibrated(stats: LinearStats | None) -> LinearStats:
+    """A linear's statistics, which a compressor scaling by its inputs needs."""
+    if stats is None:
+        raise GacError("a weight has no calibration statistics: calibrate every linear the compressor resizes")
+    return stats
+
 
 @contextmanager
-def collect_stats(model, names: list[str], *, xtx: bool = False):
+def collect_stats(model: nn.Module, names: list[str], *, xtx: bool = False) -> Iterator[dict[str, LinearStats]]:
     """Yield {name: LinearStats} filled by forward hooks while the block runs; hooks are removed on exit. A fused
     expert weight's statistics are those of its experts module's input (the hidden states before routing), and
     extra["routed"] [E] counts the tokens routed to each expert."""
@@ -61,8 +82,8 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
     owner: dict[str, Any] = {}
     shared: set[str] = set()
 
-    def make_hook(name, num_experts):
-        def hook(_module, inputs, _output):
+    def make_hook(name: str, num_experts: int) -> Callable[[nn.Module, tuple[torch.Tensor, ...], object], None]:
+        def hook(_module: nn.Module, inputs: tuple[torch.Tensor, ...], _output: object) -> None:
             raw = inputs[0]  # the same object for every linear fed by this activation
             x = raw.detach().reshape(-1, raw.shape[-1])  # [tokens, in]
             in_features = x.shape[1]
@@ -101,7 +122,7 @@ def collect_stats(model, names: list[str], *, xtx: bool = False):
 
 
 def calibrate(
-    model,
+    model: nn.Module,
     windows: torch.Tensor,
     names: list[str],
     *,
@@ -112,8 +133,6 @@ def calibrate(
     """Run the calibration windows [n, seq] through the model and return per-linear input statistics. Under torchrun
     each rank runs its share of the windows (r, r + N, ...) and the sums are all-reduced (reduce_stats): every rank
     calls it and gets the statistics of all the windows."""
-    from gac.distributed import windows_share, world
-
     device = next(model.parameters()).device
     mine = windows_share(windows)
     idle = len(mine) == 0  # fewer windows than ranks: run the first to shape the statistics, then count nothing
@@ -145,8 +164,6 @@ def zero_stats(stats: dict[str, LinearStats]) -> None:
 def reduce_stats(stats: dict[str, LinearStats]) -> None:
     """Sum every rank's statistics in place (SUM, in the dtype they accumulate in: fp32 |x| sums, fp64 X^T X, token
     and routing counts), each shared X^T X once; a no-op in one process."""
-    from gac.distributed import all_reduce_sum, sum_numbers
-
     names = sorted(stats)
     tokens = sum_numbers([stats[n].tokens for n in names], "summing calibration token counts")
     for n, t in zip(names, tokens):
@@ -164,8 +181,6 @@ def reduce_stats(stats: dict[str, LinearStats]) -> None:
 def reduce_gram(gram: Gram) -> None:
     """One X^T X summed over the ranks in place: the rows of every rank gathered while all of them together stay
     fewer than the columns (as one process keeps them), else the [in, in] float64 sums all-reduced."""
-    from gac.distributed import all_gather_rows, all_reduce_sum, sum_numbers
-
     rows, summed = sum_numbers([gram.row_count, float(gram.sum is not None)], "summing X^T X row counts")
     if not summed and rows <= gram.width:
         stacked = torch.cat(gram.rows) if gram.rows else torch.zeros(0, gram.width)

@@ -4,8 +4,16 @@ the standard library's sources, which healing trains on beside the docs; the tex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gac.errors import ConfigError, literal
+from gac.io.validate import field_integer
+from gac.io.validate import read_text as checked_text
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 EVAL_EVERY = 5  # every 5th pydoc topic (sorted by name) is held out for evaluation
 # calibration windows besides those that calibrate, on which --compressor auto and the --speedup guard compare models
@@ -40,7 +48,6 @@ def unlike_texts() -> dict[str, tuple[str, str]]:
     """{id: (name, text)} of the texts unlike the default calibration text that this Python distribution carries
     (UNLIKE): its licence, always, and IDLE's release notes where IDLE is installed."""
     import sysconfig
-    from pathlib import Path
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     out = {}
@@ -59,13 +66,12 @@ def unlike_texts() -> dict[str, tuple[str, str]]:
 SOURCES_LEFT_OUT = {"site-packages", "test", "tests", "idle_test"}  # standard-library folders not of its modules
 
 
-def stdlib_sources(tokenizer, tokens: int, seed: int = 0) -> str:
+def stdlib_sources(tokenizer: PreTrainedTokenizerBase, tokens: int, seed: int = 0) -> str:
     """Whole source files of the standard library's modules (no tests, no site-packages) in a seeded order, until
     they hold `tokens` tokens: code, its comments and docstrings, and the licence notices some modules carry, a kind
     of text the documentation lacks. The files differ between Python versions, the order never within one."""
     import random
     import sysconfig
-    from pathlib import Path
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in stdlib.rglob("*.py") if not SOURCES_LEFT_OUT & set(p.relative_to(stdlib).parts))
@@ -79,11 +85,9 @@ def stdlib_sources(tokenizer, tokens: int, seed: int = 0) -> str:
     return "\n\n".join(parts)
 
 
-def read_text(path, flag: str = "--calib-file/--eval-file") -> str:
+def read_text(path: str | Path, flag: str = "--calib-file/--eval-file") -> str:
     """A user's text file: bounded, UTF-8 (or UTF-16/32 with a BOM), refused when binary (see gac.io.validate)."""
-    from gac.io.validate import read_text as checked
-
-    return checked(path, "text file", flag)
+    return checked_text(path, "text file", flag)
 
 
 @dataclass(frozen=True)
@@ -94,15 +98,15 @@ class TextConfig:
     calib_windows: int = 16
     eval_windows: int = 24
 
-    def __post_init__(self):
-        from gac.io.validate import field_integer
-
+    def __post_init__(self) -> None:
         field_integer(self.seq_len, "seq_len", example=512)
         field_integer(self.calib_windows, "calib_windows", example=16)
         field_integer(self.eval_windows, "eval_windows", example=24)
 
 
-def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what: str):
+def token_windows(
+    tokenizer: PreTrainedTokenizerBase, text: str, seq_len: int, max_windows: int, *, what: str
+) -> torch.Tensor:
     """Non-overlapping [n, seq_len] token windows from the start of `text` (n <= max_windows). Where the tokenizer
     starts a sequence with BOS, so does every window (BOS, then seq_len - 1 tokens of text), as llama.cpp's
     perplexity and lm-evaluation-harness's rolling windows do: a model trained with BOS first (Gemma) computes
@@ -124,7 +128,7 @@ def token_windows(tokenizer, text: str, seq_len: int, max_windows: int, *, what:
     return torch.cat([torch.full((n, 1), bos, dtype=torch.long), windows], dim=1)  # [n, seq_len]
 
 
-def start_token(tokenizer) -> int | None:
+def start_token(tokenizer: PreTrainedTokenizerBase) -> int | None:
     """The BOS id the tokenizer puts before a text it encodes, or None where it puts none (found by encoding one:
     the flag's name and the post-processor differ between tokenizer classes)."""
     bos = tokenizer.bos_token_id
@@ -132,14 +136,14 @@ def start_token(tokenizer) -> int | None:
     return bos if bos is not None and with_specials[:1] == [bos] else None
 
 
-def spread(total: int, n: int):
+def spread(total: int, n: int) -> torch.Tensor:
     """Indices [min(n, total)] of `n` of `total` windows spread evenly from the first to the last, in order."""
     import torch
 
     return torch.linspace(0, total - 1, n).round().long() if total > n else torch.arange(total)
 
 
-def calibration_windows(tokenizer, cfg: TextConfig):
+def calibration_windows(tokenizer: PreTrainedTokenizerBase, cfg: TextConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(calibrating windows, the rest) [n, seq_len] and [N - n, seq_len]: every window of the calibration text
     (cfg.calib_file, or the docs' calibration part), cfg.calib_windows of them spread evenly over it. Windows spread
     over the whole text fit it less narrowly than its first pages: a compressor calibrated on them loses less on
@@ -153,7 +157,7 @@ def calibration_windows(tokenizer, cfg: TextConfig):
     return every[chosen], every[~chosen]
 
 
-def held_back_windows(tokenizer, cfg: TextConfig, n: int = HELD_BACK_WINDOWS):
+def held_back_windows(tokenizer: PreTrainedTokenizerBase, cfg: TextConfig, n: int = HELD_BACK_WINDOWS) -> torch.Tensor:
     """Up to `n` calibration windows [k, seq_len] apart from the cfg.calib_windows that calibrate, spread evenly over
     the rest: calibration text that the analysis never saw, to compare models on without touching the evaluation
     text."""
@@ -167,7 +171,7 @@ def held_back_windows(tokenizer, cfg: TextConfig, n: int = HELD_BACK_WINDOWS):
     return rest[spread(rest.shape[0], n)]
 
 
-def load_windows(tokenizer, cfg: TextConfig):
+def load_windows(tokenizer: PreTrainedTokenizerBase, cfg: TextConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(calibration windows spread over the calibration text, evaluation windows from the start of the held-out
     text) as LongTensors [n, seq_len]."""
     held_out = read_text(cfg.eval_file, "--eval-file") if cfg.eval_file else pydoc_split()[1]

@@ -10,7 +10,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gac.checkpoint.placement import SHARD_SIZE
 from gac.checkpoint.verify import check_modeling_code, code_hash
@@ -121,7 +121,8 @@ def layers_of(model: nn.Module) -> list[DeciLayer]:
     low-rank projection, fewer query heads than the model's, KV heads that do not divide them)."""
     if any(is_lowrank(m) or is_grouped_lowrank(m) for m in model.modules()):
         raise GacError(f"this model has low-rank (factorized) projections, which DeciLM cannot hold: {_LOW_RANK_FIX}")
-    heads = adapter_for(model.config).geometry(model.config).num_heads
+    config = cast("PretrainedConfig", model.config)  # a transformers model's, as every caller's is
+    heads = adapter_for(config).geometry(config).num_heads
     out = []
     for i, (mlp, attention) in enumerate(zip(groups_of(model, "mlp"), groups_of(model, "heads"))):
         if attention.live_heads != heads:

@@ -7,39 +7,21 @@ import click
 from gac.align.targets import TARGETS
 from gac.cli.heal import heal_config, heal_options
 from gac.cli.objective import latency_objective, speedup_options
-from gac.cli.options import CONFIG_FLAGS, Int, Real
+from gac.cli.options import Int, Real
 from gac.cli.quantize import SCHEMES, quantize_config, quantize_options
-from gac.compressors import AUTO, CHOICES  # names only: the compressors themselves (and torch) load when one is built
 
-# gac.calibration.importance.LOWRANK_IMPORTANCE, spelled here so that parsing options imports no torch (a test holds
-# them equal)
+# gac.compressors.CHOICES (the registry's names, then auto), spelled here so that parsing options imports no torch (a
+# test holds them equal); the compressors' configs map the options below when the command runs
+COMPRESSORS = ("svd", "asvd", "svd_llm", "prune", "palu", "auto")
+# gac.calibration.importance.LOWRANK_IMPORTANCE, likewise
 IMPORTANCE = ("output", "magnitude", "activation", "taylor", "fisher")
 FACTORIZATIONS = ("svd", "gram", "gram32")  # gac.compressors.linalg.FACTORIZATIONS, likewise
 PIPELINES = ("whole", "layerwise", "auto")  # gac.pipelines.PIPELINES' names and gac.config.AUTO_PIPELINE, likewise
-# the compressor options' flags (each compressor's config fields)
-FLAGS = {k: CONFIG_FLAGS[k] for k in ("alpha", "importance", "layers", "head_mode", "group_size", "drop_experts")}
 
 
 def _given(**kwargs) -> dict:
     """Only the options the user actually passed, so the dataclass defaults stay the single source."""
     return {k: v for k, v in kwargs.items() if v is not None}
-
-
-def _check_options(compressor: str, options: dict) -> None:
-    """A compressor option the chosen compressor's config does not have is a user error, not a traceback (under
-    auto, which takes none, gac.config.CompressConfig says so)."""
-    import dataclasses
-    import importlib
-
-    from gac.compressors import REGISTRY
-    from gac.errors import GacError
-
-    if compressor == AUTO:
-        return
-    fields = {f.name for f in dataclasses.fields(importlib.import_module(REGISTRY[compressor]).CONFIG)}
-    for key in options:
-        if key not in fields:
-            raise GacError(f"{FLAGS.get(key, key)} does not apply to --compressor {compressor}: leave it out")
 
 
 def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, calib_file, eval_file) -> None:
@@ -68,7 +50,7 @@ def _check_inputs(model, out, force, profile, allow_mismatch, device, dtype, cal
 @click.option("--model", help="smollm2-135m (default, embedded), a HF model dir, a .gguf file, or a hub id.")
 @click.option(
     "--compressor",
-    type=click.Choice(list(CHOICES)),
+    type=click.Choice(COMPRESSORS),
     help="Dimension-reducing compressor, or auto: analyze asvd, svd_llm, palu and prune on one calibration, "
     "predict each one's loss at the target, build the best two, keep the lower loss on held-back "
     "calibration text (report.md lists them all) [default: asvd].",
@@ -283,6 +265,8 @@ def command(
     from gac.calibration.texts import TextConfig
     from gac.evaluate.latency import LatencyConfig
 
+    # the compressor's options by its config's field names (gac.cli.options.CONFIG_FLAGS): CompressConfig sets them on
+    # the config of the compressor named, which refuses one it does not have ("--alpha does not apply to ...")
     options = _given(
         alpha=alpha,
         importance=importance,
@@ -291,7 +275,6 @@ def command(
         group_size=group_size,
         drop_experts=drop_experts,
     )
-    _check_options(compressor or CompressConfig.compressor, options)
     healing = dict(
         heal_file=heal_file,
         heal_tokens=heal_tokens,

@@ -3,9 +3,12 @@ the library's configuration fields are given as (CONFIG_FLAGS), which the CLI's 
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from gac.errors import ConfigError, GacError
+from gac.io.validate import real
 
 # a config field (or one setting of it) -> the option that sets it: a ConfigError names fields, the CLI its flags
 CONFIG_FLAGS = {
@@ -74,7 +77,7 @@ class Int(click.ParamType):
     def __init__(self, minimum: int = 1, maximum: int | None = None, *, example: int, hint: str = ""):
         self.minimum, self.maximum, self.example, self.hint = minimum, maximum, example, hint
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         flag = param.opts[0] if param is not None and param.opts else "value"
         try:
             number = value if isinstance(value, int) else int(str(value).strip(), 10)
@@ -95,8 +98,6 @@ class Real(click.ParamType):
     def __init__(self, low: float | None = None, high: float | None = None, *, example: float, what: str = ""):
         self.low, self.high, self.example, self.what = low, high, example, what
 
-    def convert(self, value, param, ctx):
-        from gac.io.validate import real
-
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         flag = param.opts[0] if param is not None and param.opts else "value"
         return real(value, flag, low=self.low, high=self.high, example=self.example)

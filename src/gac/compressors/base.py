@@ -12,16 +12,23 @@ beyond that ({key: tensor}, cached on disk per layer), load_cut_state(units, ten
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
+from torch import nn
+from tqdm.auto import tqdm
 
+from gac.calibration.importance import GRADIENT_PROXIES, OUTPUT, output_fisher, weight_scores
+from gac.calibration.stats import LinearStats, weight_of
 from gac.compressors.allocation import DENSE, allocate_ranks
+from gac.compressors.config import CompressorConfig
 from gac.compressors.linalg import ScaledSVD, factorize_from_svd, scaled_svd
 from gac.compressors.loss_model import (
     allocate_by_curves,
@@ -31,9 +38,14 @@ from gac.compressors.loss_model import (
     truncation_factors,
 )
 from gac.compressors.quality import curve_quality, energy_quality
+from gac.compressors.sensitivity import loss_per_energy
 from gac.errors import ConfigError, GacError
 from gac.hw.threads import map_over_ranks
+from gac.models import surgery
+from gac.models.cuts import Cut, Factors
 from gac.models.groups import DimGroup, RankGroup, groups_of, linears_of
+from gac.models.kinds.rank import max_useful_rank
+from gac.models.structure import structure_of
 
 log = logging.getLogger(__name__)
 SLOPE_SPAN = 8  # ranks either side of d* for the plan's score: GAC's candidates lie one alignment step away
@@ -83,7 +95,7 @@ class Unit:
         return self.group.profile_op
 
     @property
-    def profile_shape(self) -> dict:
+    def profile_shape(self) -> dict[str, int]:
         return self.group.profile_shape
 
     def params(self, dim: int | None) -> int:
@@ -98,7 +110,7 @@ class Unit:
         model, the knapsack uses the linear score * (|W(d)| - |W(d*)|)."""
         return None
 
-    def quality_values(self, candidates: list) -> list[float]:
+    def quality_values(self, candidates: Sequence[int | None]) -> list[float]:
         """Retained quality at each candidate dim (None: as the original), higher is better, 0 the original:
         what the latency objective's knapsack adds up (gac.compressors.quality)."""
         raise TypeError(f"{type(self).__name__} has no quality model")
@@ -110,8 +122,20 @@ class Unit:
         return False
 
 
+ConfigT = TypeVar("ConfigT", bound=CompressorConfig)  # the config a compressor is built from, and dispatched by
 GroupT = TypeVar("GroupT", bound=DimGroup)  # the kind of group a compressor resizes
 UnitT = TypeVar("UnitT", bound=Unit)  # the unit it analyzes them into
+Stats = dict[str, LinearStats]  # calibration statistics per linear (gac.calibration.stats)
+
+
+class LayerShapes(Protocol):
+    """One decoder layer's sizes as the memory forecast reads them off a config (gac.pipelines.memory.Shapes)."""
+
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def kv_width(self) -> int: ...
+    def factorized(self) -> list[tuple[int, int]]: ...
 
 
 @dataclass
@@ -161,7 +185,7 @@ class LowRankUnit(Unit):
         inputs' second moment per token (gac.compressors.loss_model), so nats per token, whatever the compressor."""
         return self.curve is not None
 
-    def quality_values(self, candidates: list) -> list[float]:
+    def quality_values(self, candidates: Sequence[int | None]) -> list[float]:
         """Minus the loss model's predicted loss, or without a curve minus the importance the lost spectral energy
         carries."""
         if self.curve is not None:
@@ -189,31 +213,29 @@ class LowRankUnit(Unit):
         return self.score * self.numel * float(energy[min(rank, energy.numel() - 1)]) / self.params_per_dim
 
 
-class Compressor(Generic[GroupT, UnitT]):
-    """What every compressor shares: its config, its importance proxy, materialization through surgery. GroupT: the
-    kind of group it resizes; UnitT: the unit analyze makes of each."""
+class Compressor(ABC, Generic[ConfigT, GroupT, UnitT]):
+    """What every compressor shares: its config, its importance proxy, materialization through surgery. ConfigT: the
+    config it is built from (its type chooses this handler, gac.compressors.compressor_for); GroupT: the kind of group
+    it resizes; UnitT: the unit analyze makes of each."""
 
     name = "compressor"
     own_xtx = False  # whether the cut itself needs X^T X (whitening)
+    factorization = "svd"  # how low-rank compressors take their spectra: gac.compressors.linalg.FACTORIZATIONS
+    factorizes = False  # whether its cut is a low-rank factorization (factors to hold; no llama.cpp architecture)
+
+    def __init__(self, config: ConfigT):
+        self.config = config
 
     @property
     def needs_xtx(self) -> bool:
         """Calibration must collect X^T X: for the cut, or for the "output" loss model."""
-        from gac.calibration.importance import OUTPUT
-
         return self.own_xtx or self.proxy == OUTPUT
-
-    factorization = "svd"  # how low-rank compressors take their spectra: gac.compressors.linalg.FACTORIZATIONS
-    factorizes = False  # whether its cut is a low-rank factorization (factors to hold; no llama.cpp architecture)
-
-    def __init__(self, config):
-        self.config = config
 
     @property
     def proxy(self) -> str | None:
         """The importance proxy chosen in the config (gac.calibration.importance.PROXIES), or None for the compressor's
         own."""
-        return getattr(self.config, "importance", None)
+        return self.config.importance
 
     @property
     def measures_sensitivity(self) -> bool:
@@ -223,80 +245,74 @@ class Compressor(Generic[GroupT, UnitT]):
     @property
     def needs_windows(self) -> bool:
         """Whether analyze needs the calibration windows (a gradient pass for taylor or fisher)."""
-        from gac.calibration.importance import GRADIENT_PROXIES, OUTPUT
-
         return self.proxy in (*GRADIENT_PROXIES, OUTPUT)
 
-    def groups(self, model) -> Sequence[GroupT]:
-        raise NotImplementedError
+    @abstractmethod
+    def groups(self, model: nn.Module) -> Sequence[GroupT]:
+        """The groups of `model` it resizes."""
 
+    @abstractmethod
     def analyze(
         self,
-        model,
+        model: nn.Module,
         groups: Sequence[GroupT],
-        stats: dict,
+        stats: Stats,
         *,
-        probe=None,
+        probe: torch.Tensor | None = None,
         keep: float = 0.85,
         progress: bool = True,
-        windows=None,
+        windows: torch.Tensor | None = None,
     ) -> list[UnitT]:
         """One unit per group: its importance and, where the compressor has one, its loss model."""
-        raise NotImplementedError
 
+    @abstractmethod
     def allocate(self, units: list[UnitT], budget: int) -> dict[str, int | None]:
         """The compressor's own (unaligned) dims d* under `budget` parameters; None keeps a group whole."""
-        raise NotImplementedError
 
-    def cut(self, unit: UnitT, dim: int):
-        raise NotImplementedError
+    @abstractmethod
+    def cut(self, unit: UnitT, dim: int) -> Cut:
+        """The tensors of the unit's group at `dim` (gac.models.surgery's Factors, Keep, KeepHeads or KeepExperts)."""
 
-    def normalize(self, units: list[UnitT], scores) -> list[UnitT]:
+    def normalize(self, units: list[UnitT], scores: Sequence[float]) -> list[UnitT]:
         """Scores per parameter made relative (mean 1 over `units`)."""
         return normalize_scores(units, scores)
 
-    def factorize_units(self, model, units: list[UnitT], stats: dict) -> None:
+    def factorize_units(self, model: nn.Module, units: list[UnitT], stats: Stats) -> None:
         """What `cut` needs beyond the units' importance (the low-rank factors), from the weights and calibration
         statistics of the units' layer. Nothing for compressors whose units hold all they cut by."""
 
-    def cut_state(self, model, units: list[UnitT]) -> dict:
+    def cut_state(self, model: nn.Module, units: list[UnitT]) -> dict[str, torch.Tensor]:
         """{key: tensor}: what `cut` needs beyond what release_factors keeps, for every dim selection may ask. A
         compressor that overrides factorize_units overrides this too; empty for units that hold all they cut by."""
         return {}
 
-    def cut_state_bytes(self, shapes, value_bytes: int) -> int:
+    def cut_state_bytes(self, shapes: LayerShapes, value_bytes: int) -> int:
         """The size of one layer's cut_state at `value_bytes` per value, from its shapes alone
         (gac.pipelines.memory.Shapes): what the memory forecast counts for the layer-wise factor cache."""
         return 0
 
-    def load_cut_state(self, units: list[UnitT], tensors: dict) -> None:
+    def load_cut_state(self, units: list[UnitT], tensors: dict[str, torch.Tensor]) -> None:
         """Give `units` back what cut_state returned (the tensors may be read from disk)."""
 
     def release_factors(self, units: list[UnitT]) -> None:
         """Drop what factorize_units computed, keeping what selection reads (spectra, curves, importances)."""
 
-    def materialize(self, model, units: list[UnitT], dims: dict) -> dict:
+    def materialize(self, model: nn.Module, units: list[UnitT], dims: dict[str, int | None]) -> dict:
         """Cut every unit whose dim is not None into `model`, in place; returns the model's saved structure."""
-        from gac.models.structure import structure_of
-
         self.materialize_units(model, units, dims)
         return structure_of(model)
 
-    def built(self, model, units: list[UnitT], dims: dict):
+    def built(self, model: nn.Module, units: list[UnitT], dims: dict[str, int | None]) -> nn.Module:
         """A copy of `model` cut to `dims`, in eval mode; `model` itself is left as it is (a variant to time or
         evaluate beside it)."""
-        import copy
-
         copied = copy.deepcopy(model)
         self.materialize_units(copied, units, dims)
         return copied.eval()
 
-    def materialize_units(self, model, units: list[UnitT], dims: dict) -> None:
+    def materialize_units(self, model: nn.Module, units: list[UnitT], dims: dict[str, int | None]) -> None:
         """Cut every unit whose dim is not None into `model`, in place (through gac.models.surgery); a unit whose
         group changes the model even whole (DimGroup.changes_whole: experts dropped) is cut at its max_dim."""
-        from gac.models import surgery
-
-        cuts = []
+        cuts: list[tuple[DimGroup, Cut]] = []
         for u in units:
             dim = dims[u.name]
             if dim is None and u.group.changes_whole:
@@ -307,7 +323,7 @@ class Compressor(Generic[GroupT, UnitT]):
         surgery.apply(model, cuts)
 
 
-def normalize_scores(units: list[UnitT], scores) -> list[UnitT]:
+def normalize_scores(units: list[UnitT], scores: Sequence[float]) -> list[UnitT]:
     """Set each unit's score to its share of the mean (mean 1 over the units)."""
     mean = float(np.mean(scores)) or 1.0
     for u, s in zip(units, scores):
@@ -315,31 +331,37 @@ def normalize_scores(units: list[UnitT], scores) -> list[UnitT]:
     return units
 
 
-class LowRankCompressor(Compressor[RankGroup, LowRankUnit]):
+class LowRankCompressor(Compressor[ConfigT, RankGroup, LowRankUnit]):
     """Factorize every compressible linear as b(a(x)). Subclasses define the input scaling and the importance."""
 
     name = "lowrank"
     factorizes = True
 
-    def groups(self, model) -> Sequence[RankGroup]:
+    def groups(self, model: nn.Module) -> Sequence[RankGroup]:
         return groups_of(model, "rank")
 
     # --- what subclasses change -------------------------------------------------------------
-    def input_scale(self, weight: torch.Tensor, stats) -> torch.Tensor | None:
+    def input_scale(self, weight: torch.Tensor, stats: LinearStats | None) -> torch.Tensor | None:
         """Per-input-channel scale applied before the SVD (None: plain SVD)."""
         return None
 
     def importance(
-        self, model, units: list[LowRankUnit], stats: dict, probe, keep: float, progress: bool
+        self,
+        model: nn.Module,
+        units: Sequence[LowRankUnit],
+        stats: Stats,
+        probe: torch.Tensor | None,
+        keep: float,
+        progress: bool,
     ) -> list[float]:
         """Importance per parameter of each weight, before normalization. Default: weight magnitude."""
-        return [float(model.get_submodule(u.group.linear).weight.detach().float().pow(2).mean()) for u in units]
+        return [float(weight_of(model, u.group.linear).detach().float().pow(2).mean()) for u in units]
 
-    def measured_sensitivity(self, model, units: list[LowRankUnit], probe, keep: float, progress: bool) -> list[float]:
+    def measured_sensitivity(
+        self, model: nn.Module, units: Sequence[LowRankUnit], probe: torch.Tensor, keep: float, progress: bool
+    ) -> list[float]:
         """ASVD's sensitivity: the calibration-loss rise when a weight alone is truncated, per unit of its lost
         (scaled) spectral energy, spread over the weight's parameters."""
-        from gac.compressors.sensitivity import loss_per_energy
-
         per_energy = loss_per_energy(model, units, probe, keep, progress)
         return [p / u.numel for p, u in zip(per_energy, units)]
 
@@ -352,20 +374,17 @@ class LowRankCompressor(Compressor[RankGroup, LowRankUnit]):
     # --- shared -------------------------------------------------------------------------------
     def analyze(
         self,
-        model,
+        model: nn.Module,
         groups: Sequence[RankGroup],
-        stats: dict,
+        stats: Stats,
         *,
-        probe=None,
+        probe: torch.Tensor | None = None,
         keep: float = 0.85,
         progress: bool = True,
-        windows=None,
+        windows: torch.Tensor | None = None,
     ) -> list[LowRankUnit]:
         """Scaled SVD of every weight and its importance (probe: a short calibration window for measured
         importance; keep: 1 - ratio; windows: the calibration windows, for a gradient-based proxy)."""
-
-        from gac.calibration.importance import OUTPUT
-
         units = [LowRankUnit(g) for g in groups]
         self.factorize_units(model, units, stats, progress=progress)
         if self.proxy == OUTPUT:
@@ -375,22 +394,19 @@ class LowRankCompressor(Compressor[RankGroup, LowRankUnit]):
         elif self.proxy is None:
             scores = self.importance(model, units, stats, probe, keep, progress)
         else:
-            from gac.calibration.importance import weight_scores
-
             scores = weight_scores(
                 self.proxy, model, linears_of(groups), stats=stats, windows=windows, progress=progress
             )
         return self.normalize(units, scores)
 
-    def factorize_units(self, model, units: list[LowRankUnit], stats: dict, progress: bool = False) -> None:
+    def factorize_units(self, model: nn.Module, units: list[LowRankUnit], stats: Stats, progress: bool = False) -> None:
         """The scaled SVD of each unit's weight (rows), its input transform from the calibration statistics."""
-        from tqdm.auto import tqdm
 
         def factorize(u: LowRankUnit) -> ScaledSVD:
-            w = model.get_submodule(u.group.linear).weight.detach()[u.group.rows]  # [out, in]
+            w = weight_of(model, u.group.linear).detach()[u.group.rows]  # [out, in]
             return scaled_svd(w, self.input_scale(w, stats.get(u.group.linear)), self.factorization, u.max_dim)
 
-        device = model.get_submodule(units[0].group.linear).weight.device if units else "cpu"
+        device = weight_of(model, units[0].group.linear).device if units else "cpu"
         with tqdm(total=len(units), desc=f"{self.name}: factorizing", unit="weight", disable=not progress) as bar:
             for u, svd in zip(
                 units,
@@ -405,23 +421,21 @@ class LowRankCompressor(Compressor[RankGroup, LowRankUnit]):
             ):
                 u.svd = svd
 
-    def cut_state(self, model, units: list[LowRankUnit]) -> dict:
+    def cut_state(self, model: nn.Module, units: list[LowRankUnit]) -> dict[str, torch.Tensor]:
         """The factors A [max_dim, in] and B [out, max_dim] of every unit, which `cut` slices at any rank, in the
         weight's dtype: surgery casts them to it, and a cast commutes with slicing."""
         state = {}
         for u in units:
-            dtype = model.get_submodule(u.group.linear).weight.dtype
+            dtype = weight_of(model, u.group.linear).dtype
             A, B = max_rank_factors(u.spectrum, u.max_dim)
             state[f"{u.name}.A"], state[f"{u.name}.B"] = A.to(dtype), B.to(dtype)
         return state
 
-    def cut_state_bytes(self, shapes, value_bytes: int) -> int:
+    def cut_state_bytes(self, shapes: LayerShapes, value_bytes: int) -> int:
         """A and B of every linear at the largest rank selection may ask for (break-even)."""
-        from gac.models.kinds.rank import max_useful_rank
-
         return sum(value_bytes * max_useful_rank(i, o) * (o + i) for o, i in shapes.factorized())
 
-    def load_cut_state(self, units: list[LowRankUnit], tensors: dict) -> None:
+    def load_cut_state(self, units: list[LowRankUnit], tensors: dict[str, torch.Tensor]) -> None:
         for u in units:
             u.factors = (tensors[f"{u.name}.A"], tensors[f"{u.name}.B"])
 
@@ -446,12 +460,10 @@ class LowRankCompressor(Compressor[RankGroup, LowRankUnit]):
         )
         return {u.name: r for u, r in zip(units, ranks)}
 
-    def cut(self, unit: LowRankUnit, dim: int):
+    def cut(self, unit: LowRankUnit, dim: int) -> Factors:
         """The first `dim` rows of A and columns of B of the factors at max_dim (loaded, or from the SVD), so that
         cached and recomputed factors cut alike: a whitening solve (svd_llm, palu) at rank `dim` would differ from
         the one at max_dim in the last bits."""
-        from gac.models.surgery import Factors
-
         A, B = unit.factors or max_rank_factors(unit.spectrum, max(dim, unit.max_dim))
         if dim > A.shape[0]:
             raise GacError(
@@ -468,20 +480,22 @@ def max_rank_factors(svd: ScaledSVD, rank: int) -> tuple[torch.Tensor, torch.Ten
     return A.float(), B.float()
 
 
-def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progress: bool) -> None:
+def add_loss_curves(
+    model: nn.Module, units: Sequence[LowRankUnit], stats: Stats, windows: torch.Tensor | None, progress: bool
+) -> None:
     """Each unit's loss-model curve, from calibration statistics: X^T X / tokens of its input and the
     output-gradient Fisher of the rows it covers (one gradient pass, unless a caller cached it in stats)."""
-    from gac.calibration.importance import output_fisher
-
     names = linears_of([u.group for u in units])
-    if all(stats[n].out_fisher is not None for n in names):
-        fishers = {n: stats[n].out_fisher for n in names}
+    cached = {n: f for n in names if (f := stats[n].out_fisher) is not None}
+    if len(cached) == len(names):
+        fishers = cached
     elif windows is None:
         raise GacError("importance 'output' needs the calibration windows for its output-gradient pass")
     else:
         fishers = output_fisher(model, windows, names, progress=progress)
     start = time.perf_counter()
-    if any(stats[u.group.linear].xtx is None for u in units):
+    grams = {n: g for n in names if (g := stats[n].xtx) is not None}
+    if len(grams) < len(names):
         raise GacError("importance 'output' needs X^T X from calibration: calibrate with xtx=compressor.needs_xtx")
 
     def curve(u: LowRankUnit) -> np.ndarray:
@@ -489,7 +503,7 @@ def add_loss_curves(model, units: list[LowRankUnit], stats: dict, windows, progr
         U, Vh = svd.vectors()
         # C = X^T X / tokens, applied to Q [k, k] instead of to X^T X [in, in]: no second [in, in] float64 copy
         # (1.6 GiB for a 14336-wide input)
-        s, P, Q = truncation_factors(U, svd.S, Vh, svd.scale, linear_stats.xtx, fishers[g.linear][g.rows].to(U.device))
+        s, P, Q = truncation_factors(U, svd.S, Vh, svd.scale, grams[g.linear], fishers[g.linear][g.rows].to(U.device))
         return lowrank_loss_curve(s, P, Q / max(linear_stats.tokens, 1), u.max_dim)
 
     device = units[0].spectrum.vectors()[0].device if units else "cpu"
@@ -517,6 +531,7 @@ def allocate_by_loss_model(units: list[LowRankUnit], budget: int) -> dict[str, i
 __all__ = [
     "DENSE",
     "Compressor",
+    "LayerShapes",
     "LowRankCompressor",
     "LowRankUnit",
     "Unit",

@@ -32,7 +32,7 @@ def truncation_factors(
     scale: torch.Tensor | None,
     gram: Gram,
     out_fisher: torch.Tensor | None = None,
-):
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(s [k], P [k, k], Q [k, k]) in float64 for the curve of the factorization W S = U diag(S) Vh.
 
     scale: None, [in] (W S = W diag(scale)) or [in, in] lower-triangular (W S = W @ scale).
@@ -53,10 +53,12 @@ def truncation_factors(
     return S.double(), P.double(), Q.double()
 
 
-def lowrank_loss_curve(s, P, Q, cap: int | None = None) -> np.ndarray:
+def lowrank_loss_curve(
+    s: torch.Tensor | np.ndarray, P: torch.Tensor | np.ndarray, Q: torch.Tensor | np.ndarray, cap: int | None = None
+) -> np.ndarray:
     """Predicted loss increase at rank r = 0..cap (float64 [cap + 1]) from truncation_factors' output:
     1/2 * sum_{i,k >= r} s_i s_k P_ik Q_ik. Non-negative and 0 at full rank when P and Q are PSD."""
-    s, P, Q = (t.double() if torch.is_tensor(t) else torch.as_tensor(t, dtype=torch.float64) for t in (s, P, Q))
+    s, P, Q = (torch.as_tensor(t, dtype=torch.float64) for t in (s, P, Q))  # a tensor's own values, cast
     k = s.numel()
     cap = k if cap is None else min(cap, k)
     M = 0.5 * (s[:, None] * s[None, :]) * P * Q  # [k, k]
@@ -136,7 +138,9 @@ def slope_at(curve: np.ndarray, costs: np.ndarray, j: int, halfwidth: int = 1) -
     return max(float(curve[lo] - curve[hi]) / float(costs[hi] - costs[lo]), 0.0)
 
 
-def lowrank_options(curve: np.ndarray, in_features: int, out_features: int, allow_dense: bool = True):
+def lowrank_options(
+    curve: np.ndarray, in_features: int, out_features: int, allow_dense: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """(losses, costs) of a low-rank weight's options: ranks 0..cap from `curve` (cap = curve's last rank), then
     dense (loss 0, in*out parameters) when allowed."""
     cap = len(curve) - 1

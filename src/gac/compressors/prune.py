@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import logging
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, ClassVar, TypeVar, cast
 
 import numpy as np
 import torch
+from torch import nn
 
-from gac.calibration.importance import check_proxy, measure
+from gac.calibration.importance import ChannelScores, check_proxy, measure
 from gac.compressors.allocation import greedy_steps
-from gac.compressors.base import Compressor, Unit, normalize_scores
+from gac.compressors.base import Compressor, Stats, Unit, normalize_scores
+from gac.compressors.config import CompressorConfig
 from gac.compressors.quality import pruned_quality
 from gac.errors import ConfigError, GacError, literal
-from gac.models.adapters import adapter_for
+from gac.models.adapters import adapter_for, config_of
+from gac.models.cuts import Keep, KeepExperts, KeepHeads
 from gac.models.groups import (
     DimGroup,
     ExpertWidthGroup,
@@ -30,12 +34,15 @@ from gac.models.groups import (
     linears_of,
 )
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 log = logging.getLogger(__name__)
 
 HEAD_MODES = ("group", "uniform", "none")  # none: MLP channels only
 
 
-def parse_layers(spec) -> tuple[int, ...] | str | None:
+def parse_layers(spec: str | Sequence[int] | None) -> tuple[int, ...] | str | None:
     """None (every layer but the first and the last), "all", "2-5,9" or a sequence of layer indices."""
     if spec is None or spec == "all":
         return spec
@@ -58,13 +65,14 @@ def parse_layers(spec) -> tuple[int, ...] | str | None:
 
 
 @dataclass(frozen=True)
-class PruneConfig:
+class PruneConfig(CompressorConfig):
+    name: ClassVar[str] = "prune"
     importance: str = "taylor"  # which proxy ranks channels and heads (gac.calibration.importance.PROXIES)
     layers: tuple[int, ...] | str | None = None  # None: all but the first and last layer (as LLM-Pruner); "all"
     head_mode: str = "group"  # group: whole KV groups; uniform: same number of query heads per group; none
     drop_experts: float = 0.0  # share of each MoE layer's experts to drop whole, in [0, 1) (--drop-experts)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_proxy(self.importance)
         if self.head_mode not in HEAD_MODES:
             raise GacError(f"unknown head mode {self.head_mode!r}: choose one of {', '.join(HEAD_MODES)}")
@@ -83,34 +91,38 @@ def experts_dropped(fraction: float, num_experts: int) -> int:
 
 
 # --- units: a group and how important each step of it is --------------------------------------------------
-def _vec(t) -> np.ndarray:
+def _vec(t: torch.Tensor) -> np.ndarray:
     return t.detach().double().cpu().numpy()
 
 
+Scores = dict[str, ChannelScores]  # the proxy's per-linear scores (gac.calibration.importance.measure)
+P = TypeVar("P", bound="PrunedUnit")
+
+
 @dataclass
-class PrunedUnit(Unit):
+class PrunedUnit(Unit, ABC):
     """A group cut in steps (channels, heads) whose importances are known: its quality at a dim is minus the
     importance of the steps pruned away."""
 
     @classmethod
-    def scored(cls, group, scores: dict) -> PrunedUnit:
+    @abstractmethod
+    def scored(cls: type[P], group: DimGroup, scores: Scores) -> P:
         """The unit of `group`, its steps scored from the proxy's per-linear scores
         (gac.calibration.importance.measure)."""
-        raise NotImplementedError
 
     @property
-    def total_importance(self) -> float:
-        raise NotImplementedError
+    @abstractmethod
+    def total_importance(self) -> float: ...
 
+    @abstractmethod
     def step_gains(self) -> np.ndarray:
         """Importance of each successive step kept (non-increasing)."""
-        raise NotImplementedError
 
-    def cut(self, dim: int):
-        """What surgery keeps at `dim` (gac.models.surgery.Keep or KeepHeads)."""
-        raise NotImplementedError
+    @abstractmethod
+    def cut(self, dim: int) -> Keep | KeepHeads | KeepExperts:
+        """What surgery keeps at `dim` (gac.models.surgery.Keep, KeepHeads or KeepExperts)."""
 
-    def quality_values(self, candidates: list) -> list[float]:
+    def quality_values(self, candidates: Sequence[int | None]) -> list[float]:
         return pruned_quality(scaled_step_gains(self), self.dim_step, candidates)
 
 
@@ -122,12 +134,13 @@ class MLPUnit(PrunedUnit):
     channel_importance: np.ndarray = field(kw_only=True)  # [intermediate] float64
 
     @classmethod
-    def scored(cls, group, scores):
-        parts = group.parts  # a fused gate_up: each channel's gate row and up row
-        imp = sum(_vec(scores[n].out).reshape(parts, -1).sum(0) for n in group.producers) + sum(
-            _vec(scores[n].inp) for n in group.consumers
+    def scored(cls, group: DimGroup, scores: Scores) -> MLPUnit:
+        g = cast(WidthGroup, group)  # UNITS maps the kind "mlp" to this unit
+        parts = g.parts  # a fused gate_up: each channel's gate row and up row
+        imp = sum(_vec(scores[n].out).reshape(parts, -1).sum(0) for n in g.producers) + sum(
+            _vec(scores[n].inp) for n in g.consumers
         )
-        return cls(group, channel_importance=imp)  # [intermediate]
+        return cls(g, channel_importance=imp)  # [intermediate]
 
     @property
     def total_importance(self) -> float:
@@ -139,9 +152,7 @@ class MLPUnit(PrunedUnit):
     def kept_channels(self, dim: int) -> torch.Tensor:
         return _top(self.channel_importance, dim)
 
-    def cut(self, dim: int):
-        from gac.models.surgery import Keep
-
+    def cut(self, dim: int) -> Keep:
         return Keep(self.kept_channels(dim))
 
 
@@ -154,8 +165,8 @@ class AttentionUnit(PrunedUnit):
     kv_importance: np.ndarray = field(kw_only=True)  # [num_kv_heads] k and v rows of each KV head
 
     @classmethod
-    def scored(cls, group, scores):
-        g = group
+    def scored(cls, group: DimGroup, scores: Scores) -> AttentionUnit:
+        g = cast(HeadGroup, group)  # UNITS maps the kind "heads" to this unit
         per_head = (_vec(scores[g.q].out) + _vec(scores[g.o].inp)).reshape(g.num_heads, g.head_dim).sum(1)
         per_kv = (_vec(scores[g.k].out) + _vec(scores[g.v].out)).reshape(g.num_kv_heads, g.head_dim).sum(1)
         return cls(g, head_importance=per_head, kv_importance=per_kv)
@@ -185,9 +196,7 @@ class AttentionUnit(PrunedUnit):
             q = torch.cat([k * gs + _top(self._by_group()[k], steps) for k in range(g.num_kv_heads)])
         return q, kv
 
-    def cut(self, dim: int):
-        from gac.models.surgery import KeepHeads
-
+    def cut(self, dim: int) -> KeepHeads:
         return KeepHeads(*self.kept_heads(dim))
 
 
@@ -202,17 +211,18 @@ class ExpertsUnit(PrunedUnit):
     experts: torch.Tensor | None = None  # the experts kept, ascending (None: every one)
 
     @classmethod
-    def scored(cls, group, scores):
-        gate_up, down = scores[group.gate_up], scores[group.down]  # sums per row (out) and per column (inp)
-        imp = group.per_channel((_vec(gate_up.out), _vec(gate_up.inp)), (_vec(down.out), _vec(down.inp)))  # [E, w]
+    def scored(cls, group: DimGroup, scores: Scores) -> ExpertsUnit:
+        g = cast(ExpertWidthGroup, group)  # UNITS maps the kind "experts" to this unit
+        gate_up, down = scores[g.gate_up], scores[g.down]  # sums per row (out) and per column (inp)
+        imp = g.per_channel((_vec(gate_up.out), _vec(gate_up.inp)), (_vec(down.out), _vec(down.inp)))  # [E, w]
         # An expert's importance is the sum of its channels' scores under the run's proxy (taylor by default: |g w|
         # summed over the calibration tokens routed to it, each weighted by its router probability), not its routed
         # share alone: it is the first-order loss change of removing all its weights, so routing frequency, router
         # weight and the size of the expert's contribution are all in it, a never-routed expert scores 0, it is on
         # the same scale as the channels the knapsack weighs (one objective for which experts go and which widths
         # stay), and both pipelines (whole model, layer by layer) have it with no hook of their own.
-        experts = _top(imp.sum(1), group.kept_experts) if group.dropped else None
-        return cls(group, channel_importance=imp, experts=experts)
+        experts = _top(imp.sum(1), g.kept_experts) if g.dropped else None
+        return cls(g, channel_importance=imp, experts=experts)
 
     @property
     def kept_importance(self) -> np.ndarray:
@@ -226,9 +236,7 @@ class ExpertsUnit(PrunedUnit):
     def step_gains(self) -> np.ndarray:
         return (-np.sort(-self.kept_importance, axis=1)).sum(0)  # k-th step: every kept expert's k-th best channel
 
-    def cut(self, dim: int):
-        from gac.models.surgery import KeepExperts
-
+    def cut(self, dim: int) -> KeepExperts:
         channels = torch.stack([_top(row, dim) for row in self.kept_importance])  # [kept experts, dim]
         return KeepExperts(channels, self.experts)
 
@@ -264,18 +272,18 @@ def allocate_steps(
     return [m + t for m, t in zip(min_steps, taken)]
 
 
-def scaled_step_gains(u) -> np.ndarray:
+def scaled_step_gains(u: PrunedUnit) -> np.ndarray:
     """The unit's step importance, scaled so that the unit's total is score x numel."""
     total = u.total_importance
     return u.step_gains() * (u.score * u.numel / total if total > 0 else 0.0)
 
 
-class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
+class PruneCompressor(Compressor[PruneConfig, DimGroup, PrunedUnit]):
     """Structured pruning of MLP channels and attention heads in the chosen layers."""
 
     name = "prune"
 
-    def _layers(self, config) -> list[int]:
+    def _layers(self, config: PretrainedConfig) -> list[int]:
         n = adapter_for(config).layer_count(config)
         layers = self.config.layers
         if layers is None:
@@ -285,17 +293,17 @@ class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
                     "choose the layers to prune, e.g. {layers:all}"
                 )
             return list(range(1, n - 1))
-        if layers == "all":
+        if isinstance(layers, str):  # "all" (parse_layers leaves no other string)
             return list(range(n))
         if layers[-1] >= n:
             raise GacError(f"prune layer {layers[-1]} does not exist: the model has layers 0-{n - 1}")
         return list(layers)
 
-    def groups(self, model) -> list[DimGroup]:
+    def groups(self, model: nn.Module) -> list[DimGroup]:
         """Per pruned layer its MLP width group (an MoE layer: its expert width), then (unless head_mode none) its
         attention head group."""
         out: list[DimGroup] = []
-        for i in self._layers(model.config):
+        for i in self._layers(config_of(model)):
             out += groups_of(model, "mlp", layers=[i])
             out += groups_of(model, "experts", layers=[i])
             if self.config.head_mode != "none":
@@ -303,10 +311,10 @@ class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
                 check_heads_prunable(model, heads[0])
                 out += heads
         if self.config.drop_experts:
-            out = self._dropping_experts(model.config, out)
+            out = self._dropping_experts(config_of(model), out)
         return out
 
-    def _dropping_experts(self, config, groups: list[DimGroup]) -> list[DimGroup]:
+    def _dropping_experts(self, config: PretrainedConfig, groups: list[DimGroup]) -> list[DimGroup]:
         """The groups with every MoE layer's expert group dropping K = round(F x E) experts (the same K everywhere:
         transformers, vLLM's FusedMoE and llama.cpp hold one expert count per model). Refused in one line, before
         any work, where that cannot be: no experts, MoE layers left out of the pruned ones, or fewer experts left
@@ -346,14 +354,14 @@ class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
 
     def analyze(
         self,
-        model,
+        model: nn.Module,
         groups: Sequence[DimGroup],
-        stats: dict,
+        stats: Stats,
         *,
-        probe=None,
+        probe: torch.Tensor | None = None,
         keep: float = 0.85,
         progress: bool = True,
-        windows=None,
+        windows: torch.Tensor | None = None,
     ) -> list[PrunedUnit]:
         """An MLP or attention unit per group, its channels and heads scored by the proxy."""
         scores = measure(
@@ -392,8 +400,5 @@ class PruneCompressor(Compressor[DimGroup, PrunedUnit]):
             )
         return dims
 
-    def cut(self, unit: PrunedUnit, dim: int):
+    def cut(self, unit: PrunedUnit, dim: int) -> Keep | KeepHeads | KeepExperts:
         return unit.cut(dim)
-
-
-CONFIG, COMPRESSOR = PruneConfig, PruneCompressor

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import nn
+from transformers import PretrainedConfig
+
 from gac.errors import GacError
+from gac.models.modeling_gac import family_of
 
 
 @dataclass(frozen=True)
@@ -245,10 +249,10 @@ class Adapter:
     model_type: str
     layout: Layout
 
-    def layer_count(self, config) -> int:
+    def layer_count(self, config: PretrainedConfig) -> int:
         return text_config(config).num_hidden_layers
 
-    def layer(self, config, i: int) -> LayerModules:
+    def layer(self, config: PretrainedConfig, i: int) -> LayerModules:
         lay = self.layout
         prefix = self.layer_prefix(i)
         attn, mlp = f"{prefix}.{lay.attention}", f"{prefix}.{lay.mlp}"
@@ -288,7 +292,7 @@ class Adapter:
             head_parameters=head_parameters,
         )
 
-    def is_moe_layer(self, config, i: int) -> bool:
+    def is_moe_layer(self, config: PretrainedConfig, i: int) -> bool:
         """Whether decoder layer i's MLP is a mixture of experts (Qwen3-MoE keeps `mlp_only_layers` dense and makes
         every `decoder_sparse_step`-th layer sparse; Mixtral's are all sparse)."""
         config = text_config(config)
@@ -297,7 +301,7 @@ class Adapter:
         step = getattr(config, "decoder_sparse_step", 1) or 1
         return i not in (getattr(config, "mlp_only_layers", None) or ()) and (i + 1) % step == 0
 
-    def expert_geometry(self, config) -> tuple[int, int, int]:
+    def expert_geometry(self, config: PretrainedConfig) -> tuple[int, int, int]:
         """(experts per MoE layer, expert width, experts routed per token)."""
         config = text_config(config)
         return (
@@ -337,24 +341,24 @@ class Adapter:
         """The module path of the ModuleList of decoder layers."""
         return self.layout.layers_path
 
-    def layers(self, config) -> list[LayerModules]:
+    def layers(self, config: PretrainedConfig) -> list[LayerModules]:
         return [self.layer(config, i) for i in range(self.layer_count(config))]
 
-    def linear_names(self, config) -> list[str]:
+    def linear_names(self, config: PretrainedConfig) -> list[str]:
         """Fully qualified names of every compressible weight (not embeddings, not lm_head), in layer order: the
         linears, and an MoE layer's fused expert weights."""
         return [n for layer in self.layers(config) for n in layer.weights]
 
-    def geometry(self, config) -> AttentionGeometry:
+    def geometry(self, config: PretrainedConfig) -> AttentionGeometry:
         return attention_geometry(config)
 
-    def hidden_size(self, config) -> int:
+    def hidden_size(self, config: PretrainedConfig) -> int:
         return text_config(config).hidden_size
 
-    def intermediate_size(self, config) -> int:
+    def intermediate_size(self, config: PretrainedConfig) -> int:
         return text_config(config).intermediate_size
 
-    def vocab_size(self, config) -> int:
+    def vocab_size(self, config: PretrainedConfig) -> int:
         return text_config(config).vocab_size
 
     def gguf_family(self) -> GgufNames:
@@ -367,7 +371,7 @@ class Adapter:
             )
         return names
 
-    def gguf_names(self, config) -> dict[str, str]:
+    def gguf_names(self, config: PretrainedConfig) -> dict[str, str]:
         """{module name: GGUF tensor prefix} for every weight-bearing module (`.weight` follows both), e.g.
         the first layer's q projection -> "blk.0.attn_q". A family llama.cpp cannot run is one line."""
         names = self.gguf_family()
@@ -398,19 +402,27 @@ class Adapter:
             )
         return names
 
-    def per_head_norm(self, attention_module):
+    def per_head_norm(self, attention_module: nn.Module) -> nn.Module | None:
         """The attention's query norm module, if the family has one (None otherwise)."""
         name = self.layout.per_head_norm
         return getattr(attention_module, name, None) if name else None
 
 
-def text_config(config):
+def config_of(model: nn.Module) -> PretrainedConfig:
+    """A transformers model's config: what every question about its geometry reads."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, PretrainedConfig):
+        raise TypeError(f"{type(model).__name__} has no transformers config to read its layers from")
+    return config
+
+
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
     """The language model's config: a multimodal checkpoint's text_config (Gemma 3), else the config itself."""
     get = getattr(config, "get_text_config", None)
     return get() if get is not None else config
 
 
-def attention_geometry(config) -> AttentionGeometry:
+def attention_geometry(config: PretrainedConfig) -> AttentionGeometry:
     """Head counts and head_dim from a config (KV heads default to the query heads)."""
     config = text_config(config)
     heads = config.num_attention_heads
@@ -419,10 +431,8 @@ def attention_geometry(config) -> AttentionGeometry:
     return AttentionGeometry(heads, kv, head_dim)
 
 
-def adapter_for(config) -> Adapter:
+def adapter_for(config: PretrainedConfig) -> Adapter:
     """The family's adapter; a gac output's model type (gac_<family>) reads as its family."""
-    from gac.models.modeling_gac import family_of
-
     model_type = getattr(config, "model_type", None)
     model_type = family_of(model_type) if isinstance(model_type, str) else model_type
     if model_type not in FAMILIES:

@@ -86,7 +86,7 @@ class DeciLMConfig(LlamaConfig):
     model_type = "nemotron-nas"
     block_configs: list | None = None
 
-    def __post_init__(self, **kwargs):
+    def __post_init__(self, **kwargs: Any) -> None:
         blocks = self.block_configs or []
         self.block_configs = [b if isinstance(b, BlockConfig) else BlockConfig(**b) for b in blocks]
         super().__post_init__(**kwargs)

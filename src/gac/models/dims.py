@@ -8,10 +8,14 @@ the dimension groups report them) when the model has any, else over the in/out f
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from gac.models.adapters import adapter_for
+from torch import nn
+
+from gac.models.adapters import adapter_for, config_of
 from gac.models.groups import compressed_dims_of, groups_of, is_grouped_lowrank, is_lowrank
+from gac.models.surgery import linear_at
 
 LINEAR_KINDS = ("in_features", "out_features")
 KINDS = ("rank", "out_features", "in_features", "mlp_width", "head_dim")
@@ -31,15 +35,15 @@ class LinearDims:
         return [self.rank] if self.rank is not None else list(self.group_ranks)
 
 
-def linear_dims(model, names: list[str]) -> list[LinearDims]:
-    config = model.config
+def linear_dims(model: nn.Module, names: list[str]) -> list[LinearDims]:
+    config = config_of(model)
     transposed = {
         n for layer in adapter_for(config).layers(config) if layer.expert_transposed for n in layer.expert_weights
     }  # fused expert weights stored [E, in, out] (gpt-oss)
     out = []
     for name in names:
         try:
-            m = model.get_submodule(name)
+            m = linear_at(model, name)
         except AttributeError:  # a fused expert weight [E, out, in] or [E, in, out]: E linears of one shape
             w = model.get_parameter(name)
             n_in, n_out = (w.shape[-2], w.shape[-1]) if name in transposed else (w.shape[-1], w.shape[-2])
@@ -58,7 +62,7 @@ def linear_dims(model, names: list[str]) -> list[LinearDims]:
     return out
 
 
-def params_and_alignment(model, names: list[str], alignment: int) -> tuple[int, float]:
+def params_and_alignment(model: nn.Module, names: list[str], alignment: int) -> tuple[int, float]:
     """(weight parameters of the linears `names`, share of compressed dims divisible by `alignment`).
 
     Compressed dims are the inner ranks of factorized linears and the widths of pruned MLPs and attention blocks.
@@ -117,7 +121,7 @@ def _layer(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def inspect_model(model, alignments=(8, 16, 32)) -> InspectResult:
+def inspect_model(model: nn.Module, alignments: Iterable[int] = (8, 16, 32)) -> InspectResult:
     """Every compressible dim of `model` with its aligned flags, and the share misaligned per alignment.
 
     Per compressible linear: out_features and in_features, plus its ranks when factorized; per layer: the MLP
@@ -127,7 +131,7 @@ def inspect_model(model, alignments=(8, 16, 32)) -> InspectResult:
     alignments = tuple(sorted({int(a) for a in alignments}))
     if not alignments or alignments[0] < 1:
         raise ValueError(f"alignments must be positive integers, got {alignments}")
-    config = model.config
+    config = config_of(model)
     adapter = adapter_for(config)
     pruned_attn: set[str] = set()
     for g in groups_of(model, "heads"):

@@ -15,10 +15,14 @@ Kinds (KIND_TYPES, the registry):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal, overload
 
+from torch import nn
+
 from gac.errors import GacError
-from gac.models.adapters import adapter_for
+from gac.models.adapters import adapter_for, config_of
+from gac.models.kinds import KINDS
 from gac.models.kinds.base import DimGroup, is_grouped_lowrank, is_lowrank
 from gac.models.kinds.experts import ExpertWidthGroup
 from gac.models.kinds.heads import MODES as HEAD_MODES
@@ -26,8 +30,9 @@ from gac.models.kinds.heads import HeadGroup, check_heads_prunable, heads_split
 from gac.models.kinds.rank import HeadRankGroup, RankGroup
 from gac.models.kinds.width import WidthGroup
 
-KIND_TYPES = {k.kind: k for k in (RankGroup, HeadRankGroup, WidthGroup, HeadGroup, ExpertWidthGroup)}
-KINDS = tuple(KIND_TYPES)
+KIND_TYPES: dict[str, type[DimGroup]] = {
+    k.kind: k for k in (RankGroup, HeadRankGroup, WidthGroup, HeadGroup, ExpertWidthGroup)
+}  # in KINDS' order
 
 __all__ = [
     "HEAD_MODES",
@@ -52,30 +57,55 @@ __all__ = [
 # groups_of's type per kind (KIND_TYPES, spelled for type checkers)
 @overload
 def groups_of(
-    model, kind: Literal["rank"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+    model: nn.Module,
+    kind: Literal["rank"],
+    *,
+    layers: list[int] | None = None,
+    mode: str = "group",
+    heads_per_group: int = 1,
 ) -> list[RankGroup]: ...
 @overload
 def groups_of(
-    model, kind: Literal["head_rank"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+    model: nn.Module,
+    kind: Literal["head_rank"],
+    *,
+    layers: list[int] | None = None,
+    mode: str = "group",
+    heads_per_group: int = 1,
 ) -> list[HeadRankGroup]: ...
 @overload
 def groups_of(
-    model, kind: Literal["mlp"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+    model: nn.Module,
+    kind: Literal["mlp"],
+    *,
+    layers: list[int] | None = None,
+    mode: str = "group",
+    heads_per_group: int = 1,
 ) -> list[WidthGroup]: ...
 @overload
 def groups_of(
-    model, kind: Literal["heads"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+    model: nn.Module,
+    kind: Literal["heads"],
+    *,
+    layers: list[int] | None = None,
+    mode: str = "group",
+    heads_per_group: int = 1,
 ) -> list[HeadGroup]: ...
 @overload
 def groups_of(
-    model, kind: Literal["experts"], *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+    model: nn.Module,
+    kind: Literal["experts"],
+    *,
+    layers: list[int] | None = None,
+    mode: str = "group",
+    heads_per_group: int = 1,
 ) -> list[ExpertWidthGroup]: ...
 @overload
 def groups_of(
-    model, kind: str, *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+    model: nn.Module, kind: str, *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
 ) -> list[DimGroup]: ...
 def groups_of(
-    model, kind: str, *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
+    model: nn.Module, kind: str, *, layers: list[int] | None = None, mode: str = "group", heads_per_group: int = 1
 ) -> list:
     """The dimension groups of `kind` in `model` as it is now, in layer order.
 
@@ -84,20 +114,21 @@ def groups_of(
     """
     if kind not in KIND_TYPES:
         raise ValueError(f"unknown group kind {kind!r}; one of {KINDS}")
-    adapter = adapter_for(model.config)
-    n = adapter.layer_count(model.config)
+    config = config_of(model)
+    adapter = adapter_for(config)
+    n = adapter.layer_count(config)
     layers = list(range(n)) if layers is None else list(layers)
     if layers and (min(layers) < 0 or max(layers) >= n):
         raise GacError(f"layer {max(layers)} does not exist: the model has layers 0-{n - 1}")
     out: list[DimGroup] = []
     for i in layers:
         out += KIND_TYPES[kind].read(
-            model, adapter, adapter.layer(model.config, i), mode=mode, heads_per_group=heads_per_group
+            model, adapter, adapter.layer(config, i), mode=mode, heads_per_group=heads_per_group
         )
     return out
 
 
-def compressed_dims_of(model) -> list[int]:
+def compressed_dims_of(model: nn.Module) -> list[int]:
     """Every dim of `model` that differs from its original: ranks, PaLU group ranks, pruned widths."""
     dims = [g.dim for g in groups_of(model, "rank") if g.dim is not None]
     dims += [r for name, m in model.named_modules() if is_grouped_lowrank(m) for r in m.ranks]
@@ -106,7 +137,7 @@ def compressed_dims_of(model) -> list[int]:
     return dims
 
 
-def linears_of(groups) -> list[str]:
+def linears_of(groups: Iterable[DimGroup]) -> list[str]:
     """The weights the groups cover (linears, and the fused expert weights by parameter name), in first-seen order,
     each once."""
     return list(dict.fromkeys(n for g in groups for n in g.linears))

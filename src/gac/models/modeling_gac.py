@@ -20,6 +20,7 @@ factorized projections randomly initialized.
 """
 
 import sys
+from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,15 @@ class LowRankLinear(nn.Module):
     a: nn.Linear
     b: nn.Linear
 
-    def __init__(self, in_features, out_features, rank, bias=False, device=None, dtype=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        bias: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
         self.a = nn.Linear(in_features, rank, bias=False, device=device, dtype=dtype)
@@ -60,7 +69,15 @@ class GroupedLowRankLinear(nn.Module):
     a: nn.Linear
     b: nn.ModuleList  # of nn.Linear, one per group
 
-    def __init__(self, in_features, out_features, ranks, bias=False, device=None, dtype=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        ranks: Sequence[int],
+        bias: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         ranks = [int(r) for r in ranks]
         if out_features % len(ranks):
@@ -81,6 +98,7 @@ class GroupedLowRankLinear(nn.Module):
 def apply_gac_structure(model: nn.Module, structure: dict) -> None:
     """Replace modules by empty ones of the compressed shapes (weights are loaded afterwards)."""
     structure = structure or {}
+    old: Any  # a dense linear (the family's class, or another with its feature counts) or a factorized pair
     for name, (out_features, in_features) in structure.get("linear", {}).items():
         old = model.get_submodule(name)
         w = old.weight
@@ -119,7 +137,7 @@ def apply_gac_structure(model: nn.Module, structure: dict) -> None:
 GROUPED_MM_ROW = 8  # channels: torch's grouped GEMM needs rows of 16 bytes, 8 channels in bfloat16 or float16
 
 
-def fit_experts_implementation(model: nn.Module, shape, owner: nn.Module | None = None) -> None:
+def fit_experts_implementation(model: nn.Module, shape: Sequence[int], owner: nn.Module | None = None) -> None:
     """A fused expert weight [E, ...] of a new `shape` whose sizes past the expert axis are not all multiples of
     GROUPED_MM_ROW crashes torch's grouped GEMM, transformers' default experts implementation ("strides should be
     multiple of 16 bytes": the weight's rows, and the activations at the expert width, whichever axis holds it):
@@ -165,7 +183,7 @@ def relative_structure(structure: dict | None, prefix: str) -> dict:
 class _GacStructureMixin(_ModelBase):
     structure_prefix = ""  # where the structure's names start in this class (the causal LM: at its root)
 
-    def __init__(self, config, *args, **kwargs):
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         structure = relative_structure(getattr(config, "gac_structure", None), self.structure_prefix)
         if any(structure.values()) and _built_by_vllm_transformers_backend():
             raise ValueError(
@@ -190,9 +208,11 @@ def family_of(model_type: str) -> str:
     return model_type[len(GAC_MODEL_TYPE_PREFIX) :] if model_type.startswith(GAC_MODEL_TYPE_PREFIX) else model_type
 
 
-def gac_class(model_type: str, base_model: bool = False):
+def gac_class(model_type: str, base_model: bool = False) -> Any:
     """Gac<Family>ForCausalLM (or, base_model, Gac<Family>Model): the family's transformers class that first
-    rebuilds the saved structure. model_type: the family's (llama) or gac's (gac_llama)."""
+    rebuilds the saved structure (built on first use: its callers use it as the family's class, whose
+    from_pretrained transformers types narrower than it returns). model_type: the family's (llama) or gac's
+    (gac_llama)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
     family = family_of(model_type)
@@ -202,7 +222,7 @@ def gac_class(model_type: str, base_model: bool = False):
     return _class(f"Gac{base}")
 
 
-def gac_config_class(model_type: str):
+def gac_config_class(model_type: str) -> Any:
     """Gac<Family>Config: the family's config class under model type gac_<family>."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
@@ -215,7 +235,7 @@ def gac_config_class(model_type: str):
 
 class _GacConfigMixin(_ConfigBase):
     # transformers' configs are dataclasses: __post_init__ is where a subclass adds to construction
-    def __post_init__(self, **kwargs):
+    def __post_init__(self, **kwargs: Any) -> None:
         super().__post_init__(**kwargs)
         register_model_classes(type(self))
 
@@ -223,7 +243,7 @@ class _GacConfigMixin(_ConfigBase):
 _REGISTERED: set = set()  # config classes whose model classes are registered
 
 
-def register_model_classes(config_class) -> None:
+def register_model_classes(config_class: Any) -> None:
     """Map `config_class` to this module's model classes in AutoModelForCausalLM and AutoModel. Run when a config
     of the class is first built (registering the model classes where the config class is registered could run
     while transformers is still importing the family's modeling module); transformers does the same for a
@@ -237,7 +257,7 @@ def register_model_classes(config_class) -> None:
     AutoModel.register(config_class, gac_class(config_class.model_type, base_model=True), exist_ok=True)
 
 
-def _build(name: str):
+def _build(name: str) -> type | None:
     """Gac<Config> (the family's config class under model type gac_<family>), Gac<Family>ForCausalLM or
     Gac<Family>Model (the decoder alone, the structure's names read below the base model's prefix)."""
     base = getattr(transformers, name[3:], None) if name.startswith("Gac") else None
@@ -275,9 +295,10 @@ def _share_checkpoint_conversion(family: str) -> None:
         register_checkpoint_conversion_mapping(gac_model_type(family), mapping, overwrite=True)
 
 
-def _class(name: str):
-    """This module's class `name`, built on first use and then always the same object (transformers' Auto
-    mappings key on it, and pickle, which vLLM uses to hand the config to its engine, finds it by name)."""
+def _class(name: str) -> Any:
+    """This module's class `name` (a model or config class of transformers'), built on first use and then always the
+    same object (transformers' Auto mappings key on it, and pickle, which vLLM uses to hand the config to its engine,
+    finds it by name)."""
     cls = globals().get(name)
     if cls is None:
         cls = _build(name)
@@ -287,7 +308,7 @@ def _class(name: str):
     return cls
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """`modeling_gac.GacLlamaForCausalLM` (config.auto_map's AutoModelForCausalLM), `GacLlamaModel` (its AutoModel)
     or `GacLlamaConfig` (its AutoConfig), for any family."""
     return _class(name)

@@ -23,7 +23,9 @@ def _check_target(current: int, target: int, what: str) -> None:
         raise ValueError(f"cannot pad {what} from {current} down to {target}")
 
 
-def pad_rows(weight: torch.Tensor, rows: int, bias: torch.Tensor | None = None):
+def pad_rows(
+    weight: torch.Tensor, rows: int, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Output features out -> rows: `weight` [out, in] gets zero rows, `bias` [out] zeros. Returns (weight, bias).
 
     The new outputs are exactly 0; pair with `pad_cols` on the consumer so they are never read.
@@ -42,7 +44,7 @@ def pad_cols(weight: torch.Tensor, cols: int) -> torch.Tensor:
     return torch.cat([weight, weight.new_zeros(weight.shape[0], cols - inp)], dim=1)  # [out, cols]
 
 
-def pad_lowrank(a: torch.Tensor, b: torch.Tensor, rank: int):
+def pad_lowrank(a: torch.Tensor, b: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inner rank r -> rank of y = B (A x): A [r, in] gets zero rows, B [out, r] zero columns; B'A' == BA exactly."""
     if a.shape[0] != b.shape[1]:
         raise ValueError(f"A {tuple(a.shape)} and B {tuple(b.shape)} do not share an inner rank")
@@ -50,7 +52,9 @@ def pad_lowrank(a: torch.Tensor, b: torch.Tensor, rank: int):
     return a2, pad_cols(b, rank)
 
 
-def pad_grouped_lowrank(a: torch.Tensor, bs: list[torch.Tensor], ranks: list[int]):
+def pad_grouped_lowrank(
+    a: torch.Tensor, bs: list[torch.Tensor], ranks: list[int]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Pad each head group's rank of a grouped factorization: a [sum r_g, in] gets zero rows at the end of every
     group's segment, each b_g [out_g, r_g] zero columns. Every group's b_g(a_g x) is unchanged."""
     segments = a.split([b.shape[1] for b in bs], dim=0)  # G x [r_g, in]

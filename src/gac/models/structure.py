@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import copy
 
-from gac.models.adapters import adapter_for
+from torch import nn
+
+from gac.models.adapters import adapter_for, config_of
 from gac.models.groups import is_grouped_lowrank, is_lowrank
 from gac.models.modeling_gac import apply_gac_structure
+from gac.models.surgery import linear_at
 
 KEYS = ("linear", "attention", "lowrank", "grouped_lowrank", "parameter")
 __all__ = ["KEYS", "apply_gac_structure", "structure_of"]
 
 
-def structure_of(model) -> dict:
+def structure_of(model: nn.Module) -> dict:
     """config.gac_structure for the live model, whatever changed it: every compressible linear whose [out, in]
     differs from the config's, the head counts of narrowed attention blocks, every rank. Entries the config
     already recorded for modules outside this scan are kept; the scanned ones are replaced, so none goes stale."""
-    config = model.config
+    config = config_of(model)
     adapter = adapter_for(config)
     geo = adapter.geometry(config)
     hidden, inter = adapter.hidden_size(config), adapter.intermediate_size(config)
@@ -32,7 +35,7 @@ def structure_of(model) -> dict:
     for layer in adapter.layers(config):
         default = layer.shapes(hidden, q, kv, inter)
         for name, shape in default.items():
-            m = model.get_submodule(name)
+            m = linear_at(model, name)
             if (m.out_features, m.in_features) != shape:
                 live["linear"][name] = [m.out_features, m.in_features]
         fused: dict[str, tuple[int, ...]] = {}
@@ -44,7 +47,7 @@ def structure_of(model) -> dict:
             if tuple(model.get_parameter(name).shape) != fused_shape:
                 live["parameter"][name] = list(model.get_parameter(name).shape)
         covered["parameter"].update(fused)
-        widths = tuple(model.get_submodule(n).out_features for n in (layer.q, layer.k))
+        widths = tuple(linear_at(model, n).out_features for n in (layer.q, layer.k))
         if widths != (q, kv) and not layer.fused_qkv:  # a fused q/k/v keeps every head
             heads, kv_heads = (w // geo.head_dim for w in widths)
             live["attention"][layer.attention] = {"num_heads": heads, "num_kv_heads": kv_heads}

@@ -8,52 +8,20 @@ only builds modules of the new shapes and swaps them in. Compressors, repair and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
 from torch import nn
 
+from gac.models.cuts import Cut
+from gac.models.cuts import Factors as Factors  # the cuts, re-exported where they are cut
+from gac.models.cuts import Keep as Keep
+from gac.models.cuts import KeepExperts as KeepExperts
+from gac.models.cuts import KeepHeads as KeepHeads
 from gac.models.kinds.base import DimGroup, by_kind, is_lowrank
 from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear, fit_experts_implementation, set_module
 from gac.models.padding import pad_cols, pad_grouped_lowrank, pad_lowrank, pad_rows
-
-
-# --- what a compressor hands over per group ----------------------------------------------------------------
-@dataclass(frozen=True)
-class Factors:
-    """A rank-r factorization: A [r, in], B [out, r] (for a head_rank group: its rows only)."""
-
-    A: torch.Tensor
-    B: torch.Tensor
-
-
-@dataclass(frozen=True)
-class Keep:
-    """Channels to keep of an MLP width (ascending indices)."""
-
-    channels: torch.Tensor
-
-
-@dataclass(frozen=True)
-class KeepExperts:
-    """Channels to keep in every expert of an MoE layer: [E, w], each row ascending (one width, own channels); with
-    `experts` (ascending indices into the layer's experts, E of them), only those experts are kept, renumbered in
-    that order, and channels[j] is kept expert j's."""
-
-    channels: torch.Tensor
-    experts: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class KeepHeads:
-    """Query heads and KV heads to keep (ascending; each KV head's query heads kept together or per group)."""
-
-    q_heads: torch.Tensor
-    kv_heads: torch.Tensor
-
-
-Cut = Factors | Keep | KeepExperts | KeepHeads  # what a compressor hands over for one group
 
 
 def apply(model: nn.Module, cuts: list[tuple[DimGroup, Cut]]) -> None:
@@ -115,7 +83,9 @@ def factorize(model: nn.Module, name: str, A: torch.Tensor, B: torch.Tensor) -> 
     return new
 
 
-def factorize_head_groups(model: nn.Module, name: str, factors: list[tuple[torch.Tensor, torch.Tensor]]):
+def factorize_head_groups(
+    model: nn.Module, name: str, factors: list[tuple[torch.Tensor, torch.Tensor]]
+) -> GroupedLowRankLinear:
     """Replace linear `name` by a GroupedLowRankLinear: factors[g] = (A_g [r_g, in], B_g [out/G, r_g])."""
     old = linear_at(model, name)
     w = old.weight
@@ -151,13 +121,13 @@ def channels_of(heads: torch.Tensor, head_dim: int) -> torch.Tensor:
     return (heads[:, None] * head_dim + torch.arange(head_dim)).reshape(-1)
 
 
-def keep_rows(model: nn.Module, names, rows: torch.Tensor) -> None:
+def keep_rows(model: nn.Module, names: Iterable[str], rows: torch.Tensor) -> None:
     """Keep output features `rows` of each linear in `names` (bias rows follow)."""
     for name in names:
         set_module(model, name, sliced_linear(linear_at(model, name), rows=rows))
 
 
-def keep_columns(model: nn.Module, names, cols: torch.Tensor) -> None:
+def keep_columns(model: nn.Module, names: Iterable[str], cols: torch.Tensor) -> None:
     """Keep input features `cols` of each linear in `names`."""
     for name in names:
         set_module(model, name, sliced_linear(linear_at(model, name), cols=cols))
@@ -246,14 +216,14 @@ def pad_grouped_lowrank_linear(model: nn.Module, name: str, ranks: dict[int, int
     set_module(model, name, grouped_lowrank(a, bs, [b.bias for b in ups]))
 
 
-def widen_rows(model: nn.Module, names, width: int, parts: int = 1) -> None:
+def widen_rows(model: nn.Module, names: Iterable[str], width: int, parts: int = 1) -> None:
     """Each linear in `names` (dense or a low-rank pair) with `width` output features per part, the new ones zero
     (parts: equal row blocks each padded at its own end, e.g. a fused gate_up's gate and up halves)."""
     for name in names:
         set_module(model, name, _widen_out(model.get_submodule(name), width, parts))
 
 
-def widen_columns(model: nn.Module, names, width: int) -> None:
+def widen_columns(model: nn.Module, names: Iterable[str], width: int) -> None:
     """Each linear in `names` (dense or a low-rank pair) reading `width` input features, the new ones ignored."""
     for name in names:
         set_module(model, name, _widen_in(model.get_submodule(name), width))
@@ -268,11 +238,14 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     return new
 
 
-def _pad_row_parts(weight: torch.Tensor, bias: torch.Tensor | None, width: int, parts: int):
+def _pad_row_parts(
+    weight: torch.Tensor, bias: torch.Tensor | None, width: int, parts: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight, bias) with each of `parts` row blocks zero-padded to `width` rows."""
     biases = [None] * parts if bias is None else bias.chunk(parts)
     padded = [pad_rows(w, width, b) for w, b in zip(weight.chunk(parts), biases)]
-    return torch.cat([w for w, _ in padded]), None if bias is None else torch.cat([b for _, b in padded])
+    padded_biases = [b for _, b in padded if b is not None]  # every part's, or none
+    return torch.cat([w for w, _ in padded]), None if bias is None else torch.cat(padded_biases)
 
 
 def _widen_out(m: nn.Module, width: int, parts: int = 1) -> nn.Module:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from gac.compressors.base import Compressor, Unit
+    from gac.compressors.config import CompressorConfig
     from gac.evaluate.latency import LatencyConfig
     from gac.models.groups import DimGroup
     from gac.objectives.latency.config import SpeedupConfig
@@ -31,7 +32,7 @@ class RunConfig(Protocol):
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     @property
-    def compressor(self) -> str: ...
+    def compressor(self) -> CompressorConfig: ...
     @property
     def compressor_options(self) -> dict[str, Any]: ...
     @property

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from gac.models.groups import DimGroup
 
 # candidates_for(unit, d*, window) -> the dims a unit may take (a profile's or a deployment target's)
-CandidatesFor = Callable[["Unit", int, int], list[int]]
+# candidates_for(unit, d*, window): a target's or a profile's aligned dims near d* (None: keep the group whole)
+CandidatesFor = Callable[..., Sequence[int | None]]
 
 log = logging.getLogger(__name__)
 DEFAULT_RATIO = 0.15  # the parameter objective's ratio when neither a ratio nor a speedup is given
@@ -163,7 +164,7 @@ def check_feasible(groups: Sequence[DimGroup], cfg: RunConfig) -> None:
     if smallest > budget:
         largest = math.floor((1.0 - smallest / compressible) * 1000) / 1000
         raise ConfigError(
-            f"ratio {cfg.ratio} leaves {budget:,} parameters but the {cfg.compressor} compressor's "
+            f"ratio {cfg.ratio} leaves {budget:,} parameters but the {cfg.compressor.name} compressor's "
             f"smallest aligned dims need {smallest:,}: use {{ratio:{largest}}} or lower"
         )
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from gac.compressors import make_compressor
+from gac.compressors import compressor_for
 from gac.config import CompressConfig
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def compressor_groups(
 ) -> tuple[Compressor, Sequence[DimGroup]]:
     """(the run's compressor, built from cfg where not given and set to its factorization; its groups on `model`),
     the objective's target checked from the shapes alone, before any calibration (the parameter objective's budget)."""
-    compressor = compressor or make_compressor(cfg.compressor, **cfg.compressor_options)
+    compressor = compressor or compressor_for(cfg.compressor)
     compressor.factorization = cfg.factorization_method
     groups = compressor.groups(model)
     cfg.objective.check_groups(groups, cfg)

@@ -148,7 +148,7 @@ def plan_memory(cfg: CompressConfig) -> PipelineChoice:
     forced_by = None
     if forced is None and cfg.objective.forces_whole_model is not None:
         forced_by = cfg.objective.forces_whole_model  # --speedup: timed on the device
-    elif forced is None and cfg.compressor == AUTO:
+    elif forced is None and cfg.compressor.name == AUTO:
         forced_by = "--compressor auto"  # every compressor analyzed on one calibration of the whole model
     available = _per_rank(available_memory(cfg.device, cfg.max_memory), cfg.device)
     whole = None

@@ -370,7 +370,7 @@ def forecast_of(cfg: CompressConfig, pipeline: str) -> Forecast:
     analysis."""
     config = config_of(cfg.model)
     forecasts = []
-    for name in candidates_of(cfg.compressor):
+    for name in candidates_of(cfg.compressor.name):
         try:
             forecasts.append(
                 forecast(
@@ -386,7 +386,7 @@ def forecast_of(cfg: CompressConfig, pipeline: str) -> Forecast:
                 )
             )
         except GacError:
-            if len(candidates_of(cfg.compressor)) == 1:
+            if len(candidates_of(cfg.compressor.name)) == 1:
                 raise  # a candidate that cannot run on this model is skipped by auto, and not forecast
     if not forecasts:
         raise GacError(f"no compressor can run on {cfg.model}: name one compressor to see why")

@@ -147,7 +147,7 @@ def build_report(
         variants[variant].record(figures)
     return Report(
         model=model_name,
-        compressor=cfg.compressor,
+        compressor=cfg.compressor.name,
         ratio=cfg.ratio,
         alignment=cfg.alignment,
         device=cfg.device,
@@ -188,7 +188,7 @@ def plan_and_files(
         source_model=report.model,
         alignment=cfg.alignment,
         dims=report.dims[report.saved_variant],
-        compressor={"name": cfg.compressor, **dataclasses.asdict(compressor.config)},
+        compressor=compressor.config.to_dict(),
         ratio=report.ratio,
         compressible_params=report.compressible_params,
         budget_params=report.budget_params,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gac.calibration.texts import held_back_windows, load_windows
 from gac.checkpoint.gac_dir import check_out_dir
-from gac.compressors import AUTO, make_compressor
+from gac.compressors import AUTO, compressor_for
 from gac.config import WHOLE_MODEL, CompressConfig
 from gac.distributed import World, on_main, run_on_main, session
 from gac.errors import ConfigError, GacError, literal
@@ -74,7 +74,7 @@ def _for_rank(cfg: CompressConfig, world: World) -> CompressConfig:
 
 
 def _run(cfg: CompressConfig, world: World) -> CompressResult:
-    compressor = None if cfg.compressor == AUTO else make_compressor(cfg.compressor, **cfg.compressor_options)
+    compressor = None if cfg.compressor.name == AUTO else compressor_for(cfg.compressor)
     if cfg.out is not None and world.is_main:
         check_out_dir(cfg.out, cfg.force)  # fail before the long work, not after
     if cfg.profile and cfg.profile != "auto":
@@ -102,7 +102,7 @@ def _run(cfg: CompressConfig, world: World) -> CompressResult:
     auto = None
     if compressor is None and world.active:  # auto under torchrun: rank 0 chooses, the ranks cut its choice
         cfg, chosen, auto = _auto_on_main(model, calib, held_back, cfg)
-        compressor = make_compressor(cfg.compressor, **cfg.compressor_options)
+        compressor = compressor_for(cfg.compressor)
         with clock.stage("analyze"):
             analyzed = pipeline.analyze(opened, calib, cfg, compressor, held_back)
         selected = _with_choice(analyzed, chosen)
@@ -218,7 +218,7 @@ def _held_back(tokenizer: PreTrainedTokenizerBase, cfg: CompressConfig) -> torch
     --compressor auto and the --speedup guard compare models by one loss: auto's kept model is then the best of every
     closed-loop stream of every compressor it built, and each compressor's is the one its single run keeps. None
     where neither runs."""
-    if cfg.compressor == AUTO or cfg.objective.needs_held_back(cfg):
+    if cfg.compressor.name == AUTO or cfg.objective.needs_held_back(cfg):
         return held_back_windows(tokenizer, cfg.text)
     return None
 

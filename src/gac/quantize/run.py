@@ -166,6 +166,11 @@ def _cast(model: PreTrainedModel, dtype: str) -> None:
 
 
 def _calibration(tokenizer: PreTrainedTokenizerBase | None, cfg: QuantizeConfig) -> torch.Tensor:
+    if tokenizer is None:
+        raise GacError(
+            "GPTQ calibrates on text and this model has no tokenizer: put its tokenizer files beside the weights, "
+            "or use --method rtn"
+        )
     text = TextConfig(calib_file=cfg.calib_file, seq_len=cfg.seq_len, calib_windows=cfg.calib_windows)
     return calibration_windows(tokenizer, text)[0]  # [n, seq_len]
 

@@ -4,20 +4,25 @@ A kind states, in its own file: how its groups are read off a model (`read`), it
 parameters at a dim (`params`), its grid, the input and output widths a dim sets (for deployment targets, whole and
 per tensor-parallel rank), its cut and its zero-pad (through gac.models.surgery's primitives), the ops whose time
 changes with its dim (`latency_terms`, plain data) and its wide candidate range. Surgery, latency, targets and the
-compressors ask the group; nothing switches on its type. Kinds import surgery inside cut/pad: reading groups (and
-the targets, the plan) stays free of torch.
+compressors ask the group; nothing switches on its type. What each kind must state is abstract here; the defaults
+most kinds share are not.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard, TypeVar
+
+from torch import nn
 
 from gac.errors import GacError
+from gac.models.cuts import Cut
 
 if TYPE_CHECKING:
+    from gac.models.adapters import Adapter, LayerModules
     from gac.models.modeling_gac import GroupedLowRankLinear, LowRankLinear
 
 X = TypeVar("X")  # what a pair carries beside its group: a cut, or a dim
@@ -25,16 +30,16 @@ X = TypeVar("X")  # what a pair carries beside its group: a cut, or a dim
 FULL = None  # a candidate dim: the group as the original model has it (dense weight, whole width, every head)
 
 
-def is_lowrank(module) -> TypeGuard[LowRankLinear]:
+def is_lowrank(module: object) -> TypeGuard[LowRankLinear]:
     """A factorized pair, gac's own class or the copy a trust_remote_code load brings."""
     return type(module).__name__ == "LowRankLinear"
 
 
-def is_grouped_lowrank(module) -> TypeGuard[GroupedLowRankLinear]:
+def is_grouped_lowrank(module: object) -> TypeGuard[GroupedLowRankLinear]:
     return type(module).__name__ == "GroupedLowRankLinear"
 
 
-def shape(**sizes) -> tuple:
+def shape(**sizes: int) -> tuple[tuple[str, int], ...]:
     """A profile sweep's fixed sizes as sorted (key, value) pairs: hashable, one spelling per shape."""
     return tuple(sorted(sizes.items()))
 
@@ -45,7 +50,8 @@ class Term:
     (e.g. a query projection's N is group_size x the KV width; SDPA's query heads are a width / head_dim)."""
 
     op: str  # a gac.hw.profile sweep: gemm_n | gemm_k | lowrank | sdpa_heads | experts
-    shape: tuple  # sorted (key, value) pairs of the op's fixed sizes (SDPA's batch and seq come from the phase)
+    shape: tuple[tuple[str, int], ...]  # sorted (key, value) pairs of the op's fixed sizes (SDPA's batch and seq come
+    # from the phase)
     mult: int = 1
     weight: float = 1.0
     div: int = 1
@@ -54,8 +60,11 @@ class Term:
         return self.mult * d // self.div
 
 
+Dense = list[tuple[Term, int]]  # (term, swept dim) pairs that time a group's original layout (a dense weight)
+
+
 @dataclass(frozen=True)
-class DimGroup:
+class DimGroup(ABC):
     """The common protocol: |W(d)| = fixed_params + d * params_per_dim; d on range(min_dim, max_dim + 1, step)."""
 
     name: str
@@ -80,29 +89,29 @@ class DimGroup:
 
     # --- reading a model ----------------------------------------------------------------------------------
     @classmethod
-    def read(cls, model, adapter, layer, **options) -> list[DimGroup]:
+    @abstractmethod
+    def read(cls, model: nn.Module, adapter: Adapter, layer: LayerModules, **options: Any) -> list[DimGroup]:
         """The kind's groups in one decoder layer (`layer`: gac.models.adapters.LayerModules) of the live model;
         options: what gac.models.groups.groups_of was given (mode, heads_per_group)."""
-        raise NotImplementedError
 
     # --- geometry -----------------------------------------------------------------------------------------
     @property
+    @abstractmethod
     def linears(self) -> tuple[str, ...]:
         """Every linear the group resizes (what calibration hooks and parameter counts cover)."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def numel(self) -> int:
         """Parameters of the members at full size: the unit of the budget."""
-        raise NotImplementedError
 
     @property
-    def params_per_dim(self) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def params_per_dim(self) -> int: ...
 
     @property
-    def max_dim(self) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def max_dim(self) -> int: ...
 
     @property
     def full_dim(self) -> int | None:
@@ -153,22 +162,22 @@ class DimGroup:
         return self.out_lengths(dim)
 
     # --- surgery (through gac.models.surgery's primitives) ------------------------------------------------
-    def cut(self, model, cut) -> None:
-        """Cut the group into `model` at what the compressor handed over (surgery's Factors, Keep or KeepHeads)."""
-        raise NotImplementedError(f"no surgery for {type(self).__name__}")
+    @abstractmethod
+    def cut(self, model: nn.Module, cut: Cut) -> None:
+        """Cut the group into `model` at what the compressor handed over (gac.models.cuts: Factors, Keep, ...)."""
 
     @classmethod
-    def cut_all(cls, model, pairs: Sequence[tuple[DimGroup, object]]) -> None:
+    def cut_all(cls, model: nn.Module, pairs: Sequence[tuple[DimGroup, Cut]]) -> None:
         """Cut every (group of this kind, cut) pair; a kind whose groups share a module cuts them together."""
         for group, cut in pairs:
             group.cut(model, cut)
 
-    def pad(self, model, dim: int) -> None:
+    def pad(self, model: nn.Module, dim: int) -> None:
         """Zero-pad the group to `dim` (>= its live dim): the model computes the same function."""
         raise TypeError(f"{type(self).__name__} cannot be zero-padded exactly")
 
     @classmethod
-    def pad_all(cls, model, pairs: Sequence[tuple[DimGroup, int]]) -> None:
+    def pad_all(cls, model: nn.Module, pairs: Sequence[tuple[DimGroup, int]]) -> None:
         for group, dim in pairs:
             group.pad(model, dim)
 
@@ -176,14 +185,14 @@ class DimGroup:
     profile_op: ClassVar[str] = "gemm_n"  # the profile sweep whose latency depends on this dim
 
     @property
-    def profile_shape(self) -> dict:
-        raise NotImplementedError
+    @abstractmethod
+    def profile_shape(self) -> dict[str, int]: ...
 
-    def latency_terms(self) -> tuple[list | None, list[Term]]:
+    @abstractmethod
+    def latency_terms(self) -> tuple[Dense | None, list[Term]]:
         """(dense, terms): the ops whose time changes with the group's dim d, and for a group whose original layout
         is not its terms at full dim (a dense weight), the (term, swept dim) pairs that time that layout (else
         None)."""
-        raise NotImplementedError(f"{self.name}: no latency terms for groups of kind {self.kind!r}")
 
     def aligned_dims(self, alignment: int) -> list[int]:
         """Every grid point (whole heads for a coarse grid), or every multiple of `alignment` on a fine one."""
@@ -191,7 +200,7 @@ class DimGroup:
             return list(self.grid())
         return [d for d in range(alignment, self.max_dim + 1, alignment) if d >= self.min_dim]
 
-    def wide_candidates(self, alignment: int) -> list:
+    def wide_candidates(self, alignment: int) -> list[int | None]:
         """The latency objective's candidates: the aligned dims below the full one, then FULL (the original)."""
         return [d for d in self.aligned_dims(alignment) if d < self.max_dim] + [FULL]
 
@@ -214,13 +223,13 @@ class ChannelGroup(DimGroup):
     full: int = 0
 
     @property
-    def numel(self):
+    def numel(self) -> int:
         return self.full * self.params_per_dim
 
     @property
-    def max_dim(self):
+    def max_dim(self) -> int:
         return self.full
 
     @property
-    def profile_shape(self):
+    def profile_shape(self) -> dict[str, int]:
         return {"k": self.hidden}

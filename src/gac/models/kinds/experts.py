@@ -12,10 +12,17 @@ count the kept experts only; its numel, the budget's unit, stays the original la
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
 
 from gac.errors import GacError
+from gac.models.adapters import Adapter, LayerModules, config_of, text_config
+from gac.models.cuts import Cut, KeepExperts, cut_as
 from gac.models.kinds.base import ChannelGroup, DimGroup, Term, shape
+from gac.models.surgery import keep_expert_entries, keep_experts, widen_expert_entries
 
 
 def channel_axes(transposed: bool) -> tuple[int, int]:
@@ -43,12 +50,12 @@ class ExpertWidthGroup(ChannelGroup):
     dropped: int = 0  # whole experts the cut removes (the least important, chosen by the compressor)
 
     @classmethod
-    def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
+    def read(cls, model: nn.Module, adapter: Adapter, layer: LayerModules, **_: Any) -> list[DimGroup]:
         if layer.experts is None:
             return []
         gate_up, down = layer.expert_weights
-        num_experts, full, top_k = adapter.expert_geometry(model.config)
-        hidden = adapter.hidden_size(model.config)
+        num_experts, full, top_k = adapter.expert_geometry(config_of(model))
+        hidden = adapter.hidden_size(config_of(model))
         live = model.get_parameter(down).shape[channel_axes(layer.expert_transposed)[1]]
         expected = layer.expert_shapes(hidden, num_experts, live)
         found = {n: tuple(model.get_parameter(n).shape) for n in expected}
@@ -101,16 +108,16 @@ class ExpertWidthGroup(ChannelGroup):
         return self.dropped > 0
 
     @property
-    def linears(self):
+    def linears(self) -> tuple[str, ...]:
         """The fused expert weights (parameter names: what calibration and the gradient pass resolve)."""
         return (self.gate_up, self.down)
 
     @property
-    def params_per_dim(self):  # per channel: a gate row, an up row and a down column of every kept expert
+    def params_per_dim(self) -> int:  # per channel: a gate row, an up row and a down column of every kept expert
         return 3 * self.hidden * self.kept_experts
 
     @property
-    def numel(self):
+    def numel(self) -> int:
         """The layer's expert parameters as the model has them (the budget's unit: dropped experts count in it)."""
         return 3 * self.hidden * self.num_experts * self.full
 
@@ -135,29 +142,26 @@ class ExpertWidthGroup(ChannelGroup):
         """The axis of gate_up and of down that holds the channels (1: rows, 2: columns, of [E, rows, columns])."""
         return channel_axes(self.transposed)
 
-    def gate_up_entries(self, channels):
+    def gate_up_entries(self, channels: torch.Tensor) -> torch.Tensor:
         """[E, k] channels -> [E, 2k]: their gate and up entries along gate_up's channel axis (and its bias)."""
-        import torch
-
         if self.interleaved:  # channel c is entries 2c (gate) and 2c + 1 (up)
             return torch.stack([2 * channels, 2 * channels + 1], dim=-1).flatten(-2)
         return torch.cat([channels, channels + self.dim], dim=-1)  # gate's, then up's (offset by the live width)
 
-    def per_channel(self, gate_up, down):
+    def per_channel(self, gate_up: tuple[np.ndarray, np.ndarray], down: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Each expert's channel sums [E, w] from the fused weights' sums over each row and each column, (rows,
         columns) of each as stored ([E, rows] and [E, columns]): a channel's gate, up and down entries added."""
-        gate_up, down = gate_up[self.channel_axes[0] - 1], down[self.channel_axes[1] - 1]
+        g, d = gate_up[self.channel_axes[0] - 1], down[self.channel_axes[1] - 1]
         if self.interleaved:
-            return gate_up[:, 0::2] + gate_up[:, 1::2] + down
-        return gate_up[:, : self.dim] + gate_up[:, self.dim :] + down
+            return g[:, 0::2] + g[:, 1::2] + d
+        return g[:, : self.dim] + g[:, self.dim :] + d
 
-    def cut(self, model, cut) -> None:
+    def cut(self, model: nn.Module, cut: Cut) -> None:
         """Keep channels `cut.channels` [E, w] of each expert: its gate and up entries of gate_up (and of its bias)
         and its down entries; first, with `cut.experts`, only those experts (their fused slices, biases and router
         rows), and the config's expert count follows."""
-        from gac.models.surgery import keep_expert_entries, keep_experts
-
-        experts = getattr(cut, "experts", None)
+        cut = cut_as(cut, KeepExperts, self.name)
+        experts = cut.experts
         if experts is not None or self.dropped:
             if experts is None or len(experts) != self.kept_experts:
                 given = "every one of its" if experts is None else len(experts)
@@ -166,8 +170,7 @@ class ExpertWidthGroup(ChannelGroup):
                     f"{self.kept_experts}: re-run the compression"
                 )
             keep_experts(model, (self.gate_up, self.down, *self.biases), self.router, experts)
-            config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-            setattr(config, self.count_key, len(experts))
+            setattr(text_config(config_of(model)), self.count_key, len(experts))
         ch = cut.channels  # [E, w]
         gate_up_axis, down_axis = self.channel_axes
         entries = self.gate_up_entries(ch)
@@ -176,11 +179,9 @@ class ExpertWidthGroup(ChannelGroup):
             keep_expert_entries(model, self.gate_up_bias, 1, entries)
         keep_expert_entries(model, self.down, down_axis, ch)
 
-    def pad(self, model, dim: int) -> None:
+    def pad(self, model: nn.Module, dim: int) -> None:
         """Zero gate and up entries at the end of each part (interleaved: zero pairs at the end), zero biases and
         zero down entries: act(0) * 0 (gpt-oss: (0 + 1) * 0 * sigmoid(0)) adds nothing."""
-        from gac.models.surgery import widen_expert_entries
-
         parts = 1 if self.interleaved else 2
         gate_up_axis, down_axis = self.channel_axes
         widen_expert_entries(model, self.gate_up, gate_up_axis, 2 * dim, parts=parts)
@@ -192,10 +193,10 @@ class ExpertWidthGroup(ChannelGroup):
     profile_op: ClassVar[str] = "experts"
 
     @property
-    def profile_shape(self):
+    def profile_shape(self) -> dict[str, int]:
         return {"hidden": self.hidden, "experts": self.kept_experts, "top_k": self.top_k}
 
-    def latency_terms(self):
+    def latency_terms(self) -> tuple[None, list[Term]]:
         """One term: the whole experts forward of the layer's tokens at the width, its grouped GEMMs' per-expert
         tiling, routing and gating included (top-k dense GEMMs of the tokens would time none of these)."""
         return None, [Term(self.profile_op, shape(**self.profile_shape))]

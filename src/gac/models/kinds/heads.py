@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
 
 from gac.errors import ConfigError, GacError, literal
-from gac.models.adapters import adapter_for
+from gac.models.adapters import Adapter, LayerModules, adapter_for, config_of
+from gac.models.cuts import Cut, KeepHeads, cut_as
 from gac.models.kinds.base import DimGroup, Term, shape
+from gac.models.surgery import channels_of, keep_columns, keep_entries, keep_rows, linear_at, set_head_counts
 
 MODES = ("group", "uniform")
 
@@ -38,15 +43,17 @@ class HeadGroup(DimGroup):
     head_parameters: tuple[str, ...] = ()  # parameters with an entry per query head (gpt-oss's sinks): cut alike
 
     @classmethod
-    def read(cls, model, adapter, layer, *, mode: str = "group", **_) -> list[DimGroup]:
+    def read(
+        cls, model: nn.Module, adapter: Adapter, layer: LayerModules, *, mode: str = "group", **_: Any
+    ) -> list[DimGroup]:
         if mode not in MODES:
             raise GacError(f"unknown head mode {mode!r}: choose one of {', '.join(MODES)}")
-        geo = adapter.geometry(model.config)
+        geo = adapter.geometry(config_of(model))
         if layer.fused_qkv:  # never cut (check_heads_prunable): the config's counts
             heads, kv = geo.num_heads, geo.num_kv_heads
         else:
-            heads = model.get_submodule(layer.q).out_features // geo.head_dim
-            kv = model.get_submodule(layer.k).out_features // geo.head_dim
+            heads = linear_at(model, layer.q).out_features // geo.head_dim
+            kv = linear_at(model, layer.k).out_features // geo.head_dim
         live = kv * geo.head_dim if mode == "group" else heads * geo.head_dim
         return [
             cls(
@@ -57,7 +64,7 @@ class HeadGroup(DimGroup):
                 k=layer.k,
                 v=layer.v,
                 o=layer.o,
-                hidden=adapter.hidden_size(model.config),
+                hidden=adapter.hidden_size(config_of(model)),
                 num_heads=geo.num_heads,
                 num_kv_heads=geo.num_kv_heads,
                 head_dim=geo.head_dim,
@@ -69,7 +76,7 @@ class HeadGroup(DimGroup):
         ]
 
     @property
-    def linears(self):
+    def linears(self) -> tuple[str, ...]:
         return (self.q, self.k, self.v, self.o)
 
     @property
@@ -77,31 +84,31 @@ class HeadGroup(DimGroup):
         return self.num_heads // self.num_kv_heads
 
     @property
-    def numel(self):
+    def numel(self) -> int:
         return 2 * self.hidden * self.head_dim * (self.num_heads + self.num_kv_heads)
 
     @property
-    def params_per_dim(self):  # per KV channel: gs q rows, one k and one v row, gs o columns
+    def params_per_dim(self) -> int:  # per KV channel: gs q rows, one k and one v row, gs o columns
         return (2 * self.group_size + 2) * self.hidden if self.mode == "group" else 2 * self.hidden
 
     @property
-    def fixed_params(self):
+    def fixed_params(self) -> int:
         return 0 if self.mode == "group" else 2 * self.hidden * self.num_kv_heads * self.head_dim
 
     @property
-    def step(self):
+    def step(self) -> int:
         return self.head_dim if self.mode == "group" else self.num_kv_heads * self.head_dim
 
     @property
-    def min_dim(self):  # at least one KV group, or one query head per group
+    def min_dim(self) -> int:  # at least one KV group, or one query head per group
         return self.step
 
     @property
-    def max_dim(self):
+    def max_dim(self) -> int:
         return (self.num_kv_heads if self.mode == "group" else self.num_heads) * self.head_dim
 
     @property
-    def profile_shape(self):
+    def profile_shape(self) -> dict[str, int]:
         return {"k": self.hidden}
 
     def widths(self, dim: int) -> tuple[int, int]:
@@ -143,11 +150,10 @@ class HeadGroup(DimGroup):
         widths = ((self.live_heads, self.num_heads), (self.live_kv_heads, self.num_kv_heads))
         return [live * self.head_dim for live, full in widths if live != full]
 
-    def cut(self, model, cut) -> None:
+    def cut(self, model: nn.Module, cut: Cut) -> None:
         """Keep query heads `cut.q_heads` (q rows, o columns, their entries of per-head parameters such as gpt-oss's
         sinks) and KV heads `cut.kv_heads` (k and v rows)."""
-        from gac.models.surgery import channels_of, keep_columns, keep_entries, keep_rows, set_head_counts
-
+        cut = cut_as(cut, KeepHeads, self.name)
         q_ch, kv_ch = channels_of(cut.q_heads, self.head_dim), channels_of(cut.kv_heads, self.head_dim)
         keep_rows(model, (self.q,), q_ch)
         keep_rows(model, (self.k, self.v), kv_ch)
@@ -158,7 +164,7 @@ class HeadGroup(DimGroup):
 
     # pad: DimGroup's refusal (gac.repair leaves attention as it is: see its docstring)
 
-    def latency_terms(self):
+    def latency_terms(self) -> tuple[None, list[Term]]:
         """q rows and o columns (group_size x the KV width in group mode), the layer's attention timed at the kept
         query heads, and in group mode k and v, which lose the same KV width."""
         gs = self.group_size if self.mode == "group" else 1
@@ -180,18 +186,20 @@ def heads_split(num_heads: int, num_kv_heads: int, tp: int, *, kv_replicable: bo
     return num_heads % tp == 0 and kv_ok
 
 
-def check_heads_prunable(model, group: HeadGroup) -> None:
+def check_heads_prunable(model: nn.Module, group: HeadGroup) -> None:
     """Heads can be removed only where the family's per-head norms and GQA split allow it."""
-    adapter = adapter_for(model.config)
+    config = config_of(model)
+    adapter = adapter_for(config)
     if group.q == group.k:
         raise ConfigError(
-            f"{literal(model.config.model_type)}'s attention splits its fused q/k/v projection at the config's head "
+            f"{literal(config.model_type)}'s attention splits its fused q/k/v projection at the config's head "
             "counts, so its heads cannot be pruned per layer: use {head_mode:none} (MLP channels only)"
         )
     norm = adapter.per_head_norm(model.get_submodule(group.block))
-    if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.numel() != group.head_dim:
+    weight = getattr(norm, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.numel() != group.head_dim:
         raise ConfigError(
-            f"{literal(model.config.model_type)}'s query norm spans all heads, so its heads cannot be pruned: "
+            f"{literal(config.model_type)}'s query norm spans all heads, so its heads cannot be pruned: "
             "use {head_mode:none} (MLP channels or expert widths only)"
         )
     if group.num_heads % group.num_kv_heads:

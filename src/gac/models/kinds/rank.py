@@ -4,11 +4,25 @@ projection's head groups sharing one down-projection a."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar, cast
+
+from torch import nn
 
 from gac.errors import GacError
-from gac.models.kinds.base import FULL, DimGroup, Term, is_grouped_lowrank, is_lowrank, shape
+from gac.models.adapters import Adapter, LayerModules, config_of
+from gac.models.cuts import Cut, Factors, cut_as
+from gac.models.kinds.base import FULL, Dense, DimGroup, Term, is_grouped_lowrank, is_lowrank, shape
+from gac.models.surgery import (
+    factorize,
+    factorize_head_groups,
+    linear_at,
+    pad_grouped_lowrank_linear,
+    pad_lowrank_linear,
+)
+
+X = TypeVar("X")
 
 
 def max_useful_rank(in_features: int, out_features: int) -> int:
@@ -27,10 +41,10 @@ class RankGroup(DimGroup):
     allows_dense: ClassVar[bool] = True  # keeping the weight whole is one of its options
 
     @classmethod
-    def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
+    def read(cls, model: nn.Module, adapter: Adapter, layer: LayerModules, **_: Any) -> list[DimGroup]:
         groups: list[DimGroup] = []
         for name in layer.linears:
-            m = model.get_submodule(name)
+            m = linear_at(model, name)  # a dense linear, or a factorized pair with the same feature counts
             if is_grouped_lowrank(m):
                 continue  # its ranks are head_rank groups
             rank = int(m.rank) if is_lowrank(m) else None
@@ -38,7 +52,7 @@ class RankGroup(DimGroup):
         return groups
 
     @property
-    def linears(self):
+    def linears(self) -> tuple[str, ...]:
         return (self.linear,)
 
     @property
@@ -47,45 +61,42 @@ class RankGroup(DimGroup):
         return slice(0, self.out_features)
 
     @property
-    def numel(self):
+    def numel(self) -> int:
         return self.in_features * self.out_features
 
     @property
-    def params_per_dim(self):
+    def params_per_dim(self) -> int:
         return self.in_features + self.out_features
 
     @property
-    def max_dim(self):  # the largest rank that still saves parameters
+    def max_dim(self) -> int:  # the largest rank that still saves parameters
         return max_useful_rank(self.in_features, self.out_features)
 
     @property
-    def full_dim(self):
+    def full_dim(self) -> None:
         return None
 
     @property
-    def profile_shape(self):
+    def profile_shape(self) -> dict[str, int]:
         return {"in": self.in_features, "out": self.out_features}
 
     def check(self, dim: int) -> None:  # any rank up to full is a valid factorization, if not a saving one
         if not 1 <= dim <= min(self.in_features, self.out_features):
             raise GacError(f"{self.name}: rank {dim} is outside [1, {min(self.in_features, self.out_features)}]")
 
-    def cut(self, model, cut) -> None:
-        from gac.models.surgery import factorize
+    def cut(self, model: nn.Module, cut: Cut) -> None:
+        factors = cut_as(cut, Factors, self.name)
+        factorize(model, self.linear, factors.A, factors.B)
 
-        factorize(model, self.linear, cut.A, cut.B)
-
-    def pad(self, model, dim: int) -> None:
-        from gac.models.surgery import pad_lowrank_linear
-
+    def pad(self, model: nn.Module, dim: int) -> None:
         pad_lowrank_linear(model, self.linear, dim)
 
-    def latency_terms(self):
+    def latency_terms(self) -> tuple[Dense, list[Term]]:
         """b(a(x)): both GEMMs of the pair; dense: one GEMM [out, in]."""
         dense = [(Term("gemm_n", shape(k=self.in_features)), self.out_features)]
         return dense, [Term("lowrank", shape(**{"in": self.in_features, "out": self.out_features}))]
 
-    def wide_candidates(self, alignment: int) -> list:
+    def wide_candidates(self, alignment: int) -> list[int | None]:
         """Every aligned rank that saves parameters, then the dense weight."""
         return [*self.aligned_dims(alignment), FULL]
 
@@ -103,22 +114,25 @@ class HeadRankGroup(RankGroup):
     allows_dense: ClassVar[bool] = False  # the grouped factorization has no dense member
 
     @classmethod
-    def read(cls, model, adapter, layer, *, heads_per_group: int = 1, **_) -> list[DimGroup]:
-        geo = adapter.geometry(model.config)
+    def read(
+        cls, model: nn.Module, adapter: Adapter, layer: LayerModules, *, heads_per_group: int = 1, **_: Any
+    ) -> list[DimGroup]:
+        config = config_of(model)
+        geo = adapter.geometry(config)
         if heads_per_group < 1 or geo.num_kv_heads % heads_per_group:
             raise GacError(
                 f"palu group size {heads_per_group} does not divide the {geo.num_kv_heads} KV heads: choose a divisor"
             )
         if layer.fused_qkv:
             raise GacError(
-                f"{model.config.model_type} keeps K and V in one fused q/k/v projection, whose KV heads "
+                f"{config.model_type} keeps K and V in one fused q/k/v projection, whose KV heads "
                 "PaLU cannot factorize apart: use asvd, svd_llm or svd (they factorize it whole)"
             )
         rows = heads_per_group * geo.head_dim
         groups: list[DimGroup] = []
         for name in (layer.k, layer.v):
-            m = model.get_submodule(name)
-            ranks = list(m.ranks) if is_grouped_lowrank(m) else [None] * (m.out_features // rows)
+            m = linear_at(model, name)
+            ranks: list[int | None] = list(m.ranks) if is_grouped_lowrank(m) else [None] * (m.out_features // rows)
             if len(ranks) * rows != m.out_features:
                 raise GacError(f"{name}: {m.out_features} rows do not split into groups of {rows}")
             for g, rank in enumerate(ranks):
@@ -141,20 +155,18 @@ class HeadRankGroup(RankGroup):
         return slice(self.row0, self.row0 + self.out_features)
 
     @property
-    def max_dim(self):
+    def max_dim(self) -> int:
         """Up to full rank, past break-even: a group cannot stay dense, but rank = its rows (whole heads, an
         aligned dim) reconstructs it exactly; capping at break-even (57 of 64 rows on SmolLM2) left GAC only 56
         for every group the allocation wanted whole."""
         return min(self.out_features, self.in_features)
 
-    def cut(self, model, cut) -> None:
+    def cut(self, model: nn.Module, cut: Cut) -> None:
         type(self).cut_all(model, [(self, cut)])
 
     @classmethod
-    def cut_all(cls, model, pairs) -> None:
+    def cut_all(cls, model: nn.Module, pairs: Sequence[tuple[DimGroup, Cut]]) -> None:
         """The head groups of one linear become one GroupedLowRankLinear: their A blocks stacked, in group order."""
-        from gac.models.surgery import factorize_head_groups
-
         for linear, parts in _by_linear(pairs).items():
             first = parts[0][0]
             if len(parts) != first.groups_per_linear:
@@ -163,20 +175,19 @@ class HeadRankGroup(RankGroup):
                     "they share one down-projection: cut them all at once"
                 )
             parts.sort(key=lambda p: p[0].group)
-            factorize_head_groups(model, linear, [(c.A, c.B) for _, c in parts])
+            factors = [cut_as(c, Factors, g.name) for g, c in parts]
+            factorize_head_groups(model, linear, [(f.A, f.B) for f in factors])
 
-    def pad(self, model, dim: int) -> None:
+    def pad(self, model: nn.Module, dim: int) -> None:
         type(self).pad_all(model, [(self, dim)])
 
     @classmethod
-    def pad_all(cls, model, pairs) -> None:
+    def pad_all(cls, model: nn.Module, pairs: Sequence[tuple[DimGroup, int]]) -> None:
         """Each linear rebuilt once, its groups not named keeping their ranks."""
-        from gac.models.surgery import pad_grouped_lowrank_linear
-
         for linear, parts in _by_linear(pairs).items():
             pad_grouped_lowrank_linear(model, linear, {g.group: dim for g, dim in parts})
 
-    def latency_terms(self):
+    def latency_terms(self) -> tuple[Dense, list[Term]]:
         """A 1/G share of the shared down GEMM [G r, in] and its own up GEMM; dense: a 1/G share of [G rows, in]."""
         G = self.groups_per_linear
         dense = [(Term("gemm_n", shape(k=self.in_features), weight=1.0 / G), G * self.out_features)]
@@ -185,13 +196,15 @@ class HeadRankGroup(RankGroup):
             Term("gemm_k", shape(n=self.out_features)),
         ]
 
-    def wide_candidates(self, alignment: int) -> list:
+    def wide_candidates(self, alignment: int) -> list[int | None]:
         """Aligned ranks only (a grouped factorization has no dense member), at least its full rank."""
-        return self.aligned_dims(alignment) or [self.max_dim]
+        return [*self.aligned_dims(alignment)] or [self.max_dim]
 
 
-def _by_linear(pairs) -> dict[str, list]:
-    out: dict[str, list] = {}
+def _by_linear(pairs: Sequence[tuple[DimGroup, X]]) -> dict[str, list[tuple[HeadRankGroup, X]]]:
+    """The pairs by their linear; by_kind handed HeadRankGroup.cut_all and pad_all their kind's groups only."""
+    out: dict[str, list[tuple[HeadRankGroup, X]]] = {}
     for group, x in pairs:
-        out.setdefault(group.linear, []).append((group, x))
+        g = cast(HeadRankGroup, group)
+        out.setdefault(g.linear, []).append((g, x))
     return out

@@ -4,10 +4,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
 
 from gac.errors import GacError
+from gac.models.adapters import Adapter, LayerModules, config_of
+from gac.models.cuts import Cut, Keep, cut_as
 from gac.models.kinds.base import ChannelGroup, DimGroup, Term, shape
+from gac.models.surgery import keep_columns, keep_rows, linear_at, widen_columns, widen_rows
 
 
 @dataclass(frozen=True)
@@ -21,11 +27,11 @@ class WidthGroup(ChannelGroup):
     kind: ClassVar[str] = "mlp"
 
     @classmethod
-    def read(cls, model, adapter, layer, **_) -> list[DimGroup]:
+    def read(cls, model: nn.Module, adapter: Adapter, layer: LayerModules, **_: Any) -> list[DimGroup]:
         if not layer.producers:  # an MoE layer: its width is the experts kind's
             return []
-        producers = [model.get_submodule(n) for n in layer.producers]
-        consumers = [model.get_submodule(n) for n in layer.consumers]
+        producers = [linear_at(model, n) for n in layer.producers]
+        consumers = [linear_at(model, n) for n in layer.consumers]
         parts = layer.producer_parts
         widths = {m.out_features // parts for m in producers} | {m.in_features for m in consumers}
         if len(widths) != 1:
@@ -40,18 +46,18 @@ class WidthGroup(ChannelGroup):
                 block=layer.mlp,
                 producers=layer.producers,
                 consumers=layer.consumers,
-                hidden=adapter.hidden_size(model.config),
-                full=adapter.intermediate_size(model.config),
+                hidden=adapter.hidden_size(config_of(model)),
+                full=adapter.intermediate_size(config_of(model)),
                 parts=parts,
             )
         ]
 
     @property
-    def linears(self):
+    def linears(self) -> tuple[str, ...]:
         return (*self.producers, *self.consumers)
 
     @property
-    def params_per_dim(self):
+    def params_per_dim(self) -> int:
         return self.hidden * (self.parts * len(self.producers) + len(self.consumers))
 
     def out_lengths(self, dim: int) -> list[int]:
@@ -66,22 +72,17 @@ class WidthGroup(ChannelGroup):
         # the producers' rows are the consumers' columns, split alike (a fused gate_up: each half)
         return None if dim % tp else [self.parts * dim // tp]
 
-    def cut(self, model, cut) -> None:
+    def cut(self, model: nn.Module, cut: Cut) -> None:
         """Keep channels `cut.channels` in every producer (rows: in each of its parts) and consumer (columns)."""
-        import torch
+        channels = cut_as(cut, Keep, self.name).channels
+        keep_rows(model, self.producers, torch.cat([channels + k * self.dim for k in range(self.parts)]))
+        keep_columns(model, self.consumers, channels)
 
-        from gac.models.surgery import keep_columns, keep_rows
-
-        keep_rows(model, self.producers, torch.cat([cut.channels + k * self.dim for k in range(self.parts)]))
-        keep_columns(model, self.consumers, cut.channels)
-
-    def pad(self, model, dim: int) -> None:
-        from gac.models.surgery import widen_columns, widen_rows
-
+    def pad(self, model: nn.Module, dim: int) -> None:
         widen_rows(model, self.producers, dim, parts=self.parts)
         widen_columns(model, self.consumers, dim)
 
-    def latency_terms(self):
+    def latency_terms(self) -> tuple[None, list[Term]]:
         """Producers [parts x w, hidden] (N = parts x w), consumers [hidden, w] (K = w)."""
         return None, [
             Term("gemm_n", shape(k=self.hidden), mult=self.parts, weight=len(self.producers)),

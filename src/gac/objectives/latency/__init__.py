@@ -72,7 +72,7 @@ class LatencyObjective(Objective[LatencyOutcome]):
                 "{speedup} times the whole model on the device, so it cannot run layer by layer: drop "
                 f"{off_whole}, or use {{ratio}}"
             )
-        return {"speedup": objective_config(cfg.compressor, cfg.compressor_options, speedup_of(cfg))}
+        return {"speedup": objective_config(cfg.compressor.name, cfg.compressor_options, speedup_of(cfg))}
 
     def evaluation_latency(self, cfg: RunConfig) -> LatencyConfig:
         """cfg.latency at the objective's phase shape."""

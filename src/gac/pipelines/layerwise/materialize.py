@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from gac.distributed import barrier, node_threads, sum_numbers, windows_share, world
 from gac.errors import GacError
 from gac.hw.heap import map_large_allocations, return_freed_memory
-from gac.models.adapters import adapter_for, text_config
+from gac.models.adapters import adapter_for, config_of, text_config
 from gac.pipelines.layerwise.analyze import CALIB_BATCH, FactorCache, groups_by_layer
 from gac.pipelines.layerwise.layers import (
     Batch,
@@ -65,7 +65,7 @@ def one_layer_model(model: PreTrainedModel, layer: nn.Module, index: int = 0) ->
     of mask and rotary embedding, which the family's forward picks by the position in its list of layers."""
     with swapped_layers(model, [layer]):
         one = shared_copy(model).eval()
-    config = text_config(one.config)  # the copy's own: editing it leaves `model` as it is
+    config = text_config(config_of(one))  # the copy's own: editing it leaves `model` as it is
     types = getattr(config, "layer_types", None)
     if types:
         config.layer_types = [types[index], *types[1:]]
