@@ -18,6 +18,7 @@ from gac.compressors import AUTO, compressor_for
 from gac.config import WHOLE_MODEL, CompressConfig
 from gac.distributed import World, on_main, run_on_main, session
 from gac.errors import ConfigError, GacError, literal
+from gac.heal.parallel import check_ranks
 from gac.heal.run import HealConfig, heal_model
 from gac.hw.profile import load_profile
 from gac.models.groups import compressed_dims_of
@@ -67,8 +68,6 @@ def _for_rank(cfg: CompressConfig, world: World) -> CompressConfig:
     """The run's config on one of several ranks: the rank's own device, progress bars on rank 0 only; --heal's ranks
     checked against its windows a step before any rank loads the model."""
     if cfg.heal is not None:
-        from gac.heal.parallel import check_ranks
-
         check_ranks(cfg.heal.distill.batch, world.size)
     return dataclasses.replace(cfg, device=world.device, progress=cfg.progress and world.is_main)
 
