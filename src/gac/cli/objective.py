@@ -58,34 +58,18 @@ def speedup_options(f):
 def latency_objective(
     speedup, phase, shape, param_cap, *, prefill_tokens=None, no_guard=False, margin=None, retime=False
 ):
-    """gac.objectives.latency.config.SpeedupConfig from the options, or None for the parameter objective; one-line
-    GacError for a latency option without --speedup, or --prefill-tokens with it (its --shape sets the timed shape).
-    CompressConfig checks the options --speedup excludes, --ratio included."""
-    from gac.errors import GacError
+    """gac.objectives.latency.config.SpeedupConfig from the options, or None for the parameter objective (the
+    objective's own ConfigError otherwise, worded by flag). CompressConfig checks the options --speedup excludes,
+    --ratio included."""
+    from gac.objectives.latency.config import speedup_config
 
-    if speedup is None:
-        if any(v is not None for v in (phase, shape, param_cap, margin)) or no_guard or retime:
-            raise GacError(
-                "--phase, --shape, --param-cap, --margin, --no-guard and --retime set the latency objective: "
-                "give --speedup too, e.g. --speedup 1.2"
-            )
-        return None
-    if prefill_tokens is not None:
-        raise GacError(
-            "--speedup times every model at its --shape, which --prefill-tokens would contradict: give "
-            "--shape BATCHxTOKENS instead"
-        )
-    from gac.objectives.latency.config import Instruments, SpeedupConfig, parse_shape
-    from gac.objectives.latency.journal import TimingJournal
-
-    batch, seq = parse_shape(shape) if shape is not None else (SpeedupConfig.batch, SpeedupConfig.seq)
-    given = {k: v for k, v in (("phase", phase), ("margin", margin)) if v is not None}
-    return SpeedupConfig(
+    return speedup_config(
         speedup,
-        batch=batch,
-        seq=seq,
+        phase=phase,
+        shape=shape,
         param_cap=param_cap,
+        margin=margin,
         guard=not no_guard,
-        instruments=Instruments(journal=TimingJournal(replay=not retime)),
-        **given,
+        retime=retime,
+        prefill_tokens=prefill_tokens,
     )

@@ -38,6 +38,8 @@ CONFIG_FLAGS = {
     "param_cap": "--param-cap",
     "margin": "--margin",
     "phase": "--phase",
+    "shape": "--shape",
+    "retime=True": "--retime",
     "guard=False": "--no-guard",
     "seq_len": "--seq-len",
     "calib_windows": "--calib-windows",

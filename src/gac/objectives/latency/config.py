@@ -151,6 +151,44 @@ def held_whole(unit: Unit, cfg: SpeedupConfig) -> bool:
     return cfg.whole_heads and unit.group.removes_heads
 
 
+def speedup_config(
+    speedup: float | None,
+    *,
+    phase: str | None = None,
+    shape: str | None = None,
+    param_cap: float | None = None,
+    margin: float | None = None,
+    guard: bool = True,
+    retime: bool = False,
+    prefill_tokens: int | None = None,
+) -> SpeedupConfig | None:
+    """The latency objective a run's options ask for, or None for the parameter objective (no speedup given); one
+    ConfigError for a latency option without a speedup, or prefill_tokens with one (its shape sets the timed shape)."""
+    if speedup is None:
+        if any(v is not None for v in (phase, shape, param_cap, margin)) or not guard or retime:
+            raise ConfigError(
+                "{phase}, {shape}, {param_cap}, {margin}, {guard=False} and {retime=True} set the latency objective: "
+                "give {speedup} too, e.g. {speedup:1.2}"
+            )
+        return None
+    if prefill_tokens is not None:
+        raise ConfigError(
+            "{speedup} times every model at its {shape}, which {prefill_tokens} would contradict: give "
+            "{shape:BATCHxTOKENS} instead"
+        )
+    batch, seq = parse_shape(shape) if shape is not None else (SpeedupConfig.batch, SpeedupConfig.seq)
+    return SpeedupConfig(
+        speedup,
+        phase=SpeedupConfig.phase if phase is None else phase,
+        batch=batch,
+        seq=seq,
+        param_cap=param_cap,
+        guard=guard,
+        margin=SpeedupConfig.margin if margin is None else margin,
+        instruments=Instruments(journal=TimingJournal(replay=not retime)),
+    )
+
+
 def parse_shape(text: str) -> tuple[int, int]:
     """'1x512' -> (1, 512); one-line GacError otherwise."""
     batch, sep, seq = str(text).lower().partition("x")
