@@ -8,12 +8,13 @@ tiny-model test. modeling_gac.py builds its Gac*ForCausalLM class from the trans
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from torch import nn
-from transformers import PretrainedConfig
+from typing import TYPE_CHECKING
 
 from gac.errors import GacError
-from gac.models.modeling_gac import family_of
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
@@ -410,8 +411,8 @@ class Adapter:
 
 def config_of(model: nn.Module) -> PretrainedConfig:
     """A transformers model's config: what every question about its geometry reads."""
-    config = getattr(model, "config", None)
-    if not isinstance(config, PretrainedConfig):
+    config: PretrainedConfig | None = getattr(model, "config", None)
+    if config is None:
         raise TypeError(f"{type(model).__name__} has no transformers config to read its layers from")
     return config
 
@@ -433,6 +434,9 @@ def attention_geometry(config: PretrainedConfig) -> AttentionGeometry:
 
 def adapter_for(config: PretrainedConfig) -> Adapter:
     """The family's adapter; a gac output's model type (gac_<family>) reads as its family."""
+    # lazy: `import gac` reads FAMILIES (gac.checkpoint.auto_classes), and modeling_gac imports torch
+    from gac.models.modeling_gac import family_of
+
     model_type = getattr(config, "model_type", None)
     model_type = family_of(model_type) if isinstance(model_type, str) else model_type
     if model_type not in FAMILIES:
