@@ -108,8 +108,9 @@ def run_compressor(name, model, calib, held_back, held_out, args) -> dict:
     from gac.objectives.latency.steps import fit_latency
 
     batch, seq = parse_shape(args.shape)
+    margin = {} if args.margin is None else {"margin": args.margin}  # None: SpeedupConfig's own
     cfg = SpeedupConfig(args.targets[0], phase=args.phase, batch=batch, seq=seq, rounds=args.rounds,
-                        timing_rounds=args.timing_rounds, margin=args.margin)
+                        timing_rounds=args.timing_rounds, **margin)
     t0 = time.perf_counter()
     analyzed, latency_cfg, params_cfg = analyses(model, calib, held_back, name, args, cfg)
     analyze_s = time.perf_counter() - t0
@@ -421,8 +422,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    from gac.objectives.latency.config import SpeedupConfig
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--compressors", nargs="+", default=["asvd", "svd_llm", "palu", "prune"])
@@ -435,8 +434,9 @@ def main(argv=None) -> None:
     p.add_argument("--align", type=int, default=8)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--timing-rounds", type=int, default=10, help="interleaved calls per closed-loop timing")
-    p.add_argument("--margin", type=float, default=SpeedupConfig.margin,
-                   help="--speedup's margin past each target (gac compress --margin)")
+    # no default read off SpeedupConfig here: gac.objectives imports torch, which --compare-phases never needs
+    p.add_argument("--margin", type=float, default=None,
+                   help="--speedup's margin past each target (gac compress --margin; default: its default)")
     p.add_argument("--final-rounds", type=int, default=20,
                    help="interleaved calls per model in the final timing of every model of a compressor together")
     p.add_argument("--seq-len", type=int, default=512)
