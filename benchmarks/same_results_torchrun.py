@@ -7,8 +7,9 @@
     python benchmarks/same_results_torchrun.py --threads 2 --rounds 2 --out runs/ asvd   # wall time, A/A rounds
 
 Each compressor runs `gac compress --ratio R` twice with the same flags (those after `--` added): in one process
-(OMP_NUM_THREADS=--threads) and under `torchrun --standalone --nproc-per-node N` (one thread per rank), or, with
---nodes K, K torchrun launches as nodes of a c10d rendezvous on localhost (N ranks each). Their report.json files are
+(OMP_NUM_THREADS=--threads; under --speedup the ranks per node, the threads rank 0 times with) and under
+`torchrun --standalone --nproc-per-node N` (one thread per rank), or, with --nodes K, K torchrun launches as nodes of a
+c10d rendezvous on localhost (N ranks each). Their report.json files are
 compared (dims and parameters equal, every variant's perplexity within --rtol) and both wall times printed with
 their ratio (with --rounds R, R pairs in alternating order, ABBA..., each ratio and the spread of each side's times:
 the A/A floor), and the Amdahl estimate for --amdahl ranks from the one-process run's stage times (report.json's
@@ -75,6 +76,13 @@ def main() -> int:
     one = [sys.executable, "-m", "gac"]
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     world = args.nproc * args.nodes
+    if "--speedup" in extra:  # rank 0 times with its node's threads (one per rank): one process must time with as many
+        if args.threads not in (None, args.nproc):
+            parser.error(
+                f"--speedup: rank 0 times with the node's {args.nproc} threads: give --threads {args.nproc} "
+                "(or leave it out) so the two sides time alike"
+            )
+        args.threads = args.nproc
     failed = False
     for name in args.compressors:
         walls: dict[str, list[float]] = {"one": [], "ranks": []}
@@ -115,9 +123,16 @@ def main() -> int:
         if "latency_objective" in a:  # --speedup: what each side's closed loop measured, which explains a difference
             for side, r in (("1 process", a), (f"{world} ranks", b)):
                 lo = r["latency_objective"]
-                print(f"{name}, {side}: kept round {lo.get('round')} of {len(lo.get('rounds', []))} (stream "
-                      f"{lo.get('stream')}), measured baseline {lo.get('baseline_measured_ms')} ms, gac "
-                      f"{lo.get('gac_measured_ms')} ms, speed-up {lo.get('measured_speedup')}", flush=True)
+                rounds = "; ".join(
+                    f"{x['round']}: {x['params'] / 1e6:.2f}M {x['measured_speedup']:.3f}x" for x in lo["rounds"]
+                )
+                print(
+                    f"{name}, {side}, timed with {r['threads']} threads: kept round {lo['round']} of "
+                    f"{len(lo['rounds'])}, baseline {lo['baseline_measured_ms']:.1f} ms, "
+                    f"gac {lo['gac_measured_ms']:.1f} ms, speed-up {lo['measured_speedup']:.3f}x; "
+                    f"rounds (params, measured speed-up) {rounds}",
+                    flush=True,
+                )
     return 1 if failed else 0
 
 
