@@ -5,15 +5,16 @@
         --seq-len 256 --layerwise
     python benchmarks/same_results_torchrun.py --nodes 2 --nproc 1 --out runs/ asvd      # two nodes on localhost
     python benchmarks/same_results_torchrun.py --threads 2 --rounds 2 --out runs/ asvd   # wall time, A/A rounds
+    python benchmarks/same_results_torchrun.py --out runs/ prune -- --speedup 1.1 --retime   # closed loops, afresh
 
 Each compressor runs `gac compress --ratio R` twice with the same flags (those after `--` added): in one process
-(OMP_NUM_THREADS=--threads; under --speedup the ranks per node, the threads rank 0 times with) and under
-`torchrun --standalone --nproc-per-node N` (one thread per rank), or, with --nodes K, K torchrun launches as nodes of a
-c10d rendezvous on localhost (N ranks each). Their report.json files are
-compared (dims and parameters equal, every variant's perplexity within --rtol) and both wall times printed with
-their ratio (with --rounds R, R pairs in alternating order, ABBA..., each ratio and the spread of each side's times:
-the A/A floor), and the Amdahl estimate for --amdahl ranks from the one-process run's stage times (report.json's
-stages_s: the split stages divided by the ranks, the rest of its wall time as it is). Exits 1 when any differs.
+(OMP_NUM_THREADS=--threads; under --speedup the ranks per node, the threads rank 0 times with) and under `torchrun
+--standalone --nproc-per-node N` (one thread per rank), or, with --nodes K, K torchrun launches as nodes of a c10d
+rendezvous on localhost (N ranks each). Their report.json files are compared (dims and parameters equal, every variant's
+perplexity within --rtol) and both wall times printed with their ratio (with --rounds R, R pairs in alternating order,
+ABBA..., each ratio and the spread of each side's times: the A/A floor), and the Amdahl estimate for --amdahl ranks from
+the one-process run's stage times (report.json's stages_s: the split stages divided by the ranks, the rest of its wall
+time as it is). Exits 1 when any differs.
 """
 
 from __future__ import annotations
