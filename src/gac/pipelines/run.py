@@ -172,12 +172,17 @@ def _select(model: nn.Module, analyzed: Analyzed, cfg: CompressConfig, world: Wo
 
     def choose() -> dict:
         mine.append(objective.select_dims(model, analyzed, cfg))
-        return {f.name: getattr(mine[0], f.name) for f in dataclasses.fields(Selected) if f.name not in _OWN}
+        return _choice_of(mine[0])
 
     chosen = run_on_main(choose, "rank 0's selection")
     if mine:
         return mine[0]
     return _with_choice(analyzed, chosen)
+
+
+def _choice_of(selected: Selected) -> dict:
+    """Rank 0's choice of dims, what it shares: the fields of Selected but each rank's own (_with_choice's inverse)."""
+    return {f.name: getattr(selected, f.name) for f in dataclasses.fields(Selected) if f.name not in _OWN}
 
 
 def _with_choice(analyzed: Analyzed, chosen: dict) -> Selected:
@@ -195,8 +200,7 @@ def _auto_on_main(
 
     def compare() -> tuple[CompressConfig, dict, dict]:
         kept_cfg, selected, auto = choose(model, calib, held_back, cfg)
-        chosen = {f.name: getattr(selected, f.name) for f in dataclasses.fields(Selected) if f.name not in _OWN}
-        return kept_cfg, chosen, auto
+        return kept_cfg, _choice_of(selected), auto
 
     return run_on_main(compare, "rank 0's choice of compressor")
 
