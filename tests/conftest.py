@@ -7,7 +7,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 # Set before torch loads libgomp (which llama.cpp's ggml shares): with OpenMP's default spin-waiting, torch and
 # llama.cpp in one process (the export tests) made each other 5-10x slower on 2 busy cores; passive waits do not.
@@ -17,7 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests.helpers import installed_for_ci
-from tests.helpers_tiers import SHARED_UNITS, tier_markers, work_unit
+from tests.helpers_tiers import SHARED_UNITS, space_refusal, tier_markers, work_unit
 from tests.helpers_tiny import save_tiny, tiny_model
 
 
@@ -119,6 +122,18 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
     with quick_guard():
         return (yield)
+
+
+def pytest_sessionstart(session):
+    """The main process (not a pytest-xdist worker) checks the disk under the temporary root first."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    root = Path(config.option.basetemp or tempfile.gettempdir()).absolute()
+    existing = next(p for p in (root, *root.parents) if p.is_dir())  # --basetemp may name a folder yet to be made
+    line = space_refusal(shutil.disk_usage(existing).free, str(root), config.getoption("markexpr") or "")
+    if line:
+        pytest.exit(line, returncode=2)
 
 
 def pytest_configure(config):

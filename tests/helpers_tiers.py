@@ -33,3 +33,17 @@ def tier_markers(marked: set[str], fixtures: set[str]) -> list[str]:
     added = ["slow"] if marked & set(SLOW_MARKERS) else []
     added += ["engine"] if fixtures & set(ENGINE_FIXTURES) else []
     return added + ([] if (marked | set(added)) & set(NOT_QUICK) else ["quick"])
+
+
+# What the full suite writes at its peak under its temporary root (saved models, exports, caches), with room to
+# spare; measured in docs/results/test-suite.md
+SUITE_DISK_BYTES = 6 << 30
+
+
+def space_refusal(free: int, root: str, markexpr: str) -> str | None:
+    """The one line that refuses a run whose temporary root lacks the full suite's disk, so a nearly full disk fails
+    at the start, not with a saved model half written near the end; the quick tier writes little and always runs."""
+    if "quick" in markexpr or free >= SUITE_DISK_BYTES:
+        return None
+    return (f"error: {free >> 20} MiB free under {root}, the full suite needs about {SUITE_DISK_BYTES >> 30} GiB: "
+            "free space there or pass --basetemp on another disk")

@@ -5,10 +5,11 @@ model fails; under pytest-xdist a file runs whole on one worker, the serving and
 import importlib.util
 import os
 import subprocess
+import sys
 
 import pytest
 
-from tests.helpers_tiers import SHARED_UNITS, tier_markers, work_unit
+from tests.helpers_tiers import SHARED_UNITS, SUITE_DISK_BYTES, space_refusal, tier_markers, work_unit
 
 
 @pytest.mark.integration
@@ -71,3 +72,23 @@ def test_work_units_keep_shared_fixtures_on_one_worker(request):
     shared = [u for u in units if u in SHARED_UNITS]
     assert SHARED_UNITS == ("tests/serve", "tests/export")  # the longest unit first
     assert units[:len(shared)] == sorted(shared, key=SHARED_UNITS.index)  # collected first, in that order
+
+
+def test_a_full_run_on_a_nearly_full_disk_is_refused_in_one_line():
+    line = space_refusal(SUITE_DISK_BYTES - 1, "/tmp", "")
+    assert line is not None and line.startswith("error: ") and "\n" not in line and "--basetemp" in line
+    assert space_refusal(SUITE_DISK_BYTES, "/tmp", "") is None
+    assert space_refusal(0, "/tmp", "quick") is None
+
+
+@pytest.mark.subprocess
+def test_pytest_stops_before_any_test_when_the_disk_is_short(tmp_path):
+    """The hook's own path: a --basetemp on a disk short of the need (the need raised past any disk's free space)."""
+    probe = tmp_path / "conftest_probe.py"
+    probe.write_text("import tests.helpers_tiers as t\nt.SUITE_DISK_BYTES = 1 << 62\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-p", "conftest_probe",
+                          "--basetemp", str(tmp_path / "base"), "tests/test_markers.py::test_a_plain_test_is_quick"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": f"{tmp_path}:."})
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "the full suite needs about" in run.stdout + run.stderr
+    assert "passed" not in run.stdout
