@@ -3,6 +3,11 @@ checks them)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from gac.errors import GacError
+from gac.io.validate import enough_space
+
 SLOW_MARKERS = ("integration", "vllm")
 
 # The quick tier (`pytest -m quick`): a test is quick unless it asks for an engine's fixture (it is then marked
@@ -35,15 +40,20 @@ def tier_markers(marked: set[str], fixtures: set[str]) -> list[str]:
     return added + ([] if (marked | set(added)) & set(NOT_QUICK) else ["quick"])
 
 
+
 # What the full suite writes at its peak under its temporary root (saved models, exports, caches), with room to
 # spare; measured in docs/results/test-suite.md
 SUITE_DISK_BYTES = 6 << 30
 
 
-def space_refusal(free: int, root: str, markexpr: str) -> str | None:
-    """The one line that refuses a run whose temporary root lacks the full suite's disk, so a nearly full disk fails
-    at the start, not with a saved model half written near the end; the quick tier writes little and always runs."""
-    if "quick" in markexpr or free >= SUITE_DISK_BYTES:
+def space_refusal(root: Path, markexpr: str) -> str | None:
+    """The one line that refuses a run whose temporary root lacks the full suite's disk (gac's own check of an
+    output's space), so a nearly full disk fails at the start, not with a saved model half written near the end; the
+    quick tier writes little and always runs."""
+    if "quick" in markexpr:
         return None
-    return (f"error: {free >> 20} MiB free under {root}, the full suite needs about {SUITE_DISK_BYTES >> 30} GiB: "
-            "free space there or pass --basetemp on another disk")
+    try:
+        enough_space(root, SUITE_DISK_BYTES, "--basetemp")
+    except GacError as e:
+        return f"error: {e}"
+    return None

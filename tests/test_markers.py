@@ -4,12 +4,14 @@ model fails; under pytest-xdist a file runs whole on one worker, the serving and
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers_tiers import SHARED_UNITS, SUITE_DISK_BYTES, space_refusal, tier_markers, work_unit
+from tests import helpers_tiers
+from tests.helpers_tiers import SHARED_UNITS, space_refusal, tier_markers, work_unit
 
 
 @pytest.mark.integration
@@ -74,11 +76,15 @@ def test_work_units_keep_shared_fixtures_on_one_worker(request):
     assert units[:len(shared)] == sorted(shared, key=SHARED_UNITS.index)  # collected first, in that order
 
 
-def test_a_full_run_on_a_nearly_full_disk_is_refused_in_one_line():
-    line = space_refusal(SUITE_DISK_BYTES - 1, "/tmp", "")
+def test_a_full_run_on_a_nearly_full_disk_is_refused_in_one_line(tmp_path, monkeypatch):
+    free = shutil.disk_usage(tmp_path).free
+    monkeypatch.setattr(helpers_tiers, "SUITE_DISK_BYTES", free + (1 << 30))
+    line = space_refusal(tmp_path / "base", "")
     assert line is not None and line.startswith("error: ") and "\n" not in line and "--basetemp" in line
-    assert space_refusal(SUITE_DISK_BYTES, "/tmp", "") is None
-    assert space_refusal(0, "/tmp", "quick") is None
+    monkeypatch.setattr(helpers_tiers, "SUITE_DISK_BYTES", free - (1 << 30))
+    assert space_refusal(tmp_path / "base", "") is None
+    monkeypatch.setattr(helpers_tiers, "SUITE_DISK_BYTES", free + (1 << 30))
+    assert space_refusal(tmp_path / "base", "quick") is None
 
 
 @pytest.mark.subprocess
@@ -90,5 +96,5 @@ def test_pytest_stops_before_any_test_when_the_disk_is_short(tmp_path):
                           "--basetemp", str(tmp_path / "base"), "tests/test_markers.py::test_a_plain_test_is_quick"],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": f"{tmp_path}:."})
     assert run.returncode == 2, run.stdout + run.stderr
-    assert "the full suite needs about" in run.stdout + run.stderr
+    assert "not enough space for" in run.stdout + run.stderr and "choose another --basetemp" in run.stdout + run.stderr
     assert "passed" not in run.stdout
